@@ -1,0 +1,1 @@
+"""Placement algorithms, one module each, discovered by :mod:`celeritas_cli.registry`."""

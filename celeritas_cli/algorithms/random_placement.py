@@ -1,0 +1,45 @@
+"""Random placement (seeded): the floor any placement algorithm must beat."""
+
+from __future__ import annotations
+
+import random
+
+from ..cluster import Cluster
+from ..graph import Graph
+from ..placement import Placement
+from ..registry import register
+
+
+@register("random", paper="baseline", section="HRL Table 1 / sanity floor",
+          summary="Each node (colocation group) on a uniformly random device, seeded.")
+def random_placement(graph: Graph, cluster: Cluster, *, seed: int = 0) -> Placement:
+    """Each node, or each colocation group as a whole, goes to a device drawn
+    uniformly with ``random.Random(seed)``, in node index order.  Memory is
+    not considered (the estimate says ``OOM`` when a device overflows).
+
+    Example
+    -------
+    >>> from celeritas_cli.generate import layered
+    >>> from celeritas_cli.cluster import uniform
+    >>> a = random_placement(layered(30), uniform(4), seed=1).assignment
+    >>> a == random_placement(layered(30), uniform(4), seed=1).assignment
+    True
+    """
+    rng = random.Random(seed)
+    group_dev: dict[str, int] = {}
+    device_of = []
+    for v in range(graph.n):
+        c = graph.colocation[v]
+        if c is not None and c in group_dev:
+            device_of.append(group_dev[c])
+            continue
+        d = rng.randrange(cluster.k)
+        if c is not None:
+            group_dev[c] = d
+        device_of.append(d)
+    loads = [0] * cluster.k
+    for v, d in enumerate(device_of):
+        loads[d] += graph.memory[v]
+    ok = all(loads[d] <= cluster.devices[d].memory for d in range(cluster.k))
+    return Placement.from_indices(graph, cluster, device_of, algorithm="random", seed=seed,
+                                  estimate={"status": "FEASIBLE" if ok else "OOM"})

@@ -1,0 +1,59 @@
+"""The ``placer`` command line: a thin layer over the library.
+
+Each subcommand lives in its own module here and only parses arguments,
+calls the library and writes the result.  Domain errors
+(:class:`~celeritas_cli.errors.PlacerError`) become a one-line message and
+exit code 1 in one place, :meth:`PlacerGroup.invoke`; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from .. import __version__
+from ..errors import PlacerError
+
+COMMANDS = ("profile", "coarsen", "place", "simulate", "compare")
+
+
+class PlacerGroup(click.Group):
+    """Turns library errors into ``Error: <file>: <what>`` and exit 1."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except PlacerError as exc:
+            raise click.ClickException(str(exc)) from None
+        except BrokenPipeError:  # e.g. `placer ... | head`
+            raise SystemExit(1) from None
+
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        try:
+            module = importlib.import_module(f"celeritas_cli.cli.{name}_cmd")
+        except ModuleNotFoundError:
+            return None
+        return getattr(module, name)
+
+
+@click.group(cls=PlacerGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="placer")
+def main() -> None:
+    """Decide which GPU runs each operator of a large dataflow graph.
+
+    Pipeline stages read and write JSON files (`-` = stdin/stdout):
+
+    \b
+      placer profile --synthetic layered --nodes 36000 > g.json
+      placer coarsen g.json | placer place --algo adjusting > p.json
+      placer simulate g.json --placement p.json --format table
+      placer compare sample_graphs/ --cluster 4xV100-pcie --algos adjusting,heft
+
+    Only JSON goes to stdout; progress and warnings go to stderr.
+    """

@@ -1,0 +1,57 @@
+"""Options and helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..io import DEFAULT_CLUSTER, load_cluster, warn
+from ..jsonio import write_json
+
+cluster_option = click.option(
+    "--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
+    help=f"Cluster file, or a bundled name (4xV100-pcie, moirai-inter-server, moirai-intra-server). "
+         f"Default: {DEFAULT_CLUSTER} (4x V100-32GB over PCIe).")
+
+output_option = click.option(
+    "-o", "--output", "output", metavar="FILE", default="-", show_default=True,
+    help="Where to write the JSON result, atomically (- = stdout).")
+
+seed_option = click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+
+
+def get_cluster(path: str | None, *, quiet: bool = False):
+    """Load the cluster, saying on stderr when the default is used."""
+    if path is None and not quiet:
+        warn(f"placer: no --cluster given, using the default {DEFAULT_CLUSTER} (4x V100-32GB, PCIe)")
+    return load_cluster(path)
+
+
+def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
+    """``("R=200", "M=0.25")`` -> ``{"R": "200", "M": "0.25"}`` (usage error otherwise)."""
+    out: dict[str, str] = {}
+    for item in pairs:
+        if "=" not in item:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="-p/--param")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def emit(doc: dict, output: str) -> None:
+    """Write the JSON document (stdout or atomically to a file)."""
+    write_json(doc, output)
+
+
+def stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def stdin_is_tty() -> bool:
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -1,0 +1,186 @@
+"""Devices and the directed links between them (``placer.cluster/v1``).
+
+Transfer time of ``b`` bytes from device ``a`` to device ``c`` is
+``latency_s + b / bandwidth_Bps`` of the directed link ``a->c`` (the linear
+fit t = k·d + b of Celeritas 4.2.1 with k = 1/bandwidth); zero on the same
+device.  A pair listed with ``via`` is multi-hop: bandwidth is the minimum
+along the path, latencies add (Moirai III-C).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import InvalidInput
+from .jsonio import validate
+
+CLUSTER_SCHEMA = "placer.cluster/v1"
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Device:
+    id: str
+    type: str
+    memory: int
+    speed: float = 1.0
+
+
+@dataclass
+class Cluster:
+    """Devices indexed ``0..k-1`` in file order plus dense link matrices.
+
+    ``bandwidth[a][c]`` (bytes/s) and ``latency[a][c]`` (s) describe the
+    directed link from device ``a`` to device ``c``; the diagonal is unused.
+    """
+
+    name: str
+    devices: list[Device]
+    bandwidth: list[list[float]]
+    latency: list[list[float]]
+    doc: dict = field(default_factory=dict, repr=False)
+    index: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.index:
+            self.index = {d.id: i for i, d in enumerate(self.devices)}
+
+    @property
+    def k(self) -> int:
+        """Number of devices."""
+        return len(self.devices)
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    @property
+    def ids(self) -> list[str]:
+        return [d.id for d in self.devices]
+
+    def comm_time(self, nbytes: float, a: int, c: int) -> float:
+        """Seconds to move *nbytes* from device *a* to device *c* (0 if equal)."""
+        if a == c:
+            return 0.0
+        return self.latency[a][c] + nbytes / self.bandwidth[a][c]
+
+    def min_memory(self) -> int:
+        return min(d.memory for d in self.devices)
+
+    def total_memory(self) -> int:
+        return sum(d.memory for d in self.devices)
+
+    def mean_bandwidth(self) -> float:
+        """Mean bandwidth over ordered pairs of distinct devices."""
+        vals = [self.bandwidth[a][c] for a in range(self.k) for c in range(self.k) if a != c]
+        return sum(vals) / len(vals) if vals else math.inf
+
+    def mean_latency(self) -> float:
+        vals = [self.latency[a][c] for a in range(self.k) for c in range(self.k) if a != c]
+        return sum(vals) / len(vals) if vals else 0.0
+
+    def to_dict(self) -> dict:
+        if self.doc:
+            return self.doc
+        return {
+            "schema": CLUSTER_SCHEMA,
+            "name": self.name,
+            "devices": [{"id": d.id, "type": d.type, "memory_bytes": d.memory, "speed": d.speed}
+                        for d in self.devices],
+            "links": {
+                "default": {"bandwidth_Bps": self.mean_bandwidth(), "latency_s": self.mean_latency()},
+                "pairs": [{"src": self.devices[a].id, "dst": self.devices[c].id,
+                           "bandwidth_Bps": self.bandwidth[a][c], "latency_s": self.latency[a][c]}
+                          for a in range(self.k) for c in range(self.k) if a != c],
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Any, label: str = "cluster") -> "Cluster":
+        """Validate a ``placer.cluster/v1`` document and build the model.
+
+        Raises
+        ------
+        InvalidInput
+            Schema violation, duplicate device id, link to an unknown device,
+            missing bandwidth, non-finite numbers.
+        """
+        validate(doc, CLUSTER_SCHEMA, label)
+        devices: list[Device] = []
+        index: dict[str, int] = {}
+        for i, dd in enumerate(doc["devices"]):
+            did = dd["id"]
+            if did in index:
+                raise InvalidInput(f"{label}: device '{did}' is defined twice")
+            speed = float(dd.get("speed", 1.0))
+            if not math.isfinite(speed):
+                raise InvalidInput(f"{label}: device '{did}' field speed: must be finite")
+            index[did] = i
+            devices.append(Device(did, dd.get("type", "generic"), int(dd["memory_bytes"]), speed))
+        k = len(devices)
+        links = doc["links"]
+        default = links["default"]
+        if "bandwidth_Bps" not in default:
+            raise InvalidInput(f"{label}: links.default: missing field bandwidth_Bps")
+        dbw = float(default["bandwidth_Bps"])
+        dlat = float(default.get("latency_s", 0.0))
+        for val, fname in ((dbw, "bandwidth_Bps"), (dlat, "latency_s")):
+            if not math.isfinite(val):
+                raise InvalidInput(f"{label}: links.default field {fname}: must be finite")
+        bw = [[dbw] * k for _ in range(k)]
+        lat = [[dlat] * k for _ in range(k)]
+        pairs = links.get("pairs") or []
+        direct = [p for p in pairs if not p.get("via")]
+        multi = [p for p in pairs if p.get("via")]
+        for p in direct + multi:
+            s, d = p["src"], p["dst"]
+            for end, fname in ((s, "src"), (d, "dst")):
+                if end not in index:
+                    raise InvalidInput(f"{label}: link pair {s}->{d} field {fname}: unknown device '{end}'")
+            if s == d:
+                raise InvalidInput(f"{label}: link pair {s}->{d}: a link needs two different devices")
+            a, c = index[s], index[d]
+            if p.get("via"):
+                hops = [s, *p["via"], d]
+                for h in p["via"]:
+                    if h not in index:
+                        raise InvalidInput(f"{label}: link pair {s}->{d} field via: unknown device '{h}'")
+                path_bw = math.inf
+                path_lat = 0.0
+                for x, y in zip(hops, hops[1:]):
+                    xi, yi = index[x], index[y]
+                    path_bw = min(path_bw, bw[xi][yi])
+                    path_lat += lat[xi][yi]
+                bw[a][c] = float(p.get("bandwidth_Bps", path_bw))
+                lat[a][c] = float(p.get("latency_s", path_lat))
+            else:
+                if "bandwidth_Bps" not in p:
+                    raise InvalidInput(f"{label}: link pair {s}->{d}: missing field bandwidth_Bps")
+                bw[a][c] = float(p["bandwidth_Bps"])
+                lat[a][c] = float(p.get("latency_s", dlat))
+            if not (math.isfinite(bw[a][c]) and math.isfinite(lat[a][c])):
+                raise InvalidInput(f"{label}: link pair {s}->{d}: bandwidth and latency must be finite")
+        return cls(name=doc.get("name", "cluster"), devices=devices, bandwidth=bw, latency=lat,
+                   doc=doc, index=index)
+
+
+def uniform(k: int, *, memory: int = 32 * GiB, bandwidth: float = 1.0e10, latency: float = 1.0e-5,
+            speeds: list[float] | None = None, dtype: str = "V100", name: str | None = None) -> Cluster:
+    """A cluster of *k* devices on identical links (handy in tests).
+
+    Example
+    -------
+    >>> c = uniform(2, bandwidth=100.0, latency=0.0)
+    >>> c.comm_time(50, 0, 1)
+    0.5
+    """
+    speeds = speeds or [1.0] * k
+    doc = {
+        "schema": CLUSTER_SCHEMA,
+        "name": name or f"{k}x{dtype}",
+        "devices": [{"id": f"gpu{i}", "type": dtype, "memory_bytes": int(memory), "speed": float(speeds[i])}
+                    for i in range(k)],
+        "links": {"default": {"bandwidth_Bps": float(bandwidth), "latency_s": float(latency)}},
+    }
+    return Cluster.from_dict(doc, label=doc["name"])

@@ -1,0 +1,154 @@
+"""Building a coarse graph from a partition of nodes into clusters.
+
+Shared by every coarsening method (Celeritas CPD-TOPO + Optimal_BP, Baechi,
+Moirai fusion): given ``cluster_of[v]`` for each node, :func:`contract`
+returns the coarse :class:`Graph` whose node ``c`` stands for the members of
+cluster ``c`` (DESIGN.md: compute and memory are sums, an edge between coarse
+nodes carries the sum of the distinct tensors crossing it, and
+``meta.coarsened_from`` names the original graph).  :func:`contract` does not
+check acyclicity of the quotient; :func:`is_acyclic` does, and coarsening
+methods assert it (Celeritas Lemma 2 guarantees it for contiguous segments
+of a topological order).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Sequence
+
+from .graph import Graph
+
+
+def contract(graph: Graph, cluster_of: Sequence[int], *, name: str | None = None,
+             method: str = "", extra_meta: dict | None = None) -> Graph:
+    """Contract *graph* by the partition ``cluster_of`` (values ``0..c-1``).
+
+    Coarse node ids are the id of the first member in topological order;
+    members are listed in topological order of *graph* (so orders expand
+    validly).  If *graph* is itself coarse, members are original ids.
+    Colocation: coarse nodes whose members share any colocation group share
+    one colocation value (groups touched by one coarse node are merged, by
+    union-find), so a group is never split by a valid coarse placement.
+    A coarse edge that carries exactly one original tensor keeps that
+    tensor's identity (``"<src>/<tensor>"``) so the simulator still sends it
+    once per device; otherwise coarse edges from one coarse source with the
+    same set of original tensors share a tensor id.
+    """
+    n = graph.n
+    k = (max(cluster_of) + 1) if n else 0
+    topo = graph.topo_order()
+    members: list[list[int]] = [[] for _ in range(k)]
+    for v in topo:
+        members[cluster_of[v]].append(v)
+    # coarse nodes ordered by their first member's topological position
+    order = sorted(range(k), key=lambda c: graph.topo_index()[members[c][0]] if members[c] else n)
+    order = [c for c in order if members[c]]
+    new_index = {c: i for i, c in enumerate(order)}
+
+    # colocation union-find over group names
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for c in order:
+        groups = sorted({graph.colocation[v] for v in members[c] if graph.colocation[v] is not None})
+        for gname in groups[1:]:
+            ra, rb = find(groups[0]), find(gname)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+
+    nodes = []
+    for c in order:
+        mem = members[c]
+        first = mem[0]
+        types: set[str] = set()
+        for v in mem:
+            if graph.compute_by_type[v]:
+                types.update(graph.compute_by_type[v])
+        nd: dict = {"id": graph.ids[first],
+                    "op": graph.op[first] if len(mem) == 1 else f"group({len(mem)})",
+                    "compute_s": sum(graph.compute[v] for v in mem)}
+        if types:
+            nd["compute_by_type"] = {
+                t: sum((graph.compute_by_type[v] or {}).get(t, graph.compute[v]) for v in mem)
+                for t in sorted(types)}
+        nd["memory_bytes"] = sum(graph.memory[v] for v in mem)
+        groups = sorted({graph.colocation[v] for v in mem if graph.colocation[v] is not None})
+        if groups:
+            nd["colocation"] = find(groups[0])
+        if len(mem) == 1 and graph.splittable[first]:
+            nd["splittable"] = graph.splittable[first]
+        orig: list[str] = []
+        for v in mem:
+            orig.extend(graph.original_ids(v))
+        nd["members"] = orig
+        nodes.append(nd)
+
+    # edges: per (coarse src, coarse dst) the set of distinct original tensors
+    crossing: dict[tuple[int, int], dict[int, int]] = {}
+    first_edge: dict[tuple[int, int], list[int]] = {}
+    for e in range(graph.m):
+        cu = new_index[cluster_of[graph.edge_src[e]]]
+        cv = new_index[cluster_of[graph.edge_dst[e]]]
+        if cu == cv:
+            continue
+        key = (cu, cv)
+        t = graph.edge_tensor[e]
+        crossing.setdefault(key, {})[t] = graph.tensor_bytes[t]
+        first_edge.setdefault(key, []).append(e)
+    edges = []
+    set_names: dict[tuple[int, tuple[int, ...]], str] = {}
+    for (cu, cv) in sorted(crossing):
+        tensors = crossing[(cu, cv)]
+        ed: dict = {"src": nodes[cu]["id"], "dst": nodes[cv]["id"], "bytes": sum(tensors.values())}
+        tkey = tuple(sorted(tensors))
+        if len(tkey) == 1:
+            t = tkey[0]
+            ed["tensor"] = f"{graph.ids[graph.tensor_src[t]]}/{graph.tensor_name[t]}"
+        else:
+            sk = (cu, tkey)
+            if sk not in set_names:
+                set_names[sk] = f"{nodes[cu]['id']}#set{sum(1 for s in set_names if s[0] == cu)}"
+            ed["tensor"] = set_names[sk]
+        es = first_edge[(cu, cv)]
+        if len(es) == 1 and graph.edge_comm[es[0]]:
+            ed["comm_s_by_pair"] = graph.edge_comm[es[0]]
+        edges.append(ed)
+    meta = dict(graph.meta)
+    meta["coarsened_from"] = graph.original_name
+    if method:
+        meta["coarsening"] = method
+    if extra_meta:
+        meta.update(extra_meta)
+    doc = {"schema": "placer.graph/v1", "name": name or f"{graph.original_name}@{method or 'coarse'}",
+           "meta": meta, "nodes": nodes, "edges": edges}
+    return Graph.from_dict(doc, label=doc["name"])
+
+
+def is_acyclic(graph: Graph, cluster_of: Sequence[int]) -> bool:
+    """True when the quotient graph of *graph* under ``cluster_of`` is a DAG
+    (Kahn's algorithm on the quotient, O(V+E))."""
+    k = (max(cluster_of) + 1) if graph.n else 0
+    succ: list[set[int]] = [set() for _ in range(k)]
+    for s, d in zip(graph.edge_src, graph.edge_dst):
+        cs, cd = cluster_of[s], cluster_of[d]
+        if cs != cd:
+            succ[cs].add(cd)
+    indeg = [0] * k
+    for c in range(k):
+        for d in succ[c]:
+            indeg[d] += 1
+    q = deque(c for c in range(k) if indeg[c] == 0)
+    seen = 0
+    while q:
+        c = q.popleft()
+        seen += 1
+        for d in succ[c]:
+            indeg[d] -= 1
+            if indeg[d] == 0:
+                q.append(d)
+    return seen == k

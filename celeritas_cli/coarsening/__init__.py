@@ -1,0 +1,1 @@
+"""Coarsening methods, one module each, discovered by :mod:`celeritas_cli.registry`."""

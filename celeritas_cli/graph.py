@@ -1,0 +1,364 @@
+"""The in-memory dataflow graph.
+
+Nodes are indexed ``0..n-1`` in file order and every attribute is a flat
+list indexed by node (or edge) number, so algorithms run in O(V+E) on
+100k-node graphs without dict-of-dict overhead.
+
+Tensors: an edge's data is identified by ``(src, tensor)``; edges with the
+same source and ``tensor`` carry the same data, so it crosses to a given
+device once (DESIGN.md).  Each distinct ``(src, tensor)`` gets an integer id
+in order of first appearance in the edge list (``edge_tensor[e]``), which is
+also the simulator's tie-break order for transfers of one producer.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .errors import CycleError, InvalidInput
+from .jsonio import validate
+
+GRAPH_SCHEMA = "placer.graph/v1"
+
+
+@dataclass
+class Graph:
+    """A DAG of operators.  Build with :meth:`from_dict` or :func:`build`.
+
+    Attributes (per node ``v``): ``ids[v]``, ``op[v]``, ``compute[v]``
+    (seconds at speed 1.0), ``compute_by_type[v]`` (dict or None),
+    ``memory[v]`` (bytes), ``colocation[v]`` (str or None), ``splittable[v]``
+    (list or None), ``members[v]`` (list of original ids, coarse graphs only),
+    ``out_edges[v]`` / ``in_edges[v]`` (edge indices), ``succ[v]`` /
+    ``pred[v]`` (distinct neighbour nodes, in edge order).
+
+    Per edge ``e``: ``edge_src[e]``, ``edge_dst[e]``, ``edge_bytes[e]``,
+    ``edge_tensor[e]`` (int tensor id), ``edge_comm[e]`` (``comm_s_by_pair``
+    dict or None).  Per tensor ``t``: ``tensor_src[t]``, ``tensor_bytes[t]``,
+    ``tensor_name[t]``, ``tensor_edges[t]``.
+    """
+
+    name: str
+    meta: dict
+    ids: list[str]
+    op: list[str]
+    compute: list[float]
+    memory: list[int]
+    compute_by_type: list[dict | None]
+    colocation: list[str | None]
+    splittable: list[list[str] | None]
+    members: list[list[str] | None]
+    edge_src: list[int]
+    edge_dst: list[int]
+    edge_bytes: list[int]
+    edge_tensor: list[int]
+    edge_comm: list[dict | None]
+    tensor_src: list[int] = field(default_factory=list)
+    tensor_bytes: list[int] = field(default_factory=list)
+    tensor_name: list[str] = field(default_factory=list)
+    tensor_edges: list[list[int]] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+    out_edges: list[list[int]] = field(default_factory=list)
+    in_edges: list[list[int]] = field(default_factory=list)
+    succ: list[list[int]] = field(default_factory=list)
+    pred: list[list[int]] = field(default_factory=list)
+    node_extra: list[dict | None] = field(default_factory=list)
+    _topo: list[int] | None = field(default=None, repr=False)
+    _topo_index: list[int] | None = field(default=None, repr=False)
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def n(self) -> int:
+        """Number of nodes."""
+        return len(self.ids)
+
+    @property
+    def m(self) -> int:
+        """Number of edges."""
+        return len(self.edge_src)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def is_coarse(self) -> bool:
+        """True when nodes carry ``members`` (a coarse graph)."""
+        return any(mb is not None for mb in self.members)
+
+    @property
+    def original_name(self) -> str:
+        """Name of the graph a coarse graph was made from (itself otherwise)."""
+        return str(self.meta.get("coarsened_from", self.name))
+
+    # ------------------------------------------------------------ topology
+    def topo_order(self) -> list[int]:
+        """Kahn's algorithm with a FIFO queue, sources in index order.
+
+        This is Baechi's M-TOPO order (a BFS-like queue).  The result is
+        cached; ``topo_index()[v]`` is ``v``'s position in it and is the
+        canonical "topological index" used to break ties everywhere.
+        """
+        if self._topo is None:
+            indeg = [len(p) for p in self.pred]
+            queue = deque(v for v in range(self.n) if indeg[v] == 0)
+            order: list[int] = []
+            while queue:
+                v = queue.popleft()
+                order.append(v)
+                for s in self.succ[v]:
+                    indeg[s] -= 1
+                    if indeg[s] == 0:
+                        queue.append(s)
+            if len(order) != self.n:
+                raise CycleError(f"graph {self.name!r}: {describe_cycle(self)}")
+            self._topo = order
+            pos = [0] * self.n
+            for i, v in enumerate(order):
+                pos[v] = i
+            self._topo_index = pos
+        return self._topo
+
+    def topo_index(self) -> list[int]:
+        """Position of every node in :meth:`topo_order`."""
+        self.topo_order()
+        assert self._topo_index is not None
+        return self._topo_index
+
+    def sources(self) -> list[int]:
+        return [v for v in range(self.n) if not self.pred[v]]
+
+    def sinks(self) -> list[int]:
+        return [v for v in range(self.n) if not self.succ[v]]
+
+    def total_memory(self) -> int:
+        return sum(self.memory)
+
+    def total_compute(self) -> float:
+        return math.fsum(self.compute)
+
+    def total_tensor_bytes(self) -> int:
+        return sum(self.tensor_bytes)
+
+    def original_ids(self, v: int) -> list[str]:
+        """The original node ids node *v* stands for (its members, or itself)."""
+        mb = self.members[v]
+        return list(mb) if mb is not None else [self.ids[v]]
+
+    def colocation_groups(self) -> dict[str, list[int]]:
+        """Colocation value -> node indices (in index order)."""
+        groups: dict[str, list[int]] = {}
+        for v, c in enumerate(self.colocation):
+            if c is not None:
+                groups.setdefault(c, []).append(v)
+        return groups
+
+    # --------------------------------------------------------- conversion
+    @classmethod
+    def from_dict(cls, doc: Any, label: str = "graph") -> "Graph":
+        """Validate a ``placer.graph/v1`` document and build the model.
+
+        Raises
+        ------
+        InvalidInput
+            Schema violation, duplicate id, unknown endpoint, self-loop,
+            non-finite number, inconsistent tensor bytes.
+        CycleError
+            The graph has a cycle (the message names one).
+        """
+        validate(doc, GRAPH_SCHEMA, label)
+        nodes = doc["nodes"]
+        edges = doc["edges"]
+        name = doc.get("name") or (label.rsplit("/", 1)[-1].removesuffix(".json") if label != "<stdin>" else "graph")
+        meta = dict(doc.get("meta") or {})
+        ids: list[str] = []
+        index: dict[str, int] = {}
+        op, compute, memory, cbt, coloc, split, members, extra = [], [], [], [], [], [], [], []
+        known = {"id", "op", "compute_s", "compute_by_type", "memory_bytes", "colocation", "splittable", "members"}
+        for i, nd in enumerate(nodes):
+            nid = nd["id"]
+            if nid in index:
+                raise InvalidInput(f"{label}: node '{nid}' is defined twice (nodes #{index[nid]} and #{i})")
+            index[nid] = i
+            ids.append(nid)
+            c = float(nd["compute_s"])
+            if not math.isfinite(c):
+                raise InvalidInput(f"{label}: node '{nid}' field compute_s: must be a finite number, got {c}")
+            compute.append(c)
+            memory.append(int(nd["memory_bytes"]))
+            op.append(nd.get("op", "op"))
+            by = nd.get("compute_by_type")
+            if by:
+                for k, val in by.items():
+                    if not math.isfinite(val):
+                        raise InvalidInput(
+                            f"{label}: node '{nid}' field compute_by_type.{k}: must be a finite number, got {val}")
+                by = {k: float(val) for k, val in by.items()}
+            cbt.append(by or None)
+            coloc.append(nd.get("colocation"))
+            split.append(list(nd["splittable"]) if nd.get("splittable") else None)
+            members.append(list(nd["members"]) if "members" in nd else None)
+            ex = {k: v for k, v in nd.items() if k not in known}
+            extra.append(ex or None)
+        esrc, edst, ebytes, etensor, ecomm = [], [], [], [], []
+        tensor_ids: dict[tuple[int, str], int] = {}
+        tsrc, tbytes, tname, tedges = [], [], [], []
+        for k, ed in enumerate(edges):
+            s, d = ed["src"], ed["dst"]
+            if s not in index:
+                raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): unknown source node '{s}'")
+            if d not in index:
+                raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): unknown destination node '{d}'")
+            if s == d:
+                raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): self-loop on node '{s}'")
+            si, di = index[s], index[d]
+            b = int(ed["bytes"])
+            tkey = ed.get("tensor")
+            key = (si, tkey if tkey is not None else f"\x00edge{k}")
+            t = tensor_ids.get(key)
+            if t is None:
+                t = len(tsrc)
+                tensor_ids[key] = t
+                tsrc.append(si)
+                tbytes.append(b)
+                tname.append(tkey if tkey is not None else f"{s}->{d}#{k}")
+                tedges.append([])
+            elif tbytes[t] != b:
+                raise InvalidInput(
+                    f"{label}: edge {s}->{d} (#{k}): tensor '{tkey}' of node '{s}' has {b} bytes here "
+                    f"but {tbytes[t]} on an earlier edge; edges sharing a tensor must agree")
+            tedges[t].append(k)
+            cm = ed.get("comm_s_by_pair")
+            if cm:
+                for pk, val in cm.items():
+                    if not math.isfinite(val):
+                        raise InvalidInput(
+                            f"{label}: edge {s}->{d} (#{k}) field comm_s_by_pair.{pk}: must be finite, got {val}")
+            esrc.append(si)
+            edst.append(di)
+            ebytes.append(b)
+            etensor.append(t)
+            ecomm.append(dict(cm) if cm else None)
+        g = cls(name=name, meta=meta, ids=ids, op=op, compute=compute, memory=memory,
+                compute_by_type=cbt, colocation=coloc, splittable=split, members=members,
+                edge_src=esrc, edge_dst=edst, edge_bytes=ebytes, edge_tensor=etensor, edge_comm=ecomm,
+                tensor_src=tsrc, tensor_bytes=tbytes, tensor_name=tname, tensor_edges=tedges,
+                index=index, node_extra=extra)
+        g._link()
+        try:
+            g.topo_order()
+        except CycleError as exc:
+            raise CycleError(f"{label}: {describe_cycle(g)}") from exc
+        return g
+
+    def _link(self) -> None:
+        n = self.n
+        self.out_edges = [[] for _ in range(n)]
+        self.in_edges = [[] for _ in range(n)]
+        self.succ = [[] for _ in range(n)]
+        self.pred = [[] for _ in range(n)]
+        for e, (s, d) in enumerate(zip(self.edge_src, self.edge_dst)):
+            self.out_edges[s].append(e)
+            self.in_edges[d].append(e)
+        for v in range(n):
+            seen: set[int] = set()
+            for e in self.out_edges[v]:
+                d = self.edge_dst[e]
+                if d not in seen:
+                    seen.add(d)
+                    self.succ[v].append(d)
+            seen = set()
+            for e in self.in_edges[v]:
+                s = self.edge_src[e]
+                if s not in seen:
+                    seen.add(s)
+                    self.pred[v].append(s)
+        self._topo = None
+        self._topo_index = None
+
+    def to_dict(self) -> dict:
+        """The ``placer.graph/v1`` document for this graph."""
+        nodes = []
+        for v in range(self.n):
+            nd: dict[str, Any] = {"id": self.ids[v], "op": self.op[v], "compute_s": self.compute[v]}
+            if self.compute_by_type[v]:
+                nd["compute_by_type"] = self.compute_by_type[v]
+            nd["memory_bytes"] = self.memory[v]
+            if self.colocation[v] is not None:
+                nd["colocation"] = self.colocation[v]
+            if self.splittable[v]:
+                nd["splittable"] = self.splittable[v]
+            if self.members[v] is not None:
+                nd["members"] = self.members[v]
+            if self.node_extra and self.node_extra[v]:
+                nd.update(self.node_extra[v])
+            nodes.append(nd)
+        edges = []
+        for e in range(self.m):
+            t = self.edge_tensor[e]
+            ed: dict[str, Any] = {"src": self.ids[self.edge_src[e]], "dst": self.ids[self.edge_dst[e]],
+                                  "bytes": self.edge_bytes[e]}
+            if not self.tensor_name[t].startswith(f"{self.ids[self.tensor_src[t]]}->") or len(self.tensor_edges[t]) > 1:
+                ed["tensor"] = self.tensor_name[t]
+            if self.edge_comm[e]:
+                ed["comm_s_by_pair"] = self.edge_comm[e]
+            edges.append(ed)
+        return {"schema": GRAPH_SCHEMA, "name": self.name, "meta": self.meta, "nodes": nodes, "edges": edges}
+
+
+def build(
+    name: str,
+    nodes: Iterable[dict],
+    edges: Iterable[dict],
+    meta: dict | None = None,
+) -> Graph:
+    """Build a :class:`Graph` from plain node/edge dicts (validated like a file).
+
+    Example
+    -------
+    >>> g = build("chain", [{"id": "a", "compute_s": 1.0, "memory_bytes": 0},
+    ...                     {"id": "b", "compute_s": 2.0, "memory_bytes": 0}],
+    ...           [{"src": "a", "dst": "b", "bytes": 8}])
+    >>> g.n, g.m, g.succ[0]
+    (2, 1, [1])
+    """
+    doc = {"schema": GRAPH_SCHEMA, "name": name, "meta": meta or {}, "nodes": list(nodes), "edges": list(edges)}
+    return Graph.from_dict(doc, label=name)
+
+
+def describe_cycle(g: Graph) -> str:
+    """Find one cycle (iteratively, no recursion limit) and describe it."""
+    n = g.n
+    color = [0] * n  # 0 new, 1 on stack, 2 done
+    parent = [-1] * n
+    for root in range(n):
+        if color[root]:
+            continue
+        stack = [(root, 0)]
+        color[root] = 1
+        while stack:
+            v, i = stack[-1]
+            if i < len(g.succ[v]):
+                stack[-1] = (v, i + 1)
+                w = g.succ[v][i]
+                if color[w] == 0:
+                    color[w] = 1
+                    parent[w] = v
+                    stack.append((w, 0))
+                elif color[w] == 1:
+                    cyc = [w]
+                    x = v
+                    while x != w:
+                        cyc.append(x)
+                        x = parent[x]
+                    cyc.reverse()
+                    cyc = [w] + cyc[:-1] if cyc[0] != w else cyc
+                    path = " -> ".join(g.ids[c] for c in cyc + [w])
+                    return f"graph has a cycle: {path}"
+            else:
+                color[v] = 2
+                stack.pop()
+    return "graph has a cycle"

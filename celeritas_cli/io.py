@@ -1,0 +1,53 @@
+"""Loading graphs, clusters and placements from files (``-`` = stdin), and
+the bundled default cluster."""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib import resources
+
+from .cluster import Cluster
+from .graph import Graph
+from .jsonio import label_of, loads, read_bytes, read_json
+from .placement import Placement
+
+DEFAULT_CLUSTER = "4xV100-pcie"
+
+
+def load_graph(path: str | os.PathLike) -> Graph:
+    """Read and validate a graph file (``-`` = stdin)."""
+    return Graph.from_dict(read_json(path), label_of(path))
+
+
+def load_cluster(path: str | os.PathLike | None) -> Cluster:
+    """Read a cluster file; ``None`` gives the default 4xV100-32GB PCIe
+    cluster (Celeritas 6.2.1).  A bare name of a bundled cluster
+    (``4xV100-pcie``, ``moirai-inter-server``, ``moirai-intra-server``) works
+    too."""
+    if path is None:
+        return bundled_cluster(DEFAULT_CLUSTER)
+    p = str(path)
+    if p != "-" and not os.path.exists(p) and p in bundled_cluster_names():
+        return bundled_cluster(p)
+    return Cluster.from_dict(read_json(path), label_of(path))
+
+
+def bundled_cluster_names() -> list[str]:
+    root = resources.files("celeritas_cli").joinpath("data")
+    return sorted(f.name.removesuffix(".json") for f in root.iterdir() if f.name.endswith(".json"))
+
+
+def bundled_cluster(name: str) -> Cluster:
+    data = resources.files("celeritas_cli").joinpath("data").joinpath(f"{name}.json").read_bytes()
+    return Cluster.from_dict(loads(data, name), name)
+
+
+def load_placement(path: str | os.PathLike) -> Placement:
+    """Read and validate a placement file (``-`` = stdin)."""
+    return Placement.from_dict(read_json(path), label_of(path))
+
+
+def warn(msg: str) -> None:
+    """One line to stderr (never stdout: stdout carries only JSON)."""
+    print(msg, file=sys.stderr)

@@ -1,0 +1,203 @@
+"""Placements (``placer.placement/v1``): which device runs each node, and
+optionally in what order.
+
+Algorithms work on node and device indices and build their result with
+:meth:`Placement.from_indices`, which expands a coarse graph's ``members`` so
+the written placement always names the original node ids (DESIGN.md).  A
+coarse node's order entry expands to its members in their listed order; the
+coarsening methods list members in a topological order of the original
+graph, so an order valid on the coarse graph stays valid on the original.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .cluster import Cluster
+from .errors import InvalidInput
+from .graph import Graph
+from .jsonio import validate
+
+PLACEMENT_SCHEMA = "placer.placement/v1"
+
+
+@dataclass
+class Placement:
+    """A placement over node ids.  ``assignment`` maps every node id to a
+    device id; ``order`` (optional) maps device id to its node ids in
+    execution order; ``estimate`` is the algorithm's own prediction;
+    ``split_graph`` (optional) is the graph document the placement refers
+    to when the algorithm transformed the graph (FastT/FD-DPS splitting)."""
+
+    graph: str
+    cluster: str
+    algorithm: str
+    assignment: dict[str, str]
+    order: dict[str, list[str]] | None = None
+    params: dict = field(default_factory=dict)
+    seed: int | None = 0
+    estimate: dict = field(default_factory=dict)
+    placement_time_s: float = 0.0
+    split_graph: dict | None = None
+
+    # ---------------------------------------------------------------- build
+    @classmethod
+    def from_indices(
+        cls,
+        graph: Graph,
+        cluster: Cluster,
+        device_of: Sequence[int],
+        *,
+        algorithm: str,
+        order: Sequence[Sequence[int]] | None = None,
+        params: dict | None = None,
+        seed: int | None = 0,
+        estimate: dict | None = None,
+    ) -> "Placement":
+        """Build a placement from ``device_of[v]`` (device index per node of
+        *graph*) and optionally ``order[d]`` (node indices per device).
+
+        Coarse nodes are expanded to their members, so the placement is
+        written over the original node ids.
+        """
+        if len(device_of) != graph.n:
+            raise ValueError(f"device_of has {len(device_of)} entries for {graph.n} nodes")
+        dev_ids = cluster.ids
+        assignment: dict[str, str] = {}
+        for v, d in enumerate(device_of):
+            did = dev_ids[d]
+            for orig in graph.original_ids(v):
+                assignment[orig] = did
+        ordered = None
+        if order is not None:
+            ordered = {}
+            for d, seq in enumerate(order):
+                names: list[str] = []
+                for v in seq:
+                    names.extend(graph.original_ids(v))
+                ordered[dev_ids[d]] = names
+        return cls(graph=graph.original_name, cluster=cluster.name, algorithm=algorithm,
+                   assignment=assignment, order=ordered, params=dict(params or {}), seed=seed,
+                   estimate=dict(estimate or {}))
+
+    # ------------------------------------------------------------ serialise
+    def to_dict(self) -> dict:
+        doc: dict[str, Any] = {
+            "schema": PLACEMENT_SCHEMA,
+            "graph": self.graph,
+            "cluster": self.cluster,
+            "algorithm": self.algorithm,
+            "params": self.params,
+            "seed": self.seed,
+            "assignment": self.assignment,
+        }
+        if self.order is not None:
+            doc["order"] = self.order
+        doc["estimate"] = self.estimate
+        doc["placement_time_s"] = self.placement_time_s
+        if self.split_graph is not None:
+            doc["split_graph"] = self.split_graph
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Any, label: str = "placement") -> "Placement":
+        validate(doc, PLACEMENT_SCHEMA, label)
+        return cls(graph=doc.get("graph", ""), cluster=doc.get("cluster", ""),
+                   algorithm=doc.get("algorithm", "given"), assignment=dict(doc["assignment"]),
+                   order={k: list(v) for k, v in doc["order"].items()} if doc.get("order") is not None else None,
+                   params=dict(doc.get("params") or {}), seed=doc.get("seed"),
+                   estimate=dict(doc.get("estimate") or {}),
+                   placement_time_s=float(doc.get("placement_time_s", 0.0)),
+                   split_graph=doc.get("split_graph"))
+
+    # ---------------------------------------------------------- resolution
+    def resolve(self, graph: Graph, cluster: Cluster, label: str = "placement"
+                ) -> tuple[list[int], list[list[int]] | None]:
+        """Map this placement onto *graph*'s node indices and *cluster*'s
+        device indices: ``(device_of, order_or_None)``.
+
+        *graph* may be the original graph or a coarse graph made from it
+        (then every member of a coarse node must be on one device).
+
+        Raises
+        ------
+        InvalidInput
+            A node missing from the assignment, an invented node, an unknown
+            device, a coarse node whose members disagree, or an order that
+            does not list exactly the nodes assigned to each device.
+        """
+        dev_index = cluster.index
+        if graph.is_coarse:
+            expected = {orig: v for v in range(graph.n) for orig in graph.original_ids(v)}
+        else:
+            expected = graph.index
+        for nid, did in self.assignment.items():
+            if nid not in expected:
+                raise InvalidInput(f"{label}: assignment names node '{nid}', which is not in graph '{graph.name}'")
+            if did not in dev_index:
+                raise InvalidInput(
+                    f"{label}: node '{nid}' is assigned to unknown device '{did}' "
+                    f"(cluster '{cluster.name}' has {', '.join(cluster.ids)})")
+        device_of = [-1] * graph.n
+        for orig, v in expected.items():
+            did = self.assignment.get(orig)
+            if did is None:
+                raise InvalidInput(f"{label}: node '{orig}' of graph '{graph.name}' has no device in the assignment")
+            d = dev_index[did]
+            if device_of[v] == -1:
+                device_of[v] = d
+            elif device_of[v] != d:
+                raise InvalidInput(
+                    f"{label}: members of coarse node '{graph.ids[v]}' are on different devices "
+                    f"({cluster.ids[device_of[v]]} and {did}); simulate the original graph instead")
+        order = None
+        if self.order is not None:
+            order = [[] for _ in range(cluster.k)]
+            seen = [False] * graph.n
+            counts = [0] * cluster.k
+            for v in range(graph.n):
+                counts[device_of[v]] += 1
+            for did, seq in self.order.items():
+                if did not in dev_index:
+                    raise InvalidInput(f"{label}: order names unknown device '{did}'")
+                d = dev_index[did]
+                last = -1
+                for nid in seq:
+                    v = expected.get(nid)
+                    if v is None:
+                        raise InvalidInput(f"{label}: order of {did} names node '{nid}', which is not in the graph")
+                    if device_of[v] != d:
+                        raise InvalidInput(
+                            f"{label}: order of {did} lists node '{nid}', which is assigned to "
+                            f"{cluster.ids[device_of[v]]}")
+                    if graph.is_coarse:
+                        if v == last:
+                            continue
+                        if seen[v]:
+                            raise InvalidInput(f"{label}: order of {did} interleaves members of coarse node "
+                                               f"'{graph.ids[v]}'")
+                    elif seen[v]:
+                        raise InvalidInput(f"{label}: order of {did} lists node '{nid}' twice")
+                    seen[v] = True
+                    order[d].append(v)
+                    last = v
+            for d in range(cluster.k):
+                if len(order[d]) != counts[d]:
+                    missing = next(graph.ids[v] for v in range(graph.n) if device_of[v] == d and not seen[v])
+                    raise InvalidInput(
+                        f"{label}: order of {cluster.ids[d]} omits node '{missing}' assigned to it")
+        return device_of, order
+
+    def device_loads(self, graph: Graph, cluster: Cluster) -> list[int]:
+        device_of, _ = self.resolve(graph, cluster)
+        loads = [0] * cluster.k
+        for v, d in enumerate(device_of):
+            loads[d] += graph.memory[v]
+        return loads
+
+
+def finite_or_none(x: float) -> float | None:
+    """JSON has no infinity: map non-finite floats to None."""
+    return x if math.isfinite(x) else None

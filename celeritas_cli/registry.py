@@ -1,0 +1,184 @@
+"""The one registry of placement algorithms and coarsening methods.
+
+Every algorithm module in :mod:`celeritas_cli.algorithms` registers itself::
+
+    @register("adjusting", paper="Celeritas", section="5.2, Algorithm 2",
+              summary="...", params={"R": Param(int, 200, "exploration range")})
+    def adjusting(graph, cluster, *, seed=0, **params) -> Placement: ...
+
+and every coarsening module in :mod:`celeritas_cli.coarsening` with
+:func:`register_coarsener` (``func(graph, cluster, **params) -> Graph``).
+Modules are discovered by name (sorted), so adding an algorithm is adding a
+module.  ``names()`` feeds ``--algo``'s choices, ``placer place --list`` and
+the parametrised tests.  Optional dependencies (torch) are imported inside
+the algorithm function, never at module import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class Param:
+    """One algorithm parameter: its type (int, float, bool, str), default and help."""
+
+    type: type
+    default: Any
+    help: str = ""
+    choices: tuple | None = None
+
+
+@dataclass
+class Entry:
+    name: str
+    func: Callable
+    paper: str
+    section: str
+    summary: str
+    params: dict[str, Param] = field(default_factory=dict)
+    extra: str | None = None  # optional dependency group, e.g. "torch"
+    kind: str = "placement"
+
+    def coerce(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Validate and convert user parameters (strings from ``-p k=v``)
+        against the declared ones, filling defaults."""
+        out = {k: p.default for k, p in self.params.items()}
+        for key, value in raw.items():
+            if key not in self.params:
+                known = ", ".join(sorted(self.params)) or "none"
+                raise InvalidInput(f"{self.kind} '{self.name}' has no parameter '{key}' (it takes: {known})")
+            out[key] = _convert(self.name, key, value, self.params[key])
+        return out
+
+
+def _convert(algo: str, key: str, value: Any, p: Param) -> Any:
+    try:
+        if p.type is bool:
+            if isinstance(value, bool):
+                v: Any = value
+            elif str(value).lower() in ("1", "true", "yes", "on"):
+                v = True
+            elif str(value).lower() in ("0", "false", "no", "off"):
+                v = False
+            else:
+                raise ValueError(value)
+        elif value is None:
+            v = None
+        else:
+            v = p.type(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"'{algo}' parameter {key}: expected {p.type.__name__}, got {value!r}") from None
+    if p.choices is not None and v not in p.choices:
+        raise InvalidInput(f"'{algo}' parameter {key}: must be one of {', '.join(map(str, p.choices))}, got {v!r}")
+    return v
+
+
+_ALGORITHMS: dict[str, Entry] = {}
+_COARSENERS: dict[str, Entry] = {}
+_loaded = False
+
+
+def register(name: str, *, paper: str, section: str, summary: str,
+             params: dict[str, Param] | None = None, extra: str | None = None):
+    """Decorator registering a placement algorithm under *name*."""
+
+    def deco(func: Callable) -> Callable:
+        if name in _ALGORITHMS and _ALGORITHMS[name].func is not func:
+            raise RuntimeError(f"placement algorithm {name!r} registered twice")
+        _ALGORITHMS[name] = Entry(name, func, paper, section, summary, dict(params or {}), extra)
+        return func
+
+    return deco
+
+
+def register_coarsener(name: str, *, paper: str, section: str, summary: str,
+                       params: dict[str, Param] | None = None):
+    """Decorator registering a coarsening method under *name*."""
+
+    def deco(func: Callable) -> Callable:
+        _COARSENERS[name] = Entry(name, func, paper, section, summary, dict(params or {}), None, "coarsening")
+        return func
+
+    return deco
+
+
+def _load() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for pkg_name in ("celeritas_cli.algorithms", "celeritas_cli.coarsening"):
+        pkg = importlib.import_module(pkg_name)
+        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{pkg_name}.{info.name}")
+
+
+def names() -> list[str]:
+    """Registered placement algorithm names, sorted."""
+    _load()
+    return sorted(_ALGORITHMS)
+
+
+def get(name: str) -> Entry:
+    _load()
+    try:
+        return _ALGORITHMS[name]
+    except KeyError:
+        raise InvalidInput(f"unknown algorithm '{name}' (known: {', '.join(sorted(_ALGORITHMS))})") from None
+
+
+def entries() -> list[Entry]:
+    _load()
+    return [_ALGORITHMS[n] for n in sorted(_ALGORITHMS)]
+
+
+def coarsener_names() -> list[str]:
+    _load()
+    return sorted(_COARSENERS)
+
+
+def get_coarsener(name: str) -> Entry:
+    _load()
+    try:
+        return _COARSENERS[name]
+    except KeyError:
+        raise InvalidInput(f"unknown coarsening method '{name}' (known: {', '.join(sorted(_COARSENERS))})") from None
+
+
+def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | None = None):
+    """Run registered algorithm *algo* and return its :class:`Placement`,
+    with ``algorithm``, ``params``, ``seed`` and ``placement_time_s`` filled in
+    (wall time of the algorithm itself, like Celeritas Table 4).
+
+    Example
+    -------
+    >>> from celeritas_cli.generate import layered
+    >>> from celeritas_cli.cluster import uniform
+    >>> p = place(layered(20, seed=1), uniform(2), "single-device")
+    >>> sorted(set(p.assignment.values()))
+    ['gpu0']
+    """
+    entry = get(algo)
+    kwargs = entry.coerce(params or {})
+    t0 = time.perf_counter()
+    result = entry.func(graph, cluster, seed=seed, **kwargs)
+    result.placement_time_s = time.perf_counter() - t0
+    result.algorithm = algo
+    result.params = {**kwargs, **result.params}
+    result.seed = seed
+    return result
+
+
+def coarsen(graph, cluster, method: str, *, params: dict[str, Any] | None = None):
+    """Run registered coarsening *method*; returns the coarse :class:`Graph`."""
+    entry = get_coarsener(method)
+    kwargs = entry.coerce(params or {})
+    return entry.func(graph, cluster, **kwargs)

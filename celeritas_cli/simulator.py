@@ -1,0 +1,395 @@
+"""The discrete-event simulator: the one judge of every placement.
+
+Semantics (DESIGN.md, "The simulator"):
+
+1. Each device runs one node at a time, non-preemptively, for the node's
+   time on that device (:class:`~celeritas_cli.costs.CostModel`).
+2. A node may start when every input tensor is on its device: an input from
+   the same device when its producer finishes, an input from another device
+   when its transfer arrives.
+3. One transfer per (producer, tensor, destination device).  It becomes ready
+   when the producer finishes.  Congestion rule ``channel`` (default): each
+   directed channel src-device->dst-device carries one transfer at a time,
+   FIFO by ready time, ties by (producer index, tensor id) - Moirai Eq. 8,
+   Celeritas 6.1 transfer-as-task.  ``port``: one uplink and one downlink per
+   device; a transfer holds both its sender's uplink and its receiver's
+   downlink (Moirai's released code).  ``none``: transfers overlap freely
+   (classic HEFT model).  Compute and transfers overlap.  Destination devices
+   of one tensor are served in device index order.  A multi-hop pair
+   (``via``) is one channel with the path's bandwidth and latency; it does
+   not occupy the intermediate links.
+4. Order on a device: the placement's ``order`` when given, strictly
+   followed; otherwise, whenever a device is free, the ready node with the
+   largest upward rank computed with this placement's real costs, ties by
+   topological index.  All events at one instant are processed before any
+   device picks its next node.
+5. Memory: per-device sum of ``memory_bytes``; a device over capacity makes
+   the status ``OOM`` (reported, not an error).  A placement that splits a
+   colocation group is invalid (:class:`~celeritas_cli.errors.ColocationError`).
+6. The report (``placer.report/v1``) carries the makespan, per-device busy
+   time, utilisation and memory, per-link busy time and bytes, transfer
+   totals, OOM devices, the critical path of the realised schedule (walking
+   back from the last node through whichever of "the device's previous node"
+   or "the latest-arriving input's producer" let each node start), and the
+   lower bound LB = max(longest path with zero communication and each node
+   at its fastest device, total work / devices) where total work is
+   Σ fastest time / k, or Σ compute_s / Σ speed when no node has per-type
+   times (a tighter bound, valid because then time = compute_s / speed).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .cluster import Cluster
+from .costs import CostModel, upward_rank
+from .errors import ColocationError, InvalidInput
+from .graph import Graph
+from .placement import Placement, finite_or_none
+
+CONGESTION_RULES = ("channel", "port", "none")
+REPORT_SCHEMA = "placer.report/v1"
+
+
+@dataclass
+class Transfer:
+    tensor: int
+    src_dev: int
+    dst_dev: int
+    ready: float
+    start: float
+    end: float
+    nbytes: int
+
+
+@dataclass
+class Schedule:
+    """The realised schedule: per-node start/finish, the transfers, and for
+    each node the node that let it start (``binding[v]``, -1 for none)."""
+
+    device_of: list[int]
+    start: list[float]
+    finish: list[float]
+    transfers: list[Transfer]
+    binding: list[int]
+    makespan: float
+    device_order: list[list[int]] = field(default_factory=list)
+
+
+def _check_colocation(graph: Graph, cluster: Cluster, device_of: Sequence[int], label: str) -> None:
+    for group, nodes in graph.colocation_groups().items():
+        first = device_of[nodes[0]]
+        for v in nodes[1:]:
+            if device_of[v] != first:
+                raise ColocationError(
+                    f"{label}: colocation group '{group}' is split: node '{graph.ids[nodes[0]]}' on "
+                    f"{cluster.ids[first]}, node '{graph.ids[v]}' on {cluster.ids[device_of[v]]}")
+
+
+def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
+                 order: Sequence[Sequence[int]] | None = None, *, congestion: str = "channel",
+                 costs: CostModel | None = None, label: str = "placement") -> Schedule:
+    """Simulate *graph* on *cluster* with ``device_of[v]`` and optional strict
+    per-device ``order`` (node indices); see the module docstring.
+
+    This index-level entry point is what algorithms use to score candidate
+    placements; :func:`simulate` wraps it for placement files.
+
+    Raises
+    ------
+    InvalidInput
+        Unknown congestion rule, or a strict order that cannot be followed
+        (it deadlocks against the graph's dependencies).
+    """
+    if congestion not in CONGESTION_RULES:
+        raise InvalidInput(f"unknown congestion rule '{congestion}' (use channel, port or none)")
+    costs = costs or CostModel(graph, cluster)
+    n, k = graph.n, cluster.k
+    time = costs.time
+    dev = list(device_of)
+    e_dst = graph.edge_dst
+    t_edges = graph.tensor_edges
+    # consumers of each tensor, grouped by destination device (deduplicated)
+    out_tensors: list[list[int]] = [[] for _ in range(n)]
+    for t, p in enumerate(graph.tensor_src):
+        out_tensors[p].append(t)
+    need = [0] * n
+    for v in range(n):
+        need[v] = len({graph.edge_tensor[e] for e in graph.in_edges[v]})
+    topo_idx = graph.topo_index()
+
+    strict = order is not None
+    if strict:
+        assert order is not None
+        queue_of = [list(seq) for seq in order]
+        ptr = [0] * k
+        ready_flag = [False] * n
+    else:
+        rank = upward_rank(graph, lambda v: time[v][dev[v]],
+                           lambda e: costs.comm(e, dev[graph.edge_src[e]], dev[e_dst[e]]))
+        ready_heap: list[list[tuple[float, int, int]]] = [[] for _ in range(k)]
+
+    start = [math.nan] * n
+    finish = [math.nan] * n
+    binding = [-1] * n
+    last_in_time = [0.0] * n
+    last_in_src = [-1] * n
+    running = [-1] * k
+    dev_free = [0.0] * k
+    dev_last = [-1] * k
+    device_order: list[list[int]] = [[] for _ in range(k)]
+    chan_free = [[0.0] * k for _ in range(k)]
+    up_free = [0.0] * k
+    down_free = [0.0] * k
+    transfers: list[Transfer] = []
+    events: list[tuple[float, int, int, int]] = []  # (time, kind 0=arrival/1=finish, a, b)
+    done = 0
+
+    def make_ready(v: int, t: float, src: int) -> None:
+        if t >= last_in_time[v]:
+            last_in_time[v] = t
+            last_in_src[v] = src
+        need[v] -= 1
+        if need[v] == 0:
+            if strict:
+                ready_flag[v] = True
+            else:
+                heapq.heappush(ready_heap[dev[v]], (-rank[v], topo_idx[v], v))
+
+    for v in range(n):
+        if need[v] == 0:
+            need[v] = 1
+            make_ready(v, 0.0, -1)
+
+    now = 0.0
+    while True:
+        # dispatch on every idle device
+        for d in range(k):
+            if running[d] != -1:
+                continue
+            if strict:
+                q = queue_of[d]
+                if ptr[d] >= len(q) or not ready_flag[q[ptr[d]]]:
+                    continue
+                v = q[ptr[d]]
+                ptr[d] += 1
+            else:
+                if not ready_heap[d]:
+                    continue
+                v = heapq.heappop(ready_heap[d])[2]
+            start[v] = now
+            finish[v] = now + time[v][d]
+            if dev_last[d] != -1 and dev_free[d] >= last_in_time[v] and dev_free[d] == now:
+                binding[v] = dev_last[d]
+            else:
+                binding[v] = last_in_src[v]
+            running[d] = v
+            device_order[d].append(v)
+            heapq.heappush(events, (finish[v], 1, v, d))
+        if not events:
+            break
+        now = events[0][0]
+        batch_fin: list[int] = []
+        while events and events[0][0] == now:
+            _, kind, a, b = heapq.heappop(events)
+            if kind == 1:
+                batch_fin.append(a)
+            else:  # arrival of tensor a on device b
+                p = graph.tensor_src[a]
+                seen = set()
+                for e in t_edges[a]:
+                    c = e_dst[e]
+                    if dev[c] == b and c not in seen:
+                        seen.add(c)
+                        make_ready(c, now, p)
+        batch_fin.sort()
+        for p in batch_fin:
+            a = dev[p]
+            running[a] = -1
+            dev_free[a] = now
+            dev_last[a] = p
+            done += 1
+            for t in out_tensors[p]:
+                remote: list[int] = []
+                seen = set()
+                for e in t_edges[t]:
+                    c = e_dst[e]
+                    if c in seen:
+                        continue
+                    seen.add(c)
+                    if dev[c] == a:
+                        make_ready(c, now, p)
+                    elif dev[c] not in remote:
+                        remote.append(dev[c])
+                remote.sort()
+                for b in remote:
+                    dur = costs.tensor_comm(t, a, b)
+                    if congestion == "channel":
+                        s = max(now, chan_free[a][b])
+                        chan_free[a][b] = s + dur
+                    elif congestion == "port":
+                        s = max(now, up_free[a], down_free[b])
+                        up_free[a] = down_free[b] = s + dur
+                    else:
+                        s = now
+                    transfers.append(Transfer(t, a, b, now, s, s + dur, graph.tensor_bytes[t]))
+                    heapq.heappush(events, (s + dur, 0, t, b))
+    if done != n:
+        raise InvalidInput(_deadlock_message(graph, cluster, dev, queue_of if strict else None,
+                                             ptr if strict else None, finish, label))
+    makespan = max(finish) if n else 0.0
+    return Schedule(device_of=dev, start=start, finish=finish, transfers=transfers, binding=binding,
+                    makespan=makespan, device_order=device_order)
+
+
+def _deadlock_message(graph, cluster, dev, queue_of, ptr, finish, label) -> str:
+    if queue_of is None:  # cannot happen for a DAG
+        return f"{label}: simulation stalled"
+    for d, q in enumerate(queue_of):
+        if ptr[d] < len(q):
+            v = q[ptr[d]]
+            waiting = [p for p in graph.pred[v] if math.isnan(finish[p])]
+            if waiting:
+                p = waiting[0]
+                return (f"{label}: order of {cluster.ids[d]} cannot be followed: node '{graph.ids[v]}' needs "
+                        f"'{graph.ids[p]}' (on {cluster.ids[dev[p]]}), which is ordered after a node that waits "
+                        f"for it; the per-device orders contradict the graph's dependencies")
+    return f"{label}: the per-device orders deadlock"
+
+
+def lower_bound(graph: Graph, cluster: Cluster, costs: CostModel | None = None) -> float:
+    """LB = max(critical path with zero communication at fastest devices,
+    total work / devices) - see the module docstring."""
+    costs = costs or CostModel(graph, cluster)
+    if graph.n == 0:
+        return 0.0
+    fastest = costs.fastest_time
+    top = [0.0] * graph.n
+    for v in graph.topo_order():
+        best = 0.0
+        for p in graph.pred[v]:
+            if top[p] > best:
+                best = top[p]
+        top[v] = best + fastest[v]
+    cp = max(top)
+    work = math.fsum(fastest) / cluster.k
+    if not any(graph.compute_by_type):
+        work = max(work, math.fsum(graph.compute) / sum(d.speed for d in cluster.devices))
+    return max(cp, work)
+
+
+def critical_path(graph: Graph, sched: Schedule) -> list[int]:
+    """Nodes of the realised schedule's critical path, first to last."""
+    if graph.n == 0:
+        return []
+    v = max(range(graph.n), key=lambda x: (sched.finish[x], -x))
+    path = []
+    seen = set()
+    while v != -1 and v not in seen:
+        seen.add(v)
+        path.append(v)
+        v = sched.binding[v]
+    path.reverse()
+    return path
+
+
+def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion: str = "channel",
+             label: str = "placement", schedule_out: list | None = None) -> dict:
+    """Simulate *placement* of *graph* on *cluster* and return the
+    ``placer.report/v1`` document (see the module docstring).
+
+    *graph* may be the original graph or a coarse graph of it.  When
+    *schedule_out* is a list, the :class:`Schedule` is appended to it (for
+    ``--gantt`` / ``--trace``).
+
+    Raises
+    ------
+    InvalidInput
+        The placement misses or invents nodes, names unknown devices, or its
+        order cannot be followed.
+    ColocationError
+        A colocation group is split across devices.
+
+    Example
+    -------
+    >>> from celeritas_cli.graph import build
+    >>> from celeritas_cli.cluster import uniform
+    >>> g = build("ab", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
+    ...                  {"id": "b", "compute_s": 2, "memory_bytes": 0}],
+    ...           [{"src": "a", "dst": "b", "bytes": 100}])
+    >>> c = uniform(2, bandwidth=100.0, latency=0.0)
+    >>> p = Placement("ab", c.name, "given", {"a": "gpu0", "b": "gpu1"})
+    >>> simulate(g, c, p)["makespan_s"]
+    4.0
+    """
+    device_of, order = placement.resolve(graph, cluster, label)
+    _check_colocation(graph, cluster, device_of, label)
+    costs = CostModel(graph, cluster)
+    sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs, label=label)
+    if schedule_out is not None:
+        schedule_out.append(sched)
+    return build_report(graph, cluster, placement, sched, costs, congestion)
+
+
+def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: Schedule,
+                 costs: CostModel, congestion: str) -> dict:
+    k = cluster.k
+    busy = [0.0] * k
+    mem = [0] * k
+    count = [0] * k
+    for v, d in enumerate(sched.device_of):
+        busy[d] += costs.time[v][d]
+        mem[d] += graph.memory[v]
+        count[d] += 1
+    makespan = sched.makespan
+    devices = []
+    oom = []
+    for d, dv in enumerate(cluster.devices):
+        over = mem[d] > dv.memory
+        if over:
+            oom.append(dv.id)
+        devices.append({"id": dv.id, "type": dv.type, "nodes": count[d], "busy_s": busy[d],
+                        "utilisation": busy[d] / makespan if makespan > 0 else 0.0,
+                        "memory_bytes": mem[d], "capacity_bytes": dv.memory, "oom": over})
+    links: dict[tuple[int, int], list] = {}
+    for tr in sched.transfers:
+        st = links.setdefault((tr.src_dev, tr.dst_dev), [0.0, 0, 0])
+        st[0] += tr.end - tr.start
+        st[1] += tr.nbytes
+        st[2] += 1
+    link_rows = [{"src": cluster.ids[a], "dst": cluster.ids[b], "busy_s": st[0], "bytes": st[1], "transfers": st[2]}
+                 for (a, b), st in sorted(links.items())]
+    lb = lower_bound(graph, cluster, costs)
+    path = critical_path(graph, sched)
+    cp_ids: list[str] = []
+    for v in path:
+        cp_ids.extend(graph.original_ids(v))
+    return {
+        "schema": REPORT_SCHEMA,
+        "graph": graph.original_name,
+        "cluster": cluster.name,
+        "algorithm": placement.algorithm,
+        "congestion": congestion,
+        "status": "OOM" if oom else "OK",
+        "makespan_s": makespan,
+        "lower_bound_s": lb,
+        "makespan_over_lb": finite_or_none(makespan / lb) if lb > 0 else None,
+        "oom_devices": oom,
+        "devices": devices,
+        "links": link_rows,
+        "transfers": {"count": len(sched.transfers), "bytes": sum(tr.nbytes for tr in sched.transfers)},
+        "critical_path": cp_ids,
+        "estimate": placement.estimate,
+        "placement_time_s": placement.placement_time_s,
+    }
+
+
+def makespan_of(graph: Graph, cluster: Cluster, device_of: Sequence[int],
+                order: Sequence[Sequence[int]] | None = None, *, congestion: str = "channel",
+                costs: CostModel | None = None) -> float:
+    """Simulated makespan of an index-level placement (for algorithms that
+    score candidates, e.g. OS-DPOS, the Hierarchical Planner)."""
+    return run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs).makespan
