@@ -45,6 +45,7 @@ class Entry:
     params: dict[str, Param] = field(default_factory=dict)
     extra: str | None = None  # optional dependency group, e.g. "torch"
     kind: str = "placement"
+    quick_params: dict[str, Any] = field(default_factory=dict)  # for tests / smoke runs
 
     def coerce(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Validate and convert user parameters (strings from ``-p k=v``)
@@ -86,13 +87,20 @@ _loaded = False
 
 
 def register(name: str, *, paper: str, section: str, summary: str,
-             params: dict[str, Param] | None = None, extra: str | None = None):
-    """Decorator registering a placement algorithm under *name*."""
+             params: dict[str, Param] | None = None, extra: str | None = None,
+             quick_params: dict[str, Any] | None = None):
+    """Decorator registering a placement algorithm under *name*.
+
+    *extra* names the optional dependency group it needs (``"torch"``);
+    *quick_params* are parameters for a quick run (tests, smoke compares),
+    e.g. a short time limit for the MILP.
+    """
 
     def deco(func: Callable) -> Callable:
         if name in _ALGORITHMS and _ALGORITHMS[name].func is not func:
             raise RuntimeError(f"placement algorithm {name!r} registered twice")
-        _ALGORITHMS[name] = Entry(name, func, paper, section, summary, dict(params or {}), extra)
+        _ALGORITHMS[name] = Entry(name, func, paper, section, summary, dict(params or {}), extra,
+                                  quick_params=dict(quick_params or {}))
         return func
 
     return deco

@@ -301,7 +301,9 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     """Simulate *placement* of *graph* on *cluster* and return the
     ``placer.report/v1`` document (see the module docstring).
 
-    *graph* may be the original graph or a coarse graph of it.  When
+    *graph* may be the original graph or a coarse graph of it.  When the
+    placement carries a ``split_graph`` (FastT / FD-DPS operation splitting),
+    that graph is simulated instead: it is exactly what was planned.  When
     *schedule_out* is a list, the :class:`Schedule` is appended to it (for
     ``--gantt`` / ``--trace``).
 
@@ -325,6 +327,8 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     >>> simulate(g, c, p)["makespan_s"]
     4.0
     """
+    if placement.split_graph is not None:
+        graph = Graph.from_dict(placement.split_graph, f"{label} (split_graph)")
     device_of, order = placement.resolve(graph, cluster, label)
     _check_colocation(graph, cluster, device_of, label)
     costs = CostModel(graph, cluster)
