@@ -159,6 +159,9 @@ def write_bytes(data: bytes, path: str | os.PathLike | None) -> None:
     if not directory.is_dir():
         raise InvalidInput(f"{path}: directory {directory} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
