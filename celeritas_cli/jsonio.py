@@ -117,6 +117,10 @@ def _locate(doc: dict, message: str) -> str:
         where.append(f"field {step}" if isinstance(step, str) else f"[{step}]")
         k += 1
     place = " ".join(where) if where else "document"
+    missing = re.fullmatch(r"must contain \[(.*)\] properties", rest)
+    if missing:
+        fields = [f.strip().strip("'\"") for f in missing.group(1).split(",")]
+        rest = "missing field " + ", ".join(fields)
     return f"{place}: {rest}"
 
 

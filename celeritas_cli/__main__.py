@@ -1,0 +1,5 @@
+"""``python -m celeritas_cli`` = ``placer``."""
+
+from .cli import main
+
+main()

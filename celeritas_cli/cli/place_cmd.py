@@ -1,0 +1,81 @@
+"""``placer place``: run one registered placement algorithm."""
+
+from __future__ import annotations
+
+import click
+
+from .. import registry
+from ..io import load_graph, warn
+from ..simulator import simulate
+from .common import cluster_option, emit, get_cluster, output_option, parse_params, seed_option, stdin_is_tty
+
+
+def _list_algorithms() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="placement algorithms (placer place --algo NAME)")
+    for col in ("name", "paper", "section", "what it does", "parameters"):
+        table.add_column(col, overflow="fold")
+    for e in registry.entries():
+        params = ", ".join(f"{k}={p.default!r}" for k, p in e.params.items()) or "-"
+        summary = e.summary + (f" [needs extra: {e.extra}]" if e.extra else "")
+        table.add_row(e.name, e.paper, e.section, summary, params)
+    Console(width=160).print(table)
+
+
+@click.command(context_settings={"max_content_width": 100})
+@click.argument("graph_path", metavar="[GRAPH|-]", required=False)
+@click.option("--algo", "-a", metavar="NAME", help="Placement algorithm (see --list).")
+@cluster_option
+@click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="Algorithm parameter, repeatable (see --list for each algorithm's).")
+@seed_option
+@click.option("--time-limit", type=float, default=None, metavar="S",
+              help="Time limit in seconds for algorithms that take one (milp, hierarchical, ...).")
+@click.option("--simulate/--no-simulate", "do_simulate", default=False,
+              help="Also simulate the result and print makespan / LB to stderr.")
+@click.option("--list", "list_algos", is_flag=True, help="List the algorithms with their papers and exit.")
+@output_option
+def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate, list_algos, output):
+    """Place GRAPH (a graph or coarse graph file, - for stdin) on a cluster.
+
+    A placement made on a coarse graph is written over the original node ids.
+
+    \b
+    Examples:
+      placer coarsen g.json | placer place --algo adjusting > p.json
+      placer place g.json --algo heft --cluster moirai-intra-server -o p.json
+      placer place coarse.json --algo milp --time-limit 30 -p congestion=port
+      placer place --list
+    """
+    if list_algos:
+        _list_algorithms()
+        return
+    if not algo:
+        raise click.UsageError(f"missing --algo NAME (one of: {', '.join(registry.names())})")
+    if algo not in registry.names():
+        raise click.BadParameter(f"unknown algorithm '{algo}' (one of: {', '.join(registry.names())})",
+                                 param_hint="--algo")
+    if graph_path is None:
+        if stdin_is_tty():
+            raise click.UsageError("no GRAPH given and stdin is a terminal (use a file or pipe one in, e.g. "
+                                   "`placer coarsen g.json | placer place --algo adjusting`)")
+        graph_path = "-"
+    raw = parse_params(params)
+    entry = registry.get(algo)
+    if time_limit is not None:
+        if "time_limit" in entry.params:
+            raw["time_limit"] = time_limit
+        else:
+            warn(f"placer: --time-limit ignored: '{algo}' takes no time limit")
+    graph = load_graph(graph_path)
+    cluster = get_cluster(cluster_path)
+    result = registry.place(graph, cluster, algo, seed=seed, params=raw)
+    if do_simulate:
+        report = simulate(graph, cluster, result)
+        ratio = report["makespan_over_lb"]
+        warn(f"placer: {algo}: simulated makespan {report['makespan_s']:.6g} s ({report['status']}), "
+             f"makespan/LB {ratio:.3f}, placed in {result.placement_time_s:.3f} s" if ratio is not None else
+             f"placer: {algo}: simulated makespan {report['makespan_s']:.6g} s ({report['status']})")
+    emit(result.to_dict(), output)

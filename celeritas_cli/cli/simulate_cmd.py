@@ -1,0 +1,101 @@
+"""``placer simulate``: the discrete-event simulator, judge of every placement."""
+
+from __future__ import annotations
+
+import click
+
+from ..io import bundled_cluster_names, load_graph, load_placement
+from ..simulator import CONGESTION_RULES, simulate as run_simulation
+from .common import emit, get_cluster, output_option
+
+
+def render_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=120)
+    lb = report["lower_bound_s"]
+    ratio = report["makespan_over_lb"]
+    console.print(f"[bold]{report['graph']}[/] on [bold]{report['cluster']}[/] by {report['algorithm']} "
+                  f"(congestion: {report['congestion']})")
+    console.print(f"makespan {report['makespan_s']:.6g} s   lower bound {lb:.6g} s   "
+                  f"makespan/LB {ratio:.3f}   status {report['status']}" if ratio is not None else
+                  f"makespan {report['makespan_s']:.6g} s   status {report['status']}")
+    t = Table(title="devices")
+    for col in ("device", "type", "nodes", "busy (s)", "utilisation", "memory (GiB)", "capacity (GiB)", "OOM"):
+        t.add_column(col, justify="right" if col not in ("device", "type") else "left")
+    for d in report["devices"]:
+        t.add_row(d["id"], d["type"], str(d["nodes"]), f"{d['busy_s']:.6g}", f"{d['utilisation']:.1%}",
+                  f"{d['memory_bytes'] / 2**30:.2f}", f"{d['capacity_bytes'] / 2**30:.2f}",
+                  "[red]OOM[/]" if d["oom"] else "")
+    console.print(t)
+    if report["links"]:
+        lt = Table(title="links")
+        for col in ("link", "transfers", "MiB", "busy (s)"):
+            lt.add_column(col, justify="right" if col != "link" else "left")
+        for ln in report["links"]:
+            lt.add_row(f"{ln['src']}→{ln['dst']}", str(ln["transfers"]), f"{ln['bytes'] / 2**20:.1f}",
+                       f"{ln['busy_s']:.6g}")
+        console.print(lt)
+    console.print(f"transfers: {report['transfers']['count']} ({report['transfers']['bytes'] / 2**20:.1f} MiB); "
+                  f"critical path: {len(report['critical_path'])} nodes")
+
+
+@click.command(context_settings={"max_content_width": 100})
+@click.argument("graph_path", metavar="GRAPH|-")
+@click.option("--placement", "-P", "placement_path", required=True, metavar="FILE|-",
+              help="Placement file (- for stdin).")
+@click.option("--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
+              help="Cluster file or bundled name. Default: the placement's cluster if it is a bundled one, "
+                   "else 4xV100-pcie.")
+@click.option("--congestion", type=click.Choice(CONGESTION_RULES), default="channel", show_default=True,
+              help="channel: one transfer at a time per directed link; port: one uplink and one downlink "
+                   "per device; none: transfers overlap freely.")
+@click.option("--no-congestion", is_flag=True, help="Short for --congestion none.")
+@click.option("--gantt", metavar="FILE", help="Write a Gantt chart (.svg, or .png with matplotlib).")
+@click.option("--trace", metavar="FILE", help="Write a Chrome trace JSON (chrome://tracing, Perfetto).")
+@click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json", show_default=True,
+              help="json: the placer.report/v1 document; table: a readable summary on stdout.")
+@output_option
+def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion, gantt, trace, fmt, output):
+    """Simulate a placement of GRAPH and report makespan, utilisation, memory,
+    transfers, the critical path and makespan / lower bound.
+
+    \b
+    Examples:
+      placer simulate g.json --placement p.json --format table
+      placer place g.json --algo heft | placer simulate g.json -P - --gantt g.svg
+      placer simulate g.json -P p.json --congestion port --trace trace.json -o report.json
+    """
+    if graph_path == "-" and placement_path == "-":
+        raise click.UsageError("GRAPH and --placement cannot both be stdin")
+    if no_congestion:
+        congestion = "none"
+    placement = load_placement(placement_path)
+    graph = load_graph(graph_path)
+    if cluster_path is None and placement.cluster in bundled_cluster_names():
+        cluster = get_cluster(placement.cluster, quiet=True)
+    else:
+        cluster = get_cluster(cluster_path)
+    label = "<stdin>" if placement_path == "-" else placement_path
+    scheds: list = []
+    report = run_simulation(graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
+    sim_graph = graph
+    if placement.split_graph is not None:
+        from ..graph import Graph
+
+        sim_graph = Graph.from_dict(placement.split_graph, f"{label} (split_graph)")
+    if gantt:
+        from ..gantt import write_gantt
+
+        write_gantt(sim_graph, cluster, scheds[0], gantt, title=f"{report['graph']} / {report['algorithm']}")
+    if trace:
+        from ..gantt import write_trace
+
+        write_trace(sim_graph, cluster, scheds[0], trace)
+    if fmt == "table":
+        render_report(report)
+        if output != "-":
+            emit(report, output)
+    else:
+        emit(report, output)
