@@ -10,6 +10,7 @@ run never leaves a partial output file behind.
 from __future__ import annotations
 
 import functools
+import gzip
 import os
 import re
 import sys
@@ -37,11 +38,18 @@ def label_of(path: str | os.PathLike) -> str:
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    """Read *path* (``-`` = stdin) whole, as bytes."""
+    """Read *path* (``-`` = stdin) whole, as bytes; ``*.gz`` files are
+    decompressed transparently."""
     if str(path) == "-":
         return sys.stdin.buffer.read()
     try:
-        return Path(path).read_bytes()
+        data = Path(path).read_bytes()
+        if str(path).endswith(".gz"):
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError) as exc:
+                raise InvalidInput(f"{path}: not a valid gzip file: {exc}") from None
+        return data
     except FileNotFoundError:
         raise InvalidInput(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -152,13 +160,16 @@ def dumps(doc: Any) -> bytes:
 
 
 def write_bytes(data: bytes, path: str | os.PathLike | None) -> None:
-    """Write *data* to *path* atomically, or to stdout for ``-``/``None``."""
+    """Write *data* to *path* atomically (gzip-compressed for ``*.gz``), or
+    to stdout for ``-``/``None``."""
     if path is None or str(path) == "-":
         out = sys.stdout.buffer
         out.write(data)
         out.flush()
         return
     target = Path(path)
+    if target.name.endswith(".gz"):
+        data = gzip.compress(data, mtime=0)  # mtime=0: byte-identical output for identical input
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
         raise InvalidInput(f"{path}: directory {directory} does not exist")
