@@ -1,0 +1,853 @@
+"""Moirai's exact placement (III-D, Eq. 4-8) as a CP-SAT model.
+
+Moirai (moirai.txt, III-D) places the operators of a coarsened graph by a
+MILP solved with Gurobi: each operator on exactly one device (Eq. 4c) with a
+device-specific processing time, memory per device (Eq. 5), no two operators
+of one device overlapping (Eq. 6), a data flow paying a transfer only when
+its endpoints are on different devices, on the directed channel between them
+(Eq. 7), and no two transfers overlapping on one channel (Eq. 8); the
+objective is the makespan (Eq. 4).  We solve the same problem with OR-Tools
+CP-SAT in the flexible-job-shop style:
+
+* one optional interval per (node, device) with the node's time on that
+  device, sharing the node's start variable; ``add_exactly_one`` over the
+  presence literals (Eq. 4c) - literals are per colocation group, so a group
+  is never split;
+* ``add_no_overlap`` per device (Eq. 6, replacing Moirai's big-M pairs);
+* one linear memory constraint per device (Eq. 5);
+* one transfer per (producer, tensor, destination device), as the simulator
+  sends it (DESIGN.md rule 3): literal ``y[t,b]`` = "tensor *t* must reach
+  device *b*" (some consumer on *b*, producer elsewhere), one optional
+  interval per source device *a* (present iff the producer is on *a*, Eq. 7's
+  channel choice), starting after the producer ends; each consumer on *b*
+  starts after the arrival;
+* congestion as in the simulator: ``channel`` (Eq. 8) - ``add_no_overlap``
+  per directed channel a->b; ``port`` - per sender uplink and per receiver
+  downlink (Moirai's released code); ``none`` - transfers overlap freely;
+* redundant cuts: makespan >= every device's load, node start windows from
+  zero-communication heads and tails;
+* symmetry breaking between identical devices (same type, speed, memory,
+  and link rows/columns that swap): the j-th device of a class may only host
+  a group if the (j-1)-th hosts a group of smaller topological rank.
+
+Times are integers of ``resolution`` seconds (rounded to nearest; the default
+resolution is the power of ten giving the hint's makespan 1e5-1e6 units).
+The model is a relaxation of the simulator: every simulated schedule (any
+order, FIFO channels) is a solution, so CP-SAT's best bound is a lower bound
+on the simulated makespan of any placement under the same congestion rule
+(up to the rounding).  The simulator's tie rule is modelled too: one
+producer's transfers on one channel (``port``: on its uplink) leave in tensor
+order.  The converse does not hold exactly: the solver may let a later
+producer's transfer pass an earlier one on a channel (Moirai's Eq. 8 is a
+plain either-or; FIFO between different producers would need a reified
+order per pair), while the simulator serves a channel FIFO, so the replay of
+the solver's schedule (its per-device order) can be later than its
+objective.  That is why the result is always re-simulated and never worse
+than its warm start.
+
+Reading chosen where the paper is silent: Moirai minimises inference latency
+on the coarsened graph; we minimise the simulated makespan of whatever graph
+is given (forward-only or training step), transfers follow DESIGN.md (one per
+producer, tensor and destination device, not one per edge as Eq. 7's data
+flows), and a multi-hop pair is one channel as in the simulator.
+Determinism: with ``workers=1`` and a fixed seed the search is repeatable
+unless the wall-clock limit cuts it; with several workers only a proven
+optimum's objective is.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from ..cluster import Cluster
+from ..costs import CostModel
+from ..errors import Infeasible, InvalidInput, MissingDependency, SolverError
+from ..graph import Graph
+from ..placement import Placement
+from ..registry import Param, register
+from ..simulator import CONGESTION_RULES, Schedule, _check_colocation, lower_bound, run_schedule
+
+HINT_CHAIN = ("adjusting", "heft", "single-device")
+TOO_LARGE = 5000      # nodes: above this the model is not built (return the hint)
+LARGE = 1000          # nodes: above this warn that a proof is unlikely
+
+
+def _cp():
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as exc:  # pragma: no cover - ortools is a core dependency
+        raise MissingDependency("placement algorithm 'milp' needs OR-Tools: pip install ortools") from exc
+    return cp_model
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+# --------------------------------------------------------------------------- model
+@dataclass
+class MilpVars:
+    """The variables of a model built by :func:`build_model`.
+
+    ``x[u][d]``: presence literal of group *u* on device *d* (``None`` when
+    the group cannot go there); ``start[v]``/``end[v]``: node times (units);
+    ``transfers``: ``(t, b) -> (tau, y, {a: z})``; ``makespan``; ``dur[v][d]``
+    and ``comm[t][a][b]`` the integer durations; ``resolution`` seconds per
+    unit; ``classes`` the identical-device classes used for symmetry breaking.
+    """
+
+    resolution: float
+    horizon: int
+    unit_of: list[int]
+    units: list[list[int]]
+    x: list[list]
+    start: list
+    end: list
+    dur: list[list[int]]
+    comm: list
+    transfers: dict
+    makespan: object
+    prefix: dict = field(default_factory=dict)
+    chains: list = field(default_factory=list)
+    classes: list[list[int]] = field(default_factory=list)
+
+
+def _units(graph: Graph) -> tuple[list[int], list[list[int]]]:
+    """Colocation groups and single nodes, ranked by first topological index."""
+    group_unit: dict[str, int] = {}
+    unit_of = [-1] * graph.n
+    units: list[list[int]] = []
+    for v in graph.topo_order():
+        c = graph.colocation[v]
+        if c is not None and c in group_unit:
+            u = group_unit[c]
+            units[u].append(v)
+        else:
+            u = len(units)
+            units.append([v])
+            if c is not None:
+                group_unit[c] = u
+        unit_of[v] = u
+    return unit_of, units
+
+
+def identical_classes(graph: Graph, cluster: Cluster) -> list[list[int]]:
+    """Classes of interchangeable devices: same type, speed and memory, and
+    swapping the two is an automorphism of the link matrices (so every
+    permutation inside a class is one).  Empty when an edge has per-pair
+    measured times (``comm_s_by_pair`` names devices)."""
+    if any(graph.edge_comm):
+        return []
+    k = cluster.k
+    bw, lat, devs = cluster.bandwidth, cluster.latency, cluster.devices
+
+    def swappable(i: int, j: int) -> bool:
+        if (devs[i].type, devs[i].speed, devs[i].memory) != (devs[j].type, devs[j].speed, devs[j].memory):
+            return False
+        for m in (bw, lat):
+            if m[i][j] != m[j][i]:
+                return False
+            for x in range(k):
+                if x in (i, j):
+                    continue
+                if m[i][x] != m[j][x] or m[x][i] != m[x][j]:
+                    return False
+        return True
+
+    classes: list[list[int]] = []
+    for d in range(k):
+        for cl in classes:
+            if swappable(cl[0], d):
+                cl.append(d)
+                break
+        else:
+            classes.append([d])
+    return [cl for cl in classes if len(cl) > 1]
+
+
+def auto_resolution(upper_s: float) -> float:
+    """The power of ten that puts *upper_s* seconds at 1e5-1e6 units."""
+    if not (upper_s > 0 and math.isfinite(upper_s)):
+        return 1e-6
+    return 10.0 ** math.floor(math.log10(upper_s / 1e5))
+
+
+def _to_units(x: float, res: float) -> int:
+    return int(math.floor(x / res + 0.5))
+
+
+def integer_durations(graph: Graph, cluster: Cluster, resolution: float, costs: CostModel
+                      ) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """Node times ``dur[v][d]`` and tensor transfer times ``comm[t][a][b]``
+    in units of *resolution* seconds, rounded to nearest."""
+    k, res = cluster.k, resolution
+    dur = [[_to_units(costs.time[v][d], res) for d in range(k)] for v in range(graph.n)]
+    comm = [[[0 if a == b else _to_units(costs.tensor_comm(t, a, b), res) for b in range(k)] for a in range(k)]
+            for t in range(len(graph.tensor_src))]
+    return dur, comm
+
+
+def build_model(graph: Graph, cluster: Cluster, *, resolution: float, congestion: str = "channel",
+                horizon: int | None = None, costs: CostModel | None = None, symmetry: bool = True):
+    """Build the CP-SAT model of Moirai III-D for *graph* on *cluster*.
+
+    Parameters
+    ----------
+    graph, cluster : Graph, Cluster
+        A (coarse) graph of at most a few thousand nodes, and the devices.
+    resolution : float
+        Seconds per integer time unit; durations are rounded to nearest.
+    congestion : {"channel", "port", "none"}
+        Transfer contention rule, as in the simulator (Moirai Eq. 8 is
+        ``channel``).
+    horizon : int, optional
+        Upper bound on the makespan in units (e.g. from a heuristic); by
+        default the serial bound Σ max node time + Σ (k-1) max transfer time.
+    costs : CostModel, optional
+        Reused cost model.
+    symmetry : bool
+        Add the identical-device symmetry breaking.
+
+    Returns
+    -------
+    (CpModel, MilpVars)
+
+    Raises
+    ------
+    Infeasible
+        A colocation group (or node) fits on no device.
+
+    References
+    ----------
+    Moirai (moirai.txt) III-D: objective Eq. 4, assignment Eq. 4c, memory
+    Eq. 5, non-overlap Eq. 6, communication Eq. 7, congestion Eq. 8.
+    """
+    cp_model = _cp()
+    if congestion not in CONGESTION_RULES:
+        raise InvalidInput(f"milp: unknown congestion rule '{congestion}' (use channel, port or none)")
+    costs = costs or CostModel(graph, cluster)
+    n, k = graph.n, cluster.k
+    res = float(resolution)
+    model = cp_model.CpModel()
+    model.name = f"moirai:{graph.name}"
+    unit_of, units = _units(graph)
+    devs = cluster.devices
+
+    dur, comm = integer_durations(graph, cluster, res, costs)
+    unit_mem = [sum(graph.memory[v] for v in mem) for mem in units]
+    allowed = [[unit_mem[u] <= devs[d].memory for d in range(k)] for u in range(len(units))]
+    for u, mem in enumerate(units):
+        if not any(allowed[u]):
+            v = mem[0]
+            what = (f"colocation group '{graph.colocation[v]}' ({len(mem)} nodes)" if graph.colocation[v] is not None
+                    else f"node '{graph.ids[v]}'")
+            raise Infeasible(
+                f"milp: {what} needs {unit_mem[u]} bytes but the largest device has "
+                f"{max(d.memory for d in devs)}; no placement fits (use a larger cluster or split the op)")
+
+    # tensors and their consumers (deduplicated, in edge order)
+    consumers: list[list[int]] = []
+    for t in range(len(graph.tensor_src)):
+        seen: list[int] = []
+        for e in graph.tensor_edges[t]:
+            c = graph.edge_dst[e]
+            if c not in seen:
+                seen.append(c)
+        consumers.append(seen)
+
+    mindur = [min(dur[v][d] for d in range(k) if allowed[unit_of[v]][d]) for v in range(n)]
+    if horizon is None:
+        horizon = sum(max(dur[v][d] for d in range(k) if allowed[unit_of[v]][d]) for v in range(n))
+        for t in range(len(comm)):
+            horizon += (k - 1) * max((comm[t][a][b] for a in range(k) for b in range(k)), default=0)
+    horizon = max(int(horizon), 1)
+    topo = graph.topo_order()
+    head = [0] * n
+    for v in topo:
+        for p in graph.pred[v]:
+            head[v] = max(head[v], head[p] + mindur[p])
+    tail = [0] * n
+    for v in reversed(topo):
+        best = 0
+        for s in graph.succ[v]:
+            best = max(best, tail[s])
+        tail[v] = mindur[v] + best
+    cp_lb = max((tail[v] + head[v] for v in range(n)), default=0)
+    if cp_lb > horizon:
+        horizon = cp_lb
+
+    x: list[list] = []
+    for u in range(len(units)):
+        row = [model.new_bool_var(f"x_{u}_{d}") if allowed[u][d] else None for d in range(k)]
+        model.add_exactly_one([lit for lit in row if lit is not None])
+        x.append(row)
+
+    def lit(v: int, d: int):
+        return x[unit_of[v]][d]
+
+    start, end = [], []
+    dev_intervals: list[list] = [[] for _ in range(k)]
+    for v in range(n):
+        s = model.new_int_var(head[v], max(head[v], horizon - tail[v]), f"s_{v}")
+        e = model.new_int_var(head[v] + mindur[v], horizon, f"e_{v}")
+        terms = []
+        for d in range(k):
+            xl = lit(v, d)
+            if xl is None:
+                continue
+            dev_intervals[d].append(model.new_optional_fixed_size_interval_var(s, dur[v][d], xl, f"iv_{v}_{d}"))
+            terms.append(dur[v][d] * xl)
+        model.add(e == s + sum(terms))
+        start.append(s)
+        end.append(e)
+    for d in range(k):
+        model.add_no_overlap(dev_intervals[d])
+
+    # Eq. 5: memory
+    for d in range(k):
+        terms = [(unit_mem[u], x[u][d]) for u in range(len(units)) if x[u][d] is not None and unit_mem[u] > 0]
+        if sum(m for m, _ in terms) > devs[d].memory:
+            model.add(sum(m * xl for m, xl in terms) <= devs[d].memory)
+
+    makespan = model.new_int_var(cp_lb, horizon, "makespan")
+    for v in range(n):
+        if not graph.succ[v]:
+            model.add(makespan >= end[v])
+    for d in range(k):  # redundant: a device's load
+        terms = [dur[v][d] * lit(v, d) for v in range(n) if lit(v, d) is not None and dur[v][d] > 0]
+        if terms:
+            model.add(makespan >= sum(terms))
+
+    # precedence (Eq. 4a) and transfers (Eq. 7)
+    for e in range(graph.m):
+        model.add(start[graph.edge_dst[e]] >= end[graph.edge_src[e]])
+    transfers: dict[tuple[int, int], tuple] = {}
+    chan: dict[tuple[int, int], list] = {}
+    up: list[list] = [[] for _ in range(k)]
+    down: list[list] = [[] for _ in range(k)]
+    for t, p in enumerate(graph.tensor_src):
+        cons = [c for c in consumers[t] if unit_of[c] != unit_of[p]]
+        if not cons:
+            continue
+        for b in range(k):
+            on_b = [c for c in cons if lit(c, b) is not None]
+            srcs = [a for a in range(k) if a != b and lit(p, a) is not None]
+            if not on_b or not srcs:
+                continue
+            y = model.new_bool_var(f"y_{t}_{b}")
+            pb = lit(p, b)
+            for c in on_b:
+                model.add_bool_or([lit(c, b).Not(), y] + ([pb] if pb is not None else []))
+            if pb is not None:
+                model.add_implication(y, pb.Not())
+            model.add_bool_or([y.Not()] + [lit(c, b) for c in on_b])
+            tau = model.new_int_var(head[p] + mindur[p], horizon, f"tau_{t}_{b}")
+            model.add(tau >= end[p])
+            zs = {}
+            arr_terms = []
+            for a in srcs:
+                z = model.new_bool_var(f"z_{t}_{a}_{b}")
+                pa = lit(p, a)
+                model.add_bool_or([pa.Not(), y.Not(), z])
+                model.add_implication(z, pa)
+                model.add_implication(z, y)
+                iv = model.new_optional_fixed_size_interval_var(tau, comm[t][a][b], z, f"tr_{t}_{a}_{b}")
+                zs[a] = z
+                arr_terms.append(comm[t][a][b] * z)
+                chan.setdefault((a, b), []).append(iv)
+                up[a].append(iv)
+                down[b].append(iv)
+            for c in on_b:
+                model.add(start[c] >= tau + sum(arr_terms)).only_enforce_if([y, lit(c, b)])
+            transfers[(t, b)] = (tau, y, zs)
+    if congestion == "channel":
+        for key in sorted(chan):
+            if len(chan[key]) > 1:
+                model.add_no_overlap(chan[key])
+    elif congestion == "port":
+        for lst in up + down:
+            if len(lst) > 1:
+                model.add_no_overlap(lst)
+    # the simulator's tie rule: one producer's transfers that share a channel
+    # (channel) or its uplink (port) leave in tensor order (then destination
+    # order); a chain of running maxima keeps this linear in their number
+    chains: list[tuple[list, list]] = []
+    if congestion != "none":
+        out_tensors: list[list[int]] = [[] for _ in range(n)]
+        for t, p in enumerate(graph.tensor_src):
+            out_tensors[p].append(t)
+        for p in range(n):
+            if congestion == "channel":
+                seqs = [[(t, b) for t in out_tensors[p] if (t, b) in transfers] for b in range(k)]
+            else:
+                seqs = [[(t, b) for t in out_tensors[p] for b in range(k) if (t, b) in transfers]]
+            for seq in seqs:
+                if len(seq) < 2:
+                    continue
+                lows = []
+                low = None
+                for i, key in enumerate(seq):
+                    tau, y, _ = transfers[key]
+                    if low is not None:
+                        model.add(tau >= low).only_enforce_if(y)
+                    if i == len(seq) - 1:
+                        break
+                    nxt = model.new_int_var(0, horizon, f"L_{key[0]}_{key[1]}")
+                    if low is not None:
+                        model.add(nxt >= low)
+                    model.add(nxt >= tau).only_enforce_if(y)
+                    lows.append(nxt)
+                    low = nxt
+                chains.append((seq, lows))
+
+    # symmetry breaking between identical devices
+    classes = identical_classes(graph, cluster) if symmetry else []
+    prefix: dict[tuple[int, int], list] = {}
+    for cl in classes:
+        for j in range(len(cl) - 1):
+            d0, d1 = cl[j], cl[j + 1]
+            # P[u] = group u or an earlier one is on d0
+            prev = None
+            plist = []
+            for u in range(len(units)):
+                xd1 = x[u][d1]
+                if xd1 is not None:
+                    if prev is None:
+                        model.add(xd1 == 0)
+                    else:
+                        model.add_implication(xd1, prev)
+                xd0 = x[u][d0]
+                if xd0 is None:
+                    plist.append(prev)
+                    continue
+                pu = model.new_bool_var(f"P_{d0}_{u}")
+                if prev is None:
+                    model.add(pu == xd0)
+                else:
+                    model.add_bool_or([pu.Not(), prev, xd0])
+                    model.add_implication(prev, pu)
+                    model.add_implication(xd0, pu)
+                plist.append(pu)
+                prev = pu
+            prefix[(d0, d1)] = plist
+    model.minimize(makespan)
+    return model, MilpVars(resolution=res, horizon=horizon, unit_of=unit_of, units=units, x=x, start=start,
+                           end=end, dur=dur, comm=comm, transfers=transfers, makespan=makespan, prefix=prefix,
+                           classes=classes, chains=chains)
+
+
+# --------------------------------------------------------------------------- hint
+@dataclass
+class _Hint:
+    name: str
+    device_of: list[int]
+    order: list[list[int]] | None
+    makespan: float
+    fits: bool
+    sched: Schedule
+
+
+def _heuristic_hint(graph: Graph, cluster: Cluster, names: Sequence[str], seed: int, congestion: str,
+                    costs: CostModel, console) -> _Hint | None:
+    """Run each registered heuristic of *names*, simulate it, keep the best
+    (memory-feasible first, then makespan, then list order)."""
+    from .. import registry
+
+    known = set(registry.names())
+    best: _Hint | None = None
+    for name in names:
+        if name not in known or name == "milp":
+            continue
+        try:
+            p = registry.place(graph, cluster, name, seed=seed)
+            if p.split_graph is not None:
+                continue
+            device_of, order = p.resolve(graph, cluster, f"{name} hint")
+            _check_colocation(graph, cluster, device_of, f"{name} hint")
+            sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs)
+        except Exception as exc:  # a concurrent heuristic may fail; the chain goes on
+            if console is not None:
+                console.print(f"milp: hint '{name}' failed ({type(exc).__name__}: {exc}); skipped")
+            continue
+        loads = [0] * cluster.k
+        for v, d in enumerate(device_of):
+            loads[d] += graph.memory[v]
+        fits = all(loads[d] <= cluster.devices[d].memory for d in range(cluster.k))
+        h = _Hint(name, list(device_of), order, sched.makespan, fits, sched)
+        if console is not None:
+            console.print(f"milp: hint {name}: simulated makespan {h.makespan:.6g} s"
+                          + ("" if fits else " (OOM, not a fallback)"))
+        if best is None or (not best.fits and fits) or (fits == best.fits and h.makespan < best.makespan):
+            best = h
+    return best
+
+
+def _integer_schedule(graph: Graph, hint: _Hint, dur: list[list[int]], comm: list, congestion: str, k: int
+                      ) -> tuple[list[int], dict, int]:
+    """Replay the hint's realised orders (device order, channel/port order of
+    transfers) with the model's integer durations: a schedule that satisfies
+    every constraint of the model exactly.  Returns (start per node,
+    {(t, b): transfer start}, makespan)."""
+    dev = hint.device_of
+    sched = hint.sched
+    topo_idx = graph.topo_index()
+    tasks = []  # (real start, real end, rank, kind, id)
+    for v in range(graph.n):
+        tasks.append((sched.start[v], sched.finish[v], 2 * topo_idx[v], 0, v))
+    for tr in sched.transfers:
+        p = graph.tensor_src[tr.tensor]
+        tasks.append((tr.start, tr.end, 2 * topo_idx[p] + 1, 1, (tr.tensor, tr.dst_dev)))
+    tasks.sort(key=lambda x: (x[0], x[1], x[2], x[3], x[4] if x[3] else (x[4],)))
+    ist = [0] * graph.n
+    iend = [0] * graph.n
+    tstart: dict[tuple[int, int], int] = {}
+    tend: dict[tuple[int, int], int] = {}
+    dev_free = [0] * k
+    chan_free: dict[tuple[int, int], int] = {}
+    up_free: dict[int, int] = {}
+    down_free: dict[int, int] = {}
+    for _, _, _, kind, ident in tasks:
+        if kind == 0:
+            v = ident
+            d = dev[v]
+            s = dev_free[d]
+            for e in graph.in_edges[v]:
+                p = graph.edge_src[e]
+                t = graph.edge_tensor[e]
+                s = max(s, iend[p])
+                if dev[p] != d:
+                    s = max(s, tend[(t, d)])
+            ist[v] = s
+            iend[v] = s + dur[v][d]
+            dev_free[d] = iend[v]
+        else:
+            t, b = ident
+            p = graph.tensor_src[t]
+            a = dev[p]
+            s = iend[p]
+            if congestion == "channel":
+                s = max(s, chan_free.get((a, b), 0))
+            elif congestion == "port":
+                s = max(s, up_free.get(a, 0), down_free.get(b, 0))
+            f = s + comm[t][a][b]
+            if congestion == "channel":
+                chan_free[(a, b)] = f
+            elif congestion == "port":
+                up_free[a] = down_free[b] = f
+            tstart[(t, b)] = s
+            tend[(t, b)] = f
+    return ist, tstart, max(iend, default=0)
+
+
+def _canonical_permutation(device_of: Sequence[int], mv: MilpVars, k: int) -> list[int]:
+    """perm[d] = device the hint's device *d* becomes so that, inside each
+    identical class, devices are used in order of their first group."""
+    perm = list(range(k))
+    for cl in mv.classes:
+        first = {}
+        for u, mem in enumerate(mv.units):
+            d = device_of[mem[0]]
+            if d in cl and d not in first:
+                first[d] = u
+        ranked = sorted(cl, key=lambda d: (first.get(d, len(mv.units)), d))
+        for new, old in zip(cl, ranked):
+            perm[old] = new
+    return perm
+
+
+def _add_hint(model, graph: Graph, mv: MilpVars, hint: _Hint, replay: tuple, k: int) -> None:
+    """Hint every variable with the hint's integer *replay* (devices permuted
+    into the symmetry-broken canonical form)."""
+    ist, tstart, ims = replay
+    perm = _canonical_permutation(hint.device_of, mv, k)
+    dev = [perm[d] for d in hint.device_of]
+    inv = [0] * k
+    for old, new in enumerate(perm):
+        inv[new] = old
+    for u, mem in enumerate(mv.units):
+        for d in range(k):
+            if mv.x[u][d] is not None:
+                model.add_hint(mv.x[u][d], dev[mem[0]] == d)
+    for v in range(graph.n):
+        model.add_hint(mv.start[v], ist[v])
+        model.add_hint(mv.end[v], ist[v] + mv.dur[v][dev[v]])
+    for (t, b), (tau, y, zs) in mv.transfers.items():
+        p = graph.tensor_src[t]
+        key = (t, inv[b])
+        need = key in tstart
+        model.add_hint(y, need)
+        model.add_hint(tau, tstart[key] if need else ist[p] + mv.dur[p][dev[p]])
+        for a, z in zs.items():
+            model.add_hint(z, need and dev[p] == a)
+    model.add_hint(mv.makespan, ims)
+    for seq, lows in mv.chains:
+        low = 0
+        for (t, b), lv in zip(seq, lows):
+            key = (t, inv[b])
+            if key in tstart:
+                low = max(low, tstart[key])
+            model.add_hint(lv, low)
+    for (d0, _), plist in mv.prefix.items():
+        on = False
+        for u, pu in enumerate(plist):
+            on = on or dev[mv.units[u][0]] == d0
+            if pu is not None and mv.x[u][d0] is not None:
+                model.add_hint(pu, on)
+
+
+# --------------------------------------------------------------------------- solve
+def _callback_class():
+    cp_model = _cp()
+
+    class Progress(cp_model.CpSolverSolutionCallback):
+        """Incumbent and bound to stderr on every improving solution."""
+
+        def __init__(self, res: float, console, quiet: bool):
+            super().__init__()
+            self.res = res
+            self.console = console
+            self.quiet = quiet
+            self.count = 0
+
+        def on_solution_callback(self) -> None:
+            self.count += 1
+            if self.quiet:
+                return
+            obj = self.objective_value * self.res
+            bound = self.best_objective_bound * self.res
+            gap = (obj - bound) / obj if obj > 0 else 0.0
+            self.console.print(f"milp: #{self.count} incumbent {obj:.6g} s, bound {bound:.6g} s, "
+                               f"gap {gap:.2%}, {self.wall_time:.1f} s")
+
+    return Progress
+
+
+def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: int = 8, seed: int = 0,
+          resolution: float = 0.0, congestion: str = "channel", hint: str = "auto",
+          quiet: bool = False) -> Placement:
+    """Place *graph* on *cluster* with the CP-SAT model of :func:`build_model`.
+
+    Parameters
+    ----------
+    time_limit : float
+        Wall-clock budget in seconds for the whole call (heuristic warm start,
+        model building and search; the search gets what is left, at least a
+        tenth of it).
+    workers : int
+        CP-SAT search workers, capped at ``os.cpu_count()``.
+    seed : int
+        CP-SAT ``random_seed`` and the heuristics' seed.
+    resolution : float
+        Seconds per integer unit; 0 = automatic (:func:`auto_resolution` of
+        the hint's makespan, or of the serial bound).
+    congestion : {"channel", "port", "none"}
+        As the simulator; the placement is scored under the same rule.
+    hint : str
+        ``auto`` (best of adjusting, heft, single-device, whichever are
+        registered), ``none``, or one algorithm's name.
+    quiet : bool
+        No progress lines (warnings about size and missing solutions still
+        go to stderr).
+
+    Returns
+    -------
+    Placement
+        With a per-device ``order`` (solver start times, ties by topological
+        index) and ``estimate``: ``solver_status`` (CP-SAT's status:
+        OPTIMAL, FEASIBLE or UNKNOWN), ``status`` (the same, except that
+        OPTIMAL is downgraded to FEASIBLE when the returned placement's
+        simulated makespan does not meet the proven bound within the
+        rounding - never FEASIBLE called optimal), ``makespan_s`` (simulated
+        makespan of the returned placement), ``objective_s``,
+        ``best_bound_s``, ``gap`` ((objective - bound) / objective),
+        ``resolution_s``, ``hint`` / ``hint_makespan_s``, ``source``
+        (``solver`` or ``hint``) and a ``note`` when the hint was returned.
+
+    Raises
+    ------
+    Infeasible
+        CP-SAT proves that no placement fits (memory), or a group fits on no
+        device.
+    SolverError
+        No solution at the time limit and no memory-feasible heuristic.
+
+    References
+    ----------
+    Moirai (moirai.txt) III-D, Eq. 4-8; the OR-Tools flexible job-shop
+    sample for the interval formulation.
+    """
+    t0 = time.perf_counter()
+    cp_model = _cp()  # the import (about a second) counts against the limit
+    console = _console()
+    if congestion not in CONGESTION_RULES:
+        raise InvalidInput(f"milp: unknown congestion rule '{congestion}' (use channel, port or none)")
+    if time_limit <= 0:
+        raise InvalidInput(f"milp: time_limit must be > 0 seconds, got {time_limit}")
+    workers = max(1, min(int(workers), os.cpu_count() or 1))
+    n, k = graph.n, cluster.k
+    costs = CostModel(graph, cluster)
+    params = {"workers": workers, "congestion": congestion}
+    if n == 0:
+        return Placement.from_indices(graph, cluster, [], algorithm="milp", order=[[] for _ in range(k)],
+                                      params=params, seed=seed,
+                                      estimate={"status": "OPTIMAL", "makespan_s": 0.0, "objective_s": 0.0,
+                                                "best_bound_s": 0.0, "gap": 0.0})
+    if graph.total_memory() > cluster.total_memory():
+        raise Infeasible(f"milp: graph '{graph.name}' needs {graph.total_memory()} bytes but cluster "
+                         f"'{cluster.name}' has {cluster.total_memory()} in all; no placement fits")
+
+    if hint == "none":
+        names: tuple[str, ...] = ()
+    elif hint == "auto":
+        names = HINT_CHAIN
+    else:
+        from .. import registry
+
+        if hint == "milp":
+            raise InvalidInput("milp: hint cannot be 'milp' itself (use auto, none or a heuristic's name)")
+        registry.get(hint)  # unknown name -> InvalidInput listing the known ones
+        names = (hint,)
+    best = (_heuristic_hint(graph, cluster, names, seed, congestion, costs, None if quiet else console)
+            if names else None)
+    fallback = best if best is not None and best.fits else None
+
+    def from_hint(status: str, note: str, extra: dict | None = None) -> Placement:
+        assert fallback is not None
+        est = {"status": status, "makespan_s": fallback.makespan, "source": "hint", "hint": fallback.name,
+               "hint_makespan_s": fallback.makespan, "congestion": congestion, "note": note,
+               "lower_bound_s": lower_bound(graph, cluster, costs)}
+        est.update(extra or {})
+        return Placement.from_indices(graph, cluster, fallback.device_of, algorithm="milp",
+                                      order=fallback.order, params=params, seed=seed, estimate=est)
+
+    if n > TOO_LARGE:
+        msg = (f"milp: graph '{graph.name}' has {n} nodes, too many for an exact model within "
+               f"{time_limit:g} s; run `placer coarsen` first (e.g. `placer coarsen G | placer place - --algo milp`)")
+        console.print(msg)
+        if fallback is None:
+            raise SolverError(msg)
+        return from_hint("UNKNOWN", f"model not built ({n} nodes); returned hint '{fallback.name}'")
+    if n > LARGE:
+        console.print(f"milp: {n} nodes is large for CP-SAT; expect no optimality proof within {time_limit:g} s "
+                      f"(consider `placer coarsen` first)")
+
+    res = float(resolution)
+    if res <= 0:
+        upper = best.makespan if best is not None else sum(costs.max_time)
+        res = auto_resolution(upper)
+    params["resolution"] = res
+    horizon = None
+    replay = None
+    if best is not None:
+        dur, comm = integer_durations(graph, cluster, res, costs)
+        replay = _integer_schedule(graph, best, dur, comm, congestion, k)
+        if fallback is not None:
+            horizon = replay[2]  # a memory-feasible hint bounds the optimum
+    model, mv = build_model(graph, cluster, resolution=res, congestion=congestion, horizon=horizon, costs=costs)
+    if best is not None:
+        _add_hint(model, graph, mv, best, replay, k)
+    build_s = time.perf_counter() - t0
+
+    solver = cp_model.CpSolver()
+    left = time_limit - build_s
+    solver.parameters.max_time_in_seconds = max(0.97 * left, 0.1 * time_limit)  # 3% for the replay
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = int(seed) % (2**31)
+    solver.parameters.log_search_progress = False
+    # SAT probing in presolve costs seconds on a few hundred nodes (measured:
+    # 5 s of a 10 s budget on 168 nodes, before the hint is even tried)
+    solver.parameters.cp_model_probing_level = 0
+    cb = _callback_class()(res, console, quiet)
+    status = solver.solve(model, cb)
+    status_name = solver.status_name(status)
+    solve_s = time.perf_counter() - t0
+    if status == cp_model.INFEASIBLE:
+        caps = ", ".join(f"{d.id} {d.memory}" for d in cluster.devices)
+        raise Infeasible(f"milp: CP-SAT proved no placement of '{graph.name}' fits the devices' memory "
+                         f"(needs {graph.total_memory()} bytes in all; capacities: {caps}); "
+                         f"use more or larger devices")
+    if status == cp_model.MODEL_INVALID:
+        raise SolverError(f"milp: CP-SAT rejected the model: {model.validate()}")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        msg = (f"milp: CP-SAT found no solution for {n} nodes within {solver.parameters.max_time_in_seconds:.3g} s; "
+               f"run `placer coarsen` first or raise --time-limit")
+        console.print(msg)
+        if fallback is None:
+            raise SolverError(msg)
+        return from_hint(status_name, f"no solver solution; returned hint '{fallback.name}'",
+                         {"resolution_s": res, "solve_time_s": solve_s})
+
+    units_dev = [next(d for d in range(k) if mv.x[u][d] is not None and solver.boolean_value(mv.x[u][d]))
+                 for u in range(len(mv.units))]
+    device_of = [units_dev[mv.unit_of[v]] for v in range(n)]
+    starts = [solver.value(mv.start[v]) for v in range(n)]
+    ends = [solver.value(mv.end[v]) for v in range(n)]
+    topo_idx = graph.topo_index()
+    order = [sorted((v for v in range(n) if device_of[v] == d), key=lambda v: (starts[v], ends[v], topo_idx[v]))
+             for d in range(k)]
+    sim = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs).makespan
+    obj = solver.objective_value * res
+    bound = solver.best_objective_bound * res
+    gap = (obj - bound) / obj if obj > 0 else 0.0
+    est = {"status": status_name, "solver_status": status_name, "objective_s": obj, "best_bound_s": bound,
+           "gap": gap, "resolution_s": res, "congestion": congestion, "solve_time_s": solve_s,
+           "lower_bound_s": lower_bound(graph, cluster, costs)}
+    if best is not None:
+        est["hint"] = best.name
+        est["hint_makespan_s"] = best.makespan
+    if not quiet:
+        console.print(f"milp: {status_name} objective {obj:.6g} s, bound {bound:.6g} s, gap {gap:.2%}; "
+                      f"simulated {sim:.6g} s" + (f", hint {best.makespan:.6g} s" if best is not None else ""))
+    # OPTIMAL describes the returned placement only when its simulated
+    # makespan meets the proven bound (up to the rounding of every task)
+    tol = res * (n + len(graph.tensor_src))
+
+    def honest(ms: float) -> str:
+        return "OPTIMAL" if status == cp_model.OPTIMAL and ms <= bound + tol else "FEASIBLE"
+
+    if fallback is not None and fallback.makespan < sim:
+        est["solver_makespan_s"] = sim
+        est["status"] = honest(fallback.makespan)
+        return from_hint(est["status"], f"solver's placement simulates to {sim:.6g} s, worse than hint "
+                                        f"'{fallback.name}' ({fallback.makespan:.6g} s); returned the hint", est)
+    est["status"] = honest(sim)
+    est["makespan_s"] = sim
+    est["source"] = "solver"
+    return Placement.from_indices(graph, cluster, device_of, algorithm="milp", order=order, params=params,
+                                  seed=seed, estimate=est)
+
+
+@register("milp", paper="Moirai", section="III-D, Eq. 5-8",
+          summary="Exact placement + schedule by CP-SAT (Moirai's MILP), warm-started; for coarse graphs.",
+          params={
+              "time_limit": Param(float, 60.0, "wall-clock limit in seconds"),
+              "workers": Param(int, 8, "CP-SAT workers (capped at the CPU count)"),
+              "resolution": Param(float, 0.0, "seconds per integer time unit (0 = automatic)"),
+              "congestion": Param(str, "channel", "transfer contention rule, as the simulator",
+                                  choices=("channel", "port", "none")),
+              "hint": Param(str, "auto", "warm start: auto, none, or an algorithm name"),
+          },
+          quick_params={"time_limit": 5})
+def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, time_limit: float = 60.0, workers: int = 8,
+         resolution: float = 0.0, congestion: str = "channel", hint: str = "auto") -> Placement:
+    """Moirai's exact placement (III-D) solved by CP-SAT; see :func:`solve`.
+
+    Example
+    -------
+    >>> from celeritas_cli.graph import build
+    >>> from celeritas_cli.cluster import uniform
+    >>> g = build("ab", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
+    ...                  {"id": "b", "compute_s": 2, "memory_bytes": 0}],
+    ...           [{"src": "a", "dst": "b", "bytes": 100}])
+    >>> p = milp(g, uniform(2, bandwidth=100.0, latency=0.0), time_limit=5, workers=1, hint="none")
+    >>> p.estimate["status"], p.estimate["makespan_s"]
+    ('OPTIMAL', 3.0)
+    """
+    return solve(graph, cluster, time_limit=time_limit, workers=workers, seed=seed, resolution=resolution,
+                 congestion=congestion, hint=hint)
