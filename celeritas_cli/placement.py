@@ -129,7 +129,8 @@ class Placement:
             does not list exactly the nodes assigned to each device.
         """
         dev_index = cluster.index
-        if graph.is_coarse:
+        coarse = graph.is_coarse
+        if coarse:
             expected = {orig: v for v in range(graph.n) for orig in graph.original_ids(v)}
         else:
             expected = graph.index
@@ -172,7 +173,7 @@ class Placement:
                         raise InvalidInput(
                             f"{label}: order of {did} lists node '{nid}', which is assigned to "
                             f"{cluster.ids[device_of[v]]}")
-                    if graph.is_coarse:
+                    if coarse:
                         if v == last:
                             continue
                         if seen[v]:

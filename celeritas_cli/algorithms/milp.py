@@ -630,7 +630,7 @@ def _callback_class():
 
 def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: int = 8, seed: int = 0,
           resolution: float = 0.0, congestion: str = "channel", hint: str = "auto",
-          quiet: bool = False) -> Placement:
+          quiet: bool = False, deterministic: bool = True) -> Placement:
     """Place *graph* on *cluster* with the CP-SAT model of :func:`build_model`.
 
     Parameters
@@ -654,6 +654,15 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     quiet : bool
         No progress lines (warnings about size and missing solutions still
         go to stderr).
+    deterministic : bool
+        Reproducible search (the project's "same input and seed, same
+        output"): CP-SAT's ``interleave_search`` (deterministic whatever the
+        number of workers) stopped by ``max_deterministic_time`` set to the
+        search budget (a fixed 80 % of ``time_limit``, independent of how
+        long the warm start took), with the wall clock as a safety net at
+        1.5x the remaining budget.  On a slow or loaded machine the search may therefore run
+        past ``time_limit``; ``deterministic=False`` stops on the wall clock
+        exactly, and then only a proven optimum's objective is repeatable.
 
     Returns
     -------
@@ -756,8 +765,16 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
 
     solver = cp_model.CpSolver()
     left = time_limit - build_s
-    solver.parameters.max_time_in_seconds = max(0.97 * left, 0.1 * time_limit)  # 3% for the replay
+    budget = max(0.97 * left, 0.1 * time_limit)  # 3% for the replay
     solver.parameters.num_workers = workers
+    if deterministic:
+        # the deterministic budget must not depend on the wall clock (how long
+        # the hints took), or runs would differ: a fixed share of the limit
+        solver.parameters.interleave_search = True
+        solver.parameters.max_deterministic_time = 0.8 * time_limit
+        solver.parameters.max_time_in_seconds = max(1.5 * budget, 0.8 * time_limit)
+    else:
+        solver.parameters.max_time_in_seconds = budget
     solver.parameters.random_seed = int(seed) % (2**31)
     solver.parameters.log_search_progress = False
     # SAT probing in presolve costs seconds on a few hundred nodes (measured:
@@ -832,10 +849,13 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
               "congestion": Param(str, "channel", "transfer contention rule, as the simulator",
                                   choices=("channel", "port", "none")),
               "hint": Param(str, "auto", "warm start: auto, none, or an algorithm name"),
+              "deterministic": Param(bool, True, "reproducible search (deterministic time limit); false = "
+                                                 "stop exactly on the wall clock"),
           },
           quick_params={"time_limit": 5})
 def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, time_limit: float = 60.0, workers: int = 8,
-         resolution: float = 0.0, congestion: str = "channel", hint: str = "auto") -> Placement:
+         resolution: float = 0.0, congestion: str = "channel", hint: str = "auto",
+         deterministic: bool = True) -> Placement:
     """Moirai's exact placement (III-D) solved by CP-SAT; see :func:`solve`.
 
     Example
@@ -850,4 +870,4 @@ def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, time_limit: float = 6
     ('OPTIMAL', 3.0)
     """
     return solve(graph, cluster, time_limit=time_limit, workers=workers, seed=seed, resolution=resolution,
-                 congestion=congestion, hint=hint)
+                 congestion=congestion, hint=hint, deterministic=deterministic)
