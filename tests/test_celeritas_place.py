@@ -19,6 +19,8 @@ from celeritas_cli.simulator import run_schedule, simulate
 from .conftest import SAMPLES, edge, node
 
 SAMPLE_GRAPHS = sorted(SAMPLES.glob("layered_*.json"))
+# the claim of 5.2 is for graphs where memory is not binding; *_bigmem needs 3 GPUs
+UNBOUND_GRAPHS = [p for p in SAMPLE_GRAPHS if "bigmem" not in p.stem]
 CLUSTER_NAMES = ["4xV100-pcie", "moirai-intra-server", "moirai-inter-server"]
 
 
@@ -123,7 +125,7 @@ def test_colocation_group_follows_first_member(two_dev):
 
 # ------------------------------------------------ Adjusting vs Order-Place
 @pytest.mark.parametrize("cname", CLUSTER_NAMES)
-@pytest.mark.parametrize("path", SAMPLE_GRAPHS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", UNBOUND_GRAPHS, ids=lambda p: p.stem)
 @pytest.mark.parametrize("R", [200, 20])
 def test_adjusting_not_worse_than_order_place(path, cname, R):
     """The claim of Celeritas 5.2 on coarse graphs, memory not binding."""
