@@ -1,0 +1,181 @@
+"""``placer profile``: make graph files (and cluster fits).  Thin layer over
+:mod:`celeritas_cli.profile`."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import InvalidInput
+from ..graph import Graph
+from ..jsonio import read_json, label_of
+from .common import emit, output_option, seed_option, stderr_console
+
+
+def _sizes(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers like 2,4,8, got {text!r}",
+                                 param_hint="--batch-sizes") from None
+
+
+def _config(pairs: tuple[str, ...]) -> dict:
+    out: dict = {}
+    for item in pairs:
+        if "=" not in item:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--config")
+        k, v = item.split("=", 1)
+        for conv in (int, float):
+            try:
+                out[k.strip()] = conv(v)
+                break
+            except ValueError:
+                continue
+        else:
+            out[k.strip()] = {"true": True, "false": False}.get(v.strip().lower(), v.strip())
+    return out
+
+
+def _summary(console, doc: dict) -> None:
+    from ..costs import CostModel
+    from ..io import load_cluster
+
+    g = Graph.from_dict(doc, doc.get("name", "graph"))
+    ccr = CostModel(g, load_cluster(None)).ccr() if g.m else 0.0
+    measured = (doc.get("meta") or {}).get("measured")
+    where = f"measured on {measured['device']}" if isinstance(measured, dict) else "V100"
+    console.print(f"placer profile: {g.name}: {g.n} nodes, {g.m} edges, CCR {ccr:.2f} on 4xV100-pcie, "
+                  f"memory {g.total_memory() / 2**30:.2f} GiB, compute {sum(g.compute):.4f} s ({where})")
+
+
+@click.command("profile")
+@click.option("--model", "model", metavar="NAME|module:attr", default=None,
+              help="Zoo model (inception_v3, nmt, transformer, tensor_holography, resnet50) or module:attr, a "
+                   "callable returning an nn.Module with example_inputs(batch) -> forward args, and optionally "
+                   "example_target(batch) and loss(output, target) [needs torch].")
+@click.option("--batch-size", "-b", type=int, default=None,
+              help="Batch size to capture (default: the paper's, e.g. transformer 256, inception_v3 512).")
+@click.option("--phase", type=click.Choice(["training", "inference"]), default="training", show_default=True,
+              help="Capture forward+loss+backward+Adam update, or the forward only.")
+@click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
+              help="Constructor argument of the model, e.g. --config layers=4 --config seq=32.")
+@click.option("--batch-sizes", metavar="B1,B2,...", default=None,
+              help="Standard Evaluation (Celeritas 4.2.1): capture at these small batches (>= 2) and fit per-node "
+                   "lines; needs --target-batch.")
+@click.option("--target-batch", type=int, default=None, help="Batch size to extrapolate the graph to.")
+@click.option("--from-measurements", "measurements", metavar="FILE", default=None,
+              help="Standard Evaluation from a placer.measurements/v1 JSON of per-node values at several batch "
+                   "sizes (no torch; format in celeritas_cli/profile/regression.py).")
+@click.option("--measure", is_flag=True, help="Time each node on the local device (CUDA if present, else CPU) "
+                                              "instead of the roofline, min of 5 after 2 warm-ups.")
+@click.option("--comm-fit", "comm_fit", metavar="FILE", default=None,
+              help="Fit t = k*d + b per device pair from placer.comm_samples/v1 (bytes, seconds) samples; "
+                   "writes a placer.cluster/v1 file.")
+@click.option("--comm-bench", is_flag=True, help="Measure the samples for --comm-fit on this machine's CUDA GPUs "
+                                                 "(needs two or more) and write the fitted cluster.")
+@click.option("--synthetic", type=click.Choice(["layered"]), default=None,
+              help="Deterministic DNN-like synthetic graph instead of a model (no torch).")
+@click.option("--nodes", "-n", type=int, default=1000, show_default=True, help="Nodes of the synthetic graph.")
+@seed_option
+@output_option
+def profile(model, batch_size, phase, config, batch_sizes, target_batch, measurements, measure, comm_fit,
+            comm_bench, synthetic, nodes, seed, output):
+    """Write a placer.graph/v1 file from a PyTorch model (or a synthetic
+    graph), or a placer.cluster/v1 file from transfer measurements.
+
+    \b
+    Examples:
+      placer profile --model transformer --batch-size 256 > transformer.json
+      placer profile --model transformer | placer coarsen - | placer place --algo adjusting
+      placer profile --model resnet50 --batch-sizes 2,4,8 --target-batch 512 -o r50_b512.json
+      placer profile --model mypkg.models:build_net --config width=2 -b 64 --phase inference
+      placer profile --from-measurements meas.json --target-batch 512 -o big.json
+      placer profile --comm-fit samples.json -o cluster.json
+      placer profile --synthetic layered --nodes 36000 --seed 1 > g.json
+
+    Only the JSON document goes to stdout; progress and the fit report go to stderr.
+    """
+    console = stderr_console()
+    modes = [m for m, on in (("--model", model is not None), ("--from-measurements", measurements is not None),
+                             ("--comm-fit", comm_fit is not None), ("--comm-bench", comm_bench),
+                             ("--synthetic", synthetic is not None)) if on]
+    if len(modes) != 1:
+        raise click.UsageError("give exactly one of --model, --from-measurements, --comm-fit, --comm-bench, "
+                               f"--synthetic (got {', '.join(modes) or 'none'})")
+    mode = modes[0]
+
+    def progress(msg: str) -> None:
+        console.print(f"placer profile: {msg}")
+
+    if mode == "--synthetic":
+        from ..profile import synthetic as make
+
+        doc = make(synthetic, nodes, seed)
+        _summary(console, doc)
+        emit(doc, output)
+        return
+    if mode in ("--comm-fit", "--comm-bench"):
+        from ..cluster import Cluster
+        from ..io import warn
+        from ..profile.commfit import comm_bench as bench, fit_cluster
+
+        if mode == "--comm-bench":
+            samples = bench(progress=progress)
+            label = "comm-bench"
+        else:
+            samples = read_json(comm_fit)
+            label = label_of(comm_fit)
+        doc = fit_cluster(samples, label=label, warn=warn)
+        Cluster.from_dict(doc, label="fitted cluster")
+        for pair, f in doc["meta"]["fit"].items():
+            console.print(f"placer profile: {pair}: k = {f['k']:.4g} s/B (bandwidth {1 / f['k'] / 1e9:.3f} GB/s), "
+                          f"b = {f['b']:.3g} s, R^2 = {f['r2']:.4f}, {f['n']} samples")
+        emit(doc, output)
+        return
+
+    from ..profile.regression import print_deviation
+
+    if mode == "--from-measurements":
+        from ..profile import from_measurements
+
+        if target_batch is None:
+            raise click.UsageError("--from-measurements needs --target-batch")
+        doc, table, how = from_measurements(read_json(measurements), target_batch, label=label_of(measurements))
+    else:
+        sizes = _sizes(batch_sizes)
+        cfg = _config(config)
+        if sizes is not None:
+            if target_batch is None:
+                raise click.UsageError("--batch-sizes needs --target-batch")
+            from ..profile import standard_evaluation
+
+            doc, table, how = standard_evaluation(model, sizes, target_batch, phase=phase, config=cfg,
+                                                  measure=measure, progress=progress)
+        else:
+            if target_batch is not None:
+                raise click.UsageError("--target-batch needs --batch-sizes (or --from-measurements)")
+            from ..profile import capture_model
+
+            if batch_size is None:
+                from ..profile.capture import require_torch
+
+                require_torch()
+                from ..profile.zoo import ZOO
+
+                batch_size = ZOO[model].paper_batch if model in ZOO else 32
+                progress(f"no --batch-size given, using {batch_size}")
+            progress(f"capturing {model} ({phase}) at batch {batch_size}")
+            doc = capture_model(model, batch_size, phase=phase, config=cfg, measure=measure, progress=progress)
+            table, how = None, ""
+    if table is not None:
+        print_deviation(table, title=f"Standard Evaluation fit, per-node relative deviation ({how}); "
+                                     f"cf. Celeritas Table 5", console=console)
+    elif how:
+        progress(f"no deviation report: {how}")
+    try:
+        _summary(console, doc)
+    except InvalidInput as exc:
+        raise InvalidInput(f"profile produced an invalid graph (a bug, please report): {exc}") from None
+    emit(doc, output)

@@ -1,0 +1,517 @@
+"""Capture a PyTorch training step (or inference) as a placer graph.
+
+torch is imported lazily, inside the functions, so importing this module
+costs nothing without torch; every entry point raises
+:class:`~celeritas_cli.errors.MissingDependency` when torch is missing.
+
+How a model becomes a graph (Celeritas 4.2.1 and 6.1; FastT section 4):
+
+1. The model is built under ``torch.device("meta")`` (parameters have shapes
+   but no storage), then parameters, buffers and inputs are re-created as
+   fake tensors (``FakeTensorMode``) and the whole step is traced with
+   ``make_fx``: forward, loss, ``torch.autograd.grad`` (the backward ops) for
+   training, the forward alone under ``no_grad`` for inference.  Nothing is
+   allocated, whatever the batch size.
+2. Every aten call of the trace is a node (id = the fx name, e.g.
+   ``convolution_3``; op = ``aten.convolution``), except view-like ops
+   (view, reshape, transpose, expand, getitem, t, permute, unsqueeze,
+   split, detach, ...) which are folded into their producer: a consumer of a
+   view reads the producer's tensor, and factory ops with no data input
+   (``zeros``, ``ones_like``, ...) which are constants materialised where
+   they are used, and bookkeeping ops that read only state and whose result
+   nobody uses (BatchNorm's ``num_batches_tracked += 1``).  Model inputs are ``input_<k>`` / ``target`` nodes.
+3. One producer output is one ``tensor`` (``"<node>:<k>"``), shared by all
+   its consumers; edge ``bytes`` = that output's numel x element size.
+4. Parameters and buffers are not nodes: each is owned by the first node
+   that reads it, which holds its bytes and is colocated with the
+   parameter's optimizer update (``colocation = "param:<first owned
+   name>"``): TensorFlow's colocation of a variable with its ``ApplyAdam``
+   (Celeritas 6.1).  Later readers (the backward matmul that needs the
+   weight, a tied embedding) get an edge from the owner carrying the
+   parameter (tensor ``"<owner>:<param name>"``), as a TensorFlow variable
+   read crosses devices.  Colocating every reader instead would chain the
+   forward and backward halves of all layers into one group once a
+   coarsener merges clusters.  Training adds one ``optim.adam`` node per
+   parameter (TensorFlow's ApplyAdam, or torch's fused Adam), fed by the
+   gradient's producer, holding Adam's two moments (2 x parameter bytes).
+5. ``memory_bytes`` = owned parameters/buffers/optimizer state + the
+   node's kept outputs: every output of a forward node (activations live
+   until the backward pass uses them; all outputs in inference), and of a
+   backward node only the parameter gradients it produces (kept until the
+   update); other backward outputs are transient and hold nothing for the
+   whole step.  The forward part is everything traced up to the loss.
+6. Costs: FLOPs from ``torch.utils.flop_counter.flop_registry`` or
+   :mod:`.flops`, bytes moved = inputs + outputs, then the roofline of
+   :mod:`.devices` for every device type (``compute_by_type``);
+   ``compute_s`` is the V100 time.  Extra node fields ``flops``,
+   ``bytes_moved`` and ``output_bytes`` keep the raw numbers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import operator
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import InvalidInput, MissingDependency
+from ..graph import GRAPH_SCHEMA
+from . import devices as dev
+from .flops import formula_flops, is_tensor_core_op, short
+
+#: aten ops folded into their producer (their output aliases an input).
+VIEW_OPS = frozenset("""
+view _unsafe_view reshape transpose t permute expand expand_as unsqueeze squeeze getitem detach alias
+split split_with_sizes unbind chunk select slice narrow as_strided flatten unflatten movedim swapaxes
+_reshape_alias view_as lift_fresh lift_fresh_copy contiguous unsafe_split unsafe_chunk diagonal
+""".split())
+#: ops that only need their inputs' shapes: constants, made where consumed.
+FACTORY_OPS = frozenset("""
+zeros ones full empty empty_like zeros_like ones_like full_like new_zeros new_ones new_empty new_full arange
+scalar_tensor empty_strided rand randn randint rand_like randn_like tensor _tensor_constant linspace eye
+""".split())
+SPLITTABLE = {"convolution": ["batch", "channel"], "convolution_backward": ["batch", "channel"],
+              "mm": ["batch"], "addmm": ["batch"], "bmm": ["batch"], "baddbmm": ["batch"]}
+
+
+def require_torch():
+    """Import torch or raise :class:`MissingDependency` with the fix."""
+    try:
+        import torch
+    except ImportError:
+        raise MissingDependency("profiling PyTorch models needs torch: pip install -e .[torch]") from None
+    return torch
+
+
+# ------------------------------------------------------------------ models
+def resolve_model(spec: str, config: dict | None = None):
+    """Return ``(factory, name)`` for a zoo name or ``module:attr``.
+
+    ``module:attr`` names a callable returning an ``nn.Module`` (a class or
+    a factory function).  The module must define ``example_inputs(batch)``
+    returning the forward arguments; it may define ``example_target(batch)``
+    and ``loss(output, target)`` (default loss: ``output.float().mean()``).
+
+    Raises
+    ------
+    InvalidInput
+        Unknown zoo name, module not importable, attribute missing.
+    """
+    require_torch()
+    from .zoo import ZOO
+
+    config = dict(config or {})
+    if ":" in spec:
+        modname, attr = spec.split(":", 1)
+        if os.getcwd() not in sys.path:      # like gunicorn/uvicorn: module:attr resolves from the current directory
+            sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(modname)
+        except ImportError as exc:
+            raise InvalidInput(f"--model {spec}: cannot import module {modname!r}: {exc}") from None
+        factory = module
+        for part in attr.split("."):
+            if not hasattr(factory, part):
+                raise InvalidInput(f"--model {spec}: module {modname!r} has no attribute {attr!r}")
+            factory = getattr(factory, part)
+        if not callable(factory):
+            raise InvalidInput(f"--model {spec}: {attr!r} is not callable (expected an nn.Module factory)")
+        return (lambda: factory(**config)), attr.split(".")[-1].lower()
+    if spec not in ZOO:
+        raise InvalidInput(f"--model {spec!r}: unknown model; the zoo has {', '.join(ZOO)}, "
+                           f"or give module:attr for your own nn.Module factory")
+    entry = ZOO[spec]
+    return (lambda: entry.factory(**config)), spec
+
+
+def build_meta(factory: Callable):
+    """Instantiate *factory* with parameters on the meta device (no storage)."""
+    torch = require_torch()
+    with torch.device("meta"):
+        model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidInput(f"the model factory returned {type(model).__name__}, expected a torch.nn.Module")
+    if not hasattr(model, "example_inputs"):
+        raise InvalidInput(f"model {type(model).__name__} has no example_inputs(batch_size) method; add one "
+                           f"returning the forward arguments (see placer profile --help)")
+    return model
+
+
+# ----------------------------------------------------------------- capture
+@dataclass
+class Trace:
+    """The raw fx trace and what each placeholder stands for."""
+
+    gm: Any
+    param_names: list[str]
+    buffer_names: list[str]
+    n_inputs: int
+    has_target: bool
+    grad_of: list[int] = field(default_factory=list)   # output k (after loss) -> param index
+
+
+def trace_step(model, batch: int, phase: str = "training") -> Trace:
+    """Trace one step of *model* at *batch* with make_fx on fake tensors.
+
+    Parameters
+    ----------
+    model : an ``nn.Module`` built on the meta device (:func:`build_meta`).
+    batch : batch size (>= 1; use >= 2 for the Standard Evaluation).
+    phase : ``training`` (forward, loss, backward; optimizer added later) or ``inference``.
+    """
+    torch = require_torch()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if phase not in ("training", "inference"):
+        raise InvalidInput(f"--phase must be training or inference, got {phase!r}")
+    if batch < 1:
+        raise InvalidInput(f"--batch-size must be >= 1, got {batch}")
+    training = phase == "training"
+    model.train(training)
+    named_params = [(k, p) for k, p in model.named_parameters()]
+    named_buffers = [(k, b) for k, b in model.named_buffers()]
+    mode = FakeTensorMode()
+    with mode:
+        params = [torch.empty(p.shape, dtype=p.dtype, requires_grad=training and p.requires_grad)
+                  for _, p in named_params]
+        buffers = [torch.empty(b.shape, dtype=b.dtype) for _, b in named_buffers]
+        inputs = tuple(model.example_inputs(batch))
+        target = model.example_target(batch) if (training and hasattr(model, "example_target")) else None
+    names = [k for k, _ in named_params] + [k for k, _ in named_buffers]
+    trainable = [i for i, (_, p) in enumerate(named_params) if training and p.requires_grad]
+
+    def step(params, buffers, inputs, target):
+        state = dict(zip(names, list(params) + list(buffers)))
+        if not training:
+            with torch.no_grad():
+                return torch.func.functional_call(model, state, tuple(inputs))
+        out = torch.func.functional_call(model, state, tuple(inputs))
+        if hasattr(model, "loss"):
+            loss = model.loss(out, target)
+        else:
+            loss = (out if torch.is_tensor(out) else out[0]).float().mean()
+        grads = torch.autograd.grad(loss, [params[i] for i in trainable], allow_unused=True)
+        return [loss] + [g for g in grads]
+
+    with mode:
+        try:
+            gm = make_fx(step, tracing_mode="real", record_module_stack=True)(params, buffers, list(inputs), target)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InvalidInput(f"tracing {type(model).__name__} at batch {batch} failed: {first}") from None
+    return Trace(gm=gm, param_names=[k for k, _ in named_params], buffer_names=[k for k, _ in named_buffers],
+                 n_inputs=len(inputs), has_target=target is not None, grad_of=trainable)
+
+
+def _nbytes(val) -> int:
+    try:
+        return int(val.numel()) * int(val.element_size())
+    except (AttributeError, RuntimeError, TypeError):
+        return 0
+
+
+def _is_tensor(val) -> bool:
+    import torch
+
+    return isinstance(val, torch.Tensor)
+
+
+def _outputs(val) -> list:
+    """Flat list of a node value's outputs (tensor or None), in index order."""
+    if isinstance(val, (tuple, list)):
+        return list(val)
+    return [val]
+
+
+def _op_name(node) -> str:
+    tgt = node.target
+    if tgt is operator.getitem:
+        return "getitem"
+    packet = getattr(tgt, "overloadpacket", None)
+    if packet is not None:
+        return f"aten.{packet.__name__}" if getattr(tgt, "namespace", "aten") == "aten" else str(packet)
+    return getattr(tgt, "__name__", str(tgt))
+
+
+def _flops(node, op: str) -> int:
+    """FLOPs of one fx node: torch's flop registry first, then :mod:`.flops`."""
+    import torch
+    from torch.fx.node import map_arg
+    from torch.utils.flop_counter import flop_registry
+
+    packet = getattr(node.target, "overloadpacket", None)
+    args = map_arg(node.args, lambda n: n.meta.get("val"))
+    kwargs = map_arg(node.kwargs, lambda n: n.meta.get("val"))
+    if packet is not None and packet in flop_registry:
+        try:
+            return int(flop_registry[packet](*args, out_val=node.meta.get("val"), **kwargs))
+        except Exception:  # noqa: BLE001 - a formula that cannot read these args: fall back
+            pass
+    in_shapes = [tuple(a.shape) for a in _flat(args) if _is_tensor(a)]
+    out_shapes = [tuple(o.shape) for o in _outputs(node.meta.get("val")) if _is_tensor(o)]
+    kernel = None
+    if short(op) in ("max_pool2d_with_indices", "avg_pool2d", "max_pool2d_with_indices_backward",
+                     "avg_pool2d_backward"):
+        ks = args[2] if short(op).endswith("backward") and len(args) > 2 else (args[1] if len(args) > 1 else None)
+        if isinstance(ks, (list, tuple)) and all(isinstance(k, int) for k in ks):
+            kernel = tuple(ks) if len(ks) > 1 else (ks[0], ks[0])
+    return formula_flops(op, in_shapes, out_shapes, kernel=kernel)
+
+
+def _flat(x) -> list:
+    out: list = []
+    stack = [x]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        else:
+            out.append(item)
+    return out
+
+
+def _dtype_name(vals) -> str:
+    for v in vals:
+        if _is_tensor(v) and v.is_floating_point():
+            return str(v.dtype).removeprefix("torch.")
+    return "float32"
+
+
+def trace_to_doc(tr: Trace, *, name: str, meta: dict, optimizer: str = "adam") -> dict:
+    """Turn a :class:`Trace` into a ``placer.graph/v1`` document (see the module docstring).
+
+    Parameters
+    ----------
+    tr : the trace.
+    name : graph name.
+    meta : written to ``meta`` (source, phase, batch size ...).
+    optimizer : ``adam`` (2 moments per parameter) or ``sgd`` (no state).
+    """
+    import torch
+    from torch.fx.node import map_arg
+
+    gm = tr.gm
+    n_params, n_buffers = len(tr.param_names), len(tr.buffer_names)
+    state_names = tr.param_names + tr.buffer_names
+    # src[fx node] = ("node", graph index, output index) | ("state", state index) | ("const",)
+    src: dict[Any, tuple] = {}
+    nodes: list[dict] = []
+    fx_of: list[Any] = []                    # graph index -> fx node (None for optimizer nodes)
+    in_refs: list[list[tuple[int, int]]] = []
+    state_refs: list[list[int]] = []
+    out_bytes: list[list[int]] = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    expected = n_params + n_buffers + tr.n_inputs + 1          # the target (None in inference) is last
+    if len(placeholders) != expected:
+        raise InvalidInput(f"trace has {len(placeholders)} inputs, expected {expected}; the model's forward "
+                           f"arguments must be tensors")
+
+    def add_node(nid: str, op: str, fx, outs: list[int]) -> int:
+        nodes.append({"id": nid, "op": op})
+        fx_of.append(fx)
+        in_refs.append([])
+        state_refs.append([])
+        out_bytes.append(outs)
+        return len(nodes) - 1
+
+    for k, ph in enumerate(placeholders):
+        if k < n_params + n_buffers:
+            src[ph] = ("state", k)
+            continue
+        j = k - n_params - n_buffers
+        if j >= tr.n_inputs and not tr.has_target:
+            src[ph] = ("const",)
+            continue
+        nid = f"input_{j}" if j < tr.n_inputs else "target"
+        v = add_node(nid, "placeholder", ph, [_nbytes(ph.meta.get("val"))])
+        src[ph] = ("node", v, 0)
+
+    output_node = None
+    for fxn in gm.graph.nodes:
+        if fxn.op == "output":
+            output_node = fxn
+            continue
+        if fxn.op != "call_function":
+            continue
+        op = _op_name(fxn)
+        base = short(op) if op != "getitem" else "getitem"
+        tensor_args = [a for a in _flat((fxn.args, fxn.kwargs)) if isinstance(a, torch.fx.Node)]
+        if base in VIEW_OPS:
+            first = tensor_args[0] if tensor_args else None
+            s = src.get(first, ("const",)) if first is not None else ("const",)
+            if base == "getitem" and s[0] == "node" and isinstance(fxn.args[1], int):
+                producer_val = fx_of[s[1]].meta.get("val") if fx_of[s[1]] is not None else None
+                if isinstance(producer_val, (tuple, list)) and first is fx_of[s[1]]:
+                    s = ("node", s[1], fxn.args[1])
+            src[fxn] = s
+            continue
+        srcs = [src.get(a, ("const",)) for a in tensor_args]
+        if base in FACTORY_OPS or all(s[0] == "const" for s in srcs):
+            # constants, and ops computed from constants only (a causal mask), are made where used
+            src[fxn] = ("const",)
+            continue
+        if not fxn.users and not any(s[0] == "node" for s in srcs):
+            # bookkeeping on state alone whose result nobody reads (BatchNorm's num_batches_tracked += 1)
+            src[fxn] = ("const",)
+            continue
+        val = fxn.meta.get("val")
+        outs = [_nbytes(o) if _is_tensor(o) else 0 for o in _outputs(val)]
+        v = add_node(fxn.name, op, fxn, outs)
+        for s in srcs:
+            if s[0] == "node" and s[1] != v and (s[1], s[2]) not in in_refs[v]:
+                in_refs[v].append((s[1], s[2]))
+            elif s[0] == "state" and s[1] not in state_refs[v]:
+                state_refs[v].append(s[1])
+        src[fxn] = ("node", v, 0)
+
+    # ---- optimizer nodes (training): one per parameter with a gradient
+    grads: list[tuple[int, tuple]] = []
+    backward_from = len(nodes)          # graph index of the first backward node
+    if output_node is not None and tr.grad_of:
+        loss_src = src.get(_flat(output_node.args)[0], ("const",))
+        if loss_src[0] == "node":
+            backward_from = loss_src[1] + 1
+        outs = _flat(output_node.args)[1:]
+        for p, g in zip(tr.grad_of, outs):
+            if isinstance(g, torch.fx.Node):
+                grads.append((p, src.get(g, ("const",))))
+    state_bytes = [0] * (n_params + n_buffers)
+    state_numel = [0] * (n_params + n_buffers)
+    for k, ph in enumerate(placeholders[:n_params + n_buffers]):
+        state_bytes[k] = _nbytes(ph.meta.get("val"))
+        state_numel[k] = int(ph.meta["val"].numel()) if _is_tensor(ph.meta.get("val")) else 0
+    opt_nodes: dict[int, int] = {}
+    for p, g in grads:
+        v = add_node(f"adam.{state_names[p]}" if optimizer == "adam" else f"sgd.{state_names[p]}",
+                     "optim.adam" if optimizer == "adam" else "optim.sgd", None, [])
+        if g[0] == "node":
+            in_refs[v].append((g[1], g[2]))
+        state_refs[v].append(p)
+        opt_nodes[v] = p
+
+    # ---- parameter ownership and colocation (module docstring, point 4)
+    owner: dict[int, int] = {}
+    for v, refs in enumerate(state_refs):
+        for st in refs:
+            owner.setdefault(st, v)
+    group_of: dict[int, str] = {}            # owner node -> group name (its first owned state)
+    for st in sorted(owner, key=lambda x: (owner[x], x)):
+        group_of.setdefault(owner[st], "param:" + state_names[st])
+    colocation: dict[int, str] = dict(group_of)
+    for v, p in opt_nodes.items():
+        colocation[v] = group_of[owner[p]]
+    state_edges: list[list[tuple[int, int]]] = [[] for _ in nodes]   # v -> [(owner, state)]
+    for v, refs in enumerate(state_refs):
+        if v in opt_nodes:
+            continue
+        for st in refs:
+            u = owner[st]
+            if u != v and (u, st) not in state_edges[v]:
+                state_edges[v].append((u, st))
+
+    total_state_unowned = 0
+    for s in range(n_params + n_buffers):
+        if s not in owner:
+            total_state_unowned += state_bytes[s]
+
+    # ---- node fields
+    kept_grad: dict[int, set[int]] = {}
+    for v in opt_nodes:
+        for (u, k) in in_refs[v]:
+            kept_grad.setdefault(u, set()).add(k)
+    for v, nd in enumerate(nodes):
+        fxn = fx_of[v]
+        if backward_from <= v and v not in opt_nodes:
+            # backward outputs are transient, except parameter gradients (kept until the update)
+            mem = sum(out_bytes[v][k] for k in sorted(kept_grad.get(v, ())))
+        else:
+            mem = sum(out_bytes[v])
+        for s in state_refs[v]:
+            if owner.get(s) == v:
+                mem += state_bytes[s]
+        if v in opt_nodes:
+            p = opt_nodes[v]
+            moments = 2 if optimizer == "adam" else 0
+            mem += moments * state_bytes[p]
+            flops = (12 if optimizer == "adam" else 2) * state_numel[p]
+            moved = (7 if optimizer == "adam" else 3) * state_bytes[p]
+            dtype, tc = "float32", False
+        elif fxn.op == "placeholder":
+            flops, moved, dtype, tc = 0, 0, "float32", False
+        else:
+            flops = _flops(fxn, nd["op"])
+            ins = [a.meta.get("val") for a in dict.fromkeys(
+                x for x in _flat((fxn.args, fxn.kwargs)) if isinstance(x, torch.fx.Node))]
+            moved = sum(_nbytes(a) for a in ins if _is_tensor(a)) + sum(out_bytes[v])
+            dtype = _dtype_name(ins + _outputs(fxn.meta.get("val")))
+            tc = is_tensor_core_op(nd["op"])
+        by_type = dev.times_by_type(flops, moved, dtype=dtype, tensor_core_op=tc)
+        nd["compute_s"] = by_type[dev.REFERENCE]
+        nd["compute_by_type"] = by_type
+        nd["memory_bytes"] = int(mem)
+        if v in colocation:
+            nd["colocation"] = colocation[v]
+        split = SPLITTABLE.get(short(nd["op"]))
+        if split:
+            nd["splittable"] = split
+        nd["flops"] = int(flops)
+        nd["bytes_moved"] = int(moved)
+        nd["output_bytes"] = int(sum(out_bytes[v]))
+
+    edges = []
+    for v in range(len(nodes)):
+        for (u, k) in in_refs[v]:
+            edges.append({"src": nodes[u]["id"], "dst": nodes[v]["id"],
+                          "bytes": int(out_bytes[u][k] if k < len(out_bytes[u]) else 0),
+                          "tensor": f"{nodes[u]['id']}:{k}"})
+        for (u, st) in state_edges[v]:
+            edges.append({"src": nodes[u]["id"], "dst": nodes[v]["id"], "bytes": int(state_bytes[st]),
+                          "tensor": f"{nodes[u]['id']}:{state_names[st]}"})
+    meta = dict(meta)
+    meta["parameters"] = int(sum(state_numel[:n_params]))
+    meta["parameter_bytes"] = int(sum(state_bytes[:n_params]))
+    if total_state_unowned:
+        meta["unused_state_bytes"] = int(total_state_unowned)
+    meta["cost_model"] = (f"roofline on {', '.join(dev.DEVICES)}; compute_s = {dev.REFERENCE} "
+                          f"(celeritas_cli.profile.devices)")
+    return {"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges}
+
+
+def profile_model(spec: str, batch: int, *, phase: str = "training", config: dict | None = None,
+                  name: str | None = None, optimizer: str = "adam", keep_trace: bool = False):
+    """Capture zoo model / ``module:attr`` *spec* at *batch* as a graph document.
+
+    Returns
+    -------
+    dict, or ``(dict, Trace)`` with ``keep_trace`` (for :mod:`.measure`).
+
+    Example (not run: needs torch)::
+
+        doc = profile_model("transformer", 256)
+    """
+    factory, base = resolve_model(spec, config)
+    model = build_meta(factory)
+    tr = trace_step(model, batch, phase)
+    meta = {"source": f"profile torch:{spec}", "phase": phase, "batch_size": batch}
+    if config:
+        meta["config"] = dict(config)
+    doc = trace_to_doc(tr, name=name or f"{base}_b{batch}", meta=meta, optimizer=optimizer)
+    return (doc, tr) if keep_trace else doc
+
+
+def graph_stats(doc: dict, cluster=None) -> dict:
+    """Nodes, edges, CCR (Celeritas Eq. 1 on *cluster*, default 4xV100-pcie) and total memory."""
+    from ..costs import CostModel
+    from ..graph import Graph
+    from ..io import load_cluster
+
+    g = Graph.from_dict(doc, doc.get("name", "graph"))
+    c = cluster or load_cluster(None)
+    return {"nodes": g.n, "edges": g.m, "ccr": CostModel(g, c).ccr(), "memory_bytes": g.total_memory(),
+            "compute_s": math.fsum(g.compute)}

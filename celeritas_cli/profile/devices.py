@@ -1,0 +1,137 @@
+"""The shipped device table and the roofline cost model (no torch needed).
+
+A node's time on a device type is the roofline of Williams et al. (2009):
+the larger of the time to do its FLOPs at the device's peak rate and the
+time to move its bytes at the device's memory bandwidth, plus one kernel
+launch.  This is the "computation cost model" FastT (section 4, Cost
+Models) keys by (operation, device), built here from datasheet numbers
+instead of profiling, so any graph can be costed for every device type of
+:data:`DEVICES` at once (``compute_by_type``); ``compute_s`` is the V100
+time (the device of speed 1.0 in the Celeritas 6.2.1 testbed).
+
+Peaks are vendor datasheet values for dense math.  ``fp32`` is the CUDA-core
+rate (PyTorch does not use TF32 for fp32 matmuls by default); ``fp16`` and
+``bf16`` are tensor-core rates where the part has them, and are used only for
+matmul/convolution ops on half-precision tensors (pointwise ops on half
+tensors run at the fp32 rate, which hardly matters: they are memory bound).
+
+Example
+-------
+>>> round(roofline_time(14.0e12, 0, "V100") - DEVICES["V100"].launch_s, 6)
+1.0
+>>> sorted(DEVICES)[:3]
+['2080Ti', '3060Ti', 'A100']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidInput
+
+GB = 1.0e9
+TFLOPS = 1.0e12
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Datasheet numbers of one GPU model.
+
+    Attributes
+    ----------
+    name : table key, also the cluster ``type`` it costs.
+    fp32, fp16, bf16 : peak dense FLOP/s (``bf16`` 0 when unsupported).
+    bandwidth_Bps : peak device-memory bandwidth, bytes/s.
+    memory_bytes : device memory.
+    launch_s : fixed per-kernel cost (launch + tail), added to every node.
+    """
+
+    name: str
+    fp32: float
+    fp16: float
+    bf16: float
+    bandwidth_Bps: float
+    memory_bytes: int
+    launch_s: float = 5.0e-6
+
+    def peak(self, dtype: str, tensor_core_op: bool) -> float:
+        """Peak FLOP/s for an op on *dtype* tensors."""
+        if tensor_core_op and dtype in ("float16", "half"):
+            return self.fp16 or self.fp32
+        if tensor_core_op and dtype == "bfloat16":
+            return self.bf16 or self.fp32
+        return self.fp32
+
+
+#: Datasheet table (NVIDIA product briefs; PCIe parts where both exist, as in
+#: the Celeritas testbed).  fp16 = tensor-core fp16 with fp32 accumulate.
+DEVICES: dict[str, DeviceSpec] = {
+    "V100": DeviceSpec("V100", 14.0 * TFLOPS, 112.0 * TFLOPS, 0.0, 900 * GB, 32 * GiB),
+    "P100": DeviceSpec("P100", 9.3 * TFLOPS, 18.7 * TFLOPS, 0.0, 732 * GB, 16 * GiB),
+    "T4": DeviceSpec("T4", 8.1 * TFLOPS, 65.0 * TFLOPS, 0.0, 320 * GB, 16 * GiB),
+    "P4": DeviceSpec("P4", 5.5 * TFLOPS, 5.5 * TFLOPS, 0.0, 192 * GB, 8 * GiB),
+    "2080Ti": DeviceSpec("2080Ti", 13.4 * TFLOPS, 53.8 * TFLOPS, 0.0, 616 * GB, 11 * GiB),
+    "3060Ti": DeviceSpec("3060Ti", 16.2 * TFLOPS, 32.4 * TFLOPS, 32.4 * TFLOPS, 448 * GB, 8 * GiB),
+    "A100": DeviceSpec("A100", 19.5 * TFLOPS, 312.0 * TFLOPS, 312.0 * TFLOPS, 1555 * GB, 40 * GiB),
+    "H100": DeviceSpec("H100", 67.0 * TFLOPS, 989.0 * TFLOPS, 989.0 * TFLOPS, 3350 * GB, 80 * GiB),
+}
+
+#: The device of speed 1.0: ``compute_s`` is its time (Celeritas 6.2.1 used V100s).
+REFERENCE = "V100"
+
+
+def spec(name: str) -> DeviceSpec:
+    """The table entry for *name* (``InvalidInput`` naming the known ones)."""
+    try:
+        return DEVICES[name]
+    except KeyError:
+        raise InvalidInput(f"unknown device type {name!r}; known: {', '.join(sorted(DEVICES))}") from None
+
+
+def roofline_time(flops: float, bytes_moved: float, device: str, *, dtype: str = "float32",
+                  tensor_core_op: bool = False) -> float:
+    """Seconds for one op on *device*: ``max(flops/peak, bytes/bandwidth) + launch``.
+
+    Parameters
+    ----------
+    flops : floating-point operations of the op.
+    bytes_moved : bytes read plus bytes written (inputs + outputs).
+    device : a key of :data:`DEVICES`.
+    dtype : element type of the op's main inputs (``float32``, ``float16``, ...).
+    tensor_core_op : True for matmul/convolution ops (eligible for tensor cores).
+
+    References
+    ----------
+    Williams, Waterman, Patterson, "Roofline", CACM 2009; FastT section 4
+    (computation cost model per operation and device).
+    """
+    s = spec(device)
+    return max(flops / s.peak(dtype, tensor_core_op), bytes_moved / s.bandwidth_Bps) + s.launch_s
+
+
+def times_by_type(flops: float, bytes_moved: float, *, dtype: str = "float32",
+                  tensor_core_op: bool = False, digits: int = 12) -> dict[str, float]:
+    """:func:`roofline_time` on every device type of the table, rounded to *digits*."""
+    return {name: round(roofline_time(flops, bytes_moved, name, dtype=dtype, tensor_core_op=tensor_core_op), digits)
+            for name in DEVICES}
+
+
+def device_type_of(name: str) -> str:
+    """Map a CUDA device name (``torch.cuda.get_device_name``) to a table key.
+
+    Example
+    -------
+    >>> device_type_of("Tesla V100-PCIE-32GB"), device_type_of("NVIDIA GeForce RTX 2080 Ti")
+    ('V100', '2080Ti')
+    >>> device_type_of("NVIDIA H200")
+    'H200'
+    """
+    compact = name.upper().replace(" ", "").replace("-", "")
+    for key in ("2080TI", "3060TI", "V100", "P100", "A100", "H100", "T4", "P4"):
+        if key in compact:
+            return {"2080TI": "2080Ti", "3060TI": "3060Ti"}.get(key, key)
+    for token in reversed(name.replace("-", " ").split()):
+        if any(ch.isdigit() for ch in token):
+            return token
+    return name

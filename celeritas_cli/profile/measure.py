@@ -1,0 +1,119 @@
+"""``--measure``: time every node of a captured graph on the local device.
+
+Celeritas 4.2.1 runs the model "for a few iterations" and FastT (section 4)
+records each operation's real execution time per device.  Here each node's
+aten call is replayed alone on real tensors of the traced shapes (random
+floats, zero integers so indices stay valid) on CUDA when present, else on
+the CPU: ``warmup`` runs, then ``repeats`` timed runs, keeping the minimum
+(min-of-k is the usual estimator of an op's uncontended time).  Noise is
+reported as ``(median - min) / min`` per node.
+
+The measured time replaces ``compute_s`` (the local device becomes the
+device of speed 1.0) and ``compute_by_type[<local type>]``; the roofline
+times of the other device types stay.  Nodes whose call fails on random
+inputs keep their roofline time and are counted in the summary.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from .capture import Trace, require_torch
+from .devices import device_type_of
+
+
+def local_device():
+    """``(torch.device, type name)``: the first CUDA GPU if any, else the CPU."""
+    torch = require_torch()
+    if torch.cuda.is_available():
+        return torch.device("cuda:0"), device_type_of(torch.cuda.get_device_name(0))
+    return torch.device("cpu"), "cpu"
+
+
+def _materialise(val, device):
+    import torch
+
+    if not isinstance(val, torch.Tensor):
+        return val
+    shape = tuple(val.shape)
+    if val.dtype.is_floating_point or val.dtype.is_complex:
+        return torch.randn(shape, dtype=val.dtype, device=device)
+    if val.dtype == torch.bool:
+        return torch.zeros(shape, dtype=torch.bool, device=device)
+    return torch.zeros(shape, dtype=val.dtype, device=device)
+
+
+def _adam_step(p, g, m, v, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
+    m.mul_(b1).add_(g, alpha=1 - b1)
+    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    p.addcdiv_(m, v.sqrt().add_(eps), value=-lr)
+
+
+def measure_doc(doc: dict, tr: Trace, *, warmup: int = 2, repeats: int = 5, progress=None) -> dict:
+    """Time each node of *doc* (captured from *tr*) and write the times into it.
+
+    Returns
+    -------
+    dict, the summary: ``device``, ``measured``, ``failed``, ``noise_median``,
+    ``noise_p90`` and ``noisy`` (nodes with noise above 20 %).  The same
+    summary is stored in ``doc["meta"]["measured"]``.
+    """
+    torch = require_torch()
+    from torch.fx.node import map_arg
+
+    device, dtype_name = local_device()
+    by_name = {n.name: n for n in tr.gm.graph.nodes if n.op == "call_function"}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    noises: list[float] = []
+    failed = 0
+    measured = 0
+    total = len(doc["nodes"])
+    for i, nd in enumerate(doc["nodes"]):
+        fxn = by_name.get(nd["id"])
+        if fxn is None and nd.get("op") != "optim.adam":
+            continue
+        if progress and i % 200 == 0:
+            progress(f"measuring node {i}/{total} on {dtype_name}")
+        try:
+            if fxn is None:       # one Adam step on a parameter of this size (see capture: 12 FLOPs/element)
+                n = max(1, int(nd.get("flops", 12)) // 12)
+                p, g, m, v = (torch.randn(n, device=device) for _ in range(4))
+                target, args, kwargs = _adam_step, (p, g, m, v), {}
+            else:
+                target = fxn.target
+                args = map_arg(fxn.args, lambda n: _materialise(n.meta.get("val"), device))
+                kwargs = map_arg(fxn.kwargs, lambda n: _materialise(n.meta.get("val"), device))
+                if "device" in kwargs:
+                    kwargs = dict(kwargs, device=device)
+            times = []
+            with torch.no_grad():
+                for r in range(warmup + repeats):
+                    sync()
+                    t0 = time.perf_counter()
+                    target(*args, **kwargs)
+                    sync()
+                    if r >= warmup:
+                        times.append(time.perf_counter() - t0)
+            del args, kwargs
+        except Exception:  # noqa: BLE001 - an op that cannot run on random inputs keeps its roofline time
+            failed += 1
+            continue
+        times.sort()
+        best = times[0]
+        med = times[len(times) // 2]
+        noises.append((med - best) / best if best > 0 else 0.0)
+        nd["compute_s"] = best
+        nd.setdefault("compute_by_type", {})[dtype_name] = best
+        measured += 1
+    noises.sort()
+    summary = {"device": dtype_name, "measured": measured, "failed": failed, "repeats": repeats,
+               "warmup": warmup, "estimator": "min-of-k",
+               "noise_median": noises[len(noises) // 2] if noises else 0.0,
+               "noise_p90": noises[min(len(noises) - 1, int(0.9 * len(noises)))] if noises else 0.0,
+               "noisy": sum(x > 0.2 for x in noises)}
+    doc.setdefault("meta", {})["measured"] = summary
+    if math.isfinite(summary["noise_median"]):
+        summary["noise_median"] = round(summary["noise_median"], 4)
+        summary["noise_p90"] = round(summary["noise_p90"], 4)
+    return summary

@@ -1,0 +1,244 @@
+"""`placer profile` without torch: regression, measurements JSON, comm fit,
+roofline, synthetic graphs, CLI modes."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from celeritas_cli.cli import main
+from celeritas_cli.cluster import Cluster
+from celeritas_cli.errors import InvalidInput, MissingDependency
+from celeritas_cli.graph import Graph
+from celeritas_cli.profile import from_measurements, synthetic
+from celeritas_cli.profile.commfit import fit_cluster, fit_link
+from celeritas_cli.profile.devices import DEVICES, roofline_time, times_by_type
+from celeritas_cli.profile.flops import attention_flops, formula_flops
+from celeritas_cli.profile.regression import (check_measurements, deviation, extrapolate, fit_line,
+                                              leave_one_out, measurements_from_graphs, predict)
+
+
+def meas_doc(sizes=(2, 4, 8), time_fn=lambda b: 1e-3 * b + 2e-4):
+    """conv (params 1000 B + 100 B per sample) -> relu -> loss, colocated conv."""
+    return {
+        "schema": "placer.measurements/v1", "name": "toy", "meta": {"phase": "training"},
+        "batch_sizes": list(sizes),
+        "nodes": [
+            {"id": "conv", "op": "aten.convolution", "memory_bytes": [1000 + 100 * b for b in sizes],
+             "compute_s": [time_fn(b) for b in sizes],
+             "compute_by_type": {"V100": [time_fn(b) for b in sizes], "T4": [3 * time_fn(b) for b in sizes]},
+             "colocation": "param:conv.weight", "splittable": ["batch", "channel"]},
+            {"id": "relu", "op": "aten.relu", "memory_bytes": [64 * b for b in sizes], "compute_s": 1e-5},
+            {"id": "loss", "op": "aten.nll_loss_forward", "memory_bytes": 4, "compute_s": [1e-5] * len(sizes)},
+        ],
+        "edges": [
+            {"src": "conv", "dst": "relu", "bytes": [64 * b for b in sizes], "tensor": "conv:0"},
+            {"src": "relu", "dst": "loss", "bytes": [64 * b for b in sizes], "tensor": "relu:0"},
+        ],
+    }
+
+
+# ----------------------------------------------------------------- regression
+def test_fit_line_exact_and_needs_two_sizes():
+    assert fit_line([2, 4, 8], [7, 11, 19]) == (3.0, 2.0)
+    assert predict([2, 4], [5, 5], 1000) == 5
+    assert predict([2, 4, 8], [10, 6, 2], 100, integer=True) == 0      # clamped at 0
+    with pytest.raises(InvalidInput, match="two distinct batch sizes"):
+        fit_line([4, 4], [1, 2])
+
+
+def test_extrapolate_memory_time_edges_exactly_linear():
+    g = extrapolate(check_measurements(meas_doc()), 512)
+    conv, relu, loss = g["nodes"]
+    assert conv["memory_bytes"] == 1000 + 100 * 512 and isinstance(conv["memory_bytes"], int)
+    assert conv["compute_s"] == pytest.approx(1e-3 * 512 + 2e-4)
+    assert conv["compute_by_type"]["T4"] == pytest.approx(3 * (1e-3 * 512 + 2e-4))
+    assert conv["colocation"] == "param:conv.weight" and conv["splittable"] == ["batch", "channel"]
+    assert relu["memory_bytes"] == 64 * 512 and relu["compute_s"] == 1e-5 and loss["memory_bytes"] == 4
+    assert [e["bytes"] for e in g["edges"]] == [64 * 512, 64 * 512]
+    assert g["meta"]["batch_size"] == 512 and g["meta"]["standard_evaluation"]["batch_sizes"] == [2, 4, 8]
+    graph = Graph.from_dict(g, "extrapolated")           # a valid placer.graph/v1 document
+    assert graph.n == 3 and graph.total_memory() == 1000 + 100 * 512 + 64 * 512 + 4
+
+
+def test_leave_one_out_deviation_zero_when_linear_and_positive_otherwise():
+    est, act, big = leave_one_out(meas_doc())
+    assert big == 8
+    table = deviation(est, act)
+    assert table["memory"]["mean"] == 0 and table["time"]["mean"] == pytest.approx(0, abs=1e-12)
+    # time grows quadratically: the line through b=2,4 underestimates b=8
+    est, act, _ = leave_one_out(meas_doc(time_fn=lambda b: 1e-4 * b * b))
+    conv_dev = abs(est["nodes"][0]["compute_s"] - act["nodes"][0]["compute_s"]) / act["nodes"][0]["compute_s"]
+    assert conv_dev == pytest.approx((64 - (6 * 8 - 8)) / 64)   # line through (2,4),(4,16): 6b-8
+    t = deviation(est, act)["time"]
+    assert t["nodes"] == 3 and t["mean"] == pytest.approx(conv_dev / 3)
+    assert leave_one_out(meas_doc(sizes=(2, 4))) is None
+
+
+def test_from_measurements_api():
+    g, table, how = from_measurements(meas_doc(), 64)
+    assert g["name"] == "toy_b64" and table["memory"]["exact"] == 1.0 and "leave-one-out" in how
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(batch_sizes=[4]), "at least two integers"),
+    (lambda d: d.update(batch_sizes=[2, 2, 4]), "repeated batch size"),
+    (lambda d: d["nodes"][0].update(memory_bytes=[1, 2]), "node 'conv' field memory_bytes: has 2 values"),
+    (lambda d: d["nodes"][1].update(compute_s=-1.0), "node 'relu' field compute_s"),
+    (lambda d: d["nodes"][1].pop("memory_bytes"), "node 'relu': missing field memory_bytes"),
+    (lambda d: d["edges"][0].update(dst="nope"), "unknown dst node 'nope'"),
+    (lambda d: d["nodes"].append(dict(d["nodes"][0])), "node 'conv' is defined twice"),
+    (lambda d: d.update(schema="placer.graph/v1"), "expected \"placer.measurements/v1\""),
+])
+def test_measurements_errors_name_the_field(mutate, message):
+    doc = meas_doc()
+    mutate(doc)
+    with pytest.raises(InvalidInput, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_measurements(doc, "m.json")
+
+
+def test_measurements_from_graphs_rejects_structure_change():
+    a = synthetic("layered", 30, seed=1)
+    b = synthetic("layered", 31, seed=1)
+    with pytest.raises(InvalidInput, match="depends on the batch size"):
+        measurements_from_graphs([a, b], [2, 4])
+    m = measurements_from_graphs([a, a], [2, 4])
+    g = extrapolate(m, 100)
+    assert [n["memory_bytes"] for n in g["nodes"]] == [n["memory_bytes"] for n in a["nodes"]]
+
+
+# ------------------------------------------------------------------ comm fit
+def samples_doc():
+    k = {("gpu0", "gpu1"): (1e-10, 1e-5), ("gpu1", "gpu0"): (2e-10, 3e-5)}
+    samples = [{"src": s, "dst": d, "bytes": size, "seconds": kk * size + bb}
+               for (s, d), (kk, bb) in k.items() for size in (1024, 1 << 20, 1 << 26)]
+    return {"schema": "placer.comm_samples/v1", "name": "box",
+            "devices": [{"id": "gpu0", "type": "V100", "memory_bytes": 1 << 34},
+                        {"id": "gpu1", "type": "T4", "memory_bytes": 1 << 33}],
+            "samples": samples}
+
+
+def test_comm_fit_recovers_k_and_b_per_pair():
+    doc = fit_cluster(samples_doc())
+    c = Cluster.from_dict(doc, "fitted")
+    assert c.bandwidth[0][1] == pytest.approx(1e10) and c.latency[0][1] == pytest.approx(1e-5)
+    assert c.bandwidth[1][0] == pytest.approx(5e9) and c.latency[1][0] == pytest.approx(3e-5)
+    assert c.comm_time(1 << 20, 1, 0) == pytest.approx(2e-10 * (1 << 20) + 3e-5)
+    assert [d.type for d in c.devices] == ["V100", "T4"] and c.devices[1].memory == 1 << 33
+    assert doc["meta"]["fit"]["gpu0->gpu1"]["r2"] == pytest.approx(1.0)
+    assert doc["meta"]["fit"]["default"]["n"] == 6
+
+
+def test_comm_fit_errors_and_defaults():
+    with pytest.raises(InvalidInput, match="two or more distinct byte sizes"):
+        fit_link([(100, 1.0), (100, 2.0)], "pair a->b")
+    with pytest.raises(InvalidInput, match="not positive"):
+        fit_link([(100, 2.0), (200, 1.0)], "pair a->b")
+    doc = samples_doc()
+    doc["samples"][0]["dst"] = "gpu9"
+    with pytest.raises(InvalidInput, match="unknown device 'gpu9'"):
+        fit_cluster(doc)
+    doc = samples_doc()
+    del doc["devices"]
+    warned = []
+    out = fit_cluster(doc, warn=warned.append)
+    assert [d["id"] for d in out["devices"]] == ["gpu0", "gpu1"] and warned
+
+
+# ------------------------------------------------------------ roofline/flops
+def test_roofline_compute_and_memory_bound():
+    v = DEVICES["V100"]
+    assert roofline_time(v.fp32, 0, "V100") == pytest.approx(1.0 + v.launch_s)
+    assert roofline_time(0, v.bandwidth_Bps * 2, "V100") == pytest.approx(2.0 + v.launch_s)
+    # half-precision matmuls use the tensor cores, pointwise ops do not
+    assert roofline_time(v.fp16, 0, "V100", dtype="float16", tensor_core_op=True) == pytest.approx(1 + v.launch_s)
+    assert roofline_time(v.fp16, 0, "V100", dtype="float16") == pytest.approx(8 + v.launch_s)
+    t = times_by_type(1e12, 1e9)
+    assert set(t) == {"V100", "P100", "T4", "P4", "2080Ti", "3060Ti", "A100", "H100"}
+    assert t["H100"] < t["A100"] < t["V100"] < t["P100"] < t["P4"]
+    with pytest.raises(InvalidInput, match="unknown device type"):
+        roofline_time(1, 1, "TPU")
+
+
+def test_flop_formulas():
+    assert formula_flops("aten.add.Tensor", [(4, 5), (4, 5)], [(4, 5)]) == 20
+    assert formula_flops("aten.tanh", [(10,)], [(10,)]) == 40
+    assert formula_flops("aten.native_layer_norm", [(2, 8)], [(2, 8), (2, 1), (2, 1)]) == 7 * 16
+    assert formula_flops("aten.embedding", [(100, 8), (4,)], [(4, 8)]) == 0
+    assert formula_flops("aten.max_pool2d_with_indices", [(1, 1, 4, 4)], [(1, 1, 2, 2), (1, 1, 2, 2)],
+                         kernel=(3, 3)) == 36
+    fwd = attention_flops((2, 4, 16, 8), (2, 4, 32, 8), (2, 4, 32, 8))
+    assert fwd == 2 * (8 * 16 * 32) * 8 * 2 + 5 * 8 * 16 * 32
+    assert formula_flops("aten._scaled_dot_product_flash_attention_for_cpu_backward",
+                         [(2, 4, 16, 8), (2, 4, 16, 8), (2, 4, 32, 8), (2, 4, 32, 8)], []) > fwd
+    assert formula_flops("aten.somethingnew", [(5,)], [(5,)]) == 0
+
+
+# --------------------------------------------------------------------- CLI
+def run(args, input=None):
+    return CliRunner().invoke(main, args, input=input)
+
+
+def test_cli_synthetic_is_deterministic_and_wraps_layered():
+    a = run(["profile", "--synthetic", "layered", "--nodes", "120", "--seed", "3"])
+    b = run(["profile", "--synthetic", "layered", "--nodes", "120", "--seed", "3"])
+    assert a.exit_code == 0, a.output
+    assert a.stdout == b.stdout
+    doc = json.loads(a.stdout)
+    assert len(doc["nodes"]) == 120 and doc == orjson.loads(orjson.dumps(synthetic("layered", 120, 3)))
+    assert "120 nodes" in a.stderr
+
+
+def test_cli_from_measurements_and_comm_fit(tmp_path):
+    m = tmp_path / "m.json"
+    m.write_text(json.dumps(meas_doc()))
+    r = run(["profile", "--from-measurements", str(m), "--target-batch", "256", "-o", str(tmp_path / "g.json")])
+    assert r.exit_code == 0, r.output
+    g = Graph.from_dict(json.loads((tmp_path / "g.json").read_text()))
+    assert g.memory[0] == 1000 + 100 * 256 and r.stdout == ""
+    assert "Mem Dev." in r.stderr and "Table 5" in r.stderr
+    s = tmp_path / "s.json"
+    s.write_text(json.dumps(samples_doc()))
+    r = run(["profile", "--comm-fit", str(s)])
+    assert r.exit_code == 0, r.output
+    assert Cluster.from_dict(json.loads(r.stdout)).bandwidth[0][1] == pytest.approx(1e10)
+    assert "gpu0->gpu1" in r.stderr
+
+
+def test_cli_usage_and_input_errors(tmp_path):
+    assert run(["profile"]).exit_code == 2
+    assert run(["profile", "--synthetic", "layered", "--comm-fit", "x.json"]).exit_code == 2
+    m = tmp_path / "m.json"
+    m.write_text(json.dumps(meas_doc()))
+    assert run(["profile", "--from-measurements", str(m)]).exit_code == 2        # no --target-batch
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "placer.measurements/v1", "batch_sizes": [2]}))
+    r = run(["profile", "--from-measurements", str(bad), "--target-batch", "8"])
+    assert r.exit_code == 1 and "batch_sizes" in r.output
+    r = run(["profile", "--comm-fit", str(tmp_path / "missing.json")])
+    assert r.exit_code == 1 and "no such file" in r.output
+
+
+def test_torch_parts_raise_missing_dependency_without_torch(monkeypatch):
+    from celeritas_cli.profile.capture import require_torch
+
+    monkeypatch.setitem(sys.modules, "torch", None)          # `import torch` now raises ImportError
+    with pytest.raises(MissingDependency, match=r"pip install -e \.\[torch\]"):
+        require_torch()
+    r = run(["profile", "--comm-bench"])
+    assert r.exit_code == 1 and "pip install -e .[torch]" in r.output
+    r = run(["profile", "--model", "transformer", "-b", "4"])
+    assert r.exit_code == 1 and "torch" in r.output
+
+
+def test_package_import_does_not_import_torch():
+    import subprocess
+
+    code = ("import sys, celeritas_cli.profile, celeritas_cli.profile.regression, celeritas_cli.profile.commfit, "
+            "celeritas_cli.profile.capture, celeritas_cli.cli.profile_cmd; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
