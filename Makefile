@@ -4,7 +4,7 @@
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-GRAPH   ?= sample_graphs/layered_1000.json
+GRAPH   ?= sample_graphs/zoo/transformer.json.gz
 CLUSTER ?= sample_graphs/clusters/4xV100-pcie.json
 ALGO    ?= adjusting
 
