@@ -83,7 +83,13 @@ class Placement:
                    estimate=dict(estimate or {}))
 
     # ------------------------------------------------------------ serialise
-    def to_dict(self) -> dict:
+    def to_dict(self, *, timings: bool = True) -> dict:
+        """The ``placer.placement/v1`` document.  ``timings=False`` leaves out
+        the wall-clock measurements (``placement_time_s`` becomes 0 and
+        ``estimate`` keys ending in ``_time_s`` are dropped), so the same
+        input and seed give byte-identical files."""
+        estimate = self.estimate if timings else {
+            k: v for k, v in self.estimate.items() if not k.endswith("_time_s")}
         doc: dict[str, Any] = {
             "schema": PLACEMENT_SCHEMA,
             "graph": self.graph,
@@ -95,8 +101,8 @@ class Placement:
         }
         if self.order is not None:
             doc["order"] = self.order
-        doc["estimate"] = self.estimate
-        doc["placement_time_s"] = self.placement_time_s
+        doc["estimate"] = estimate
+        doc["placement_time_s"] = self.placement_time_s if timings else 0.0
         if self.split_graph is not None:
             doc["split_graph"] = self.split_graph
         return doc

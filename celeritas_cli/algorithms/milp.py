@@ -658,11 +658,13 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
         Reproducible search (the project's "same input and seed, same
         output"): CP-SAT's ``interleave_search`` (deterministic whatever the
         number of workers) stopped by ``max_deterministic_time`` set to the
-        search budget (a fixed 80 % of ``time_limit``, independent of how
-        long the warm start took), with the wall clock as a safety net at
-        1.5x the remaining budget.  On a slow or loaded machine the search may therefore run
-        past ``time_limit``; ``deterministic=False`` stops on the wall clock
-        exactly, and then only a proven optimum's objective is repeatable.
+        search budget (a fixed 50 % of ``time_limit``, independent of how
+        long the warm start took).  The wall clock still caps the search at
+        what is left of ``time_limit``; when it cuts the search first (a
+        slow or loaded machine) a warning says the result may not repeat
+        and ``estimate.repeatable`` is false.  ``deterministic=False`` uses
+        the whole wall-clock budget; then only a proven optimum's objective
+        is repeatable.
 
     Returns
     -------
@@ -769,10 +771,11 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     solver.parameters.num_workers = workers
     if deterministic:
         # the deterministic budget must not depend on the wall clock (how long
-        # the hints took), or runs would differ: a fixed share of the limit
+        # the hints took), or runs would differ: a fixed share of the limit.
+        # The wall clock still caps the search, so the time limit holds.
         solver.parameters.interleave_search = True
-        solver.parameters.max_deterministic_time = 0.8 * time_limit
-        solver.parameters.max_time_in_seconds = max(1.5 * budget, 0.8 * time_limit)
+        solver.parameters.max_deterministic_time = 0.5 * time_limit
+        solver.parameters.max_time_in_seconds = budget
     else:
         solver.parameters.max_time_in_seconds = budget
     solver.parameters.random_seed = int(seed) % (2**31)
@@ -784,6 +787,10 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     status = solver.solve(model, cb)
     status_name = solver.status_name(status)
     solve_s = time.perf_counter() - t0
+    wall_cut = deterministic and solver.wall_time >= 0.99 * budget and status != cp_model.OPTIMAL
+    if wall_cut:
+        console.print(f"milp: the wall-clock limit ({budget:.3g} s of search) came before the deterministic "
+                      f"budget, so this result may differ between runs; raise --time-limit for a repeatable one")
     if status == cp_model.INFEASIBLE:
         caps = ", ".join(f"{d.id} {d.memory}" for d in cluster.devices)
         raise Infeasible(f"milp: CP-SAT proved no placement of '{graph.name}' fits the devices' memory "
@@ -814,6 +821,7 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     gap = (obj - bound) / obj if obj > 0 else 0.0
     est = {"status": status_name, "solver_status": status_name, "objective_s": obj, "best_bound_s": bound,
            "gap": gap, "resolution_s": res, "congestion": congestion, "solve_time_s": solve_s,
+           "repeatable": bool(deterministic and not wall_cut),
            "lower_bound_s": lower_bound(graph, cluster, costs)}
     if best is not None:
         est["hint"] = best.name

@@ -35,9 +35,12 @@ def _list_algorithms() -> None:
               help="Time limit in seconds for algorithms that take one (milp, hierarchical, ...).")
 @click.option("--simulate/--no-simulate", "do_simulate", default=False,
               help="Also simulate the result and print makespan / LB to stderr.")
+@click.option("--timings/--no-timings", default=True, show_default=True,
+              help="Record wall-clock times (placement_time_s, solver/training times). --no-timings makes the "
+                   "file byte-identical for the same input and --seed.")
 @click.option("--list", "list_algos", is_flag=True, help="List the algorithms with their papers and exit.")
 @output_option
-def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate, list_algos, output):
+def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate, timings, list_algos, output):
     """Place GRAPH (a graph or coarse graph file, - for stdin) on a cluster.
 
     A placement made on a coarse graph is written over the original node ids.
@@ -47,6 +50,7 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate,
       placer coarsen g.json | placer place --algo adjusting > p.json
       placer place g.json --algo heft --cluster moirai-intra-server -o p.json
       placer place coarse.json --algo milp --time-limit 30 -p congestion=port
+      placer place g.json --algo m-sct --seed 3 --no-timings   # byte-identical reruns
       placer place --list
     """
     if list_algos:
@@ -78,4 +82,4 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate,
         warn(f"placer: {algo}: simulated makespan {report['makespan_s']:.6g} s ({report['status']}), "
              f"makespan/LB {ratio:.3f}, placed in {result.placement_time_s:.3f} s" if ratio is not None else
              f"placer: {algo}: simulated makespan {report['makespan_s']:.6g} s ({report['status']})")
-    emit(result.to_dict(), output)
+    emit(result.to_dict(timings=timings), output)
