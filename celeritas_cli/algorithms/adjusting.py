@@ -16,11 +16,12 @@ import math
 from ..cluster import Cluster
 from ..costs import CostModel
 from ..graph import Graph
+from ..memory import DeviceMemory
 from ..orders import cpd_topo
 from ..placement import Placement
 from ..registry import Param, register
 from ..timeline import Timeline
-from .order_place import group_memory, placement_estimate
+from .order_place import placement_estimate
 
 INF = math.inf
 
@@ -100,10 +101,7 @@ def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, insertion: bool 
     comm = costs.comm
     src = graph.edge_src
     in_edges, out_edges = graph.in_edges, graph.out_edges
-    avail = [dv.memory for dv in cluster.devices]
-    used = [0] * k
-    gmem = group_memory(graph)
-    group_dev: dict[str, int] = {}
+    mem = DeviceMemory(graph, cluster)
     tl = Timeline(k)
     fin = [0.0] * n
     dev = [-1] * n
@@ -122,20 +120,17 @@ def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, insertion: bool 
         return tl.earliest_start(d, pre, time[v][d], insertion)
 
     for v in seq:
-        g = graph.colocation[v]
-        forced = group_dev.get(g) if g is not None else None
-        if forced is not None:
+        forced = mem.pinned_device(v)
+        if forced >= 0:
             d = forced
             s = est_on(v, d)
-            need = 0
         else:
-            need = gmem[g] if g is not None else graph.memory[v]
-            est = [est_on(v, d) if avail[d] >= need else INF for d in range(k)]
+            est = [est_on(v, d) if mem.fits(v, d) else INF for d in range(k)]
             d1 = min(range(k), key=lambda x: (est[x], x))
             if dk < 0:
                 dk = d1
-            if est[d1] == INF:  # all devices are out of memory: best effort
-                d = min(range(k), key=lambda x: (used[x], x))
+            if est[d1] == INF:  # all devices are out of memory: best effort, lowest usage
+                d = mem.fallback(v, rule="least_used")
                 s = est_on(v, d)
                 best_effort += 1
             elif est[dk] == INF:  # d_k full: earliest device with room (Eq. 9 with EST(d_k) = inf)
@@ -153,10 +148,7 @@ def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, insertion: bool 
                     d, s = dk, est[dk]
             if d != dk:
                 moves += 1
-            avail[d] -= need
-            used[d] += need
-            if g is not None:
-                group_dev[g] = d
+            mem.place(v, d)
         f = s + time[v][d]
         tl.reserve(d, s, f, v)
         dev[v] = d
@@ -165,7 +157,7 @@ def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, insertion: bool 
         dk = d
     sched_ms = max(fin) if n else 0.0
     per_dev = [tl.order(d) for d in range(k)] if order else None
-    est_doc = placement_estimate(graph, cluster, dev, costs, used,
+    est_doc = placement_estimate(graph, cluster, dev, costs, mem.load,
                                  {"schedule_makespan_s": sched_ms, "device_changes": moves,
                                   "best_effort_nodes": best_effort}, order=per_dev)
     return Placement.from_indices(graph, cluster, dev, algorithm="adjusting", seed=seed, order=per_dev,

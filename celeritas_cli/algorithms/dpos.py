@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..cluster import Cluster
 from ..costs import CostModel, upward_rank
 from ..graph import Graph
+from ..memory import DeviceMemory
 from ..placement import Placement
 from ..registry import Param, register
 from ..timeline import Timeline
@@ -204,38 +205,16 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
     topo = graph.topo_index()
     cp = critical_path_by_rank(graph, rank)
 
-    free = [float(dv.memory) for dv in cluster.devices]
-    groups = graph.colocation_groups()
-    group_mem = {g: sum(graph.memory[v] for v in vs) for g, vs in groups.items()}
-    group_dev: dict[str, int] = {}
-    oom = False
-
-    def need(v: int) -> int:
-        g = graph.colocation[v]
-        if g is None:
-            return graph.memory[v]
-        return 0 if g in group_dev else group_mem[g]
-
-    def commit(v: int, d: int) -> None:
-        nonlocal oom
-        m = need(v)
-        free[d] -= m
-        if free[d] < 0:
-            oom = True
-        g = graph.colocation[v]
-        if g is not None and g not in group_dev:
-            group_dev[g] = d
+    mem = DeviceMemory(graph, cluster)  # budget = device memory; best effort "most_free"
 
     # ---- line 5: critical-path devices
     cp_dev = [-1] * n
     i = 0
     while i < len(cp):
         first = cp[i]
-        g0 = graph.colocation[first]
-        if g0 is not None and g0 in group_dev:
-            d = group_dev[g0]
-            cp_dev[first] = d
-            commit(first, d)
+        p = mem.pinned_device(first)
+        if p >= 0:
+            cp_dev[first] = p
             i += 1
             continue
         best = None
@@ -243,21 +222,22 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
             used = 0.0
             tot = 0.0
             cnt = 0
-            seen_groups: set[str] = set()
+            seen_groups: set[int] = set()
             j = i
             while j < len(cp):
                 v = cp[j]
-                g = graph.colocation[v]
-                if g is not None and g in group_dev:
-                    if group_dev[g] != d:
+                g = mem.group_of[v]
+                p = mem.pinned_device(v)
+                if p >= 0:
+                    if p != d:
                         break
                     m = 0
-                elif g is not None:
-                    m = 0 if g in seen_groups else group_mem[g]
+                elif g >= 0:  # a group counts in full the first time the run takes a member
+                    m = 0 if g in seen_groups else mem.group_mem[g]
                     seen_groups.add(g)
                 else:
                     m = graph.memory[v]
-                if used + m > free[d]:
+                if used + m > mem.free(d):
                     break
                 used += m
                 tot += time[v][d]
@@ -268,15 +248,15 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
                 if best is None or key < best[0]:
                     best = (key, d, cnt)
         if best is None:  # nothing fits anywhere: most free memory, OOM
-            d = max(range(k), key=lambda x: (free[x], -x))
+            d = mem.fallback(first, rule="most_free")
             cp_dev[first] = d
-            commit(first, d)
+            mem.place(first, d)
             i += 1
             continue
         _, d, cnt = best
         for v in cp[i:i + cnt]:
             cp_dev[v] = d
-            commit(v, d)
+            mem.place(v, d)
         i += cnt
 
     # ---- lines 6-22: list scheduling in decreasing rank_u
@@ -287,16 +267,10 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
     finish = [0.0] * n
     links = Links(graph, cluster, costs, congestion)
     for v in order:
-        g = graph.colocation[v]
         if cp_dev[v] != -1:
             cands = [cp_dev[v]]
-        elif g is not None and g in group_dev:
-            cands = [group_dev[g]]
-        else:
-            m = need(v)
-            cands = [d for d in range(k) if free[d] >= m]
-            if not cands:
-                cands = [max(range(k), key=lambda x: (free[x], -x))]
+        else:  # the group's device, else the devices with room, else the most free one
+            cands = mem.candidates(v, rule="most_free")
         best_d, best_s, best_f, best_plan = -1, 0.0, 0.0, []
         for d in cands:
             dur = time[v][d]
@@ -307,7 +281,7 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
                 best_d, best_s, best_f, best_plan = d, s, f, plan
         links.commit(best_d, best_plan)
         if cp_dev[v] == -1:
-            commit(v, best_d)
+            mem.place(v, best_d)
         device_of[v] = best_d
         start[v] = best_s
         finish[v] = best_f
@@ -315,7 +289,7 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
     dev_order = [tl.order(d) for d in range(k)]
     makespan = max(finish) if n else 0.0
     return DposResult(device_of=device_of, order=dev_order, start=start, finish=finish, makespan=makespan,
-                      critical_path=cp, cp_device=[cp_dev[v] for v in cp], oom=oom)
+                      critical_path=cp, cp_device=[cp_dev[v] for v in cp], oom=mem.oom())
 
 
 @register("dpos", paper="FastT (Yi et al., CoNEXT 2020)", section="5.1, Algorithm 1",

@@ -17,6 +17,7 @@ from ..cluster import Cluster
 from ..costs import CostModel, upward_rank
 from ..errors import InvalidInput
 from ..graph import Graph
+from ..memory import DeviceMemory
 from ..placement import Placement
 from ..registry import Param, register
 from ..simulator import makespan_of
@@ -119,11 +120,7 @@ def fd_dps_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = No
     in_edges, out_edges, esrc, edst = graph.in_edges, graph.out_edges, graph.edge_src, graph.edge_dst
     links = Links(graph, cluster, costs, congestion)
 
-    free = [float(dv.memory) for dv in cluster.devices]
-    groups = graph.colocation_groups()
-    group_mem = {g: sum(graph.memory[v] for v in vs) for g, vs in groups.items()}
-    group_dev: dict[str, int] = {}
-    oom = False
+    mem = DeviceMemory(graph, cluster)  # budget = device memory; best effort "most_free"
 
     tl = Timeline(k)
     device_of = [-1] * n
@@ -147,17 +144,8 @@ def fd_dps_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = No
         if slack <= tol:
             n_critical += 1
         prio_at[v] = node_priority(t_est[v], lst, eps)
-        # memory-feasible devices (colocation groups placed whole)
-        g = graph.colocation[v]
-        if g is not None and g in group_dev:
-            feas = [group_dev[g]]
-            need = 0
-        else:
-            need = graph.memory[v] if g is None else group_mem[g]
-            feas = [d for d in range(k) if free[d] >= need]
-            if not feas:
-                feas = [max(range(k), key=lambda x: (free[x], -x))]
-                oom = True
+        # memory-feasible devices (colocation groups placed whole; none: the most free one)
+        feas = mem.candidates(v, rule="most_free")
         # Find_Slot: EST on each device, zero communication from parents there (Formula 11)
         start_d = {}
         plan_d = {}
@@ -200,12 +188,7 @@ def fd_dps_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = No
         finish[v] = f
         if f > max_ft:
             max_ft = f
-        if need:
-            free[d] -= need
-            if free[d] < 0:
-                oom = True
-        if g is not None and g not in group_dev:
-            group_dev[g] = d
+        mem.place(v, d)
         # update the search space: successors whose parents are all placed become
         # schedulable, with EST from their parents' real finish (Formula 6)
         for sc in graph.succ[v]:
@@ -220,7 +203,7 @@ def fd_dps_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = No
                 heapq.heappush(heap, (-(r + b[sc]), topo[sc], sc))
     order = [tl.order(d) for d in range(k)]
     makespan = max(finish) if n else 0.0
-    return device_of, order, finish, makespan, oom, n_critical
+    return device_of, order, finish, makespan, mem.oom(), n_critical
 
 
 def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int, max_splits: int,

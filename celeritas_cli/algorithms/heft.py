@@ -36,10 +36,10 @@ import math
 from ..cluster import Cluster
 from ..costs import CostModel, upward_rank
 from ..graph import Graph
+from ..memory import DeviceMemory
 from ..placement import Placement
 from ..registry import Param, register
 from ..timeline import Timeline
-from .m_etf import DeviceMemory
 
 
 @register("heft", paper="Topcuoglu et al., IEEE TPDS 2002", section="4.1 (Eq. 3-8)",

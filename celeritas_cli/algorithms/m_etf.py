@@ -28,9 +28,10 @@ on no device, it is allowed only on the device with the most free memory
 
 The per-device execution order is emitted as the placement's ``order``.
 
-This module also holds :class:`DeviceMemory` (the memory/colocation
-bookkeeping the Baechi-style baselines share) and :func:`etf_schedule`,
-which m-SCT (:mod:`.m_sct`) drives with its favourite-child rule.
+The memory/colocation bookkeeping is :class:`~celeritas_cli.memory.DeviceMemory`
+(shared with the other memory-aware placers; still importable from here).
+This module holds :func:`etf_schedule`, which m-SCT (:mod:`.m_sct`) drives
+with its favourite-child rule.
 """
 
 from __future__ import annotations
@@ -44,98 +45,9 @@ from typing import Sequence
 from ..cluster import Cluster
 from ..costs import CostModel
 from ..graph import Graph
+from ..memory import DeviceMemory  # importers of ``.m_etf.DeviceMemory`` keep working
 from ..placement import Placement
 from ..registry import register
-
-
-class DeviceMemory:
-    """Per-device memory load with colocation groups as units.
-
-    A node's *unit* is its colocation group (all members, charged in full
-    when the first member is placed, and pinned to that device) or the node
-    itself.  ``cap[d]`` is the budget a placer respects (by default the
-    device's memory); feasibility is always judged against the real device
-    memory.
-
-    Example
-    -------
-    >>> from celeritas_cli.graph import build
-    >>> from celeritas_cli.cluster import uniform
-    >>> g = build("g", [{"id": "a", "compute_s": 1, "memory_bytes": 6, "colocation": "w"},
-    ...                 {"id": "b", "compute_s": 1, "memory_bytes": 5, "colocation": "w"}], [])
-    >>> mem = DeviceMemory(g, uniform(2, memory=10))
-    >>> mem.allowed(0, 0)  # the group needs 11 bytes: fits nowhere, best effort
-    True
-    """
-
-    def __init__(self, graph: Graph, cluster: Cluster, cap: Sequence[float] | None = None):
-        self.graph = graph
-        self.k = cluster.k
-        self.real = [d.memory for d in cluster.devices]
-        self.cap = list(cap) if cap is not None else list(self.real)
-        groups = graph.colocation_groups()
-        self.group_of = [-1] * graph.n
-        self.group_mem: list[int] = []
-        self.group_members: list[list[int]] = []
-        for gi, name in enumerate(sorted(groups)):
-            members = groups[name]
-            for v in members:
-                self.group_of[v] = gi
-            self.group_mem.append(sum(graph.memory[v] for v in members))
-            self.group_members.append(members)
-        self.pinned = [-1] * len(self.group_mem)
-        self.load = [0] * self.k
-
-    def unit_memory(self, v: int) -> int:
-        """Memory of *v*'s unit (its whole colocation group, or itself)."""
-        g = self.group_of[v]
-        return self.group_mem[g] if g >= 0 else self.graph.memory[v]
-
-    def pinned_device(self, v: int) -> int:
-        """Device *v*'s colocation group is already on, or -1."""
-        g = self.group_of[v]
-        return self.pinned[g] if g >= 0 else -1
-
-    def need(self, v: int) -> int:
-        """Bytes placing *v* now adds (0 when its group is already charged)."""
-        return 0 if self.pinned_device(v) >= 0 else self.unit_memory(v)
-
-    def fits(self, v: int, d: int) -> bool:
-        """Whether *v* may go to *d* within the budget ``cap``."""
-        p = self.pinned_device(v)
-        if p >= 0:
-            return d == p
-        return self.load[d] + self.unit_memory(v) <= self.cap[d]
-
-    def fallback(self, v: int) -> int:
-        """Best-effort device (Celeritas 6.2.3): the pinned one, else the one
-        with the most free budget left (ties by index)."""
-        p = self.pinned_device(v)
-        if p >= 0:
-            return p
-        return min(range(self.k), key=lambda d: (self.load[d] - self.cap[d], d))
-
-    def allowed(self, v: int, d: int) -> bool:
-        """*v* may go to *d*: it fits, or it fits nowhere and *d* is the
-        best-effort device."""
-        if self.fits(v, d):
-            return True
-        if self.pinned_device(v) >= 0 or any(self.fits(v, x) for x in range(self.k)):
-            return False
-        return d == self.fallback(v)
-
-    def place(self, v: int, d: int) -> None:
-        """Charge *v*'s unit to *d* (once per group) and pin its group."""
-        g = self.group_of[v]
-        if g >= 0:
-            if self.pinned[g] >= 0:
-                return
-            self.pinned[g] = d
-        self.load[d] += self.unit_memory(v)
-
-    def status(self) -> str:
-        """``FEASIBLE`` when every device's load fits its real memory, else ``OOM``."""
-        return "FEASIBLE" if all(self.load[d] <= self.real[d] for d in range(self.k)) else "OOM"
 
 
 @dataclass

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from ..cluster import Cluster
 from ..graph import Graph
+from ..memory import DeviceMemory
 from ..placement import Placement
 from ..registry import register
-from .m_etf import DeviceMemory
 
 
 def topo_caps(graph: Graph, cluster: Cluster, mem: DeviceMemory) -> list[int]:

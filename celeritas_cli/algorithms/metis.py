@@ -31,9 +31,9 @@ from ..cluster import Cluster
 from ..costs import CostModel
 from ..errors import InvalidInput, MissingDependency
 from ..graph import Graph
+from ..memory import DeviceMemory
 from ..placement import Placement
 from ..registry import Param, register
-from .m_etf import DeviceMemory
 
 _SCALE = 1_000_000  # largest integer weight handed to the partitioner
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..cluster import Cluster
 from ..costs import CostModel
 from ..graph import Graph
+from ..memory import DeviceMemory
 from ..orders import cpd_topo
 from ..placement import Placement
 from ..registry import Param, register
@@ -18,15 +19,6 @@ from ..simulator import lower_bound, run_schedule
 
 #: graphs up to this many nodes get a simulated makespan in the estimate
 SIMULATE_MAX_NODES = 50_000
-
-
-def group_memory(graph: Graph) -> dict[str, int]:
-    """Total memory of every colocation group (the unit placed at once)."""
-    out: dict[str, int] = {}
-    for v, g in enumerate(graph.colocation):
-        if g is not None:
-            out[g] = out.get(g, 0) + graph.memory[v]
-    return out
 
 
 def placement_estimate(graph: Graph, cluster: Cluster, device_of: list[int], costs: CostModel,
@@ -95,29 +87,23 @@ def order_place(graph: Graph, cluster: Cluster, *, seed: int = 0, fill: float = 
     costs = CostModel(graph, cluster)
     k = cluster.k
     seq = cpd_topo(graph, costs)
-    cap = [int(dv.memory * fill) for dv in cluster.devices]
-    gmem = group_memory(graph)
-    group_dev: dict[str, int] = {}
-    used = [0] * k
+    mem = DeviceMemory(graph, cluster, cap=[int(dv.memory * fill) for dv in cluster.devices])
     device_of = [0] * graph.n
     cur = 0
     for v in seq:
-        g = graph.colocation[v]
-        if g is not None and g in group_dev:
-            device_of[v] = group_dev[g]
+        p = mem.pinned_device(v)
+        if p >= 0:  # a later member of a placed colocation group
+            device_of[v] = p
             continue
-        need = gmem[g] if g is not None else graph.memory[v]
         d = cur
-        while d < k and used[d] + need > cap[d]:
+        while d < k and not mem.fits(v, d):
             d += 1
         if d < k:
             cur = d
-        else:  # best effort: lowest memory usage
-            d = min(range(k), key=lambda x: (used[x], x))
+        else:  # best effort: lowest memory usage (not DeviceMemory's default "most_free")
+            d = mem.fallback(v, rule="least_used")
         device_of[v] = d
-        used[d] += need
-        if g is not None:
-            group_dev[g] = d
-    est = placement_estimate(graph, cluster, device_of, costs, used)
+        mem.place(v, d)
+    est = placement_estimate(graph, cluster, device_of, costs, mem.load)
     return Placement.from_indices(graph, cluster, device_of, algorithm="order-place", seed=seed,
                                   params={"fill": fill}, estimate=est)

@@ -6,6 +6,7 @@ import random
 
 from ..cluster import Cluster
 from ..graph import Graph
+from ..memory import DeviceMemory
 from ..placement import Placement
 from ..registry import register
 
@@ -26,20 +27,13 @@ def random_placement(graph: Graph, cluster: Cluster, *, seed: int = 0) -> Placem
     True
     """
     rng = random.Random(seed)
-    group_dev: dict[str, int] = {}
+    mem = DeviceMemory(graph, cluster)  # only tracks groups and loads: memory never limits the draw
     device_of = []
     for v in range(graph.n):
-        c = graph.colocation[v]
-        if c is not None and c in group_dev:
-            device_of.append(group_dev[c])
-            continue
-        d = rng.randrange(cluster.k)
-        if c is not None:
-            group_dev[c] = d
+        d = mem.pinned_device(v)
+        if d < 0:
+            d = rng.randrange(cluster.k)
+            mem.place(v, d)
         device_of.append(d)
-    loads = [0] * cluster.k
-    for v, d in enumerate(device_of):
-        loads[d] += graph.memory[v]
-    ok = all(loads[d] <= cluster.devices[d].memory for d in range(cluster.k))
     return Placement.from_indices(graph, cluster, device_of, algorithm="random", seed=seed,
-                                  estimate={"status": "FEASIBLE" if ok else "OOM"})
+                                  estimate={"status": mem.status()})
