@@ -12,8 +12,8 @@ memory, scaled to integers).  It is mapped onto a *weighted complete
 graph* architecture with one terminal per device, weighted by device speed
 (``weights=compute``) or memory (``weights=memory``), so Scotch balances
 load in proportion to what each device can take and minimises the cut;
-terminal i is device i.  Scotch's pseudo-random generator is seeded with
-``seed`` and reset before mapping, so a seed gives one mapping.  Like
+terminal i is device i.  Scotch runs in a context with its deterministic option set, its
+pseudo-random generator seeded with ``seed`` and reset before mapping, so a seed gives one mapping.  Like
 METIS it ignores dependencies and memory capacity (estimate ``OOM`` when a
 device overflows).
 """
@@ -100,9 +100,20 @@ def scotch(graph: Graph, cluster: Cluster, *, seed: int = 0, weights: str = "com
                     edlotab=np.array(ew, dtype=np.int64) if ew else None)
             arch = pyscotch.Architecture()
             arch.complete_weighted(k, term)
-            pyscotch.random_seed(seed)
-            pyscotch.random_reset()
-            parts = [int(x) for x in g.map(arch)]
+            # Scotch 7 maps with several threads; a context with the
+            # deterministic option (SCOTCH_OPTIONNUMDETERMINISTIC = 0) and a
+            # fixed random seed (SCOTCH_OPTIONNUMRANDOMFIXEDSEED = 1) makes a
+            # seed give one mapping (without it, runs on a 3000-node graph differed)
+            ctx = pyscotch.Context()
+            try:
+                ctx.option_set(0, 1)
+                ctx.option_set(1, 1)
+                ctx.random_seed(seed)
+                ctx.random_reset()
+                bound = ctx.bind_graph(g)
+                parts = [int(x) for x in bound.map(arch)]
+            finally:
+                ctx.close()
         except (RuntimeError, ValueError) as exc:
             raise SolverError(f"scotch: mapping graph '{graph.name}' failed: {exc}") from None
     return _placement(graph, cluster, unit_of, parts, mem, "scotch", seed)
