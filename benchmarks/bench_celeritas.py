@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
+
+from timing import best_of  # benchmarks/timing.py (scripts run from this folder)
 
 from celeritas_cli import registry
 from celeritas_cli.costs import CostModel
@@ -27,15 +28,6 @@ from celeritas_cli.io import load_cluster, load_graph
 from celeritas_cli.jsonio import write_json
 from celeritas_cli.simulator import simulate
 
-
-def best_of(fn, k=2):
-    best = float("inf")
-    out = None
-    for _ in range(k):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def main(n: int = 36_000, seed: int = 0) -> None:
