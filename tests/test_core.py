@@ -162,3 +162,41 @@ def test_placement_round_trip(chain3, two_dev):
                                estimate={"makespan_s": 8.0})
     q = Placement.from_dict(p.to_dict())
     assert q.resolve(chain3, two_dev) == ([0, 1, 0], [[0, 2], [1]])
+
+
+def test_cross_check_with_networkx():
+    """Independent code path: networkx agrees on acyclicity, longest path and
+    the quotient graphs coarse.is_acyclic judges."""
+    import random
+
+    import networkx as nx
+
+    from celeritas_cli.coarse import is_acyclic
+
+    g = layered(400, seed=9)
+    G = nx.DiGraph()
+    G.add_nodes_from(range(g.n))
+    G.add_edges_from(zip(g.edge_src, g.edge_dst))
+    assert nx.is_directed_acyclic_graph(G)
+    pos = g.topo_index()
+    assert all(pos[s] < pos[d] for s, d in G.edges)
+    for v in G.nodes:
+        G.nodes[v]["w"] = g.compute[v]
+    # longest path with node weights = the simulator's critical-path bound on one fast device
+    top = {}
+    for v in nx.topological_sort(G):
+        top[v] = max((top[p] for p in G.predecessors(v)), default=0.0) + g.compute[v]
+    from celeritas_cli.simulator import lower_bound
+
+    assert lower_bound(g, uniform_cluster(1000)) == max(top.values())
+    rng = random.Random(1)
+    for _ in range(30):
+        part = [rng.randrange(8) for _ in range(g.n)]
+        Q = nx.quotient_graph(G, [{v for v in range(g.n) if part[v] == c} for c in sorted(set(part))])
+        assert is_acyclic(g, [sorted(set(part)).index(p) for p in part]) == nx.is_directed_acyclic_graph(Q)
+
+
+def uniform_cluster(k):
+    from celeritas_cli.cluster import uniform
+
+    return uniform(k)
