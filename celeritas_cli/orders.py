@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
+from .costs import downward_rank, upward_rank
 from .errors import CycleError
 from .graph import Graph, describe_cycle
 
@@ -85,26 +86,9 @@ def tlevel_blevel(graph: Graph, costs=None) -> tuple[list[float], list[float]]:
     ([0.0, 1.5], [3.5, 2.0])
     """
     w, c = node_edge_costs(graph, costs)
-    n = graph.n
-    topo = graph.topo_order()
-    tl = [0.0] * n
-    bl = [0.0] * n
-    src, dst = graph.edge_src, graph.edge_dst
-    for v in topo:
-        best = 0.0
-        for e in graph.in_edges[v]:
-            p = src[e]
-            x = tl[p] + w[p] + c[e]
-            if x > best:
-                best = x
-        tl[v] = best
-    for v in reversed(topo):
-        best = 0.0
-        for e in graph.out_edges[v]:
-            x = c[e] + bl[dst[e]]
-            if x > best:
-                best = x
-        bl[v] = w[v] + best
+    # tlevel is the downward rank and blevel the upward rank (costs.py)
+    tl = downward_rank(graph, w.__getitem__, c.__getitem__)
+    bl = upward_rank(graph, w.__getitem__, c.__getitem__)
     return tl, bl
 
 

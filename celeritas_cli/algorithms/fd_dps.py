@@ -14,7 +14,7 @@ import heapq
 import math
 
 from ..cluster import Cluster
-from ..costs import CostModel, upward_rank
+from ..costs import CostModel, downward_rank, upward_rank
 from ..errors import InvalidInput
 from ..graph import Graph
 from ..memory import DeviceMemory
@@ -67,15 +67,7 @@ def est_lst(graph: Graph, costs: CostModel) -> tuple[list[float], list[float], f
     w = costs.mean_time
     ce = [costs.mean_comm(e) for e in range(graph.m)]
     topo = graph.topo_order()
-    est = [0.0] * n
-    for v in topo:
-        best = 0.0
-        for e in graph.in_edges[v]:
-            p = graph.edge_src[e]
-            t = est[p] + w[p] + ce[e]
-            if t > best:
-                best = t
-        est[v] = best
+    est = downward_rank(graph, w.__getitem__, ce.__getitem__)  # Definition 8
     dcpl = max((est[v] + w[v] for v in range(n)), default=0.0)
     lst = [0.0] * n
     for v in reversed(topo):

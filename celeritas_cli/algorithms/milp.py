@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..cluster import Cluster
-from ..costs import CostModel
+from ..costs import CostModel, downward_rank, upward_rank
 from ..errors import Infeasible, InvalidInput, MissingDependency, SolverError
 from ..graph import Graph
 from ..placement import Placement
@@ -267,17 +267,9 @@ def build_model(graph: Graph, cluster: Cluster, *, resolution: float, congestion
         for t in range(len(comm)):
             horizon += (k - 1) * max((comm[t][a][b] for a in range(k) for b in range(k)), default=0)
     horizon = max(int(horizon), 1)
-    topo = graph.topo_order()
-    head = [0] * n
-    for v in topo:
-        for p in graph.pred[v]:
-            head[v] = max(head[v], head[p] + mindur[p])
-    tail = [0] * n
-    for v in reversed(topo):
-        best = 0
-        for s in graph.succ[v]:
-            best = max(best, tail[s])
-        tail[v] = mindur[v] + best
+    # earliest start / remaining work at the fastest allowed device, no communication
+    head = [int(x) for x in downward_rank(graph, mindur.__getitem__, lambda e: 0)]
+    tail = [int(x) for x in upward_rank(graph, mindur.__getitem__, lambda e: 0)]
     cp_lb = max((tail[v] + head[v] for v in range(n)), default=0)
     if cp_lb > horizon:
         horizon = cp_lb
