@@ -322,7 +322,21 @@ class DecoderLayer(nn.Module):
         return self.n3(x + F.dropout(self.ff(x), 0.1, self.training))
 
 
-class Transformer(ZooModel):
+class Seq2SeqModel(ZooModel):
+    """Token-id source and target sequences of length ``self.seq``; per-token
+    cross-entropy over ``self.vocab`` (Transformer and NMT share these)."""
+
+    def example_inputs(self, batch: int):
+        return (torch.zeros(batch, self.seq, dtype=torch.long), torch.zeros(batch, self.seq, dtype=torch.long))
+
+    def example_target(self, batch: int):
+        return torch.zeros(batch, self.seq, dtype=torch.long)
+
+    def loss(self, output, target):
+        return F.cross_entropy(output.reshape(-1, self.vocab), target.reshape(-1))
+
+
+class Transformer(Seq2SeqModel):
     """Encoder-decoder Transformer (Vaswani et al. 2017), post-norm.
 
     Parameters
@@ -354,14 +368,6 @@ class Transformer(ZooModel):
             y = layer(y, x)
         return self.out(y)
 
-    def example_inputs(self, batch: int):
-        return (torch.zeros(batch, self.seq, dtype=torch.long), torch.zeros(batch, self.seq, dtype=torch.long))
-
-    def example_target(self, batch: int):
-        return torch.zeros(batch, self.seq, dtype=torch.long)
-
-    def loss(self, output, target):
-        return F.cross_entropy(output.reshape(-1, self.vocab), target.reshape(-1))
 
 
 # ---------------------------------------------------------------------- NMT
@@ -380,7 +386,7 @@ class LSTMCell(nn.Module):
         return torch.sigmoid(o) * torch.tanh(c), c
 
 
-class NMT(ZooModel):
+class NMT(Seq2SeqModel):
     """GNMT-like seq2seq (Wu et al. 2016): stacked LSTM encoder and decoder with
     residual connections from layer 3 on, additive (Bahdanau) attention on
     the top encoder layer, unrolled over ``seq`` steps.
@@ -429,14 +435,6 @@ class NMT(ZooModel):
         dec = self._run(self.dec, list(self.tgt_embed(tgt).unbind(1)), first_extra=attend)
         return self.out(torch.stack(dec, 1))
 
-    def example_inputs(self, batch: int):
-        return (torch.zeros(batch, self.seq, dtype=torch.long), torch.zeros(batch, self.seq, dtype=torch.long))
-
-    def example_target(self, batch: int):
-        return torch.zeros(batch, self.seq, dtype=torch.long)
-
-    def loss(self, output, target):
-        return F.cross_entropy(output.reshape(-1, self.vocab), target.reshape(-1))
 
 
 # -------------------------------------------------------- Tensor Holography
