@@ -68,7 +68,9 @@ class Transfer:
 @dataclass
 class Schedule:
     """The realised schedule: per-node start/finish, the transfers, and for
-    each node the node that let it start (``binding[v]``, -1 for none)."""
+    each node the node that let it start (``binding[v]``, -1 for none).
+    ``graph`` is the graph that was simulated (a placement's split graph when
+    it carries one), which node indices refer to."""
 
     device_of: list[int]
     start: list[float]
@@ -77,6 +79,7 @@ class Schedule:
     binding: list[int]
     makespan: float
     device_order: list[list[int]] = field(default_factory=list)
+    graph: Graph | None = None
 
 
 def _check_colocation(graph: Graph, cluster: Cluster, device_of: Sequence[int], label: str) -> None:
@@ -242,7 +245,7 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
                                              ptr if strict else None, finish, label))
     makespan = max(finish) if n else 0.0
     return Schedule(device_of=dev, start=start, finish=finish, transfers=transfers, binding=binding,
-                    makespan=makespan, device_order=device_order)
+                    makespan=makespan, device_order=device_order, graph=graph)
 
 
 def _deadlock_message(graph, cluster, dev, queue_of, ptr, finish, label) -> str:

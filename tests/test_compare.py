@@ -282,3 +282,24 @@ def test_discover_gz_and_skip_non_graphs(files, tmp_path):
     assert rows[0]["graph"] == "chain3" and rows[0]["makespan_s"] == 6.0
     with pytest.raises(lib.InvalidInput):
         lib.discover_graphs([tmp_path / "nowhere"])
+
+
+def test_plot_gantt_of_a_split_placement_draws_the_split_graph(tmp_path):
+    """os-dpos plans on a split graph; the Gantt chart of the best placement
+    must draw that graph's nodes (the schedule's node indices refer to it)."""
+    g = build("dom", [{"id": "in", "compute_s": 0.1, "memory_bytes": 0},
+                      {"id": "conv", "compute_s": 10.0, "memory_bytes": 0, "splittable": ["batch"]},
+                      {"id": "out", "compute_s": 0.1, "memory_bytes": 0}],
+              [{"src": "in", "dst": "conv", "bytes": 1000, "tensor": "out"},
+               {"src": "conv", "dst": "out", "bytes": 1000, "tensor": "out"}])
+    gf, cf, out = tmp_path / "dom.json", tmp_path / "c.json", tmp_path / "p.svg"
+    write_json(g.to_dict(), gf)
+    write_json(uniform(2, bandwidth=1e6, latency=0.0).to_dict(), cf)
+    res = CliRunner().invoke(main, ["compare", str(gf), "--cluster", str(cf), "--no-progress",
+                                    "--algos", "os-dpos,single-device", "--plot", str(out)])
+    assert res.exit_code == 0, res.output
+    svg = out.read_text()
+    assert "best = os-dpos" in svg
+    split_ids = [n["id"] for n in orjson.loads(orjson.dumps(
+        registry.place(g, uniform(2, bandwidth=1e6, latency=0.0), "os-dpos").split_graph))["nodes"]]
+    assert len(split_ids) > 3 and all(f"<title>{i} (" in svg for i in split_ids)

@@ -291,7 +291,7 @@ def _write_plot(path: str, rows: list[dict], algorithms: list[str], best: dict, 
         sched: list = []
         simulate(graph, cluster, Placement.from_dict(row["_placement"]), congestion=congestion, schedule_out=sched)
         title = f"{row.get('graph')} on {cl}: best = {row['algorithm']}"
-        schedules.append((graph, cluster, sched[0], title))
+        schedules.append((sched[0].graph, cluster, sched[0], title))  # split graph if planned on one
     if path.lower().endswith(".png"):
         write_bytes(plots.compare_png(rows, algorithms, schedules), path)
         return

@@ -80,11 +80,7 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
     label = "<stdin>" if placement_path == "-" else placement_path
     scheds: list = []
     report = run_simulation(graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
-    sim_graph = graph
-    if placement.split_graph is not None:
-        from ..graph import Graph
-
-        sim_graph = Graph.from_dict(placement.split_graph, f"{label} (split_graph)")
+    sim_graph = scheds[0].graph  # the split graph when the placement carries one
     if gantt:
         from ..gantt import write_gantt
 
