@@ -22,11 +22,11 @@ import tempfile
 from timing import best_of  # benchmarks/timing.py (scripts run from this folder)
 
 from celeritas_cli import registry
-from celeritas_cli.costs import CostModel
-from celeritas_cli.generate import layered_doc
-from celeritas_cli.io import load_cluster, load_graph
-from celeritas_cli.jsonio import write_json
-from celeritas_cli.simulator import simulate
+from celeritas_cli.model.costs import CostModel
+from celeritas_cli.model.generate import layered_doc
+from celeritas_cli.model.io import load_cluster, load_graph
+from celeritas_cli.model.jsonio import write_json
+from celeritas_cli.sim.simulator import simulate
 
 
 
@@ -56,7 +56,7 @@ def main(n: int = 36_000, seed: int = 0) -> None:
 
     info = cg.meta.get("cpd", {})
     print("## Celeritas: coarsen (cpd) | place (adjusting)\n")
-    print(f"Synthetic layered training graph (`celeritas_cli.generate.layered`, n={n:,}, seed={seed}) on "
+    print(f"Synthetic layered training graph (`celeritas_cli.model.generate.layered`, n={n:,}, seed={seed}) on "
           f"{cluster.name}; cpd with R={info.get('R')} and M=0.25 of the smallest device memory "
           f"({info.get('M_bytes', 0) / 1024**3:.0f} GiB per cluster).\n")
     print("| graph | nodes | edges | CCR (Eq. 1) |")

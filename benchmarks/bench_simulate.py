@@ -14,11 +14,11 @@ import tempfile
 
 from timing import best_of  # benchmarks/timing.py (scripts run from this folder)
 
-from celeritas_cli.generate import layered_doc
-from celeritas_cli.io import load_cluster, load_graph
-from celeritas_cli.jsonio import write_json
-from celeritas_cli.placement import Placement
-from celeritas_cli.simulator import simulate
+from celeritas_cli.model.generate import layered_doc
+from celeritas_cli.model.io import load_cluster, load_graph
+from celeritas_cli.model.jsonio import write_json
+from celeritas_cli.model.placement import Placement
+from celeritas_cli.sim.simulator import simulate
 
 
 

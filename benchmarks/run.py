@@ -1,7 +1,7 @@
 """``make bench``: run ``placer compare`` on synthetic and sample graphs and
 write BENCHMARKS.md.
 
-Synthetic graphs are :func:`celeritas_cli.generate.layered` training graphs
+Synthetic graphs are :func:`celeritas_cli.model.generate.layered` training graphs
 of 1k, 4k, 16k and 36k nodes (seed 0).  The ones of 16k nodes and more are
 placed on the graph coarsened by ``cpd`` (Celeritas 5.1) when that method is
 registered - as Celeritas does for the 30,000-node Transformer - and always
@@ -46,11 +46,11 @@ sys.path.insert(0, str(ROOT))
 
 from celeritas_cli import __version__, registry  # noqa: E402
 from celeritas_cli import compare as lib  # noqa: E402
-from celeritas_cli.generate import layered  # noqa: E402
-from celeritas_cli.io import load_cluster, load_graph  # noqa: E402
-from celeritas_cli.jsonio import write_bytes, write_json  # noqa: E402
-from celeritas_cli.placement import Placement  # noqa: E402
-from celeritas_cli.simulator import simulate  # noqa: E402
+from celeritas_cli.model.generate import layered  # noqa: E402
+from celeritas_cli.model.io import load_cluster, load_graph  # noqa: E402
+from celeritas_cli.model.jsonio import write_bytes, write_json  # noqa: E402
+from celeritas_cli.model.placement import Placement  # noqa: E402
+from celeritas_cli.sim.simulator import simulate  # noqa: E402
 
 SCALABLE = ("adjusting", "heft", "m-topo", "m-etf", "m-sct", "order-place", "metis", "dpos", "single-device")
 COARSEN_FROM = 16_000  # nodes; bigger synthetic graphs are placed on their cpd coarse graph

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .cluster import Cluster, Device  # noqa: E402
+from .model.cluster import Cluster, Device  # noqa: E402
 from .errors import (ColocationError, CycleError, Infeasible, InvalidInput,  # noqa: E402
                      MissingDependency, PlacerError, SolverError)
-from .graph import Graph  # noqa: E402
-from .io import load_cluster, load_graph, load_placement  # noqa: E402
-from .placement import Placement  # noqa: E402
+from .model.graph import Graph  # noqa: E402
+from .model.io import load_cluster, load_graph, load_placement  # noqa: E402
+from .model.placement import Placement  # noqa: E402
 from .registry import coarsen, place  # noqa: E402
-from .simulator import simulate  # noqa: E402
+from .sim.simulator import simulate  # noqa: E402
 
 __all__ = [
     "Cluster", "Device", "Graph", "Placement", "PlacerError", "InvalidInput", "CycleError",

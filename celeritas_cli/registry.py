@@ -168,8 +168,8 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
 
     Example
     -------
-    >>> from celeritas_cli.generate import layered
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
     >>> p = place(layered(20, seed=1), uniform(2), "single-device")
     >>> sorted(set(p.assignment.values()))
     ['gpu0']

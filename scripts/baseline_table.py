@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from celeritas_cli import registry  # noqa: E402
 from celeritas_cli.errors import PlacerError  # noqa: E402
-from celeritas_cli.io import load_cluster, load_graph  # noqa: E402
-from celeritas_cli.simulator import lower_bound, simulate  # noqa: E402
+from celeritas_cli.model.io import load_cluster, load_graph  # noqa: E402
+from celeritas_cli.sim.simulator import lower_bound, simulate  # noqa: E402
 
 DEFAULT_GRAPHS = [ROOT / "sample_graphs" / f"layered_{n}.json" for n in (60, 300, 1000)]
 

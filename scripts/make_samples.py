@@ -31,11 +31,11 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from celeritas_cli.cluster import Cluster  # noqa: E402
-from celeritas_cli.costs import CostModel  # noqa: E402
-from celeritas_cli.graph import Graph  # noqa: E402
-from celeritas_cli.io import load_cluster  # noqa: E402
-from celeritas_cli.jsonio import dumps, read_bytes, write_bytes  # noqa: E402
+from celeritas_cli.model.cluster import Cluster  # noqa: E402
+from celeritas_cli.model.costs import CostModel  # noqa: E402
+from celeritas_cli.model.graph import Graph  # noqa: E402
+from celeritas_cli.model.io import load_cluster  # noqa: E402
+from celeritas_cli.model.jsonio import dumps, read_bytes, write_bytes  # noqa: E402
 
 ZOO_DIR = ROOT / "sample_graphs" / "zoo"
 #: Celeritas Table 2 (original graphs), and 6.2.1 batch sizes.

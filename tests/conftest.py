@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from celeritas_cli.cluster import uniform
-from celeritas_cli.graph import build
+from celeritas_cli.model.cluster import uniform
+from celeritas_cli.model.graph import build
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_graphs"

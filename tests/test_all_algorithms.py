@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.graph import Graph
-from celeritas_cli.io import load_cluster, load_graph
-from celeritas_cli.jsonio import write_json
-from celeritas_cli.simulator import simulate
+from celeritas_cli.model.graph import Graph
+from celeritas_cli.model.io import load_cluster, load_graph
+from celeritas_cli.model.jsonio import write_json
+from celeritas_cli.sim.simulator import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_graphs"

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.memory import DeviceMemory
+from celeritas_cli.scheduling.memory import DeviceMemory
 from celeritas_cli.algorithms.m_sct import greedy_favorites, lp_favorite_values, round_favorites
-from celeritas_cli.cluster import Cluster, uniform
-from celeritas_cli.costs import CostModel
-from celeritas_cli.graph import build
-from celeritas_cli.simulator import simulate
+from celeritas_cli.model.cluster import Cluster, uniform
+from celeritas_cli.model.costs import CostModel
+from celeritas_cli.model.graph import build
+from celeritas_cli.sim.simulator import simulate
 
 from .conftest import edge, node
 
@@ -254,7 +254,7 @@ def test_scotch_is_deterministic_on_a_large_graph():
     two runs on this 3000-node graph gave different mappings."""
     from pathlib import Path
 
-    from celeritas_cli.io import load_cluster, load_graph
+    from celeritas_cli.model.io import load_cluster, load_graph
 
     g = load_graph(Path(__file__).resolve().parent.parent / "sample_graphs" / "layered_3000_bigmem.json")
     c = load_cluster("4xV100-pcie")

@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from celeritas_cli import registry
-from celeritas_cli.cluster import Cluster, uniform
-from celeritas_cli.generate import layered
-from celeritas_cli.graph import build
-from celeritas_cli.io import load_cluster, load_graph
-from celeritas_cli.simulator import run_schedule, simulate
+from celeritas_cli.model.cluster import Cluster, uniform
+from celeritas_cli.model.generate import layered
+from celeritas_cli.model.graph import build
+from celeritas_cli.model.io import load_cluster, load_graph
+from celeritas_cli.sim.simulator import run_schedule, simulate
 
 from .conftest import SAMPLES, edge, node
 
@@ -223,7 +223,7 @@ def test_cli_coarsen_pipe_place(tmp_path: Path):
         assert r2.exit_code == 0, r2.output
         pdoc = json.loads(r2.stdout)
     else:  # pragma: no cover - before the lead's place command exists
-        from celeritas_cli.graph import Graph
+        from celeritas_cli.model.graph import Graph
 
         pdoc = registry.place(Graph.from_dict(coarse), load_cluster(None), "adjusting").to_dict()
     g = load_graph(gpath)

@@ -14,11 +14,11 @@ from click.testing import CliRunner
 from celeritas_cli import compare as lib
 from celeritas_cli import registry
 from celeritas_cli.cli import main
-from celeritas_cli.cluster import uniform
-from celeritas_cli.graph import build
-from celeritas_cli.jsonio import write_json
-from celeritas_cli.placement import Placement
-from celeritas_cli.simulator import simulate
+from celeritas_cli.model.cluster import uniform
+from celeritas_cli.model.graph import build
+from celeritas_cli.model.jsonio import write_json
+from celeritas_cli.model.placement import Placement
+from celeritas_cli.sim.simulator import simulate
 
 CALLS: list[str] = []
 

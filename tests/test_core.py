@@ -6,14 +6,14 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from celeritas_cli.cluster import Cluster
-from celeritas_cli.costs import CostModel, upward_rank
+from celeritas_cli.model.cluster import Cluster
+from celeritas_cli.model.costs import CostModel, upward_rank
 from celeritas_cli.errors import CycleError, InvalidInput
-from celeritas_cli.generate import layered, layered_doc
-from celeritas_cli.graph import Graph, build
-from celeritas_cli.io import load_cluster, load_graph
-from celeritas_cli.placement import Placement
-from celeritas_cli.timeline import Timeline
+from celeritas_cli.model.generate import layered, layered_doc
+from celeritas_cli.model.graph import Graph, build
+from celeritas_cli.model.io import load_cluster, load_graph
+from celeritas_cli.model.placement import Placement
+from celeritas_cli.scheduling.timeline import Timeline
 
 from .conftest import CLUSTERS, SAMPLES, edge, node
 
@@ -171,7 +171,7 @@ def test_cross_check_with_networkx():
 
     import networkx as nx
 
-    from celeritas_cli.coarse import is_acyclic
+    from celeritas_cli.coarsening.contract import is_acyclic
 
     g = layered(400, seed=9)
     G = nx.DiGraph()
@@ -186,7 +186,7 @@ def test_cross_check_with_networkx():
     top = {}
     for v in nx.topological_sort(G):
         top[v] = max((top[p] for p in G.predecessors(v)), default=0.0) + g.compute[v]
-    from celeritas_cli.simulator import lower_bound
+    from celeritas_cli.sim.simulator import lower_bound
 
     assert lower_bound(g, uniform_cluster(1000)) == max(top.values())
     rng = random.Random(1)
@@ -197,6 +197,6 @@ def test_cross_check_with_networkx():
 
 
 def uniform_cluster(k):
-    from celeritas_cli.cluster import uniform
+    from celeritas_cli.model.cluster import uniform
 
     return uniform(k)

@@ -34,9 +34,9 @@ if str(ROOT) not in sys.path:  # run as a script
     sys.path.insert(0, str(ROOT))
 
 from celeritas_cli import registry  # noqa: E402
-from celeritas_cli.io import load_cluster, load_graph  # noqa: E402
-from celeritas_cli.jsonio import write_json  # noqa: E402
-from celeritas_cli.simulator import simulate  # noqa: E402
+from celeritas_cli.model.io import load_cluster, load_graph  # noqa: E402
+from celeritas_cli.model.jsonio import write_json  # noqa: E402
+from celeritas_cli.sim.simulator import simulate  # noqa: E402
 
 SAMPLES = ROOT / "sample_graphs"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "placements.json"

@@ -10,19 +10,19 @@ import sys
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.algorithms import hierarchical as H
-from celeritas_cli.cluster import uniform
-from celeritas_cli.coarse import contract
-from celeritas_cli.costs import CostModel
+from celeritas_cli.algorithms.hierarchical import planner as H
+from celeritas_cli.model.cluster import uniform
+from celeritas_cli.coarsening.contract import contract
+from celeritas_cli.model.costs import CostModel
 from celeritas_cli.errors import InvalidInput, MissingDependency
-from celeritas_cli.generate import layered
-from celeritas_cli.graph import build
-from celeritas_cli.simulator import simulate
+from celeritas_cli.model.generate import layered
+from celeritas_cli.model.graph import build
+from celeritas_cli.sim.simulator import simulate
 
 from .conftest import edge, node
 
 torch = pytest.importorskip("torch")
-from celeritas_cli import hierarchical_model as hm  # noqa: E402
+from celeritas_cli.algorithms.hierarchical import model as hm  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -12,11 +12,11 @@ import pytest
 
 from celeritas_cli import registry
 from celeritas_cli.algorithms.milp import auto_resolution, build_model, identical_classes, solve
-from celeritas_cli.cluster import uniform
+from celeritas_cli.model.cluster import uniform
 from celeritas_cli.errors import Infeasible, InvalidInput
-from celeritas_cli.generate import layered
-from celeritas_cli.graph import build
-from celeritas_cli.simulator import run_schedule, simulate
+from celeritas_cli.model.generate import layered
+from celeritas_cli.model.graph import build
+from celeritas_cli.sim.simulator import run_schedule, simulate
 
 pytest.importorskip("ortools")
 
@@ -258,7 +258,7 @@ def test_hint_is_complete_and_feasible(congestion):
     from ortools.sat.python import cp_model
 
     from celeritas_cli.algorithms import milp as M
-    from celeritas_cli.costs import CostModel
+    from celeritas_cli.model.costs import CostModel
 
     g, c = layered(40, seed=5), uniform(3, bandwidth=1.0e9, latency=1e-5)
     groups = {}

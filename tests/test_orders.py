@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from celeritas_cli.cluster import uniform
-from celeritas_cli.costs import CostModel
+from celeritas_cli.model.cluster import uniform
+from celeritas_cli.model.costs import CostModel
 from celeritas_cli.errors import CycleError
-from celeritas_cli.generate import layered
-from celeritas_cli.graph import build
-from celeritas_cli.orders import cpd_topo, cut_edges, dfs_topo, m_topo, tlevel_blevel
+from celeritas_cli.model.generate import layered
+from celeritas_cli.model.graph import build
+from celeritas_cli.scheduling.orders import cpd_topo, cut_edges, dfs_topo, m_topo, tlevel_blevel
 
 from .conftest import edge, node
 

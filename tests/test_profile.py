@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from celeritas_cli.cli import main
-from celeritas_cli.cluster import Cluster
+from celeritas_cli.model.cluster import Cluster
 from celeritas_cli.errors import InvalidInput, MissingDependency
-from celeritas_cli.graph import Graph
+from celeritas_cli.model.graph import Graph
 from celeritas_cli.profile import from_measurements, synthetic
 from celeritas_cli.profile.commfit import fit_cluster, fit_link
 from celeritas_cli.profile.devices import DEVICES, roofline_time, times_by_type

@@ -16,7 +16,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from celeritas_cli.cli import main  # noqa: E402
 from celeritas_cli.errors import InvalidInput  # noqa: E402
-from celeritas_cli.graph import Graph  # noqa: E402
+from celeritas_cli.model.graph import Graph  # noqa: E402
 from celeritas_cli.profile import standard_evaluation  # noqa: E402
 from celeritas_cli.profile.capture import VIEW_OPS, profile_model  # noqa: E402
 from celeritas_cli.profile.regression import extrapolate, measurements_from_graphs  # noqa: E402

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from celeritas_cli.cluster import Cluster, uniform
+from celeritas_cli.model.cluster import Cluster, uniform
 from celeritas_cli.errors import ColocationError, InvalidInput
-from celeritas_cli.graph import build
-from celeritas_cli.placement import Placement
-from celeritas_cli.simulator import lower_bound, run_schedule, simulate
+from celeritas_cli.model.graph import build
+from celeritas_cli.model.placement import Placement
+from celeritas_cli.sim.simulator import lower_bound, run_schedule, simulate
 
 from .conftest import edge, node
 
@@ -230,7 +230,7 @@ def test_simultaneous_events_processed_before_dispatch():
 
 
 def test_coarse_graph_placement_expands():
-    from celeritas_cli.coarse import contract
+    from celeritas_cli.coarsening.contract import contract
 
     g = build("f", [node("a", 1), node("b", 2), node("c", 3)], [edge("a", "b"), edge("b", "c")])
     cg = contract(g, [0, 0, 1], method="test")

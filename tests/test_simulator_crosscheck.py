@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from celeritas_cli.cluster import uniform
-from celeritas_cli.costs import CostModel
-from celeritas_cli.generate import layered
-from celeritas_cli.jsonio import validate
-from celeritas_cli.placement import Placement
-from celeritas_cli.simulator import run_schedule, simulate
+from celeritas_cli.model.cluster import uniform
+from celeritas_cli.model.costs import CostModel
+from celeritas_cli.model.generate import layered
+from celeritas_cli.model.jsonio import validate
+from celeritas_cli.model.placement import Placement
+from celeritas_cli.sim.simulator import run_schedule, simulate
 
 
 def recurrence_makespan(g, c, dev, order):

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import math
 
-from ..cluster import Cluster
-from ..costs import CostModel
-from ..graph import Graph
-from ..memory import DeviceMemory
-from ..orders import cpd_topo
-from ..placement import Placement
+from ..model.cluster import Cluster
+from ..model.costs import CostModel
+from ..model.graph import Graph
+from ..scheduling.memory import DeviceMemory
+from ..scheduling.orders import cpd_topo
+from ..model.placement import Placement
 from ..registry import Param, register
-from ..timeline import Timeline
+from ..scheduling.timeline import Timeline
 from .order_place import placement_estimate
 
 INF = math.inf
@@ -39,7 +39,7 @@ def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, insertion: bool 
     ``pre_t = max over in-edges (p, v_i) of Fin_t[p] + c_{p,i}`` (no
     transfer when ``p`` is on ``d``) and ``EST(d) = max(pre_t, d_ava[d])``
     where ``d_ava`` is the start of the first idle slot of ``d`` after
-    ``pre_t`` long enough for ``v_i`` (:class:`~celeritas_cli.timeline.Timeline`,
+    ``pre_t`` long enough for ``v_i`` (:class:`~celeritas_cli.scheduling.timeline.Timeline`,
     Eq. 7).  With ``d_k`` the device of ``v_{i-1}`` and ``d_1`` the device
     with the smallest EST (ties: lowest index), ``v_i`` goes to ``d_1`` if
     ``EST(d_k) - EST(d_1) > back_cost`` (Eq. 9), else to ``d_k`` if it has
@@ -85,8 +85,8 @@ def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, insertion: bool 
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
     >>> nd = lambda i: {"id": i, "compute_s": 1.0, "memory_bytes": 0}
     >>> g = build("fork", [nd("r"), nd("a"), nd("b")],
     ...           [{"src": "r", "dst": "a", "bytes": 10}, {"src": "r", "dst": "b", "bytes": 10}])

@@ -6,7 +6,7 @@ upward ranks computed with *maximal* costs, and the operations of the
 critical path go to a *critical-path device* chosen up front by how many of
 the remaining critical-path operations fit on it and their average time.
 Every other operation goes to the memory-feasible device of minimum EFT,
-with insertion into idle slots (:class:`~celeritas_cli.timeline.Timeline`).
+with insertion into idle slots (:class:`~celeritas_cli.scheduling.timeline.Timeline`).
 The per-device execution order (ascending start time, Algorithm 1 line 23)
 is part of the output.
 """
@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cluster import Cluster
-from ..costs import CostModel, upward_rank
-from ..graph import Graph
-from ..memory import DeviceMemory
-from ..placement import Placement
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, upward_rank
+from ..model.graph import Graph
+from ..scheduling.memory import DeviceMemory
+from ..model.placement import Placement
 from ..registry import Param, register
-from ..timeline import Timeline
+from ..scheduling.timeline import Timeline
 
 
 @dataclass
@@ -148,7 +148,7 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
     * line 3-4: ``w_i`` = maximal time of ``i`` over devices
       (:attr:`CostModel.max_time`), ``c_ij`` = maximal transfer time over
       device pairs (:meth:`CostModel.max_comm`); ``rank_u`` by
-      :func:`~celeritas_cli.costs.upward_rank`; the critical path by
+      :func:`~celeritas_cli.model.costs.upward_rank`; the critical path by
       :func:`critical_path_by_rank`.
     * line 5: critical-path devices.  From the first unassigned CP
       operation, every device simulates taking as many consecutive CP
@@ -330,8 +330,8 @@ def dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, congestion: str = "ch
 
     Example
     -------
-    >>> from celeritas_cli.generate import layered
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
     >>> p = dpos(layered(40), uniform(2))
     >>> sorted(p.order) == ["gpu0", "gpu1"] or sorted(p.order)
     True

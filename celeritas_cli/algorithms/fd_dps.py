@@ -1,7 +1,7 @@
 """FD-DPS: scheduling by the dynamic critical path and node priority
 (FD-DPS sections 4.2-4.3, Definitions 8-12, Formulas 6-12, Algorithms 1-2),
 optionally on a graph whose critical operators were split
-(:mod:`celeritas_cli.splitting`, section 4.1).
+(:mod:`celeritas_cli.scheduling.splitting`, section 4.1).
 
 The paper's extracted text omits its formulas; this module follows the
 definitions it builds on (Kwok and Ahmad's DCP, its reference [20]) and
@@ -13,16 +13,16 @@ from __future__ import annotations
 import heapq
 import math
 
-from ..cluster import Cluster
-from ..costs import CostModel, downward_rank, upward_rank
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, downward_rank, upward_rank
 from ..errors import InvalidInput
-from ..graph import Graph
-from ..memory import DeviceMemory
-from ..placement import Placement
+from ..model.graph import Graph
+from ..scheduling.memory import DeviceMemory
+from ..model.placement import Placement
 from ..registry import Param, register
-from ..simulator import makespan_of
-from ..splitting import DEFAULT_OVERHEAD_S, split_operation
-from ..timeline import Timeline
+from ..sim.simulator import makespan_of
+from ..scheduling.splitting import DEFAULT_OVERHEAD_S, split_operation
+from ..scheduling.timeline import Timeline
 from .dpos import Links
 
 DEFAULT_EPS = 1.0e-9
@@ -53,8 +53,8 @@ def est_lst(graph: Graph, costs: CostModel) -> tuple[list[float], list[float], f
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
     >>> g = build("d", [{"id": x, "compute_s": c, "memory_bytes": 0} for x, c in
     ...                 (("a", 1), ("b", 3), ("c", 1), ("d", 1))],
     ...           [{"src": "a", "dst": "b", "bytes": 0}, {"src": "a", "dst": "c", "bytes": 0},
@@ -262,7 +262,7 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, eps: float = DEFAUL
     * Find_Slot (Formula 11, Algorithm 2): on each memory-feasible device
       the node's EST is recomputed with zero communication from parents on
       that device, and the slot is the first gap between placed nodes that
-      fits (:class:`~celeritas_cli.timeline.Timeline` insertion).  With
+      fits (:class:`~celeritas_cli.scheduling.timeline.Timeline` insertion).  With
       ``congestion="channel"`` (default) a remote input's arrival also
       waits for its link to be free (:class:`~.dpos.Links`, the simulator's
       default rule); ``"none"`` is the congestion-free reading.  A placed
@@ -288,7 +288,7 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, eps: float = DEFAUL
       unscheduled graph (Definition 10), heaviest first, at most
       *max_splits*, are split along their first listed dimension into
       *split_parts* parts (0 = number of devices) by
-      :func:`~celeritas_cli.splitting.split_operation`; both graphs are
+      :func:`~celeritas_cli.scheduling.splitting.split_operation`; both graphs are
       scheduled and the one with the smaller simulated makespan is kept
       (the split graph travels in ``Placement.split_graph``).
 

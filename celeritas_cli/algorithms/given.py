@@ -3,11 +3,11 @@ human expert's, HRL Table 1 "Human Experts") through the same simulator."""
 
 from __future__ import annotations
 
-from ..cluster import Cluster
+from ..model.cluster import Cluster
 from ..errors import InvalidInput
-from ..graph import Graph
-from ..io import load_placement
-from ..placement import Placement
+from ..model.graph import Graph
+from ..model.io import load_placement
+from ..model.placement import Placement
 from ..registry import Param, register
 
 

@@ -16,7 +16,7 @@ The classic list scheduler the device-placement papers compare against
    ``finish(p)`` for a local one; HEFT's contention-free model, so a tensor
    sent to a device once serves its other consumers there), and the
    earliest start is the first idle slot of the device's timeline that
-   holds the node (insertion-based policy, :class:`~celeritas_cli.timeline.Timeline`).
+   holds the node (insertion-based policy, :class:`~celeritas_cli.scheduling.timeline.Timeline`).
    The node goes to the device with the smallest earliest *finish* time,
    ties by device index.
 3. **Memory** (``memory_aware``, default on; not in the 2002 paper):
@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import math
 
-from ..cluster import Cluster
-from ..costs import CostModel, upward_rank
-from ..graph import Graph
-from ..memory import DeviceMemory
-from ..placement import Placement
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, upward_rank
+from ..model.graph import Graph
+from ..scheduling.memory import DeviceMemory
+from ..model.placement import Placement
 from ..registry import Param, register
-from ..timeline import Timeline
+from ..scheduling.timeline import Timeline
 
 
 @register("heft", paper="Topcuoglu et al., IEEE TPDS 2002", section="4.1 (Eq. 3-8)",
@@ -72,8 +72,8 @@ def heft(graph: Graph, cluster: Cluster, *, seed: int = 0, memory_aware: bool = 
 
     Example
     -------
-    >>> from celeritas_cli.generate import layered
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
     >>> heft(layered(30), uniform(2)).estimate["status"]
     'FEASIBLE'
     """

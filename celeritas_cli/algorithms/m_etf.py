@@ -28,7 +28,7 @@ on no device, it is allowed only on the device with the most free memory
 
 The per-device execution order is emitted as the placement's ``order``.
 
-The memory/colocation bookkeeping is :class:`~celeritas_cli.memory.DeviceMemory`
+The memory/colocation bookkeeping is :class:`~celeritas_cli.scheduling.memory.DeviceMemory`
 (shared with the other memory-aware placers; still importable from here).
 This module holds :func:`etf_schedule`, which m-SCT (:mod:`.m_sct`) drives
 with its favourite-child rule.
@@ -42,11 +42,11 @@ from bisect import insort
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..cluster import Cluster
-from ..costs import CostModel
-from ..graph import Graph
-from ..memory import DeviceMemory  # importers of ``.m_etf.DeviceMemory`` keep working
-from ..placement import Placement
+from ..model.cluster import Cluster
+from ..model.costs import CostModel
+from ..model.graph import Graph
+from ..scheduling.memory import DeviceMemory  # importers of ``.m_etf.DeviceMemory`` keep working
+from ..model.placement import Placement
 from ..registry import register
 
 
@@ -284,8 +284,8 @@ def m_etf(graph: Graph, cluster: Cluster, *, seed: int = 0) -> Placement:
 
     Example
     -------
-    >>> from celeritas_cli.generate import layered
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
     >>> p = m_etf(layered(30), uniform(2))
     >>> sorted(p.order) == ['gpu0', 'gpu1'] and p.estimate["status"]
     'FEASIBLE'

@@ -42,12 +42,12 @@ from __future__ import annotations
 
 import math
 
-from ..cluster import Cluster
-from ..costs import CostModel
+from ..model.cluster import Cluster
+from ..model.costs import CostModel
 from ..errors import SolverError
-from ..graph import Graph
-from ..io import warn
-from ..placement import Placement
+from ..model.graph import Graph
+from ..log import warn
+from ..model.placement import Placement
 from ..registry import Param, register
 from .m_etf import etf_schedule
 
@@ -199,8 +199,8 @@ def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, threshold: float = 0
 
     Example
     -------
-    >>> from celeritas_cli.generate import layered
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
     >>> m_sct(layered(30), uniform(2)).estimate["favorites"]
     'lp'
     """

@@ -31,10 +31,10 @@ simulator's default ready-list order runs each device).
 
 from __future__ import annotations
 
-from ..cluster import Cluster
-from ..graph import Graph
-from ..memory import DeviceMemory
-from ..placement import Placement
+from ..model.cluster import Cluster
+from ..model.graph import Graph
+from ..scheduling.memory import DeviceMemory
+from ..model.placement import Placement
 from ..registry import register
 
 
@@ -68,8 +68,8 @@ def m_topo(graph: Graph, cluster: Cluster, *, seed: int = 0) -> Placement:
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
     >>> g = build("c", [{"id": x, "compute_s": 1, "memory_bytes": 10} for x in "abcd"],
     ...           [{"src": a, "dst": b, "bytes": 1} for a, b in ("ab", "bc", "cd")])
     >>> sorted(m_topo(g, uniform(2)).assignment.items())  # cap = 40/2 + 10 = 30

@@ -27,82 +27,12 @@ option, so a seed gives one partition.
 
 from __future__ import annotations
 
-from ..cluster import Cluster
-from ..costs import CostModel
-from ..errors import InvalidInput, MissingDependency
-from ..graph import Graph
-from ..memory import DeviceMemory
-from ..placement import Placement
+from ..errors import MissingDependency
+from ..model.cluster import Cluster
+from ..model.graph import Graph
+from ..model.placement import Placement
 from ..registry import Param, register
-
-_SCALE = 1_000_000  # largest integer weight handed to the partitioner
-
-
-def unit_graph(graph: Graph, mem: DeviceMemory) -> tuple[list[int], int, dict[tuple[int, int], int]]:
-    """Units (colocation groups contracted) and the undirected byte weight
-    between them: ``(unit_of, number of units, {(a, b): bytes} with a < b)``."""
-    unit_of = [-1] * graph.n
-    group_unit: dict[int, int] = {}
-    u = 0
-    for v in range(graph.n):
-        g = mem.group_of[v]
-        if g >= 0:
-            if g not in group_unit:
-                group_unit[g] = u
-                u += 1
-            unit_of[v] = group_unit[g]
-        else:
-            unit_of[v] = u
-            u += 1
-    weights: dict[tuple[int, int], int] = {}
-    seen: set[tuple[int, int]] = set()  # (tensor, destination unit): each tensor counted once per unit
-    for e in range(graph.m):
-        a, b = unit_of[graph.edge_src[e]], unit_of[graph.edge_dst[e]]
-        if a == b or (graph.edge_tensor[e], b) in seen:
-            continue
-        seen.add((graph.edge_tensor[e], b))
-        key = (a, b) if a < b else (b, a)
-        weights[key] = weights.get(key, 0) + graph.edge_bytes[e]
-    return unit_of, u, weights
-
-
-def _scaled(values: list[float]) -> list[int]:
-    top = max(values, default=0.0)
-    if top <= 0:
-        return [1] * len(values)
-    return [max(1, round(x / top * _SCALE)) for x in values]
-
-
-def partition_inputs(graph: Graph, cluster: Cluster, weights: str):
-    """CSR arrays, integer vertex/edge weights and target part weights for
-    a partitioner (shared with :mod:`.scotch`)."""
-    if weights not in ("compute", "memory"):
-        raise InvalidInput(f"metis/scotch parameter weights: must be compute or memory, got {weights!r}")
-    mem = DeviceMemory(graph, cluster)
-    unit_of, nu, ew = unit_graph(graph, mem)
-    costs = CostModel(graph, cluster)
-    vw = [0.0] * nu
-    for v in range(graph.n):
-        vw[unit_of[v]] += costs.mean_time[v] if weights == "compute" else graph.memory[v]
-    adj: list[list[tuple[int, int]]] = [[] for _ in range(nu)]
-    keys = sorted(ew)
-    ints = _scaled([float(ew[key]) for key in keys])
-    for (a, b), w in zip(keys, ints):
-        adj[a].append((b, w))
-        adj[b].append((a, w))
-    xadj = [0]
-    adjncy: list[int] = []
-    eweights: list[int] = []
-    for a in range(nu):
-        for b, w in sorted(adj[a]):
-            adjncy.append(b)
-            eweights.append(w)
-        xadj.append(len(adjncy))
-    share = [d.speed for d in cluster.devices] if weights == "compute" else [d.memory for d in cluster.devices]
-    total = sum(share)
-    tpwgts = [s / total for s in share] if total > 0 else [1.0 / cluster.k] * cluster.k
-    return unit_of, nu, xadj, adjncy, _scaled(vw), eweights, tpwgts, mem
-
+from ..scheduling.partition import partition_inputs, placement_from_parts
 
 @register("metis", paper="METIS (Karypis & Kumar 1998)", section="Celeritas Table 3; HRL Table 1",
           summary="k-way min edge-cut partition (pymetis), compute- or memory-balanced; groups kept whole.",
@@ -138,8 +68,8 @@ def metis(graph: Graph, cluster: Cluster, *, seed: int = 0, weights: str = "comp
 
     Example
     -------
-    >>> from celeritas_cli.generate import layered
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
     >>> p = metis(layered(40), uniform(2))
     >>> sorted(set(p.assignment.values()))
     ['gpu0', 'gpu1']
@@ -157,20 +87,5 @@ def metis(graph: Graph, cluster: Cluster, *, seed: int = 0, weights: str = "comp
         _cut, parts = pymetis.part_graph(k, pymetis.CSRAdjacency(xadj, adjncy), vweights=vw,
                                          eweights=ew or None, tpwgts=tpwgts, options=opts)
         parts = list(parts)
-    return _placement(graph, cluster, unit_of, parts, mem, "metis", seed)
+    return placement_from_parts(graph, cluster, unit_of, parts, mem, "metis", seed)
 
-
-def _placement(graph: Graph, cluster: Cluster, unit_of: list[int], parts, mem: DeviceMemory,
-               name: str, seed: int) -> Placement:
-    device_of = [int(parts[unit_of[v]]) for v in range(graph.n)]
-    for v in graph.topo_order():
-        mem.place(v, device_of[v])
-    cut = 0
-    seen: set[tuple[int, int]] = set()
-    for e in range(graph.m):
-        a, b = device_of[graph.edge_src[e]], device_of[graph.edge_dst[e]]
-        if a != b and (graph.edge_tensor[e], b) not in seen:
-            seen.add((graph.edge_tensor[e], b))
-            cut += graph.edge_bytes[e]
-    return Placement.from_indices(graph, cluster, device_of, algorithm=name, seed=seed,
-                                  estimate={"status": mem.status(), "edge_cut_bytes": cut})

@@ -63,13 +63,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..cluster import Cluster
-from ..costs import CostModel, downward_rank, upward_rank
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, downward_rank, upward_rank
 from ..errors import Infeasible, InvalidInput, MissingDependency, SolverError
-from ..graph import Graph
-from ..placement import Placement
+from ..model.graph import Graph
+from ..model.placement import Placement
 from ..registry import Param, register
-from ..simulator import CONGESTION_RULES, Schedule, _check_colocation, lower_bound, run_schedule
+from ..sim.simulator import CONGESTION_RULES, Schedule, check_colocation, lower_bound, run_schedule
 
 HINT_CHAIN = ("adjusting", "heft", "single-device")
 TOO_LARGE = 5000      # nodes: above this the model is not built (return the hint)
@@ -461,7 +461,7 @@ def _heuristic_hint(graph: Graph, cluster: Cluster, names: Sequence[str], seed: 
             if p.split_graph is not None:
                 continue
             device_of, order = p.resolve(graph, cluster, f"{name} hint")
-            _check_colocation(graph, cluster, device_of, f"{name} hint")
+            check_colocation(graph, cluster, device_of, f"{name} hint")
             sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs)
         except Exception as exc:  # a concurrent heuristic may fail; the chain goes on
             if console is not None:
@@ -860,8 +860,8 @@ def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, time_limit: float = 6
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
     >>> g = build("ab", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
     ...                  {"id": "b", "compute_s": 2, "memory_bytes": 0}],
     ...           [{"src": "a", "dst": "b", "bytes": 100}])

@@ -8,14 +8,14 @@ of ``placer coarsen --method cpd``; it works on any graph.
 
 from __future__ import annotations
 
-from ..cluster import Cluster
-from ..costs import CostModel
-from ..graph import Graph
-from ..memory import DeviceMemory
-from ..orders import cpd_topo
-from ..placement import Placement
+from ..model.cluster import Cluster
+from ..model.costs import CostModel
+from ..model.graph import Graph
+from ..scheduling.memory import DeviceMemory
+from ..scheduling.orders import cpd_topo
+from ..model.placement import Placement
 from ..registry import Param, register
-from ..simulator import lower_bound, run_schedule
+from ..sim.simulator import lower_bound, run_schedule
 
 #: graphs up to this many nodes get a simulated makespan in the estimate
 SIMULATE_MAX_NODES = 50_000
@@ -76,8 +76,8 @@ def order_place(graph: Graph, cluster: Cluster, *, seed: int = 0, fill: float = 
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
     >>> nd = lambda i: {"id": i, "compute_s": 1, "memory_bytes": 6}
     >>> g = build("c", [nd("a"), nd("b"), nd("c")],
     ...           [{"src": "a", "dst": "b", "bytes": 1}, {"src": "b", "dst": "c", "bytes": 1}])

@@ -4,7 +4,7 @@ section 5.2, Algorithm 2).
 DPOS places the graph; the operations on the critical path are then tried,
 in decreasing computation time, for a split along each of their
 parallelizable dimensions into ``n = 2..k`` parts
-(:func:`~celeritas_cli.splitting.split_operation`, Algorithm 2's
+(:func:`~celeritas_cli.scheduling.splitting.split_operation`, Algorithm 2's
 ``SplitOperation``), re-running DPOS on each split graph.  The best split of
 an operation is kept only if it shortens the finish time; the first
 operation whose best split does not is where the search stops.
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import sys
 
-from ..cluster import Cluster
-from ..costs import CostModel
-from ..graph import Graph
-from ..placement import Placement
+from ..model.cluster import Cluster
+from ..model.costs import CostModel
+from ..model.graph import Graph
+from ..model.placement import Placement
 from ..registry import Param, register
-from ..simulator import critical_path, run_schedule
-from ..splitting import DEFAULT_OVERHEAD_S, split_operation
+from ..sim.simulator import critical_path, run_schedule
+from ..scheduling.splitting import DEFAULT_OVERHEAD_S, split_operation
 from .dpos import dpos_schedule
 
 
@@ -51,7 +51,7 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, max_ops: int = 8,
       a replicated graph to get it).
     * line 4: the critical path *based on the placement*: the critical path
       of the simulated schedule of DPOS's placement and order
-      (:func:`~celeritas_cli.simulator.critical_path`).
+      (:func:`~celeritas_cli.sim.simulator.critical_path`).
     * line 5: sorted by decreasing computation time on the assigned device
       (ties by topological index).  Only operations with a parallelizable
       dimension (``splittable``) are candidates; the others are skipped, not
@@ -62,7 +62,7 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, max_ops: int = 8,
     * line 8: every ``d`` in ``splittable`` and ``n = 2..k``; the candidate
       graph is ``SplitOperation(G_init, op, d, n)`` and DPOS places it.
     * score ("FT(o_exit)"): the simulated makespan
-      (:func:`~celeritas_cli.simulator.run_schedule` under *congestion*,
+      (:func:`~celeritas_cli.sim.simulator.run_schedule` under *congestion*,
       following DPOS's order), not DPOS's own estimate, because the
       estimate ignores link congestion and a split adds transfers; the
       simulator is the judge the result is reported with.  Ties keep the
@@ -82,7 +82,7 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, max_ops: int = 8,
         Candidate critical-path operations tried at most (0 = all).
     overhead_s : float
         Sub-operation overhead of the split cost model
-        (:mod:`celeritas_cli.splitting`).
+        (:mod:`celeritas_cli.scheduling.splitting`).
     congestion : str
         Congestion rule of the scoring simulation; DPOS's own link model
         (:class:`~.dpos.Links`) is ``"none"`` for ``"none"`` and

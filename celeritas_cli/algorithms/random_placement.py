@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import random
 
-from ..cluster import Cluster
-from ..graph import Graph
-from ..memory import DeviceMemory
-from ..placement import Placement
+from ..model.cluster import Cluster
+from ..model.graph import Graph
+from ..scheduling.memory import DeviceMemory
+from ..model.placement import Placement
 from ..registry import register
 
 
@@ -20,8 +20,8 @@ def random_placement(graph: Graph, cluster: Cluster, *, seed: int = 0) -> Placem
 
     Example
     -------
-    >>> from celeritas_cli.generate import layered
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
     >>> a = random_placement(layered(30), uniform(4), seed=1).assignment
     >>> a == random_placement(layered(30), uniform(4), seed=1).assignment
     True

@@ -23,12 +23,12 @@ from __future__ import annotations
 import contextlib
 import io
 
-from ..cluster import Cluster
+from ..model.cluster import Cluster
 from ..errors import MissingDependency, SolverError
-from ..graph import Graph
-from ..placement import Placement
+from ..model.graph import Graph
+from ..model.placement import Placement
 from ..registry import Param, register
-from .metis import _placement, partition_inputs
+from ..scheduling.partition import partition_inputs, placement_from_parts
 
 
 def _import_pyscotch():
@@ -76,8 +76,8 @@ def scotch(graph: Graph, cluster: Cluster, *, seed: int = 0, weights: str = "com
 
     Example
     -------
-    >>> from celeritas_cli.generate import layered
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
     >>> p = scotch(layered(40), uniform(2))
     >>> len(p.assignment)
     40
@@ -85,7 +85,7 @@ def scotch(graph: Graph, cluster: Cluster, *, seed: int = 0, weights: str = "com
     unit_of, nu, xadj, adjncy, vw, ew, _tpwgts, mem = partition_inputs(graph, cluster, weights)
     k = cluster.k
     if k == 1 or nu <= 1:
-        return _placement(graph, cluster, unit_of, [0] * nu, mem, "scotch", seed)
+        return placement_from_parts(graph, cluster, unit_of, [0] * nu, mem, "scotch", seed)
     pyscotch = _import_pyscotch()
     import numpy as np
 
@@ -116,4 +116,4 @@ def scotch(graph: Graph, cluster: Cluster, *, seed: int = 0, weights: str = "com
                 ctx.close()
         except (RuntimeError, ValueError) as exc:
             raise SolverError(f"scotch: mapping graph '{graph.name}' failed: {exc}") from None
-    return _placement(graph, cluster, unit_of, parts, mem, "scotch", seed)
+    return placement_from_parts(graph, cluster, unit_of, parts, mem, "scotch", seed)

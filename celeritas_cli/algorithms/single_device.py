@@ -3,10 +3,10 @@ model-parallel paper starts from; Celeritas Table 3 "Single GPU")."""
 
 from __future__ import annotations
 
-from ..cluster import Cluster
-from ..costs import CostModel
-from ..graph import Graph
-from ..placement import Placement
+from ..model.cluster import Cluster
+from ..model.costs import CostModel
+from ..model.graph import Graph
+from ..model.placement import Placement
 from ..registry import register
 
 
@@ -20,8 +20,8 @@ def single_device(graph: Graph, cluster: Cluster, *, seed: int = 0) -> Placement
 
     Example
     -------
-    >>> from celeritas_cli.generate import layered
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
     >>> p = single_device(layered(10), uniform(2))
     >>> set(p.assignment.values())
     {'gpu0'}

@@ -8,8 +8,9 @@ import time
 import click
 
 from .. import registry
-from ..costs import CostModel
-from ..io import load_graph, warn
+from ..model.costs import CostModel
+from ..log import warn
+from ..model.io import load_graph
 from .common import cluster_option, emit, get_cluster, output_option, parse_params, stdin_is_tty
 
 

@@ -6,8 +6,9 @@ import sys
 
 import click
 
-from ..io import DEFAULT_CLUSTER, load_cluster, warn
-from ..jsonio import write_json
+from ..log import stderr_console, warn  # noqa: F401  (re-exported for the commands)
+from ..model.io import DEFAULT_CLUSTER, load_cluster
+from ..model.jsonio import write_json
 
 cluster_option = click.option(
     "--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
@@ -42,12 +43,6 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
 def emit(doc: dict, output: str) -> None:
     """Write the JSON document (stdout or atomically to a file)."""
     write_json(doc, output)
-
-
-def stderr_console():
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
 
 
 def stdin_is_tty() -> bool:

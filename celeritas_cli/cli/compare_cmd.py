@@ -1,5 +1,5 @@
 """``placer compare``: every algorithm on every graph and cluster, as a table
-like Celeritas Table 3 (library: :mod:`celeritas_cli.compare`)."""
+like Celeritas Table 3 (library: :mod:`celeritas_cli.compare.core`)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from pathlib import Path
 
 import click
 
-from .. import compare as lib
+from ..compare import core as lib
 from .. import registry
 from ..errors import InvalidInput
-from ..io import load_cluster, warn
-from ..jsonio import write_bytes
-from ..simulator import CONGESTION_RULES
+from ..log import warn
+from ..model.io import load_cluster
+from ..model.jsonio import write_bytes
+from ..sim.simulator import CONGESTION_RULES
 from .common import parse_params, seed_option, stderr_console
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -279,10 +280,10 @@ def _write_plot(path: str, rows: list[dict], algorithms: list[str], best: dict, 
                 clusters: dict) -> None:
     """Bars for every cell; a Gantt chart per best placement found in this
     run (cells taken from --resume have no placement to draw)."""
-    from .. import plots
-    from ..io import load_graph
-    from ..placement import Placement
-    from ..simulator import simulate
+    from ..compare import plots
+    from ..model.io import load_graph
+    from ..model.placement import Placement
+    from ..sim.simulator import simulate
 
     schedules = []
     for (gf, cl, _co), row in sorted(best.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
@@ -295,7 +296,7 @@ def _write_plot(path: str, rows: list[dict], algorithms: list[str], best: dict, 
     if path.lower().endswith(".png"):
         write_bytes(plots.compare_png(rows, algorithms, schedules), path)
         return
-    from ..gantt import gantt_svg
+    from ..sim.gantt import gantt_svg
 
     gantts = [gantt_svg(g, c, s, title=t) for g, c, s, t in schedules]
     write_bytes(plots.compare_svg(rows, algorithms, gantts).encode(), path)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import click
 
 from .. import registry
-from ..io import load_graph, warn
-from ..simulator import simulate
+from ..log import warn
+from ..model.io import load_graph
+from ..sim.simulator import simulate
 from .common import cluster_option, emit, get_cluster, output_option, parse_params, seed_option, stdin_is_tty
 
 

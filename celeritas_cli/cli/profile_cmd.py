@@ -6,8 +6,8 @@ from __future__ import annotations
 import click
 
 from ..errors import InvalidInput
-from ..graph import Graph
-from ..jsonio import read_json, label_of
+from ..model.graph import Graph
+from ..model.jsonio import read_json, label_of
 from .common import emit, output_option, seed_option, stderr_console
 
 
@@ -39,8 +39,8 @@ def _config(pairs: tuple[str, ...]) -> dict:
 
 
 def _summary(console, doc: dict) -> None:
-    from ..costs import CostModel
-    from ..io import load_cluster
+    from ..model.costs import CostModel
+    from ..model.io import load_cluster
 
     g = Graph.from_dict(doc, doc.get("name", "graph"))
     ccr = CostModel(g, load_cluster(None)).ccr() if g.m else 0.0
@@ -117,8 +117,8 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
         emit(doc, output)
         return
     if mode in ("--comm-fit", "--comm-bench"):
-        from ..cluster import Cluster
-        from ..io import warn
+        from ..model.cluster import Cluster
+        from ..log import warn
         from ..profile.commfit import comm_bench as bench, fit_cluster
 
         if mode == "--comm-bench":

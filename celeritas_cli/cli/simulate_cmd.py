@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..io import bundled_cluster_names, load_graph, load_placement
-from ..simulator import CONGESTION_RULES, simulate as run_simulation
+from ..model.io import bundled_cluster_names, load_graph, load_placement
+from ..sim.simulator import CONGESTION_RULES, simulate as run_simulation
 from .common import emit, get_cluster, output_option
 
 
@@ -82,11 +82,11 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
     report = run_simulation(graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
     sim_graph = scheds[0].graph  # the split graph when the placement carries one
     if gantt:
-        from ..gantt import write_gantt
+        from ..sim.gantt import write_gantt
 
         write_gantt(sim_graph, cluster, scheds[0], gantt, title=f"{report['graph']} / {report['algorithm']}")
     if trace:
-        from ..gantt import write_trace
+        from ..sim.gantt import write_trace
 
         write_trace(sim_graph, cluster, scheds[0], trace)
     if fmt == "table":

@@ -27,7 +27,7 @@ another path ``A -> X -> ... -> B`` exists.  If ``A``'s only successor is
 ``B`` every path out of ``A`` starts with the edge ``A -> B``; if ``B``'s
 only predecessor is ``A`` every path into ``B`` ends with it; either way
 there is no other path, so each contraction keeps the quotient a DAG.
-:func:`celeritas_cli.coarse.is_acyclic` re-checks the result (tests too).
+:func:`celeritas_cli.coarsening.contract.is_acyclic` re-checks the result (tests too).
 
 Colocation.  Groups are kept as constraints, not fused: :func:`contract`
 gives every coarse node that holds a group member the group's
@@ -40,9 +40,9 @@ sit at opposite ends of the training graph.
 from __future__ import annotations
 
 
-from ..cluster import Cluster
-from ..coarse import contract, is_acyclic
-from ..graph import Graph
+from ..model.cluster import Cluster
+from .contract import contract, is_acyclic
+from ..model.graph import Graph
 from ..registry import register_coarsener
 
 
@@ -130,8 +130,8 @@ def baechi(graph: Graph, cluster: Cluster) -> Graph:
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
     >>> g = build("c", [{"id": x, "compute_s": 1, "memory_bytes": 0} for x in "abc"],
     ...           [{"src": "a", "dst": "b", "bytes": 1}, {"src": "b", "dst": "c", "bytes": 1}])
     >>> baechi(g, uniform(2)).n

@@ -1,11 +1,11 @@
 """Celeritas' Optimal Operation Fusion: CPD-TOPO order + Optimal_BP breakpoints.
 
-The nodes are sorted in CPD-TOPO order (:func:`celeritas_cli.orders.cpd_topo`),
+The nodes are sorted in CPD-TOPO order (:func:`celeritas_cli.scheduling.orders.cpd_topo`),
 and the sequence is cut at the breakpoints that minimise the total
 communication cost between consecutive clusters (Kernighan's sequential
 partitioning, Celeritas Eq. 4-6), each cluster spanning at most ``R`` nodes
 and ``M`` bytes.  Clusters become coarse nodes with
-:func:`celeritas_cli.coarse.contract`; because every cluster is a contiguous
+:func:`celeritas_cli.coarsening.contract.contract`; because every cluster is a contiguous
 piece of a topological order, the coarse graph is a DAG (Lemma 2).
 
 Colocation groups (the reading chosen here; the paper only says TensorFlow
@@ -33,12 +33,12 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..coarse import contract, is_acyclic
-from ..costs import CostModel
+from ..model.cluster import Cluster
+from .contract import contract, is_acyclic
+from ..model.costs import CostModel
 from ..errors import InvalidInput, SolverError
-from ..graph import Graph
-from ..orders import cpd_topo
+from ..model.graph import Graph
+from ..scheduling.orders import cpd_topo
 from ..registry import Param, register_coarsener
 
 
@@ -98,7 +98,7 @@ def optimal_bp(graph: Graph, seq: Sequence[int], edge_cost: Sequence[float], R: 
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
+    >>> from celeritas_cli.model.graph import build
     >>> nd = lambda i: {"id": i, "compute_s": 1, "memory_bytes": 1}
     >>> g = build("c", [nd("a"), nd("b"), nd("c"), nd("d")],
     ...           [{"src": "a", "dst": "b", "bytes": 5}, {"src": "b", "dst": "c", "bytes": 1},
@@ -242,8 +242,8 @@ def cpd(graph: Graph, cluster: Cluster, *, R: int = 200, M: float = 0.25) -> Gra
 
     Example
     -------
-    >>> from celeritas_cli.generate import layered
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
     >>> cg = cpd(layered(500, seed=1), uniform(4), R=50)
     >>> cg.n < 60, cg.meta["coarsening"]
     (True, 'cpd')

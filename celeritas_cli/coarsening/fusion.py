@@ -20,7 +20,7 @@ Our reading of Algorithm 1 (the text gives its functions, not code):
   connection; ``u_{i+1}`` may have other predecessors).
 * Such a path cannot create a cycle: any other path from ``u_i`` leaves
   through its only out-edge, i.e. along the path itself.  The result is
-  re-checked with :func:`celeritas_cli.coarse.is_acyclic`.
+  re-checked with :func:`celeritas_cli.coarsening.contract.is_acyclic`.
 
 Op types match on the last dotted component of the node's ``op`` (or
 the one before it, for overload names like "aten.add.Tensor"),
@@ -42,10 +42,10 @@ from __future__ import annotations
 import json
 import os
 
-from ..cluster import Cluster
-from ..coarse import contract, is_acyclic
+from ..model.cluster import Cluster
+from .contract import contract, is_acyclic
 from ..errors import InvalidInput
-from ..graph import Graph
+from ..model.graph import Graph
 from ..registry import Param, register_coarsener
 
 DEFAULT_RULES: list[list[str]] = [["conv", "bn"], ["conv", "bn", "relu"], ["conv", "bn", "add", "relu"]]
@@ -175,8 +175,8 @@ def fusion(graph: Graph, cluster: Cluster, *, rules: str | None = None) -> Graph
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
     >>> g = build("f", [{"id": "c", "op": "aten.convolution", "compute_s": 1, "memory_bytes": 0},
     ...                 {"id": "b", "op": "aten.native_batch_norm", "compute_s": 1, "memory_bytes": 0},
     ...                 {"id": "r", "op": "aten.relu", "compute_s": 1, "memory_bytes": 0}],

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import InvalidInput
-from ..generate import layered_doc
+from ..model.generate import layered_doc
 from .regression import (check_measurements, deviation, extrapolate, leave_one_out,
                          measurements_from_graphs)
 
@@ -27,7 +27,7 @@ __all__ = ["synthetic", "capture_model", "standard_evaluation", "from_measuremen
 
 
 def synthetic(kind: str, nodes: int, seed: int = 0) -> dict:
-    """The synthetic graph document ``kind`` (only ``layered``: :func:`celeritas_cli.generate.layered_doc`).
+    """The synthetic graph document ``kind`` (only ``layered``: :func:`celeritas_cli.model.generate.layered_doc`).
 
     Example
     -------

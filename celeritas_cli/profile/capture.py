@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import InvalidInput, MissingDependency
-from ..graph import GRAPH_SCHEMA
+from ..model.graph import GRAPH_SCHEMA
 from . import devices as dev
 from .flops import formula_flops, is_tensor_core_op, short
 
@@ -507,9 +507,9 @@ def profile_model(spec: str, batch: int, *, phase: str = "training", config: dic
 
 def graph_stats(doc: dict, cluster=None) -> dict:
     """Nodes, edges, CCR (Celeritas Eq. 1 on *cluster*, default 4xV100-pcie) and total memory."""
-    from ..costs import CostModel
-    from ..graph import Graph
-    from ..io import load_cluster
+    from ..model.costs import CostModel
+    from ..model.graph import Graph
+    from ..model.io import load_cluster
 
     g = Graph.from_dict(doc, doc.get("name", "graph"))
     c = cluster or load_cluster(None)

@@ -43,7 +43,7 @@ import math
 from typing import Any, Iterable
 
 from ..errors import InvalidInput
-from ..graph import GRAPH_SCHEMA
+from ..model.graph import GRAPH_SCHEMA
 
 MEASUREMENTS_SCHEMA = "placer.measurements/v1"
 NODE_FITTED = ("memory_bytes", "compute_s", "output_bytes", "flops", "bytes_moved")
@@ -320,7 +320,7 @@ def print_deviation(table: dict, *, title: str, console=None) -> None:
     from rich.table import Table
 
     if console is None:
-        from ..cli.common import stderr_console
+        from ..log import stderr_console
 
         console = stderr_console()
     t = Table(title=title, title_justify="left")

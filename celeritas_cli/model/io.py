@@ -4,7 +4,6 @@ the bundled default cluster."""
 from __future__ import annotations
 
 import os
-import sys
 from importlib import resources
 
 from .cluster import Cluster
@@ -46,8 +45,3 @@ def bundled_cluster(name: str) -> Cluster:
 def load_placement(path: str | os.PathLike) -> Placement:
     """Read and validate a placement file (``-`` = stdin)."""
     return Placement.from_dict(read_json(path), label_of(path))
-
-
-def warn(msg: str) -> None:
-    """One line to stderr (never stdout: stdout carries only JSON)."""
-    print(msg, file=sys.stderr)

@@ -22,7 +22,7 @@ from typing import Any
 import fastjsonschema
 import orjson
 
-from .errors import InvalidInput
+from ..errors import InvalidInput
 
 SCHEMAS = {
     "placer.graph/v1": "graph.schema.json",

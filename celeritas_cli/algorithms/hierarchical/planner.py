@@ -5,8 +5,8 @@ Model for Device Placement", ICLR 2018 - papers/hierarchical-planner.txt).
 It is the learned baseline Celeritas compares against ("HRL", Celeritas
 section 2 and Figure 1, Tables 3-4).  The real system measures every sampled
 placement on hardware; here the runtime of a sample is the simulated
-makespan (:func:`celeritas_cli.simulator.run_schedule`, one
-:class:`~celeritas_cli.costs.CostModel` built once), so "training time" is
+makespan (:func:`celeritas_cli.sim.simulator.run_schedule`, one
+:class:`~celeritas_cli.model.costs.CostModel` built once), so "training time" is
 this function's wall time and ``registry.place`` reports it as the
 placement time.
 
@@ -45,13 +45,13 @@ import math
 import time
 from typing import Any
 
-from ..cluster import Cluster
-from ..costs import CostModel
-from ..errors import InvalidInput, MissingDependency
-from ..graph import Graph
-from ..placement import Placement
-from ..registry import Param, register
-from ..simulator import CONGESTION_RULES, lower_bound, run_schedule
+from ...model.cluster import Cluster
+from ...model.costs import CostModel
+from ...errors import InvalidInput, MissingDependency
+from ...model.graph import Graph
+from ...model.placement import Placement
+from ...registry import Param, register
+from ...sim.simulator import CONGESTION_RULES, lower_bound, run_schedule
 
 MAX_OUTPUTS = 5
 """Output tensors per op encoded in the features (the released controller's
@@ -116,7 +116,7 @@ def op_features(graph: Graph, costs: CostModel | None = None) -> dict[str, Any]:
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
+    >>> from celeritas_cli.model.graph import build
     >>> g = build("ab", [{"id": "a", "compute_s": 1, "memory_bytes": 0, "op": "mm"},
     ...                  {"id": "b", "compute_s": 2, "memory_bytes": 0, "op": "relu"}],
     ...           [{"src": "a", "dst": "b", "bytes": 100}])
@@ -306,7 +306,7 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, groups: int =
         import torch
     except ImportError:
         raise MissingDependency("algorithm 'hierarchical' needs torch: pip install -e .[torch]") from None
-    from .. import hierarchical_model as hm
+    from . import model as hm
 
     if iterations < 1 or samples_per_iteration < 1 or hidden < 2:
         raise InvalidInput("'hierarchical': iterations, samples_per_iteration must be >= 1 and hidden >= 2")
@@ -418,7 +418,7 @@ def _train(torch, hm, graph, feats, unit_of, n_units, M, k, iterations, S, time_
     if progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from ..cli.common import stderr_console
+        from ...log import stderr_console
 
         bar = Progress(TextColumn("hierarchical"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        TextColumn("{task.description}"), console=stderr_console(), transient=False)

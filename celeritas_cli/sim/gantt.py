@@ -12,10 +12,10 @@ import html
 import os
 import zlib
 
-from .cluster import Cluster
-from .errors import InvalidInput, MissingDependency
-from .graph import Graph
-from .jsonio import write_bytes, write_json
+from ..model.cluster import Cluster
+from ..errors import InvalidInput, MissingDependency
+from ..model.graph import Graph
+from ..model.jsonio import write_bytes, write_json
 
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")
@@ -40,7 +40,7 @@ def _rows(graph: Graph, cluster: Cluster, sched) -> list[tuple[str, list[tuple[f
 
 
 def gantt_svg(graph: Graph, cluster: Cluster, sched, title: str = "") -> str:
-    """An SVG Gantt chart of *sched* (a :class:`~celeritas_cli.simulator.Schedule`)."""
+    """An SVG Gantt chart of *sched* (a :class:`~celeritas_cli.sim.simulator.Schedule`)."""
     rows = _rows(graph, cluster, sched)
     width, left, row_h, top = 1200, 150, 22, 40
     span = sched.makespan or 1.0

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .cluster import Cluster
-from .graph import Graph
+from ..model.cluster import Cluster
+from ..model.graph import Graph
 
 #: best-effort rules of :meth:`DeviceMemory.fallback`
 FALLBACK_RULES = ("most_free", "least_used")
@@ -44,8 +44,8 @@ class DeviceMemory:
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
     >>> g = build("g", [{"id": "a", "compute_s": 1, "memory_bytes": 6, "colocation": "w"},
     ...                 {"id": "b", "compute_s": 1, "memory_bytes": 5, "colocation": "w"}], [])
     >>> mem = DeviceMemory(g, uniform(2, memory=10))

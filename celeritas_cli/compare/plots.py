@@ -9,7 +9,7 @@ draws a dashed line at the lower bound (DESIGN.md, simulator item 6), OOM
 cells as hatched red bars (the simulated makespan of a placement that would
 not fit), failed cells as a cross.  PNG output needs matplotlib (the
 ``plot`` extra) and draws the same panels; the Gantt charts come from
-:mod:`celeritas_cli.gantt`.
+:mod:`celeritas_cli.sim.gantt`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 import html
 import re
 
-from .errors import MissingDependency
-from .gantt import PALETTE
+from ..errors import MissingDependency
+from ..sim.gantt import PALETTE
 
 PANEL_W, PANEL_H = 380, 240
 
@@ -37,7 +37,7 @@ def _nice_max(x: float) -> float:
 
 
 def _groups(rows: list[dict], algorithms: list[str]) -> list[tuple[str, dict[str, dict]]]:
-    from .compare import _stem, sort_rows
+    from .core import graph_stem, sort_rows
 
     groups: dict[tuple, dict[str, dict]] = {}
     names: dict[tuple, str] = {}
@@ -49,7 +49,7 @@ def _groups(rows: list[dict], algorithms: list[str]) -> list[tuple[str, dict[str
     multi = len({k[1] for k in groups}) > 1
     out = []
     for key, cells in groups.items():
-        title = names.get(key, _stem(str(key[0])))
+        title = names.get(key, graph_stem(str(key[0])))
         if multi:
             title += f" on {key[1]}"
         if key[2]:
@@ -137,7 +137,7 @@ _SIZE = re.compile(r'<svg\b[^>]*?\bwidth="([\d.]+)"[^>]*?\bheight="([\d.]+)"')
 def compare_svg(rows: list[dict], algorithms: list[str], gantts: list[str] | None = None,
                 title: str = "placer compare: simulated makespan per algorithm") -> str:
     """The whole figure: grouped bars on top, then each Gantt SVG (strings
-    from :func:`celeritas_cli.gantt.gantt_svg`) stacked below, nested as
+    from :func:`celeritas_cli.sim.gantt.gantt_svg`) stacked below, nested as
     ``<svg>`` elements."""
     body, width, height = bars_svg(rows, algorithms, title)
     parts = [body]

@@ -4,9 +4,9 @@ parallelism).  Shared by ``os-dpos`` and ``fd-dps --split``.
 
 :func:`split_operation` replaces one node ``op`` of a graph that lists a
 dimension in its ``splittable`` field by ``n`` sub-operations and returns a
-new, validated :class:`~celeritas_cli.graph.Graph` (built as a
+new, validated :class:`~celeritas_cli.model.graph.Graph` (built as a
 ``placer.graph/v1`` document and loaded with ``Graph.from_dict``, so it is
-checked exactly like a file and :func:`~celeritas_cli.simulator.simulate`
+checked exactly like a file and :func:`~celeritas_cli.sim.simulator.simulate`
 accepts it).  A placement computed on the split graph is written over the
 split graph's node ids and carries the split graph document in
 ``Placement.split_graph``; the simulator then simulates that graph, i.e.
@@ -85,8 +85,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import InvalidInput
-from .graph import GRAPH_SCHEMA, Graph
+from ..errors import InvalidInput
+from ..model.graph import GRAPH_SCHEMA, Graph
 
 DEFAULT_OVERHEAD_S = 2.0e-6
 COPY_BANDWIDTH_BPS = 9.0e11
@@ -151,7 +151,7 @@ def split_operation(graph: Graph, node: int | str, dim: str, n: int, *,
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
+    >>> from celeritas_cli.model.graph import build
     >>> g = build("g", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
     ...                 {"id": "c", "compute_s": 4, "memory_bytes": 0, "splittable": ["batch"]}],
     ...           [{"src": "a", "dst": "c", "bytes": 100}])

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InvalidInput
+from ..errors import InvalidInput
 from .jsonio import validate
 
 CLUSTER_SCHEMA = "placer.cluster/v1"

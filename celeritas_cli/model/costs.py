@@ -122,7 +122,7 @@ def upward_rank(graph: Graph, node_cost, edge_cost) -> list[float]:
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
+    >>> from celeritas_cli.model.graph import build
     >>> g = build("c", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
     ...                 {"id": "b", "compute_s": 2, "memory_bytes": 0}],
     ...           [{"src": "a", "dst": "b", "bytes": 1}])

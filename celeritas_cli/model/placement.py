@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .cluster import Cluster
-from .errors import InvalidInput
+from ..errors import InvalidInput
 from .graph import Graph
 from .jsonio import validate
 

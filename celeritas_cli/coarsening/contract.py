@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
-from .graph import Graph
+from ..model.graph import Graph
 
 
 def contract(graph: Graph, cluster_of: Sequence[int], *, name: str | None = None,

@@ -3,7 +3,7 @@
 Semantics (DESIGN.md, "The simulator"):
 
 1. Each device runs one node at a time, non-preemptively, for the node's
-   time on that device (:class:`~celeritas_cli.costs.CostModel`).
+   time on that device (:class:`~celeritas_cli.model.costs.CostModel`).
 2. A node may start when every input tensor is on its device: an input from
    the same device when its producer finishes, an input from another device
    when its transfer arrives.
@@ -44,11 +44,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .cluster import Cluster
-from .costs import CostModel, upward_rank
-from .errors import ColocationError, InvalidInput
-from .graph import Graph
-from .placement import Placement, finite_or_none
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, upward_rank
+from ..errors import ColocationError, InvalidInput
+from ..model.graph import Graph
+from ..model.placement import Placement, finite_or_none
 
 CONGESTION_RULES = ("channel", "port", "none")
 REPORT_SCHEMA = "placer.report/v1"
@@ -82,7 +82,7 @@ class Schedule:
     graph: Graph | None = None
 
 
-def _check_colocation(graph: Graph, cluster: Cluster, device_of: Sequence[int], label: str) -> None:
+def check_colocation(graph: Graph, cluster: Cluster, device_of: Sequence[int], label: str) -> None:
     for group, nodes in graph.colocation_groups().items():
         first = device_of[nodes[0]]
         for v in nodes[1:]:
@@ -320,8 +320,8 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
     >>> g = build("ab", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
     ...                  {"id": "b", "compute_s": 2, "memory_bytes": 0}],
     ...           [{"src": "a", "dst": "b", "bytes": 100}])
@@ -333,7 +333,7 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     if placement.split_graph is not None:
         graph = Graph.from_dict(placement.split_graph, f"{label} (split_graph)")
     device_of, order = placement.resolve(graph, cluster, label)
-    _check_colocation(graph, cluster, device_of, label)
+    check_colocation(graph, cluster, device_of, label)
     costs = CostModel(graph, cluster)
     sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs, label=label)
     if schedule_out is not None:

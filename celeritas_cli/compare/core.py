@@ -4,7 +4,7 @@ Each *cell* places one graph on one cluster with one registered algorithm
 (optionally on a coarse graph made by a registered coarsening method),
 times the placement (placement generation time, Celeritas 6.3 / Table 4),
 simulates the placement on the **original** graph with
-:func:`~celeritas_cli.simulator.simulate` (the judge, DESIGN.md) and keeps
+:func:`~celeritas_cli.sim.simulator.simulate` (the judge, DESIGN.md) and keeps
 the makespan, OOM status, makespan / lower bound, utilisation, transfer
 totals and times as one flat result row (``placer.compare/v1``, one JSON
 object per line when streamed).  :func:`format_table` lays rows out like
@@ -64,8 +64,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import orjson
 
-from . import registry
-from .errors import InvalidInput, MissingDependency, PlacerError
+from .. import registry
+from ..errors import InvalidInput, MissingDependency, PlacerError
 
 ROW_SCHEMA = "placer.compare/v1"
 GRAPH_SCHEMA = "placer.graph/v1"
@@ -128,7 +128,7 @@ def _schema_of(path: Path) -> str | None:
 def discover_graphs(paths: Iterable[str | os.PathLike]) -> list[str]:
     """Expand *paths* into graph files: a file is taken as given; a
     directory is scanned recursively for ``*.json`` and ``*.json.gz``
-    (read transparently by :func:`~celeritas_cli.jsonio.read_bytes`) whose ``"schema"`` is
+    (read transparently by :func:`~celeritas_cli.model.jsonio.read_bytes`) whose ``"schema"`` is
     ``placer.graph/v1`` (clusters, placements, reports are skipped), sorted
     by path.  Duplicates are dropped, first occurrence kept.
 
@@ -186,7 +186,7 @@ class Task:
         return f"{Path(self.graph_file).name} / {self.cluster} / {self.algorithm}{via}"
 
 
-def _stem(path: str) -> str:
+def graph_stem(path: str) -> str:
     """``dir/nmt.json.gz`` -> ``nmt``."""
     name = Path(path).name
     for suffix in (".gz", ".json"):
@@ -226,7 +226,7 @@ def make_tasks(graph_files: list[str], clusters: list, algorithms: list[str], *,
                seed: int = 0, time_limit: float | None = None, congestion: str = "channel",
                quick: bool = False, keep_placement: bool = False) -> list[Task]:
     """The cells, in (graph, cluster, algorithm) order.  *clusters* are
-    :class:`~celeritas_cli.cluster.Cluster` objects."""
+    :class:`~celeritas_cli.model.cluster.Cluster` objects."""
     if coarsen is not None:
         registry.get_coarsener(coarsen).coerce(coarsen_params or {})
     params = {a: algorithm_params(a, common_params or {}, per_algo_params or {}, time_limit, quick)
@@ -275,7 +275,7 @@ def _file_stamp(path: str) -> tuple:
 
 
 def _base_row(task: Task) -> dict:
-    return {"schema": ROW_SCHEMA, "graph": _stem(task.graph_file), "graph_file": task.graph_file,
+    return {"schema": ROW_SCHEMA, "graph": graph_stem(task.graph_file), "graph_file": task.graph_file,
             "nodes": None, "edges": None, "cluster": task.cluster, "devices": len(task.cluster_doc.get("devices", [])),
             "algorithm": task.algorithm, "coarsen": task.coarsen, "coarse_nodes": None, "seed": task.seed,
             "params": task.params, "status": None, "makespan_s": None, "lower_bound_s": None,
@@ -313,10 +313,10 @@ def run_cell(task: Task, phase: Callable[[str], None] | None = None,
 
 
 def _run_cell(task: Task, row: dict, phase, graph_bytes) -> dict:
-    from .cluster import Cluster
-    from .graph import Graph
-    from .jsonio import loads
-    from .simulator import simulate
+    from ..model.cluster import Cluster
+    from ..model.graph import Graph
+    from ..model.jsonio import loads
+    from ..sim.simulator import simulate
 
     step = "load"
     try:
@@ -378,7 +378,7 @@ def _run_cell(task: Task, row: dict, phase, graph_bytes) -> dict:
 
 
 def _load_graph(path: str):
-    from .io import load_graph
+    from ..model.io import load_graph
 
     return load_graph(path)
 
@@ -632,7 +632,7 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:  # the first run of a script that always resumes
-        from .io import warn
+        from ..log import warn
 
         warn(f"placer: {path} does not exist yet, nothing to resume: running every cell")
         return []
@@ -743,7 +743,7 @@ def matrix(rows: list[dict], metric: str = "makespan_s", algorithms: list[str] |
     clusters = {k[1] for k in groups}
     out_rows = []
     for (gf, cl, co), cells in groups.items():
-        name = next((c.get("graph") for c in cells.values() if c.get("graph")), _stem(str(gf)))
+        name = next((c.get("graph") for c in cells.values() if c.get("graph")), graph_stem(str(gf)))
         ranked = []
         if metric == "makespan_s":
             ranked = sorted(((c["makespan_s"], cols.index(a), a) for a, c in cells.items()
@@ -898,7 +898,7 @@ def compare(graph_paths: Iterable[str], clusters: list, algorithms: list[str] | 
 
     Example
     -------
-    >>> from celeritas_cli.cluster import uniform
+    >>> from celeritas_cli.model.cluster import uniform
     >>> rows = compare(["sample_graphs/layered_60.json"], [uniform(2)], ["single-device", "random"])
     >>> [(r["algorithm"], r["status"]) for r in rows]
     [('single-device', 'OK'), ('random', 'OK')]

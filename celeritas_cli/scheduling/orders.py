@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
-from .costs import downward_rank, upward_rank
-from .errors import CycleError
-from .graph import Graph, describe_cycle
+from ..model.costs import downward_rank, upward_rank
+from ..errors import CycleError
+from ..model.graph import Graph, describe_cycle
 
 __all__ = ["m_topo", "dfs_topo", "cpd_topo", "tlevel_blevel", "node_edge_costs", "cut_edges"]
 
@@ -35,7 +35,7 @@ def node_edge_costs(graph: Graph, costs=None) -> tuple[list[float], list[float]]
     ----------
     graph : Graph
     costs : CostModel, (w, c) pair of sequences, or None
-        A :class:`~celeritas_cli.costs.CostModel` gives the mean node time
+        A :class:`~celeritas_cli.model.costs.CostModel` gives the mean node time
         over devices and the mean transfer time of each edge over ordered
         pairs of distinct devices - the ``w_i`` and ``c_ij`` of Celeritas
         Eq. 1.  A pair ``(w, c)`` is used as given.  ``None`` means
@@ -78,7 +78,7 @@ def tlevel_blevel(graph: Graph, costs=None) -> tuple[list[float], list[float]]:
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
+    >>> from celeritas_cli.model.graph import build
     >>> g = build("c", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
     ...                 {"id": "b", "compute_s": 2, "memory_bytes": 0}],
     ...           [{"src": "a", "dst": "b", "bytes": 1}])
@@ -107,7 +107,7 @@ def m_topo(graph: Graph) -> list[int]:
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
+    >>> from celeritas_cli.model.graph import build
     >>> nd = lambda i: {"id": i, "compute_s": 1, "memory_bytes": 0}
     >>> g = build("f", [nd("a1"), nd("a2"), nd("b1"), nd("b2")],
     ...           [{"src": "a1", "dst": "b1", "bytes": 1}, {"src": "a2", "dst": "b2", "bytes": 1}])
@@ -158,7 +158,7 @@ def dfs_topo(graph: Graph) -> list[int]:
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
+    >>> from celeritas_cli.model.graph import build
     >>> nd = lambda i: {"id": i, "compute_s": 1, "memory_bytes": 0}
     >>> g = build("f", [nd("a1"), nd("a2"), nd("b1"), nd("b2")],
     ...           [{"src": "a1", "dst": "b1", "bytes": 1}, {"src": "a2", "dst": "b2", "bytes": 1}])
@@ -199,7 +199,7 @@ def cpd_topo(graph: Graph, costs=None) -> list[int]:
 
     Example
     -------
-    >>> from celeritas_cli.graph import build
+    >>> from celeritas_cli.model.graph import build
     >>> nd = lambda i, w: {"id": i, "compute_s": w, "memory_bytes": 0}
     >>> g = build("fork", [nd("r", 1), nd("light", 1), nd("heavy", 5)],
     ...           [{"src": "r", "dst": "light", "bytes": 1}, {"src": "r", "dst": "heavy", "bytes": 1}])

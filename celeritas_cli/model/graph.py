@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .errors import CycleError, InvalidInput
+from ..errors import CycleError, InvalidInput
 from .jsonio import validate
 
 GRAPH_SCHEMA = "placer.graph/v1"

@@ -1,0 +1,1 @@
+"""Simulation: the discrete-event simulator (the one judge) and its pictures."""
