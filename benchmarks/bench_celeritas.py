@@ -29,7 +29,6 @@ from celeritas_cli.model.jsonio import write_json
 from celeritas_cli.sim.simulator import simulate
 
 
-
 def main(n: int = 36_000, seed: int = 0) -> None:
     cluster = load_cluster(None)
     with tempfile.TemporaryDirectory() as tmp:

@@ -21,7 +21,6 @@ from celeritas_cli.model.placement import Placement
 from celeritas_cli.sim.simulator import simulate
 
 
-
 def main(sizes=(1000, 10_000, 100_000)) -> None:
     cluster = load_cluster(None)
     rows = []

@@ -4,10 +4,13 @@ Every algorithm module in :mod:`celeritas_cli.algorithms` registers itself::
 
     @register("adjusting", paper="Celeritas", section="5.2, Algorithm 2",
               summary="...", params={"R": Param(int, 200, "exploration range")})
-    def adjusting(graph, cluster, *, seed=0, **params) -> Placement: ...
+    def adjusting(graph, cluster, *, seed=0, costs=None, **params) -> Placement: ...
 
 and every coarsening module in :mod:`celeritas_cli.coarsening` with
-:func:`register_coarsener` (``func(graph, cluster, **params) -> Graph``).
+:func:`register_coarsener` (``func(graph, cluster, *, costs=None, **params) -> Graph``).
+``costs`` is the :class:`~celeritas_cli.model.costs.CostModel` the caller
+built once for (graph, cluster); a function called directly builds the
+default one with :func:`~celeritas_cli.model.costs.cost_model`.
 Modules are discovered by name (sorted), so adding an algorithm is adding a
 module.  ``names()`` feeds ``--algo``'s choices, ``placer place --list`` and
 the parametrised tests.  Optional dependencies (torch) are imported inside
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import InvalidInput
+from .model.costs import cost_model
 
 
 @dataclass(frozen=True)
@@ -161,10 +165,14 @@ def get_coarsener(name: str) -> Entry:
         raise InvalidInput(f"unknown coarsening method '{name}' (known: {', '.join(sorted(_COARSENERS))})") from None
 
 
-def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | None = None):
+def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | None = None, costs=None):
     """Run registered algorithm *algo* and return its :class:`Placement`,
     with ``algorithm``, ``params``, ``seed`` and ``placement_time_s`` filled in
     (wall time of the algorithm itself, like Celeritas Table 4).
+
+    *costs* is the cost model to place under (default: the file's costs,
+    :func:`celeritas_cli.model.costs.cost_model`); it is built once here and
+    passed to the algorithm as its ``costs`` keyword.
 
     Example
     -------
@@ -177,7 +185,7 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     entry = get(algo)
     kwargs = entry.coerce(params or {})
     t0 = time.perf_counter()
-    result = entry.func(graph, cluster, seed=seed, **kwargs)
+    result = entry.func(graph, cluster, seed=seed, costs=cost_model(graph, cluster, costs), **kwargs)
     result.placement_time_s = time.perf_counter() - t0
     result.algorithm = algo
     result.params = {**kwargs, **result.params}
@@ -185,8 +193,9 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     return result
 
 
-def coarsen(graph, cluster, method: str, *, params: dict[str, Any] | None = None):
-    """Run registered coarsening *method*; returns the coarse :class:`Graph`."""
+def coarsen(graph, cluster, method: str, *, params: dict[str, Any] | None = None, costs=None):
+    """Run registered coarsening *method*; returns the coarse :class:`Graph`
+    (*costs* as in :func:`place`)."""
     entry = get_coarsener(method)
     kwargs = entry.coerce(params or {})
-    return entry.func(graph, cluster, **kwargs)
+    return entry.func(graph, cluster, costs=cost_model(graph, cluster, costs), **kwargs)

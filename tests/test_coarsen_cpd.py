@@ -7,11 +7,11 @@ import random
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.model.cluster import GiB, uniform
 from celeritas_cli.coarsening.contract import is_acyclic
 from celeritas_cli.coarsening.cpd import cpd, cpd_clusters, memory_cap, optimal_bp
-from celeritas_cli.model.costs import CostModel
 from celeritas_cli.errors import InvalidInput
+from celeritas_cli.model.cluster import GiB, uniform
+from celeritas_cli.model.costs import CostModel
 from celeritas_cli.model.generate import layered
 from celeritas_cli.model.graph import build
 from celeritas_cli.scheduling.orders import cpd_topo

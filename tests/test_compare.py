@@ -23,17 +23,17 @@ from celeritas_cli.sim.simulator import simulate
 CALLS: list[str] = []
 
 
-def _split(graph, cluster, *, seed=0):
+def _split(graph, cluster, *, seed=0, costs=None):
     """Node v on device v % k (hand-computable)."""
     CALLS.append(graph.name)
     return Placement.from_indices(graph, cluster, [v % cluster.k for v in range(graph.n)], algorithm="test-split")
 
 
-def _boom(graph, cluster, *, seed=0):
+def _boom(graph, cluster, *, seed=0, costs=None):
     raise RuntimeError("kaboom in test")
 
 
-def _hang(graph, cluster, *, seed=0, time_limit=None):
+def _hang(graph, cluster, *, seed=0, costs=None, time_limit=None):
     time.sleep(60)
 
 

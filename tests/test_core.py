@@ -6,9 +6,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from celeritas_cli.errors import CycleError, InvalidInput
 from celeritas_cli.model.cluster import Cluster
 from celeritas_cli.model.costs import CostModel, upward_rank
-from celeritas_cli.errors import CycleError, InvalidInput
 from celeritas_cli.model.generate import layered, layered_doc
 from celeritas_cli.model.graph import Graph, build
 from celeritas_cli.model.io import load_cluster, load_graph

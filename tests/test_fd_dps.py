@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from celeritas_cli import registry
+from celeritas_cli.algorithms.fd_dps import est_lst, fd_dps, fd_dps_schedule, node_priority
+from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.costs import CostModel
 from celeritas_cli.model.generate import layered
 from celeritas_cli.model.graph import Graph, build
 from celeritas_cli.sim.simulator import simulate
-from celeritas_cli.algorithms.fd_dps import est_lst, fd_dps, fd_dps_schedule, node_priority
-from celeritas_cli.errors import InvalidInput
 
 from .conftest import edge, node
 

@@ -11,10 +11,10 @@ import pytest
 
 from celeritas_cli import registry
 from celeritas_cli.algorithms.hierarchical import planner as H
-from celeritas_cli.model.cluster import uniform
 from celeritas_cli.coarsening.contract import contract
-from celeritas_cli.model.costs import CostModel
 from celeritas_cli.errors import InvalidInput, MissingDependency
+from celeritas_cli.model.cluster import uniform
+from celeritas_cli.model.costs import CostModel
 from celeritas_cli.model.generate import layered
 from celeritas_cli.model.graph import build
 from celeritas_cli.sim.simulator import simulate

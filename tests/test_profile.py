@@ -11,15 +11,22 @@ import pytest
 from click.testing import CliRunner
 
 from celeritas_cli.cli import main
-from celeritas_cli.model.cluster import Cluster
 from celeritas_cli.errors import InvalidInput, MissingDependency
+from celeritas_cli.model.cluster import Cluster
 from celeritas_cli.model.graph import Graph
 from celeritas_cli.profile import from_measurements, synthetic
 from celeritas_cli.profile.commfit import fit_cluster, fit_link
 from celeritas_cli.profile.devices import DEVICES, roofline_time, times_by_type
 from celeritas_cli.profile.flops import attention_flops, formula_flops
-from celeritas_cli.profile.regression import (check_measurements, deviation, extrapolate, fit_line,
-                                              leave_one_out, measurements_from_graphs, predict)
+from celeritas_cli.profile.regression import (
+    check_measurements,
+    deviation,
+    extrapolate,
+    fit_line,
+    leave_one_out,
+    measurements_from_graphs,
+    predict,
+)
 
 
 def meas_doc(sizes=(2, 4, 8), time_fn=lambda b: 1e-3 * b + 2e-4):

@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import torch.nn.functional as F  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 from torch import nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from celeritas_cli.cli import main  # noqa: E402
 from celeritas_cli.errors import InvalidInput  # noqa: E402

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from celeritas_cli.model.cluster import Cluster, uniform
 from celeritas_cli.errors import ColocationError, InvalidInput
+from celeritas_cli.model.cluster import Cluster, uniform
 from celeritas_cli.model.graph import build
 from celeritas_cli.model.placement import Placement
 from celeritas_cli.sim.simulator import lower_bound, run_schedule, simulate

@@ -7,13 +7,13 @@ import math
 
 import pytest
 
-from celeritas_cli.model.cluster import uniform
 from celeritas_cli.coarsening.contract import contract
 from celeritas_cli.errors import InvalidInput
+from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.graph import Graph, build
 from celeritas_cli.model.placement import Placement
-from celeritas_cli.sim.simulator import simulate
 from celeritas_cli.scheduling.splitting import COPY_BANDWIDTH_BPS, split_operation
+from celeritas_cli.sim.simulator import simulate
 
 from .conftest import edge, node
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import math
 
 from ..model.cluster import Cluster
-from ..model.costs import CostModel
+from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
-from ..scheduling.memory import DeviceMemory
-from ..scheduling.orders import cpd_topo
 from ..model.placement import Placement
 from ..registry import Param, register
+from ..scheduling.memory import DeviceMemory
+from ..scheduling.orders import cpd_topo
 from ..scheduling.timeline import Timeline
 from .order_place import placement_estimate
 
@@ -31,7 +31,7 @@ INF = math.inf
                   "by more than the cost of sending results back (run on a coarse graph).",
           params={"insertion": Param(bool, True, "insert into idle slots when computing EST (Eq. 7)"),
                   "order": Param(bool, False, "also write each device's execution order (the EST schedule)")})
-def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, insertion: bool = True,
+def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, insertion: bool = True,
               order: bool = False) -> Placement:
     """Adjusting Placement (Celeritas Algorithm 2).
 
@@ -94,7 +94,7 @@ def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, insertion: bool 
     >>> sorted(set(p.assignment.values()))   # b moves: 1.1 start beats 2.0 by > 0
     ['gpu0', 'gpu1']
     """
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     k, n = cluster.k, graph.n
     seq = cpd_topo(graph, costs)
     time = costs.time

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.cluster import Cluster
-from ..model.costs import CostModel, upward_rank
+from ..model.costs import CostModel, cost_model, upward_rank
 from ..model.graph import Graph
-from ..scheduling.memory import DeviceMemory
 from ..model.placement import Placement
 from ..registry import Param, register
+from ..scheduling.memory import DeviceMemory
 from ..scheduling.timeline import Timeline
 
 
@@ -197,7 +197,7 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
     ----------
     FastT (Yi et al., CoNEXT 2020), section 5.1 and Algorithm 1.
     """
-    costs = costs or CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     n, k = graph.n, cluster.k
     time = costs.time
     wmax = costs.max_time
@@ -299,7 +299,7 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
                                       "(transfer = latency + bytes/bandwidth), 'channel' = also queue on busy links",
                                       choices=("channel", "none")),
                   "insertion": Param(bool, True, "insert into idle slots (the paper) or only append")})
-def dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, congestion: str = "channel",
+def dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, congestion: str = "channel",
          insertion: bool = True) -> Placement:
     """FastT's DPOS placement and execution order (see :func:`dpos_schedule`).
 

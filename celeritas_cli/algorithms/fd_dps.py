@@ -13,16 +13,16 @@ from __future__ import annotations
 import heapq
 import math
 
-from ..model.cluster import Cluster
-from ..model.costs import CostModel, downward_rank, upward_rank
 from ..errors import InvalidInput
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, cost_model, downward_rank, upward_rank
 from ..model.graph import Graph
-from ..scheduling.memory import DeviceMemory
 from ..model.placement import Placement
 from ..registry import Param, register
-from ..sim.simulator import makespan_of
+from ..scheduling.memory import DeviceMemory
 from ..scheduling.splitting import DEFAULT_OVERHEAD_S, split_operation
 from ..scheduling.timeline import Timeline
+from ..sim.simulator import makespan_of
 from .dpos import Links
 
 DEFAULT_EPS = 1.0e-9
@@ -101,7 +101,7 @@ def fd_dps_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = No
                     eps: float = DEFAULT_EPS, fallback: str = "lowest-priority", congestion: str = "channel"):
     """Schedule *graph* by FD-DPS; returns ``(device_of, order, finish,
     makespan, oom, n_critical)`` at index level.  See :func:`fd_dps`."""
-    costs = costs or CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     n, k = graph.n, cluster.k
     time = costs.time
     wbar = costs.mean_time
@@ -229,7 +229,7 @@ def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int
                   "max_splits": Param(int, 8, "split at most this many operators (0 = all critical ones)"),
                   "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)")},
           quick_params={})
-def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, eps: float = DEFAULT_EPS,
+def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, eps: float = DEFAULT_EPS,
            fallback: str = "lowest-priority", congestion: str = "channel", split: bool = False,
            split_parts: int = 0, max_splits: int = 8, overhead_s: float = DEFAULT_OVERHEAD_S) -> Placement:
     """FD-DPS placement and execution order.
@@ -317,7 +317,7 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, eps: float = DEFAUL
     """
     if not eps > 0:
         raise InvalidInput(f"fd-dps parameter eps: must be a positive constant (Definition 12), got {eps}")
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     device_of, order, _, ms, oom, ncrit = fd_dps_schedule(graph, cluster, costs, eps=eps, fallback=fallback,
                                                         congestion=congestion)
     g_used = graph
@@ -326,7 +326,7 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, eps: float = DEFAUL
         parts = split_parts or cluster.k
         g_split = _split_critical(graph, cluster, costs, parts, max_splits, overhead_s)
         if g_split is not graph:
-            c2 = CostModel(g_split, cluster)
+            c2 = costs.for_graph(g_split)
             d2, o2, _, ms2, oom2, nc2 = fd_dps_schedule(g_split, cluster, c2, eps=eps, fallback=fallback,
                                                              congestion=congestion)
             sim1 = makespan_of(graph, cluster, device_of, order, costs=costs)

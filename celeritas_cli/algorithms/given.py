@@ -3,8 +3,9 @@ human expert's, HRL Table 1 "Human Experts") through the same simulator."""
 
 from __future__ import annotations
 
-from ..model.cluster import Cluster
 from ..errors import InvalidInput
+from ..model.cluster import Cluster
+from ..model.costs import CostModel
 from ..model.graph import Graph
 from ..model.io import load_placement
 from ..model.placement import Placement
@@ -14,7 +15,8 @@ from ..registry import Param, register
 @register("given", paper="baseline", section="HRL Table 1 (human experts)",
           summary="Read an existing placement file (-p file=P.json) and re-evaluate it.",
           params={"file": Param(str, None, "placement file to re-evaluate")})
-def given(graph: Graph, cluster: Cluster, *, seed: int = 0, file: str | None = None) -> Placement:
+def given(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+          file: str | None = None) -> Placement:
     """Load placement *file*, check it against *graph* and *cluster*, and
     return it (its order, if any, kept), so ``compare`` and ``simulate``
     judge it like any algorithm's output.

@@ -34,11 +34,11 @@ from __future__ import annotations
 import math
 
 from ..model.cluster import Cluster
-from ..model.costs import CostModel, upward_rank
+from ..model.costs import CostModel, cost_model, upward_rank
 from ..model.graph import Graph
-from ..scheduling.memory import DeviceMemory
 from ..model.placement import Placement
 from ..registry import Param, register
+from ..scheduling.memory import DeviceMemory
 from ..scheduling.timeline import Timeline
 
 
@@ -46,7 +46,7 @@ from ..scheduling.timeline import Timeline
           summary="Upward rank on mean costs + insertion-based earliest finish time; memory-aware by default.",
           params={"memory_aware": Param(bool, True, "devices without room get EFT=+inf"),
                   "insertion": Param(bool, True, "insertion-based slots (False: append only)")})
-def heft(graph: Graph, cluster: Cluster, *, seed: int = 0, memory_aware: bool = True,
+def heft(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, memory_aware: bool = True,
          insertion: bool = True) -> Placement:
     """Place and order *graph* with HEFT (module docstring).
 
@@ -77,7 +77,7 @@ def heft(graph: Graph, cluster: Cluster, *, seed: int = 0, memory_aware: bool = 
     >>> heft(layered(30), uniform(2)).estimate["status"]
     'FEASIBLE'
     """
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     n, k = graph.n, cluster.k
     ti = graph.topo_index()
     rank = upward_rank(graph, lambda v: costs.mean_time[v], costs.mean_comm)

@@ -43,11 +43,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..model.cluster import Cluster
-from ..model.costs import CostModel
+from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
-from ..scheduling.memory import DeviceMemory  # importers of ``.m_etf.DeviceMemory`` keep working
 from ..model.placement import Placement
 from ..registry import register
+from ..scheduling.memory import DeviceMemory  # importers of ``.m_etf.DeviceMemory`` keep working
 
 
 @dataclass
@@ -79,7 +79,7 @@ def etf_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None,
         Device per node, per-device order, estimated start/finish times,
         the estimated makespan and ``FEASIBLE``/``OOM``.
     """
-    costs = costs or CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     n, k = graph.n, cluster.k
     time = costs.time
     ti = graph.topo_index()
@@ -263,7 +263,7 @@ def etf_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None,
 
 @register("m-etf", paper="Baechi (Jeon et al., SoCC 2020)", section="m-ETF (released placer/m_etf.py); Celeritas Table 3",
           summary="Memory-constrained Earliest Task First list scheduling (emits per-device order).")
-def m_etf(graph: Graph, cluster: Cluster, *, seed: int = 0) -> Placement:
+def m_etf(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None) -> Placement:
     """Place and order *graph* with Baechi's m-ETF (module docstring).
 
     Parameters

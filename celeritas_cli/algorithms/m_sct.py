@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import math
 
-from ..model.cluster import Cluster
-from ..model.costs import CostModel
 from ..errors import SolverError
-from ..model.graph import Graph
 from ..log import warn
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, cost_model
+from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
 from .m_etf import etf_schedule
@@ -167,7 +167,7 @@ def greedy_favorites(graph: Graph) -> list[int]:
           summary="m-ETF plus LP-chosen favourite children kept on their parent's device (GLOP).",
           params={"threshold": Param(float, 0.5, "round x_uv <= threshold to 'favourite child'"),
                   "lp_max_nodes": Param(int, 5000, "above this many nodes use greedy favourites, not the LP")})
-def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, threshold: float = 0.5,
+def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, threshold: float = 0.5,
           lp_max_nodes: int = 5000) -> Placement:
     """Place and order *graph* with Baechi's m-SCT (module docstring).
 
@@ -204,7 +204,7 @@ def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, threshold: float = 0
     >>> m_sct(layered(30), uniform(2)).estimate["favorites"]
     'lp'
     """
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     estimate: dict = {}
     if graph.n <= lp_max_nodes and graph.m > 0:
         pairs, x, w = lp_favorite_values(graph, costs)

@@ -32,10 +32,11 @@ simulator's default ready-list order runs each device).
 from __future__ import annotations
 
 from ..model.cluster import Cluster
+from ..model.costs import CostModel
 from ..model.graph import Graph
-from ..scheduling.memory import DeviceMemory
 from ..model.placement import Placement
 from ..registry import register
+from ..scheduling.memory import DeviceMemory
 
 
 def topo_caps(graph: Graph, cluster: Cluster, mem: DeviceMemory) -> list[int]:
@@ -47,7 +48,7 @@ def topo_caps(graph: Graph, cluster: Cluster, mem: DeviceMemory) -> list[int]:
 
 @register("m-topo", paper="Baechi (Jeon et al., SoCC 2020)", section="m-TOPO (released placer/m_topo.py); Celeritas 4.2.2, Table 3",
           summary="Fill devices in Kahn topological order up to total/k + largest node each, never revisiting.")
-def m_topo(graph: Graph, cluster: Cluster, *, seed: int = 0) -> Placement:
+def m_topo(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None) -> Placement:
     """Place *graph* with Baechi's m-TOPO (module docstring).
 
     Parameters

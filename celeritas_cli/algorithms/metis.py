@@ -29,16 +29,18 @@ from __future__ import annotations
 
 from ..errors import MissingDependency
 from ..model.cluster import Cluster
+from ..model.costs import CostModel
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.partition import partition_inputs, placement_from_parts
 
+
 @register("metis", paper="METIS (Karypis & Kumar 1998)", section="Celeritas Table 3; HRL Table 1",
           summary="k-way min edge-cut partition (pymetis), compute- or memory-balanced; groups kept whole.",
           params={"weights": Param(str, "compute", "vertex weights: compute or memory", ("compute", "memory")),
                   "ufactor": Param(int, 30, "allowed imbalance in per-mille (METIS ufactor)")})
-def metis(graph: Graph, cluster: Cluster, *, seed: int = 0, weights: str = "compute",
+def metis(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, weights: str = "compute",
           ufactor: int = 30) -> Placement:
     """Partition *graph* into ``cluster.k`` parts with METIS (module docstring).
 
@@ -78,7 +80,7 @@ def metis(graph: Graph, cluster: Cluster, *, seed: int = 0, weights: str = "comp
         import pymetis
     except ImportError:  # pragma: no cover - a core dependency
         raise MissingDependency("algorithm 'metis' needs pymetis: pip install pymetis") from None
-    unit_of, nu, xadj, adjncy, vw, ew, tpwgts, mem = partition_inputs(graph, cluster, weights)
+    unit_of, nu, xadj, adjncy, vw, ew, tpwgts, mem = partition_inputs(graph, cluster, weights, costs)
     k = cluster.k
     if k == 1 or nu <= 1:
         parts = [0] * nu

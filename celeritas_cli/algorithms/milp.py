@@ -63,9 +63,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..model.cluster import Cluster
-from ..model.costs import CostModel, downward_rank, upward_rank
 from ..errors import Infeasible, InvalidInput, MissingDependency, SolverError
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, cost_model, downward_rank, upward_rank
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
@@ -231,7 +231,7 @@ def build_model(graph: Graph, cluster: Cluster, *, resolution: float, congestion
     cp_model = _cp()
     if congestion not in CONGESTION_RULES:
         raise InvalidInput(f"milp: unknown congestion rule '{congestion}' (use channel, port or none)")
-    costs = costs or CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     n, k = graph.n, cluster.k
     res = float(resolution)
     model = cp_model.CpModel()
@@ -457,7 +457,7 @@ def _heuristic_hint(graph: Graph, cluster: Cluster, names: Sequence[str], seed: 
         if name not in known or name == "milp":
             continue
         try:
-            p = registry.place(graph, cluster, name, seed=seed)
+            p = registry.place(graph, cluster, name, seed=seed, costs=costs)
             if p.split_graph is not None:
                 continue
             device_of, order = p.resolve(graph, cluster, f"{name} hint")
@@ -622,7 +622,7 @@ def _callback_class():
 
 def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: int = 8, seed: int = 0,
           resolution: float = 0.0, congestion: str = "channel", hint: str = "auto",
-          quiet: bool = False, deterministic: bool = True) -> Placement:
+          quiet: bool = False, deterministic: bool = True, costs: CostModel | None = None) -> Placement:
     """Place *graph* on *cluster* with the CP-SAT model of :func:`build_model`.
 
     Parameters
@@ -694,7 +694,7 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
         raise InvalidInput(f"milp: time_limit must be > 0 seconds, got {time_limit}")
     workers = max(1, min(int(workers), os.cpu_count() or 1))
     n, k = graph.n, cluster.k
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     params = {"workers": workers, "congestion": congestion}
     if n == 0:
         return Placement.from_indices(graph, cluster, [], algorithm="milp", order=[[] for _ in range(k)],
@@ -853,7 +853,8 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
                                                  "stop exactly on the wall clock"),
           },
           quick_params={"time_limit": 5})
-def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, time_limit: float = 60.0, workers: int = 8,
+def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+         time_limit: float = 60.0, workers: int = 8,
          resolution: float = 0.0, congestion: str = "channel", hint: str = "auto",
          deterministic: bool = True) -> Placement:
     """Moirai's exact placement (III-D) solved by CP-SAT; see :func:`solve`.
@@ -870,4 +871,4 @@ def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, time_limit: float = 6
     ('OPTIMAL', 3.0)
     """
     return solve(graph, cluster, time_limit=time_limit, workers=workers, seed=seed, resolution=resolution,
-                 congestion=congestion, hint=hint, deterministic=deterministic)
+                 congestion=congestion, hint=hint, deterministic=deterministic, costs=costs)

@@ -9,12 +9,12 @@ of ``placer coarsen --method cpd``; it works on any graph.
 from __future__ import annotations
 
 from ..model.cluster import Cluster
-from ..model.costs import CostModel
+from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
-from ..scheduling.memory import DeviceMemory
-from ..scheduling.orders import cpd_topo
 from ..model.placement import Placement
 from ..registry import Param, register
+from ..scheduling.memory import DeviceMemory
+from ..scheduling.orders import cpd_topo
 from ..sim.simulator import lower_bound, run_schedule
 
 #: graphs up to this many nodes get a simulated makespan in the estimate
@@ -41,7 +41,8 @@ def placement_estimate(graph: Graph, cluster: Cluster, device_of: list[int], cos
 @register("order-place", paper="Celeritas", section="5.2, 6.2.3 (Order-Place)",
           summary="Fill devices one after another in CPD-TOPO order up to their memory (run on a coarse graph).",
           params={"fill": Param(float, 1.0, "fraction of each device's memory to fill before moving on")})
-def order_place(graph: Graph, cluster: Cluster, *, seed: int = 0, fill: float = 1.0) -> Placement:
+def order_place(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+                fill: float = 1.0) -> Placement:
     """Order-Place (Celeritas 5.2): walk the CPD-TOPO sequence and put each
     node on the current device while it fits, else move on to the next one.
 
@@ -84,7 +85,7 @@ def order_place(graph: Graph, cluster: Cluster, *, seed: int = 0, fill: float = 
     >>> order_place(g, uniform(2, memory=12)).assignment
     {'a': 'gpu0', 'b': 'gpu0', 'c': 'gpu1'}
     """
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     k = cluster.k
     seq = cpd_topo(graph, costs)
     mem = DeviceMemory(graph, cluster, cap=[int(dv.memory * fill) for dv in cluster.devices])

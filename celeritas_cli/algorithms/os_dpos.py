@@ -15,12 +15,12 @@ from __future__ import annotations
 import sys
 
 from ..model.cluster import Cluster
-from ..model.costs import CostModel
+from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
-from ..sim.simulator import critical_path, run_schedule
 from ..scheduling.splitting import DEFAULT_OVERHEAD_S, split_operation
+from ..sim.simulator import critical_path, run_schedule
 from .dpos import dpos_schedule
 
 
@@ -39,7 +39,7 @@ def _score(graph: Graph, cluster: Cluster, res, costs: CostModel, congestion: st
                                       choices=("channel", "port", "none")),
                   "verbose": Param(bool, False, "log each trial to stderr")},
           quick_params={"max_ops": 2})
-def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, max_ops: int = 8,
+def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, max_ops: int = 8,
             overhead_s: float = DEFAULT_OVERHEAD_S, congestion: str = "channel",
             verbose: bool = False) -> Placement:
     """FastT Algorithm 2 (OS-DPOS).
@@ -99,7 +99,7 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, max_ops: int = 8,
     FastT (Yi et al., CoNEXT 2020), section 5.2, Algorithm 2.
     """
     k = cluster.k
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     model = "none" if congestion == "none" else "channel"
     res = dpos_schedule(graph, cluster, costs, congestion=model)
     best_ms, sched = _score(graph, cluster, res, costs, congestion)
@@ -120,7 +120,7 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, max_ops: int = 8,
         for dim in g_cur.splittable[v] or []:
             for parts in range(2, k + 1):
                 g_new = split_operation(g_cur, nid, dim, parts, overhead_s=overhead_s)
-                c_new = CostModel(g_new, cluster)
+                c_new = costs.for_graph(g_new)
                 r_new = dpos_schedule(g_new, cluster, c_new, congestion=model)
                 ms, _ = _score(g_new, cluster, r_new, c_new, congestion)
                 if verbose:

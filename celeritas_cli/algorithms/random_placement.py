@@ -5,15 +5,16 @@ from __future__ import annotations
 import random
 
 from ..model.cluster import Cluster
+from ..model.costs import CostModel
 from ..model.graph import Graph
-from ..scheduling.memory import DeviceMemory
 from ..model.placement import Placement
 from ..registry import register
+from ..scheduling.memory import DeviceMemory
 
 
 @register("random", paper="baseline", section="HRL Table 1 / sanity floor",
           summary="Each node (colocation group) on a uniformly random device, seeded.")
-def random_placement(graph: Graph, cluster: Cluster, *, seed: int = 0) -> Placement:
+def random_placement(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None) -> Placement:
     """Each node, or each colocation group as a whole, goes to a device drawn
     uniformly with ``random.Random(seed)``, in node index order.  Memory is
     not considered (the estimate says ``OOM`` when a device overflows).

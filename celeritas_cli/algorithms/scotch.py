@@ -23,8 +23,9 @@ from __future__ import annotations
 import contextlib
 import io
 
-from ..model.cluster import Cluster
 from ..errors import MissingDependency, SolverError
+from ..model.cluster import Cluster
+from ..model.costs import CostModel
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
@@ -47,7 +48,8 @@ def _import_pyscotch():
 @register("scotch", paper="Scotch (Pellegrini & Roman 1996)", section="static mapping baseline (cf. METIS)",
           summary="Scotch k-way mapping (pyscotch) minimising cut bytes, balanced by compute or memory.",
           params={"weights": Param(str, "compute", "vertex weights: compute or memory", ("compute", "memory"))})
-def scotch(graph: Graph, cluster: Cluster, *, seed: int = 0, weights: str = "compute") -> Placement:
+def scotch(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+           weights: str = "compute") -> Placement:
     """Map *graph* onto the cluster's devices with Scotch (module docstring).
 
     Parameters
@@ -82,7 +84,7 @@ def scotch(graph: Graph, cluster: Cluster, *, seed: int = 0, weights: str = "com
     >>> len(p.assignment)
     40
     """
-    unit_of, nu, xadj, adjncy, vw, ew, _tpwgts, mem = partition_inputs(graph, cluster, weights)
+    unit_of, nu, xadj, adjncy, vw, ew, _tpwgts, mem = partition_inputs(graph, cluster, weights, costs)
     k = cluster.k
     if k == 1 or nu <= 1:
         return placement_from_parts(graph, cluster, unit_of, [0] * nu, mem, "scotch", seed)

@@ -4,7 +4,7 @@ model-parallel paper starts from; Celeritas Table 3 "Single GPU")."""
 from __future__ import annotations
 
 from ..model.cluster import Cluster
-from ..model.costs import CostModel
+from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import register
@@ -12,7 +12,7 @@ from ..registry import register
 
 @register("single-device", paper="baseline", section="Celeritas 6.2 (single GPU)",
           summary="Everything on the fastest device (OOM when it does not fit).")
-def single_device(graph: Graph, cluster: Cluster, *, seed: int = 0) -> Placement:
+def single_device(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None) -> Placement:
     """Place every node on the device with the smallest total compute time,
     ties by device index.  The estimate reports ``OOM`` when the graph's
     memory exceeds that device's capacity (no fallback: that is the point of
@@ -26,7 +26,7 @@ def single_device(graph: Graph, cluster: Cluster, *, seed: int = 0) -> Placement
     >>> set(p.assignment.values())
     {'gpu0'}
     """
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     totals = [sum(costs.time[v][d] for v in range(graph.n)) for d in range(cluster.k)]
     best = min(range(cluster.k), key=lambda d: (totals[d], d))
     fits = graph.total_memory() <= cluster.devices[best].memory

@@ -8,8 +8,8 @@ import time
 import click
 
 from .. import registry
-from ..model.costs import CostModel
 from ..log import warn
+from ..model.costs import cost_model
 from ..model.io import load_graph
 from .common import cluster_option, emit, get_cluster, output_option, parse_params, stdin_is_tty
 
@@ -78,10 +78,11 @@ def coarsen(graph_path, method, R, M, cluster_path, params, output):
     graph = load_graph(graph_path)
     cluster = get_cluster(cluster_path)
     t0 = time.perf_counter()
-    coarse = registry.coarsen(graph, cluster, method, params=raw)
+    costs = cost_model(graph, cluster)
+    coarse = registry.coarsen(graph, cluster, method, params=raw, costs=costs)
     dt = time.perf_counter() - t0
-    ccr0 = CostModel(graph, cluster).ccr()
-    ccr1 = CostModel(coarse, cluster).ccr()
+    ccr0 = costs.ccr()
+    ccr1 = costs.for_graph(coarse).ccr()
     factor = graph.n / coarse.n if coarse.n else float("inf")
     warn(f"placer: coarsen --method {method} on {cluster.name}: "
          f"nodes {graph.n} -> {coarse.n} ({factor:.1f}x fewer), edges {graph.m} -> {coarse.m}, "

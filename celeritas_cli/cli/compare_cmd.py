@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from ..compare import core as lib
 from .. import registry
+from ..compare import core as lib
 from ..errors import InvalidInput
 from ..log import warn
 from ..model.io import load_cluster

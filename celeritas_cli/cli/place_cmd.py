@@ -6,6 +6,7 @@ import click
 
 from .. import registry
 from ..log import warn
+from ..model.costs import cost_model
 from ..model.io import load_graph
 from ..sim.simulator import simulate
 from .common import cluster_option, emit, get_cluster, output_option, parse_params, seed_option, stdin_is_tty
@@ -76,9 +77,10 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate,
             warn(f"placer: --time-limit ignored: '{algo}' takes no time limit")
     graph = load_graph(graph_path)
     cluster = get_cluster(cluster_path)
-    result = registry.place(graph, cluster, algo, seed=seed, params=raw)
+    costs = cost_model(graph, cluster)
+    result = registry.place(graph, cluster, algo, seed=seed, params=raw, costs=costs)
     if do_simulate:
-        report = simulate(graph, cluster, result)
+        report = simulate(graph, cluster, result, costs=costs)
         ratio = report["makespan_over_lb"]
         warn(f"placer: {algo}: simulated makespan {report['makespan_s']:.6g} s ({report['status']}), "
              f"makespan/LB {ratio:.3f}, placed in {result.placement_time_s:.3f} s" if ratio is not None else

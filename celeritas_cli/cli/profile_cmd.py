@@ -7,7 +7,7 @@ import click
 
 from ..errors import InvalidInput
 from ..model.graph import Graph
-from ..model.jsonio import read_json, label_of
+from ..model.jsonio import label_of, read_json
 from .common import emit, output_option, seed_option, stderr_console
 
 
@@ -39,11 +39,11 @@ def _config(pairs: tuple[str, ...]) -> dict:
 
 
 def _summary(console, doc: dict) -> None:
-    from ..model.costs import CostModel
+    from ..model.costs import cost_model
     from ..model.io import load_cluster
 
     g = Graph.from_dict(doc, doc.get("name", "graph"))
-    ccr = CostModel(g, load_cluster(None)).ccr() if g.m else 0.0
+    ccr = cost_model(g, load_cluster(None)).ccr() if g.m else 0.0
     measured = (doc.get("meta") or {}).get("measured")
     where = f"measured on {measured['device']}" if isinstance(measured, dict) else "V100"
     console.print(f"placer profile: {g.name}: {g.n} nodes, {g.m} edges, CCR {ccr:.2f} on 4xV100-pcie, "
@@ -117,9 +117,10 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
         emit(doc, output)
         return
     if mode in ("--comm-fit", "--comm-bench"):
-        from ..model.cluster import Cluster
         from ..log import warn
-        from ..profile.commfit import comm_bench as bench, fit_cluster
+        from ..model.cluster import Cluster
+        from ..profile.commfit import comm_bench as bench
+        from ..profile.commfit import fit_cluster
 
         if mode == "--comm-bench":
             samples = bench(progress=progress)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from ..model.io import bundled_cluster_names, load_graph, load_placement
-from ..sim.simulator import CONGESTION_RULES, simulate as run_simulation
+from ..sim.simulator import CONGESTION_RULES
+from ..sim.simulator import simulate as run_simulation
 from .common import emit, get_cluster, output_option
 
 

@@ -39,11 +39,11 @@ sit at opposite ends of the training graph.
 
 from __future__ import annotations
 
-
 from ..model.cluster import Cluster
-from .contract import contract, is_acyclic
+from ..model.costs import CostModel
 from ..model.graph import Graph
 from ..registry import register_coarsener
+from .contract import contract, is_acyclic
 
 
 def baechi_clusters(graph: Graph) -> list[int]:
@@ -108,9 +108,10 @@ def baechi_clusters(graph: Graph) -> list[int]:
     return [number[find(v)] for v in range(n)]
 
 
-@register_coarsener("baechi", paper="Baechi (Jeon et al., SoCC 2020)", section="co-placement (released placer/grouper.py); Celeritas 5.1.2",
+@register_coarsener("baechi", paper="Baechi (Jeon et al., SoCC 2020)",
+                    section="co-placement (released placer/grouper.py); Celeritas 5.1.2",
                     summary="Merge u->v when u has out-degree 1 or v in-degree 1 (never a cycle).")
-def baechi(graph: Graph, cluster: Cluster) -> Graph:
+def baechi(graph: Graph, cluster: Cluster, *, costs: CostModel | None = None) -> Graph:
     """Coarsen *graph* with Baechi's degree-1 co-placement rule.
 
     Parameters

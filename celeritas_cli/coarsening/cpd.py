@@ -33,13 +33,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ..model.cluster import Cluster
-from .contract import contract, is_acyclic
-from ..model.costs import CostModel
 from ..errors import InvalidInput, SolverError
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
-from ..scheduling.orders import cpd_topo
 from ..registry import Param, register_coarsener
+from ..scheduling.orders import cpd_topo
+from .contract import contract, is_acyclic
 
 
 def memory_cap(cluster: Cluster, M: float) -> int:
@@ -165,7 +165,7 @@ def cpd_clusters(graph: Graph, cluster: Cluster, *, R: int = 200, M: float = 0.2
                  costs: CostModel | None = None) -> tuple[list[int], dict]:
     """Cluster id per node by Algorithm 1 (see the module docstring for the
     colocation followers).  Returns ``(cluster_of, info)``."""
-    costs = costs or CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     cap = memory_cap(cluster, M)
     w = costs.mean_time
     c = [costs.mean_comm(e) for e in range(graph.m)]
@@ -208,7 +208,7 @@ def cpd_clusters(graph: Graph, cluster: Cluster, *, R: int = 200, M: float = 0.2
     params={"R": Param(int, 200, "exploration range: max nodes per cluster"),
             "M": Param(float, 0.25, "memory cap per cluster: fraction of the smallest device memory "
                                     "if <= 1, else bytes")})
-def cpd(graph: Graph, cluster: Cluster, *, R: int = 200, M: float = 0.25) -> Graph:
+def cpd(graph: Graph, cluster: Cluster, *, costs: CostModel | None = None, R: int = 200, M: float = 0.25) -> Graph:
     """Optimal Operation Fusion (Celeritas Algorithm 1): the coarse graph.
 
     Parameters
@@ -248,7 +248,7 @@ def cpd(graph: Graph, cluster: Cluster, *, R: int = 200, M: float = 0.25) -> Gra
     >>> cg.n < 60, cg.meta["coarsening"]
     (True, 'cpd')
     """
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     cluster_of, info = cpd_clusters(graph, cluster, R=R, M=M, costs=costs)
     if graph.n and not is_acyclic(graph, cluster_of):
         raise SolverError(f"coarsening 'cpd' of graph '{graph.name}' produced a cyclic coarse graph "

@@ -42,11 +42,12 @@ from __future__ import annotations
 import json
 import os
 
-from ..model.cluster import Cluster
-from .contract import contract, is_acyclic
 from ..errors import InvalidInput
+from ..model.cluster import Cluster
+from ..model.costs import CostModel
 from ..model.graph import Graph
 from ..registry import Param, register_coarsener
+from .contract import contract, is_acyclic
 
 DEFAULT_RULES: list[list[str]] = [["conv", "bn"], ["conv", "bn", "relu"], ["conv", "bn", "add", "relu"]]
 
@@ -148,7 +149,7 @@ def fusion_clusters(graph: Graph, rules: list[list[str]]) -> tuple[list[int], in
 @register_coarsener("fusion", paper="Moirai", section="III-B Graph Coarsening, Table I, Algorithm 1",
                     summary="Fuse op-type sequences (conv+bn[+add]+relu) over direct/multi-input links only.",
                     params={"rules": Param(str, None, "fusion rules: JSON list of op-type lists, or a JSON file")})
-def fusion(graph: Graph, cluster: Cluster, *, rules: str | None = None) -> Graph:
+def fusion(graph: Graph, cluster: Cluster, *, costs: CostModel | None = None, rules: str | None = None) -> Graph:
     """Coarsen *graph* by Moirai's operator fusion rules (module docstring).
 
     Parameters

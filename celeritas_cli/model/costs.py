@@ -1,20 +1,51 @@
-"""Cost rules shared by every algorithm and the simulator.
+"""The cost-model seam: what a node and a transfer cost, for every algorithm
+and the simulator.
 
 A :class:`CostModel` binds a graph to a cluster and answers, in O(1):
 
-* ``time[v][d]`` - node *v*'s compute time on device *d*
-  (``compute_by_type[d.type]`` when present, else ``compute_s / d.speed``);
-* ``comm(e, a, c)`` - transfer time of edge *e*'s tensor from device *a* to *c*
-  (the edge's ``comm_s_by_pair`` entry ``"a->c"`` when present, else the
-  link's latency + bytes / bandwidth; 0 when ``a == c``);
-* ``tensor_comm(t, a, c)`` - the same for a tensor id.
+* ``time[v][d]`` - node *v*'s compute time on device *d*;
+* ``comm(e, a, c)`` - transfer time of edge *e*'s tensor from device *a* to
+  device *c* (0 when ``a == c``);
+* ``tensor_comm(t, a, c)`` - the same for a tensor id;
 
-Aggregates used by the list schedulers (HEFT's average costs, FastT's
-maximal costs) are methods here so fine and coarse graphs share them.
+and the aggregates the list schedulers use (HEFT's average costs, FastT's
+maximal costs, CCR).  The default rules are those of the file formats
+(docs/design.md): ``compute_by_type[d.type]`` when present, else
+``compute_s / d.speed``; an edge's ``comm_s_by_pair`` entry when present,
+else the link's latency + bytes / bandwidth.
+
+One construction path
+---------------------
+Costs are built once per (graph, cluster) by :func:`cost_model` and passed
+along: :func:`celeritas_cli.registry.place` builds them and hands them to
+the algorithm (``costs=`` keyword), an algorithm that derives a graph (a
+coarse or split graph) asks ``costs.for_graph(derived)``, and
+:func:`celeritas_cli.sim.simulator.simulate` takes ``costs=`` too, so a
+placement is judged under the model it was made with.
+
+Adding a cost model
+-------------------
+Subclass :class:`CostModel` and override one or both hooks:
+
+* :meth:`CostModel.node_row` - times of node *v* on every device (e.g.
+  measured times looked up by ``self.graph.ids[v]`` or, for a coarse node,
+  summed over ``self.graph.original_ids(v)``);
+* :meth:`CostModel.link_time` - seconds to move *nbytes* from device *a* to
+  device *c* (e.g. a per-pair fit ``k * bytes + b``);
+
+then pass an instance: ``place(g, c, "heft", costs=MyModel(g, c))`` and
+``simulate(g, c, p, costs=MyModel(g, c))``.  :meth:`CostModel.for_graph`
+re-binds the same rules to a derived graph (override it when the rules need
+more than the derived graph's own fields).  Example::
+
+    class SlowLinks(CostModel):
+        def link_time(self, nbytes, a, c):
+            return 2 * super().link_time(nbytes, a, c)
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from functools import cached_property
 
@@ -22,23 +53,67 @@ from .cluster import Cluster
 from .graph import Graph
 
 
+def cost_model(graph: Graph, cluster: Cluster, costs: "CostModel | None" = None) -> "CostModel":
+    """The costs of *graph* on *cluster*: *costs* re-bound to *graph* when
+    given (the caller's model, see the module docstring), else the default
+    :class:`CostModel`.  The one place costs are constructed.
+
+    Example
+    -------
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> g = build("a", [{"id": "a", "compute_s": 2.0, "memory_bytes": 0}], [])
+    >>> c = uniform(2, speeds=[1.0, 2.0])
+    >>> cost_model(g, c).time
+    [[2.0, 1.0]]
+    >>> m = cost_model(g, c); cost_model(g, c, m) is m
+    True
+    """
+    if costs is None:
+        return CostModel(graph, cluster)
+    if costs.cluster is not cluster and costs.cluster.ids != cluster.ids:
+        raise ValueError(f"cost model is bound to cluster '{costs.cluster.name}', not '{cluster.name}'")
+    return costs.for_graph(graph)
+
+
 class CostModel:
-    """Node and edge costs of *graph* on *cluster* (see module docstring)."""
+    """Node and edge costs of *graph* on *cluster* (see the module docstring
+    for the rules and how to plug in another model)."""
 
     def __init__(self, graph: Graph, cluster: Cluster):
-        self.graph = graph
         self.cluster = cluster
-        devs = cluster.devices
-        speeds = [d.speed for d in devs]
-        types = [d.type for d in devs]
-        self.time: list[list[float]] = []
-        for v in range(graph.n):
-            c = graph.compute[v]
-            by = graph.compute_by_type[v]
-            if by:
-                self.time.append([by[t] if t in by else c / s for t, s in zip(types, speeds)])
-            else:
-                self.time.append([c / s for s in speeds])
+        self._bind(graph)
+
+    def _bind(self, graph: Graph) -> None:
+        self.graph = graph
+        for name in ("fastest_time", "mean_time", "max_time", "_pair_stats"):
+            self.__dict__.pop(name, None)
+        self.time: list[list[float]] = [self.node_row(v) for v in range(graph.n)]
+
+    def for_graph(self, graph: Graph) -> "CostModel":
+        """The same cost rules bound to *graph* (a coarse or split graph
+        derived from this model's graph, or any graph on the same cluster)."""
+        if graph is self.graph:
+            return self
+        clone = copy.copy(self)
+        clone._bind(graph)
+        return clone
+
+    # -------------------------------------------------------------- hooks
+    def node_row(self, v: int) -> list[float]:
+        """Times of node *v* on every device (hook; default: the file's
+        ``compute_by_type[d.type]``, else ``compute_s / d.speed``)."""
+        c = self.graph.compute[v]
+        by = self.graph.compute_by_type[v]
+        devs = self.cluster.devices
+        if by:
+            return [by[d.type] if d.type in by else c / d.speed for d in devs]
+        return [c / d.speed for d in devs]
+
+    def link_time(self, nbytes: float, a: int, c: int) -> float:
+        """Seconds to move *nbytes* from device *a* to a different device *c*
+        (hook; default: the link's latency + bytes / bandwidth)."""
+        return self.cluster.latency[a][c] + nbytes / self.cluster.bandwidth[a][c]
 
     # -------------------------------------------------------------- nodes
     def node_time(self, v: int, d: int) -> float:
@@ -68,17 +143,25 @@ class CostModel:
             key = f"{self.cluster.devices[a].id}->{self.cluster.devices[c].id}"
             if key in override:
                 return override[key]
-        return self.cluster.latency[a][c] + g.edge_bytes[e] / self.cluster.bandwidth[a][c]
+        return self.link_time(g.edge_bytes[e], a, c)
 
     def tensor_comm(self, t: int, a: int, c: int) -> float:
         """Transfer time of tensor *t* (its first edge's override applies)."""
         return self.comm(self.graph.tensor_edges[t][0], a, c)
 
+    @property
+    def _default_links(self) -> bool:
+        return type(self).link_time is CostModel.link_time
+
+    @cached_property
+    def _pairs(self) -> list[tuple[int, int]]:
+        k = self.cluster.k
+        return [(a, c) for a in range(k) for c in range(k) if a != c]
+
     @cached_property
     def _pair_stats(self) -> tuple[float, float, float, float]:
         cl = self.cluster
-        k = cl.k
-        pairs = [(a, c) for a in range(k) for c in range(k) if a != c]
+        pairs = self._pairs
         if not pairs:
             return 0.0, 0.0, 0.0, 0.0
         inv = [1.0 / cl.bandwidth[a][c] for a, c in pairs]
@@ -88,17 +171,22 @@ class CostModel:
     def mean_comm(self, e: int) -> float:
         """Average transfer time of edge *e* over ordered pairs of distinct
         devices (HEFT's c̄, Topcuoglu 2002 Eq. 4 without the same-device term)."""
-        mlat, minv, _, _ = self._pair_stats
         if self.cluster.k < 2:
             return 0.0
+        if not self._default_links:
+            times = [self.link_time(self.graph.edge_bytes[e], a, c) for a, c in self._pairs]
+            return math.fsum(times) / len(times)
+        mlat, minv, _, _ = self._pair_stats
         return mlat + self.graph.edge_bytes[e] * minv
 
     def max_comm(self, e: int) -> float:
         """Worst-case transfer time of edge *e* over device pairs (FastT's
         maximal communication cost, section 5)."""
-        _, _, xlat, xinv = self._pair_stats
         if self.cluster.k < 2:
             return 0.0
+        if not self._default_links:
+            return max(self.link_time(self.graph.edge_bytes[e], a, c) for a, c in self._pairs)
+        _, _, xlat, xinv = self._pair_stats
         return xlat + self.graph.edge_bytes[e] * xinv
 
     def ccr(self) -> float:

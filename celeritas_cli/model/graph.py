@@ -13,7 +13,6 @@ also the simulator's tie-break order for transfers of one producer.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field

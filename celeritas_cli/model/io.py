@@ -8,7 +8,7 @@ from importlib import resources
 
 from .cluster import Cluster
 from .graph import Graph
-from .jsonio import label_of, loads, read_bytes, read_json
+from .jsonio import label_of, loads, read_json
 from .placement import Placement
 
 DEFAULT_CLUSTER = "4xV100-pcie"

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .cluster import Cluster
 from ..errors import InvalidInput
+from .cluster import Cluster
 from .graph import Graph
 from .jsonio import validate
 

@@ -239,7 +239,6 @@ def _op_name(node) -> str:
 
 def _flops(node, op: str) -> int:
     """FLOPs of one fx node: torch's flop registry first, then :mod:`.flops`."""
-    import torch
     from torch.fx.node import map_arg
     from torch.utils.flop_counter import flop_registry
 
@@ -294,7 +293,6 @@ def trace_to_doc(tr: Trace, *, name: str, meta: dict, optimizer: str = "adam") -
     optimizer : ``adam`` (2 moments per parameter) or ``sgd`` (no state).
     """
     import torch
-    from torch.fx.node import map_arg
 
     gm = tr.gm
     n_params, n_buffers = len(tr.param_names), len(tr.buffer_names)
@@ -507,11 +505,11 @@ def profile_model(spec: str, batch: int, *, phase: str = "training", config: dic
 
 def graph_stats(doc: dict, cluster=None) -> dict:
     """Nodes, edges, CCR (Celeritas Eq. 1 on *cluster*, default 4xV100-pcie) and total memory."""
-    from ..model.costs import CostModel
+    from ..model.costs import cost_model
     from ..model.graph import Graph
     from ..model.io import load_cluster
 
     g = Graph.from_dict(doc, doc.get("name", "graph"))
     c = cluster or load_cluster(None)
-    return {"nodes": g.n, "edges": g.m, "ccr": CostModel(g, c).ccr(), "memory_bytes": g.total_memory(),
+    return {"nodes": g.n, "edges": g.m, "ccr": cost_model(g, c).ccr(), "memory_bytes": g.total_memory(),
             "compute_s": math.fsum(g.compute)}

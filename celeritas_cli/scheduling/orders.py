@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Sequence
 
-from ..model.costs import downward_rank, upward_rank
 from ..errors import CycleError
+from ..model.costs import downward_rank, upward_rank
 from ..model.graph import Graph, describe_cycle
 
 __all__ = ["m_topo", "dfs_topo", "cpd_topo", "tlevel_blevel", "node_edge_costs", "cut_edges"]

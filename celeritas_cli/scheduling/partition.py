@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..errors import InvalidInput
 from ..model.cluster import Cluster
-from ..model.costs import CostModel
+from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement
 from .memory import DeviceMemory
@@ -50,14 +50,14 @@ def _scaled(values: list[float]) -> list[int]:
     return [max(1, round(x / top * _SCALE)) for x in values]
 
 
-def partition_inputs(graph: Graph, cluster: Cluster, weights: str):
+def partition_inputs(graph: Graph, cluster: Cluster, weights: str, costs: CostModel | None = None):
     """CSR arrays, integer vertex/edge weights and target part weights for
     a partitioner (METIS and Scotch)."""
     if weights not in ("compute", "memory"):
         raise InvalidInput(f"metis/scotch parameter weights: must be compute or memory, got {weights!r}")
     mem = DeviceMemory(graph, cluster)
     unit_of, nu, ew = unit_graph(graph, mem)
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     vw = [0.0] * nu
     for v in range(graph.n):
         vw[unit_of[v]] += costs.mean_time[v] if weights == "compute" else graph.memory[v]

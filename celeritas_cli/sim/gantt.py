@@ -12,8 +12,8 @@ import html
 import os
 import zlib
 
-from ..model.cluster import Cluster
 from ..errors import InvalidInput, MissingDependency
+from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.jsonio import write_bytes, write_json
 

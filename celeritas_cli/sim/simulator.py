@@ -44,9 +44,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..model.cluster import Cluster
-from ..model.costs import CostModel, upward_rank
 from ..errors import ColocationError, InvalidInput
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, cost_model, upward_rank
 from ..model.graph import Graph
 from ..model.placement import Placement, finite_or_none
 
@@ -109,7 +109,7 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
     """
     if congestion not in CONGESTION_RULES:
         raise InvalidInput(f"unknown congestion rule '{congestion}' (use channel, port or none)")
-    costs = costs or CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     n, k = graph.n, cluster.k
     time = costs.time
     dev = list(device_of)
@@ -266,7 +266,7 @@ def _deadlock_message(graph, cluster, dev, queue_of, ptr, finish, label) -> str:
 def lower_bound(graph: Graph, cluster: Cluster, costs: CostModel | None = None) -> float:
     """LB = max(critical path with zero communication at fastest devices,
     total work / devices) - see the module docstring."""
-    costs = costs or CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     if graph.n == 0:
         return 0.0
     fastest = costs.fastest_time
@@ -300,7 +300,8 @@ def critical_path(graph: Graph, sched: Schedule) -> list[int]:
 
 
 def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion: str = "channel",
-             label: str = "placement", schedule_out: list | None = None) -> dict:
+             label: str = "placement", schedule_out: list | None = None,
+             costs: CostModel | None = None) -> dict:
     """Simulate *placement* of *graph* on *cluster* and return the
     ``placer.report/v1`` document (see the module docstring).
 
@@ -308,7 +309,8 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     placement carries a ``split_graph`` (FastT / FD-DPS operation splitting),
     that graph is simulated instead: it is exactly what was planned.  When
     *schedule_out* is a list, the :class:`Schedule` is appended to it (for
-    ``--gantt`` / ``--trace``).
+    ``--gantt`` / ``--trace``).  *costs* is the cost model to judge under
+    (default: the file's costs; re-bound to a split graph when there is one).
 
     Raises
     ------
@@ -334,7 +336,7 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
         graph = Graph.from_dict(placement.split_graph, f"{label} (split_graph)")
     device_of, order = placement.resolve(graph, cluster, label)
     check_colocation(graph, cluster, device_of, label)
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs, label=label)
     if schedule_out is not None:
         schedule_out.append(sched)

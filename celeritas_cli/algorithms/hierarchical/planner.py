@@ -45,9 +45,9 @@ import math
 import time
 from typing import Any
 
-from ...model.cluster import Cluster
-from ...model.costs import CostModel
 from ...errors import InvalidInput, MissingDependency
+from ...model.cluster import Cluster
+from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...model.placement import Placement
 from ...registry import Param, register
@@ -197,7 +197,8 @@ def oom_runtime(graph: Graph, cluster: Cluster, costs: CostModel, penalty: float
     quick_params={"iterations": 5, "samples_per_iteration": 2, "hidden": 16, "time_limit": 20.0,
                   "progress": False},
 )
-def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, groups: int = 0, iterations: int = 1000,
+def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+                 groups: int = 0, iterations: int = 1000,
                  samples_per_iteration: int = 8, time_limit: float = 60.0, lr: float = 0.05, hidden: int = 64,
                  oom_penalty: float = 2.0, congestion: str = "channel", progress: bool = True) -> Placement:
     """Train the Hierarchical Planner's policy on *graph* and return the best
@@ -317,7 +318,7 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, groups: int =
 
     t0 = time.perf_counter()
     n, k = graph.n, cluster.k
-    costs = CostModel(graph, cluster)
+    costs = cost_model(graph, cluster, costs)
     unit_of, n_units = _units(graph)
     unit_mem = [0] * n_units
     for v in range(n):
