@@ -50,16 +50,33 @@ def _adam_step(p, g, m, v, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
     p.addcdiv_(m, v.sqrt().add_(eps), value=-lr)
 
 
-def measure_doc(doc: dict, tr: Trace, *, warmup: int = 2, repeats: int = 5, progress=None) -> dict:
+def measure_doc(doc: dict, tr: Trace, *, warmup: int = 2, repeats: int = 5, threads: int | None = None,
+                progress=None) -> dict:
     """Time each node of *doc* (captured from *tr*) and write the times into it.
+
+    *threads* sets torch's intra-op threads while measuring (on the CPU, a
+    node's time depends on it: measure with the threads each ``placer run``
+    process will have).
 
     Returns
     -------
-    dict, the summary: ``device``, ``measured``, ``failed``, ``noise_median``,
-    ``noise_p90`` and ``noisy`` (nodes with noise above 20 %).  The same
-    summary is stored in ``doc["meta"]["measured"]``.
+    dict, the summary: ``device``, ``threads``, ``measured``, ``failed``,
+    ``noise_median``, ``noise_p90`` and ``noisy`` (nodes with noise above
+    20 %).  The same summary is stored in ``doc["meta"]["measured"]``.
     """
     torch = require_torch()
+
+    saved = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _measure(doc, tr, warmup, repeats, progress)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _measure(doc: dict, tr: Trace, warmup: int, repeats: int, progress) -> dict:
+    import torch
     from torch.fx.node import map_arg
 
     device, dtype_name = local_device()
@@ -107,8 +124,8 @@ def measure_doc(doc: dict, tr: Trace, *, warmup: int = 2, repeats: int = 5, prog
         nd.setdefault("compute_by_type", {})[dtype_name] = best
         measured += 1
     noises.sort()
-    summary = {"device": dtype_name, "measured": measured, "failed": failed, "repeats": repeats,
-               "warmup": warmup, "estimator": "min-of-k",
+    summary = {"device": dtype_name, "threads": torch.get_num_threads(), "measured": measured, "failed": failed,
+               "repeats": repeats, "warmup": warmup, "estimator": "min-of-k",
                "noise_median": noises[len(noises) // 2] if noises else 0.0,
                "noise_p90": noises[min(len(noises) - 1, int(0.9 * len(noises)))] if noises else 0.0,
                "noisy": sum(x > 0.2 for x in noises)}

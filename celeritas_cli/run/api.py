@@ -238,7 +238,7 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
                    "timeout": timeout}
             say(f"starting {len(used)} processes ({dist_backend}: {where}; {n_threads} thread(s) each): "
                 f"1 checked step, {warmup - 1} more warm-up, {steps} timed")
-            measured = _merge_ranks(run_processes(job, timeout=timeout, progress=say))
+            measured = _merge_ranks(run_processes(job, timeout=timeout))
     finally:
         torch.set_num_threads(saved_threads)
     numerics = compare(measured["loss"], measured["params"], ref, rtol=rtol, atol=atol)

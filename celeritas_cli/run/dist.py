@@ -26,16 +26,10 @@ step) has.
 
 from __future__ import annotations
 
-import datetime
-import os
-import subprocess
-import sys
-import tempfile
-import time
-import traceback
 from typing import Any
 
 from ..errors import InvalidInput
+from .launch import launch, worker_main
 
 
 def _perm(meta) -> list[int] | None:
@@ -205,100 +199,11 @@ def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
     return out
 
 
-def _worker(rank: int, job_path: str) -> None:
-    """Entry point of a rank process: results (or the error) go to ``<job>.<rank>``."""
-    import torch
-
-    result_path = f"{job_path}.{rank}"
-    try:
-        job = torch.load(job_path, weights_only=False)
-        torch.set_num_threads(job["threads"])
-        dev = torch.device(job["torch_devices"][job["ranks"][rank]])
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
-        import torch.distributed as dist
-
-        dist.init_process_group(job["dist_backend"], init_method=f"file://{job_path}.store", rank=rank,
-                                world_size=len(job["ranks"]), timeout=datetime.timedelta(seconds=job["timeout"]))
-        try:
-            out = rank_main(rank, job)
-        finally:
-            dist.destroy_process_group()
-    except Exception as exc:  # noqa: BLE001 - reported by the parent as one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        out = {"rank": rank, "error": f"{type(exc).__name__}: {first}", "traceback": traceback.format_exc()}
-    torch.save(out, result_path + ".tmp")
-    os.replace(result_path + ".tmp", result_path)
-
-
-def run_processes(job: dict, *, timeout: float, progress=None) -> list[dict]:
-    """Start one process per rank of *job* (``python -m celeritas_cli.run.dist JOB RANK``,
-    so the caller's ``__main__`` is never re-imported) and collect their results.
-
-    Raises
-    ------
-    InvalidInput
-        A rank failed (its first error line), or the ranks did not finish within *timeout* seconds.
-    """
-    import torch
-
-    n = len(job["ranks"])
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.getcwd(), env.get("PYTHONPATH")) if p)
-    with tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
-        path = os.path.join(tmp, "job.pt")
-        torch.save(job, path)
-        procs, logs = [], []
-        for r in range(n):
-            log = open(f"{path}.{r}.log", "wb")
-            logs.append(log)
-            procs.append(subprocess.Popen([sys.executable, "-m", "celeritas_cli.run.dist", path, str(r)],
-                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env))
-        deadline = time.monotonic() + timeout
-        results: dict[int, dict] = {}
-        try:
-            while len(results) < n:
-                for r, proc in enumerate(procs):
-                    rp = f"{path}.{r}"
-                    if r in results:
-                        continue
-                    if os.path.exists(rp):
-                        results[r] = torch.load(rp, weights_only=False)
-                        if "error" in results[r]:
-                            raise InvalidInput(f"placer run: rank {r} ({job['device_ids'][job['ranks'][r]]}) "
-                                               f"failed: {results[r]['error']}")
-                    elif proc.poll() is not None:
-                        tail = _tail(f"{path}.{r}.log")
-                        raise InvalidInput(f"placer run: rank {r} exited with code {proc.returncode} without a "
-                                           f"result{': ' + tail if tail else ' (killed, or out of memory?)'}")
-                if len(results) < n:
-                    if time.monotonic() > deadline:
-                        raise InvalidInput(f"placer run: the {n} processes did not finish within {timeout:.0f} s")
-                    time.sleep(0.05)
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            for log in logs:
-                log.close()
-    return [results[r] for r in range(n)]
-
-
-def _tail(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            lines = [ln.strip() for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return lines[-1] if lines else ""
+def run_processes(job: dict, *, timeout: float) -> list[dict]:
+    """One process per rank of *job* (:func:`rank_main`); their results by rank."""
+    job = dict(job, rank_devices={r: job["torch_devices"][d] for r, d in enumerate(job["ranks"])})
+    return launch("celeritas_cli.run.dist", job, len(job["ranks"]), timeout=timeout, what="placer run")
 
 
 if __name__ == "__main__":
-    _worker(int(sys.argv[2]), sys.argv[1])
+    worker_main(rank_main)
