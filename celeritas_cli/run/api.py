@@ -39,8 +39,8 @@ def check_same_graph(step_doc: dict, placement: Placement, label: str, graph: Gr
     if extra or missing:
         what = (f"it places node '{extra[0]}', which the capture does not have" if extra else
                 f"it does not place node '{missing[0]}' of the capture")
-        raise InvalidInput(f"{label} was made for graph '{placement.graph}', not for the captured "
-                           f"'{step_doc['name']}' ({len(ids)} nodes): {what}; {how}")
+        raise InvalidInput(f"{label} was made for graph '{placement.graph}' ({len(placement.assignment)} nodes), "
+                           f"the capture is '{step_doc['name']}' ({len(ids)} nodes): {what}; {how}")
     if graph is None:
         return
     if graph.is_coarse:
@@ -130,9 +130,10 @@ class Prepared:
 def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, label: str = "placement",
             config: dict | None = None, graph: Graph | None = None, graph_label: str = "graph",
             device_map: dict[str, str] | None = None, seed: int = 0, congestion: str = "channel",
-            progress: Callable[[str], None] | None = None) -> Prepared:
-    """Capture *spec* at *batch* with real values, check that *placement* (and
-    *graph*) were made for that graph, simulate it, and build the
+            progress: Callable[[str], None] | None = None, step=None) -> Prepared:
+    """Capture *spec* at *batch* with real values (or take *step*, an earlier
+    :func:`~celeritas_cli.run.step.capture_real` of it), check that *placement*
+    (and *graph*) were made for that graph, simulate it, and build the
     :class:`~celeritas_cli.run.program.Program` in the simulated start order.
 
     Raises
@@ -145,8 +146,9 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
     from .step import capture_real
 
     say = progress or (lambda msg: None)
-    say(f"capturing {spec} at batch {batch} with real parameters (seed {seed})")
-    step = capture_real(spec, batch, config=config, seed=seed)
+    if step is None:
+        say(f"capturing {spec} at batch {batch} with real parameters (seed {seed})")
+        step = capture_real(spec, batch, config=config, seed=seed)
     check_same_graph(step.doc, placement, label, graph, graph_label)
     sim_graph = graph if graph is not None else Graph.from_dict(step.doc, step.doc["name"])
     scheds: list = []
@@ -229,13 +231,8 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
         else:
             from .dist import run_processes
 
-            cuda = [tdev[d] for d in used if tdev[d].startswith("cuda")]
-            dist_backend = "nccl" if len(cuda) == len(used) and len(set(cuda)) == len(cuda) else "gloo"
-            job = {"spec": step.spec, "batch": step.batch, "config": step.config, "seed": step.seed,
-                   "ids": step.sm.ids, "device_of": prog.device_of, "sequence": prog.sequence, "ranks": used,
-                   "torch_devices": tdev, "device_ids": cluster.ids, "dist_backend": dist_backend,
-                   "rng_states": ref.rng_states, "steps": steps, "warmup": warmup, "threads": n_threads,
-                   "timeout": timeout}
+            job = dist_job(pre, ref.rng_states, steps=steps, warmup=warmup, threads=n_threads, timeout=timeout)
+            dist_backend = job["dist_backend"]
             say(f"starting {len(used)} processes ({dist_backend}: {where}; {n_threads} thread(s) each): "
                 f"1 checked step, {warmup - 1} more warm-up, {steps} timed")
             measured = _merge_ranks(run_processes(job, timeout=timeout))
@@ -246,6 +243,20 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
                         sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=tdev, backend=backend,
                         dist_backend=dist_backend, threads=n_threads, steps=steps, warmup=warmup,
                         numerics=numerics, measured=measured, congestion=congestion)
+
+
+def dist_job(pre: Prepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float) -> dict:
+    """What every rank of ``--backend gloo`` needs (:func:`celeritas_cli.run.dist.rank_main`): the
+    model to capture, the placement as device and sequence lists, the torch device of each rank,
+    the generator states to replay.  NCCL when every device is a distinct GPU, else gloo."""
+    step, prog, tdev = pre.step, pre.prog, pre.tdev
+    used = prog.devices
+    cuda = [tdev[d] for d in used if tdev[d].startswith("cuda")]
+    backend = "nccl" if len(cuda) == len(used) and len(set(cuda)) == len(cuda) else "gloo"
+    return {"spec": step.spec, "batch": step.batch, "config": step.config, "seed": step.seed, "ids": step.sm.ids,
+            "device_of": prog.device_of, "sequence": prog.sequence, "ranks": used, "torch_devices": tdev,
+            "dist_backend": backend, "rng_states": rng_states, "steps": steps, "warmup": warmup, "threads": threads,
+            "timeout": timeout}
 
 
 def _run_local(prog, tdev: dict[int, str], rng_states: dict, steps: int, warmup: int) -> dict:
