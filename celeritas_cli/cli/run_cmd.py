@@ -93,7 +93,8 @@ def load_inputs(model, batch_size, config, placement_path, graph_path, cluster_p
 @click.option("--warmup", type=int, default=1, show_default=True,
               help="Warm-up steps before timing; the first one is checked against the unplaced step.")
 @click.option("--threads", type=int, default=None,
-              help="torch threads per process (default: gloo CPUs / processes, local torch's default).")
+              help="torch threads per process (default: those --graph was measured with, else those of the "
+                   "cluster's --comm-bench, else CPUs / processes for gloo and torch's default for local).")
 @click.option("--congestion", type=click.Choice(CONGESTION_RULES), default="channel", show_default=True,
               help="Link rule of the simulation it is compared with.")
 @click.option("--rtol", type=float, default=1.0e-4, show_default=True, help="Relative tolerance of the check.")

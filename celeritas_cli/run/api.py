@@ -103,11 +103,18 @@ def _sequence(step, graph: Graph, sched) -> list[int]:
     return [mine[graph.ids[v]] for v in order]
 
 
-def _threads(backend: str, n_ranks: int, threads: int | None) -> int:
+def default_threads(backend: str, n_ranks: int, threads: int | None, graph: Graph, cluster: Cluster) -> int:
+    """torch threads per process: *threads*, else those the graph's node times were measured
+    with (``meta.measured.threads``), else those of the cluster's ``--comm-bench --processes``,
+    else (gloo) CPUs / processes or (local) torch's default."""
     if threads is not None:
         if threads < 1:
             raise InvalidInput(f"--threads must be >= 1, got {threads}")
         return threads
+    for meta, key in (((graph.meta or {}).get("measured"), "threads"),
+                      (((cluster.doc or {}).get("meta") or {}).get("comm_bench"), "threads")):
+        if isinstance(meta, dict) and isinstance(meta.get(key), int) and meta[key] >= 1:
+            return meta[key]
     import torch
 
     if backend == "gloo":
@@ -215,7 +222,7 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
                               graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
                               progress=progress)
     step, prog, tdev, used = pre.step, pre.prog, pre.tdev, pre.prog.devices
-    n_threads = _threads(backend, len(used), threads)
+    n_threads = default_threads(backend, len(used), threads, pre.sim_graph, cluster)
     ref_dev = tdev[used[0]]
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(n_threads)

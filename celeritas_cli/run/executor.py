@@ -145,10 +145,13 @@ class Runner:
     mine : cluster device indices this process runs.
     channel : moves values between devices (:class:`LocalChannel`, or the distributed one).
     rng_states : fx node name -> generator state to replay before that random op.
+    adam : Adam hyper-parameters (default :data:`ADAM`).
+    grad_hook : ``hook(param_index, grad) -> grad`` applied before each update (the seam for a
+        data-parallel program: all-reduce the replicas' gradients there).
     """
 
     def __init__(self, prog, torch_devices: dict[int, Any], mine, channel, rng_states: dict | None = None,
-                 adam: dict | None = None):
+                 adam: dict | None = None, grad_hook=None):
         import torch
 
         self.prog, self.sm, self.channel = prog, prog.sm, channel
@@ -158,6 +161,7 @@ class Runner:
         self.free = prog.free_after(self.mine)
         self.rng_states = rng_states or {}
         self.adam = dict(ADAM, **(adam or {}))
+        self.grad_hook = grad_hook
         step = prog.step
         self.gm = step.tr.gm
         self.state: dict[int, Any] = {}                   # state index -> tensor on its home device
@@ -242,6 +246,8 @@ class Runner:
         if v in sm.opt_param:
             p = sm.opt_param[v]
             grad = self.value(sm.grad_fx[v], d)
+            if self.grad_hook is not None:
+                grad = self.grad_hook(p, grad)
             param = self.value(self.prog.placeholder_of_state[p], d)
             self.steps_done[p] += 1
             m, m2 = self.moments[p]
@@ -285,10 +291,7 @@ class Runner:
                 self.channel.send(t, self.send_value(t))
             for dd, key in self.free.get(prog.position[v], ()):
                 self.env[dd].pop(key, None)
-        loss = None
-        loss_role = prog.role.get(self.sm.loss)
-        if loss_role is not None and prog.home(loss_role) in self.mine:
-            loss = self.env[prog.home(loss_role)][loss_role]
+        loss = self.value(self.sm.loss, prog.loss_device) if prog.loss_device in self.mine else None
         self.channel.end()
         synchronize(self.devs.values())
         wall = time.perf_counter() - t_start

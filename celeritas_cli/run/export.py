@@ -229,8 +229,7 @@ class _Emitter:
                     src = self.value_of_key(t.key, d)
                 name = prog.tensor_name(t).replace(":", "_").replace(".", "_") + f"_to_{self.ids[t.dst]}"
                 self.env[t.dst][t.key] = self.g.call_function(_to_marker, (src, self.ids[t.dst]), name=name)
-        loss_role = prog.role[self.sm.loss]
-        loss = self.value_of_key(loss_role, prog.home(loss_role))
+        loss = self.value(self.sm.loss, prog.loss_device)
         self.g.output((loss, [n for _, n in self.updates]))
         return self.g
 

@@ -178,6 +178,10 @@ class Program:
             d = self.device_of[v]
             self.needs[v] = [index[(key, d)] for key in self.reads[v] if (key, d) in index]
         self.transfer_of = {(t.key, t.dst): t.index for t in self.transfers}
+        src = sm.src.get(sm.loss, ("const",))
+        #: the loss's base value and its device (the loss may be a view of it)
+        self.loss_key = ("out", src[1], src[2]) if src[0] == "node" else None
+        self.loss_device = self.device_of[src[1]] if src[0] == "node" else None
 
     def _meta(self, key: tuple) -> tuple[Any, int]:
         from ..profile.stepmap import nbytes, outputs
@@ -208,7 +212,7 @@ class Program:
             n_out = len(val) if isinstance(val, (tuple, list)) else 1
             for k in range(n_out):
                 last.setdefault((d, ("out", v, k)), pos)
-        keep = self.role.get(self.sm.loss)
+        keep = self.loss_key
         out: dict[int, list] = {}
         for (d, key), pos in last.items():
             if key == keep or (isinstance(key, tuple) and key[0] == "state" and self.home(key) == d):

@@ -1,0 +1,107 @@
+"""Benchmark: `placer run` - is the simulator's step time what a real run
+measures, and does it rank placements in the measured order? (issue 14)
+Prints a Markdown section; needs torch (a note without it).
+
+On this machine (no GPU): the cluster is 2 CPU processes talking gloo,
+fitted by ``placer profile --comm-bench --processes 2`` (1 torch thread each),
+and each model's graph has its node times measured on 1 thread
+(``placer profile --measure --threads 1``), so simulation and execution
+describe the same devices.  For each placement: the simulated makespan, the
+measured step (``placer run --backend gloo``: 2 processes, median of the
+timed steps, per step the slower rank's) and the numerics check.  Ranking:
+whether sorting placements by simulated time gives the measured order, and
+Kendall's tau between the two.  The machine is shared and noisy: one run,
+ratios from the same run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+
+#: (zoo model, constructor config, batch) - small enough for a few CPU steps each.
+MODELS = [("tensor_holography", {"convs": 12, "image": 64}, 2),
+          ("transformer", {"layers": 2, "d_model": 256, "heads": 4, "vocab": 4000, "seq": 32}, 2)]
+ALGOS = ["single-device", "m-topo", "metis", "heft"]
+
+
+def log(msg: str) -> None:
+    print(f"bench_run: {msg}", file=sys.stderr, flush=True)
+
+
+def kendall(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-a of two score lists (1 = same order, -1 = reversed)."""
+    n = len(a)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    if not pairs:
+        return 1.0
+    s = sum((1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1 if (a[i] - a[j]) * (b[i] - b[j]) < 0 else 0)
+            for i, j in pairs)
+    return s / len(pairs)
+
+
+def main(steps: int = 3) -> None:
+    print("## placer run: measured vs simulated step time\n")
+    if importlib.util.find_spec("torch") is None:
+        print("_Note: torch is not installed (`make install-torch`); no results._\n")
+        return
+    from celeritas_cli import registry
+    from celeritas_cli.model.cluster import Cluster
+    from celeritas_cli.model.graph import Graph
+    from celeritas_cli.profile import capture_model
+    from celeritas_cli.profile.commfit import fit_cluster
+    from celeritas_cli.run import api
+    from celeritas_cli.run.commbench import bench_processes
+    from celeritas_cli.run.step import capture_real
+
+    t0 = time.perf_counter()
+    log("comm-bench: 2 processes over gloo")
+    cluster = Cluster.from_dict(fit_cluster(bench_processes(2, threads=1), weighting="relative"), "cluster")
+    fit = cluster.doc["meta"]["fit"]["default"]
+    algos = ALGOS + (["auto"] if "auto" in registry.names() else [])
+    rows, rankings = [], []
+    for name, config, batch in MODELS:
+        log(f"{name}: measuring node times (1 thread)")
+        g = Graph.from_dict(capture_model(name, batch, config=config, measure=True, threads=1), name)
+        step = capture_real(name, batch, config=config)
+        sims, meas = [], []
+        for algo in algos:
+            p = registry.place(g, cluster, algo)
+            log(f"{name}: {algo}: running on {len(set(p.assignment.values()))} process(es)")
+            pre = api.prepare(name, batch, p, cluster, label=algo, config=config, graph=g, step=step)
+            rep = api.run_placement(name, batch, p, cluster, label=algo, backend="gloo", steps=steps, threads=1,
+                                    prepared=pre, timeout=900)
+            used = sum(1 for d in rep["devices"] if d["nodes"])
+            rows.append((f"{name} b{batch}", algo, used, rep["simulated_step_s"], rep["measured_step_s"],
+                         rep["measured_over_simulated"], rep["match"], sum(ln["bytes"] for ln in rep["links"])))
+            sims.append(rep["simulated_step_s"])
+            meas.append(rep["measured_step_s"])
+        by_sim = [a for _, a in sorted(zip(sims, algos))]
+        by_meas = [a for _, a in sorted(zip(meas, algos))]
+        rankings.append((f"{name} b{batch}", by_sim, by_meas, kendall(sims, meas)))
+    print(f"Cluster: 2 CPU processes over gloo, 1 torch thread each, fitted on this machine "
+          f"(`placer profile --comm-bench --processes 2`: latency {fit['b'] * 1e6:.0f} us, bandwidth "
+          f"{1 / fit['k'] / 1e9:.2f} GB/s). Graphs: zoo models at small configs, node times measured on 1 thread "
+          f"(`placer profile --measure --threads 1`). Measured: `placer run --backend gloo`, median of {steps} "
+          f"steps after 1 checked warm-up step, per step the slower process. `auto` is not registered yet"
+          f"{' (it is: included)' if 'auto' in algos else ''}.\n")
+    for name, config, batch in MODELS:
+        print(f"- {name} b{batch}: config {config}")
+    print("\n| model | placement | devices | simulated (s) | measured (s) | measured / simulated | match | "
+          "bytes sent |")
+    print("|---|---|---:|---:|---:|---:|---|---:|")
+    for model, algo, used, sim, mea, ratio, match, nbytes in rows:
+        print(f"| {model} | {algo} | {used} | {sim:.4f} | {mea:.4f} | {ratio:.2f} | {'yes' if match else 'NO'} | "
+              f"{nbytes / 2**20:.2f} MiB |")
+    print("\n| model | order by simulated step | order by measured step | same order | Kendall tau |")
+    print("|---|---|---|---|---:|")
+    for model, by_sim, by_meas, tau in rankings:
+        print(f"| {model} | {' < '.join(by_sim)} | {' < '.join(by_meas)} | {'yes' if by_sim == by_meas else 'no'} "
+              f"| {tau:.2f} |")
+    print(f"\nTotal benchmark time {time.perf_counter() - t0:.0f} s.\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
