@@ -17,6 +17,7 @@ ratios from the same run.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import time
 
@@ -41,7 +42,7 @@ def kendall(a: list[float], b: list[float]) -> float:
     return s / len(pairs)
 
 
-def main(steps: int = 3) -> None:
+def main(steps: int = 5) -> None:
     print("## placer run: measured vs simulated step time\n")
     if importlib.util.find_spec("torch") is None:
         print("_Note: torch is not installed (`make install-torch`); no results._\n")
@@ -60,7 +61,7 @@ def main(steps: int = 3) -> None:
     cluster = Cluster.from_dict(fit_cluster(bench_processes(2, threads=1), weighting="relative"), "cluster")
     fit = cluster.doc["meta"]["fit"]["default"]
     algos = ALGOS + (["auto"] if "auto" in registry.names() else [])
-    rows, rankings = [], []
+    rows, rankings, loads = [], [], []
     for name, config, batch in MODELS:
         log(f"{name}: measuring node times (1 thread)")
         g = Graph.from_dict(capture_model(name, batch, config=config, measure=True, threads=1), name)
@@ -73,8 +74,12 @@ def main(steps: int = 3) -> None:
             rep = api.run_placement(name, batch, p, cluster, label=algo, backend="gloo", steps=steps, threads=1,
                                     prepared=pre, timeout=900)
             used = sum(1 for d in rep["devices"] if d["nodes"])
+            cpu = sum(d["measured_cpu_s"] or 0.0 for d in rep["devices"])
+            sim_busy = sum(d["simulated_busy_s"] for d in rep["devices"])
+            loads.append(rep["load_average"] or 0.0)
             rows.append((f"{name} b{batch}", algo, used, rep["simulated_step_s"], rep["measured_step_s"],
-                         rep["measured_over_simulated"], rep["match"], sum(ln["bytes"] for ln in rep["links"])))
+                         rep["measured_over_simulated"], cpu / sim_busy if sim_busy > 0 else float("nan"),
+                         rep["match"], sum(ln["bytes"] for ln in rep["links"])))
             sims.append(rep["simulated_step_s"])
             meas.append(rep["measured_step_s"])
         by_sim = [a for _, a in sorted(zip(sims, algos))]
@@ -88,12 +93,16 @@ def main(steps: int = 3) -> None:
           f"{' (it is: included)' if 'auto' in algos else ''}.\n")
     for name, config, batch in MODELS:
         print(f"- {name} b{batch}: config {config}")
-    print("\n| model | placement | devices | simulated (s) | measured (s) | measured / simulated | match | "
-          "bytes sent |")
-    print("|---|---|---:|---:|---:|---:|---|---:|")
-    for model, algo, used, sim, mea, ratio, match, nbytes in rows:
-        print(f"| {model} | {algo} | {used} | {sim:.4f} | {mea:.4f} | {ratio:.2f} | {'yes' if match else 'NO'} | "
-              f"{nbytes / 2**20:.2f} MiB |")
+    print(f"\nThe machine's load average during the runs: {min(loads):.1f} to {max(loads):.1f} on "
+          f"{os.cpu_count()} CPUs (other jobs share it). 'CPU / simulated busy' is the CPU time the processes "
+          f"spent in their nodes over the simulated busy time, summed over devices: how well the measured node "
+          f"times predict compute, without the waiting for a CPU that inflates wall times on a loaded machine.\n")
+    print("| model | placement | devices | simulated (s) | measured (s) | measured / simulated | "
+          "CPU / simulated busy | match | bytes sent |")
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|")
+    for model, algo, used, sim, mea, ratio, cpu_ratio, match, nbytes in rows:
+        print(f"| {model} | {algo} | {used} | {sim:.4f} | {mea:.4f} | {ratio:.2f} | {cpu_ratio:.2f} | "
+              f"{'yes' if match else 'NO'} | {nbytes / 2**20:.2f} MiB |")
     print("\n| model | order by simulated step | order by measured step | same order | Kendall tau |")
     print("|---|---|---|---|---:|")
     for model, by_sim, by_meas, tau in rankings:
@@ -104,4 +113,4 @@ def main(steps: int = 3) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)

@@ -2,9 +2,11 @@
 
 Celeritas 4.2.1 runs the model "for a few iterations" and FastT (section 4)
 records each operation's real execution time per device.  Here each node's
-aten call is replayed alone on real tensors of the traced shapes (random
-floats, zero integers so indices stay valid) on CUDA when present, else on
-the CPU: ``warmup`` runs, then ``repeats`` timed runs, keeping the minimum
+aten call is replayed alone on real tensors of the traced shapes (floats
+uniform in [0.5, 1.5): no negative or zero input turns a ``sqrt``, ``rsqrt``
+or ``log`` into NaNs, whose slow path on CPUs would time something no
+training step does; zero integers so indices stay valid) on CUDA when
+present, else on the CPU: ``warmup`` runs, then ``repeats`` timed runs, keeping the minimum
 (min-of-k is the usual estimator of an op's uncontended time).  Noise is
 reported as ``(median - min) / min`` per node.
 
@@ -38,16 +40,10 @@ def _materialise(val, device):
         return val
     shape = tuple(val.shape)
     if val.dtype.is_floating_point or val.dtype.is_complex:
-        return torch.randn(shape, dtype=val.dtype, device=device)
+        return torch.rand(shape, dtype=val.dtype, device=device) + 0.5
     if val.dtype == torch.bool:
         return torch.zeros(shape, dtype=torch.bool, device=device)
     return torch.zeros(shape, dtype=val.dtype, device=device)
-
-
-def _adam_step(p, g, m, v, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
-    m.mul_(b1).add_(g, alpha=1 - b1)
-    v.mul_(b2).addcmul_(g, g, value=1 - b2)
-    p.addcdiv_(m, v.sqrt().add_(eps), value=-lr)
 
 
 def measure_doc(doc: dict, tr: Trace, *, warmup: int = 2, repeats: int = 5, threads: int | None = None,
@@ -94,9 +90,12 @@ def _measure(doc: dict, tr: Trace, warmup: int, repeats: int, progress) -> dict:
             progress(f"measuring node {i}/{total} on {dtype_name}")
         try:
             if fxn is None:       # one Adam step on a parameter of this size (see capture: 12 FLOPs/element)
+                from ..run.executor import adam_update  # the update placer run executes
+
                 n = max(1, int(nd.get("flops", 12)) // 12)
-                p, g, m, v = (torch.randn(n, device=device) for _ in range(4))
-                target, args, kwargs = _adam_step, (p, g, m, v), {}
+                p, g = torch.randn(n, device=device), torch.randn(n, device=device)
+                m, v = torch.zeros(n, device=device), torch.zeros(n, device=device)
+                target, args, kwargs = adam_update, (p, g, m, v, 1), {}
             else:
                 target = fxn.target
                 args = map_arg(fxn.args, lambda n: _materialise(n.meta.get("val"), device))

@@ -211,7 +211,7 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
     import torch
 
     from .reference import reference_step
-    from .report import build_report, compare
+    from .report import build_report, compare, load_average
 
     say = progress or (lambda msg: None)
     if backend not in BACKENDS:
@@ -224,6 +224,7 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
     step, prog, tdev, used = pre.step, pre.prog, pre.tdev, pre.prog.devices
     n_threads = default_threads(backend, len(used), threads, pre.sim_graph, cluster)
     ref_dev = tdev[used[0]]
+    load = load_average()
     saved_threads = torch.get_num_threads()
     torch.set_num_threads(n_threads)
     try:
@@ -249,7 +250,7 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
     return build_report(step=step, prog=prog, placement=placement, label=label, cluster=cluster, sim=pre.sim,
                         sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=tdev, backend=backend,
                         dist_backend=dist_backend, threads=n_threads, steps=steps, warmup=warmup,
-                        numerics=numerics, measured=measured, congestion=congestion)
+                        numerics=numerics, measured=measured, congestion=congestion, load=load)
 
 
 def dist_job(pre: Prepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float) -> dict:
@@ -274,7 +275,7 @@ def _run_local(prog, tdev: dict[int, str], rng_states: dict, steps: int, warmup:
     first = runner.step()
     params = {p: t.detach().cpu() for p, t in runner.params().items()}
     link = {k: list(v) for k, v in channel.link.items()}
-    walls, busy = [], {d: [] for d in prog.devices}
+    walls, busy, cpu = [], {d: [] for d in prog.devices}, {d: [] for d in prog.devices}
     link_s: dict[tuple[int, int], list] = {}
     for i in range(warmup - 1 + steps):
         channel.link = {}
@@ -283,13 +284,19 @@ def _run_local(prog, tdev: dict[int, str], rng_states: dict, steps: int, warmup:
             walls.append(res["wall_s"])
             for d, b in res["busy"].items():
                 busy[d].append(b)
+                cpu[d].append(res["cpu"][d])
             for k, row in channel.link.items():
                 link_s.setdefault(k, []).append(row[2])
     for k, row in link.items():
         secs = link_s.get(k)
         row[2] = statistics.median(secs) if secs and all(s is not None for s in secs) else None
     return {"loss": first["loss"].detach().cpu(), "params": params, "walls": walls,
-            "busy": {d: statistics.median(b) for d, b in busy.items()}, "link": link}
+            "busy": {d: statistics.median(b) for d, b in busy.items()}, "cpu": {d: _median(c) for d, c in cpu.items()},
+            "link": link}
+
+
+def _median(values: list) -> float | None:
+    return None if not values or any(v is None for v in values) else statistics.median(values)
 
 
 def _merge_ranks(results: list[dict]) -> dict:
@@ -303,5 +310,6 @@ def _merge_ranks(results: list[dict]) -> dict:
             link[k] = [row[0], row[1], None]
     walls = [max(ws) for ws in zip(*(r["walls"] for r in results))]
     busy = {r["device"]: statistics.median(r["busy"]) for r in results}
-    return {"loss": loss, "params": params, "walls": walls, "busy": busy, "link": link,
+    cpu = {r["device"]: _median(r["cpu"]) for r in results}
+    return {"loss": loss, "params": params, "walls": walls, "busy": busy, "cpu": cpu, "link": link,
             "rank_walls": {r["device"]: r["walls"] for r in results}}

@@ -189,13 +189,14 @@ def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
     out: dict[str, Any] = {"rank": rank, "device": me,
                            "loss": None if loss is None else loss.detach().cpu(),
                            "params": {p: t.detach().cpu() for p, t in runner.params().items()},
-                           "link": {k: list(v) for k, v in channel.link.items()}, "walls": [], "busy": []}
+                           "link": {k: list(v) for k, v in channel.link.items()}, "walls": [], "busy": [], "cpu": []}
     for i in range(job["warmup"] - 1 + job["steps"]):
         barrier()
         res = runner.step()
         if i >= job["warmup"] - 1:
             out["walls"].append(res["wall_s"])
             out["busy"].append(res["busy"][me])
+            out["cpu"].append(res["cpu"][me])
     return out
 
 

@@ -81,13 +81,17 @@ def set_rng_state(device, state) -> None:
 
 
 class Timer:
-    """Busy time per device: perf_counter on CPU, CUDA events on GPUs (read at :meth:`totals`)."""
+    """Busy time per device: wall time (perf_counter) and process CPU time
+    (process_time) on CPU devices, CUDA events on GPUs (read at :meth:`totals`).
+    On a loaded machine the CPU time is the busy time a device would have had
+    alone; the wall time includes waiting for a CPU."""
 
     def __init__(self, torch_devices: dict[int, Any]):
         self.devs = torch_devices
-        self.cpu: dict[int, float] = {d: 0.0 for d in torch_devices}
+        self.wall: dict[int, float] = {d: 0.0 for d in torch_devices}
+        self.cpu: dict[int, float | None] = {d: (None if dev.type == "cuda" else 0.0)
+                                             for d, dev in torch_devices.items()}
         self.events: dict[int, list] = {d: [] for d in torch_devices}
-        self._t0 = 0.0
 
     def start(self, d: int):
         dev = self.devs[d]
@@ -97,7 +101,7 @@ class Timer:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record(torch.cuda.current_stream(dev))
             return ev
-        return time.perf_counter()
+        return time.perf_counter(), time.process_time()
 
     def stop(self, d: int, mark) -> None:
         dev = self.devs[d]
@@ -108,10 +112,12 @@ class Timer:
             ev.record(torch.cuda.current_stream(dev))
             self.events[d].append((mark, ev))
         else:
-            self.cpu[d] += time.perf_counter() - mark
+            self.wall[d] += time.perf_counter() - mark[0]
+            self.cpu[d] += time.process_time() - mark[1]
 
     def totals(self) -> dict[int, float]:
-        out = dict(self.cpu)
+        """Wall (GPU: event) busy seconds per device."""
+        out = dict(self.wall)
         for d, pairs in self.events.items():
             for a, b in pairs:
                 b.synchronize()
@@ -271,8 +277,8 @@ class Runner:
 
     # -------------------------------------------------------------- step
     def step(self) -> dict:
-        """Run one step; return ``{"loss", "busy", "wall_s"}`` (loss ``None`` when
-        the loss node is on another process)."""
+        """Run one step; return ``{"loss", "busy", "cpu", "wall_s"}`` (busy and CPU
+        seconds per device; loss ``None`` when the loss node is on another process)."""
         prog = self.prog
         timer = Timer(self.devs)
         t_start = time.perf_counter()
@@ -300,7 +306,7 @@ class Runner:
         self.pending = {}
         for d in self.mine:
             self.env[d].clear()
-        return {"loss": loss, "busy": timer.totals(), "wall_s": wall}
+        return {"loss": loss, "busy": timer.totals(), "cpu": dict(timer.cpu), "wall_s": wall}
 
     def params(self) -> dict[int, Any]:
         """Current value of every parameter updated on this process's devices."""

@@ -11,8 +11,13 @@ Fields (JSON Schema ``schemas/run.schema.json``):
   simulator's makespan for the same graph, placement and cluster;
   ``measured_over_simulated`` their ratio.
 - ``devices``: per device, the torch device it ran on, its nodes, and busy
-  time measured (median over the timed steps of the sum of its nodes' times)
-  and simulated.
+  time measured (median over the timed steps of the sum of its nodes' wall
+  times), the CPU time its process spent in them (CPU devices: on a loaded
+  machine, what the busy time would be without waiting for a CPU) and the
+  simulated busy time.
+- ``load_average``: the machine's 1-minute load average when the run started,
+  and ``cpus``: when the load exceeds the CPUs, measured wall times include
+  waiting for a CPU (a note says so).
 - ``links``: per directed link, bytes and transfers sent in one step, next to
   the simulator's (they are equal by construction: both come from the same
   capture), and the measured copy time where it could be timed (CPU copies in
@@ -23,6 +28,7 @@ Fields (JSON Schema ``schemas/run.schema.json``):
 
 from __future__ import annotations
 
+import os
 import statistics
 
 RUN_SCHEMA = "placer.run/v1"
@@ -61,7 +67,8 @@ def compare(loss, params: dict, ref, *, rtol: float, atol: float) -> dict:
             "tolerance": {"rtol": rtol, "atol": atol}, "reference_device": ref.device}
 
 
-def _notes(sim_graph, cluster, tdev: dict, used: list[int], graph_from_file: bool, backend: str) -> list[str]:
+def _notes(sim_graph, cluster, tdev: dict, used: list[int], graph_from_file: bool, backend: str,
+           load: float | None) -> list[str]:
     notes = []
     types = {cluster.devices[d].type for d in used}
     measured = (sim_graph.meta or {}).get("measured")
@@ -80,11 +87,23 @@ def _notes(sim_graph, cluster, tdev: dict, used: list[int], graph_from_file: boo
                      "another, so the measured step has no device parallelism (use --backend gloo on CPUs)")
     if isinstance(measured, dict) and measured.get("threads") is not None:
         notes.append(f"node times measured with {measured['threads']} thread(s)")
+    cpus = os.cpu_count() or 1
+    if load is not None and load > cpus:
+        notes.append(f"the machine's load average was {load:.1f} on {cpus} CPUs: measured wall times include "
+                     f"waiting for a CPU; devices' measured_cpu_s is the time they computed")
     return notes
 
 
+def load_average() -> float | None:
+    """The 1-minute load average (``None`` where the OS does not say)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 def build_report(*, step, prog, placement, label, cluster, sim, sim_graph, graph_from_file, tdev, backend,
-                 dist_backend, threads, steps, warmup, numerics, measured, congestion) -> dict:
+                 dist_backend, threads, steps, warmup, numerics, measured, congestion, load=None) -> dict:
     """Assemble the ``placer.run/v1`` document (see the module docstring)."""
     walls = measured["walls"]
     med = statistics.median(walls)
@@ -94,7 +113,8 @@ def build_report(*, step, prog, placement, label, cluster, sim, sim_graph, graph
     for d in prog.device_of:
         counts[d] += 1
     devices = [{"id": cluster.ids[d], "torch_device": tdev[d], "nodes": counts[d],
-                "measured_busy_s": measured["busy"].get(d, 0.0), "simulated_busy_s": sim_dev[cluster.ids[d]]["busy_s"]}
+                "measured_busy_s": measured["busy"].get(d, 0.0), "measured_cpu_s": measured["cpu"].get(d),
+                "simulated_busy_s": sim_dev[cluster.ids[d]]["busy_s"]}
                for d in prog.devices]
     sim_links = {(ln["src"], ln["dst"]): ln for ln in sim["links"]}
     links = []
@@ -110,14 +130,14 @@ def build_report(*, step, prog, placement, label, cluster, sim, sim_graph, graph
            "placement": label, "algorithm": placement.algorithm, "cluster": cluster.name, "backend": backend,
            "dist_backend": dist_backend, "processes": len(prog.devices) if backend == "gloo" else 1,
            "threads": threads, "device_map": {cluster.ids[d]: tdev[d] for d in prog.devices},
-           "steps": steps, "warmup": warmup}
+           "steps": steps, "warmup": warmup, "load_average": load, "cpus": os.cpu_count()}
     doc.update(numerics)
     doc.update({"measured_step_s": med, "measured_steps_s": walls, "simulated_step_s": sim_s,
                 "measured_over_simulated": med / sim_s if sim_s > 0 else None,
                 "simulation": {"congestion": congestion, "status": sim["status"],
                                "lower_bound_s": sim["lower_bound_s"]},
                 "devices": devices, "links": links,
-                "notes": _notes(sim_graph, cluster, tdev, prog.devices, graph_from_file, backend)})
+                "notes": _notes(sim_graph, cluster, tdev, prog.devices, graph_from_file, backend, load)})
     return doc
 
 
@@ -138,10 +158,11 @@ def render_table(report: dict, console=None) -> None:
     console.print(f"step: measured {report['measured_step_s']:.6g} s (median of {report['steps']}), simulated "
                   f"{report['simulated_step_s']:.6g} s" + (f", measured/simulated {ratio:.2f}" if ratio else ""))
     t = Table(title="devices")
-    for col in ("device", "torch", "nodes", "busy measured (s)", "busy simulated (s)"):
+    for col in ("device", "torch", "nodes", "busy measured (s)", "CPU (s)", "busy simulated (s)"):
         t.add_column(col, justify="left" if col in ("device", "torch") else "right")
     for d in report["devices"]:
-        t.add_row(d["id"], d["torch_device"], str(d["nodes"]), f"{d['measured_busy_s']:.6g}",
+        cpu = "-" if d["measured_cpu_s"] is None else f"{d['measured_cpu_s']:.6g}"
+        t.add_row(d["id"], d["torch_device"], str(d["nodes"]), f"{d['measured_busy_s']:.6g}", cpu,
                   f"{d['simulated_busy_s']:.6g}")
     console.print(t)
     if report["links"]:
