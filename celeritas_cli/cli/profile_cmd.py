@@ -115,6 +115,8 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
         raise click.UsageError("give exactly one of --model, --from-measurements, --comm-fit, --comm-bench, "
                                f"--synthetic (got {', '.join(modes) or 'none'})")
     mode = modes[0]
+    if processes is not None and mode != "--comm-bench":
+        raise click.UsageError("--processes goes with --comm-bench")
 
     def progress(msg: str) -> None:
         console.print(f"placer profile: {msg}")
@@ -132,8 +134,6 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
         from ..profile.commfit import comm_bench as bench
         from ..profile.commfit import fit_cluster
 
-        if processes is not None and mode != "--comm-bench":
-            raise click.UsageError("--processes goes with --comm-bench")
         if mode == "--comm-bench" and processes is not None:
             from ..run.commbench import bench_processes
 
