@@ -2,7 +2,9 @@
 
 Celeritas 4.2.1 runs the model "for a few iterations" and FastT (section 4)
 records each operation's real execution time per device.  Here each node's
-aten call is replayed alone on real tensors of the traced shapes (floats
+aten call is replayed alone, after the constants it reads (a dropout mask, a
+factory op: ``placer run`` makes them on the consumer's device, so they are
+part of its time), on real tensors of the traced shapes and strides (floats
 uniform in [0.5, 1.5): no negative or zero input turns a ``sqrt``, ``rsqrt``
 or ``log`` into NaNs, whose slow path on CPUs would time something no
 training step does; zero integers so indices stay valid) on CUDA when
@@ -36,17 +38,67 @@ def local_device():
     return torch.device("cpu"), "cpu"
 
 
-def _materialise(val, device):
+def _materialise(val, device, strided: bool = True):
+    """A real tensor like traced value *val*: its shape, dtype and (with *strided*) strides."""
     import torch
 
     if not isinstance(val, torch.Tensor):
         return val
     shape = tuple(val.shape)
+    stride = tuple(val.stride())
+    if not strided or any(n == 0 for n in shape):
+        size, shape_, stride_ = None, shape, None
+    else:
+        size, shape_, stride_ = 1 + sum((n - 1) * st for n, st in zip(shape, stride)), shape, stride
+    flat = (size,) if size is not None else shape_
     if val.dtype.is_floating_point or val.dtype.is_complex:
-        return torch.rand(shape, dtype=val.dtype, device=device) + 0.5
-    if val.dtype == torch.bool:
-        return torch.zeros(shape, dtype=torch.bool, device=device)
-    return torch.zeros(shape, dtype=val.dtype, device=device)
+        t = torch.rand(flat, dtype=val.dtype, device=device) + 0.5
+    else:
+        t = torch.zeros(flat, dtype=val.dtype, device=device)
+    return t.as_strided(shape_, stride_) if size is not None else t
+
+
+def _consts(fxn, src: dict) -> list:
+    """The constants *fxn* reads (factory ops, dropout masks ...), in execution order: placer run
+    makes them on the consumer's device, so their time is part of the consumer's."""
+    order: list = []
+    seen: set = set()
+
+    def walk(a) -> None:
+        for b in a.all_input_nodes:
+            if b in seen or b.op != "call_function" or src.get(b, ("const",))[0] != "const":
+                continue
+            seen.add(b)
+            walk(b)
+            order.append(b)
+
+    walk(fxn)
+    return order
+
+
+def _node_call(fxn, src: dict, device, strided: bool):
+    """A no-argument callable replaying *fxn* (and the constants it reads) on materialised inputs."""
+    from torch.fx.node import map_arg
+
+    consts = _consts(fxn, src)
+    made = {n: _materialise(n.meta.get("val"), device, strided)
+            for c in consts + [fxn] for n in c.all_input_nodes if n not in consts}
+
+    def kw(node, get):
+        k = map_arg(node.kwargs, get)
+        return dict(k, device=device) if "device" in k else k
+
+    def call():
+        env: dict = {}
+
+        def get(n):
+            return env[n] if n in env else made[n]
+
+        for c in consts:
+            env[c] = c.target(*map_arg(c.args, get), **kw(c, get))
+        return fxn.target(*map_arg(fxn.args, get), **kw(fxn, get))
+
+    return call
 
 
 def measure_doc(doc: dict, tr: Trace, *, warmup: int = 2, repeats: int = 5, threads: int | None = None,
@@ -76,8 +128,10 @@ def measure_doc(doc: dict, tr: Trace, *, warmup: int = 2, repeats: int = 5, thre
 
 def _measure(doc: dict, tr: Trace, warmup: int, repeats: int, progress) -> dict:
     import torch
-    from torch.fx.node import map_arg
 
+    from .stepmap import map_trace
+
+    sm = map_trace(tr)
     device, dtype_name = local_device()
     by_name = {n.name: n for n in tr.gm.graph.nodes if n.op == "call_function"}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -104,11 +158,12 @@ def _measure(doc: dict, tr: Trace, warmup: int, repeats: int, progress) -> dict:
                 m, v = torch.zeros(n, device=device), torch.zeros(n, device=device)
                 target, args, kwargs = adam_update, (p, g, m, v, 1), {}
             else:
-                target = fxn.target
-                args = map_arg(fxn.args, lambda n: _materialise(n.meta.get("val"), device))
-                kwargs = map_arg(fxn.kwargs, lambda n: _materialise(n.meta.get("val"), device))
-                if "device" in kwargs:
-                    kwargs = dict(kwargs, device=device)
+                target, args, kwargs = _node_call(fxn, sm.src, device, True), (), {}
+                try:
+                    with torch.no_grad():
+                        target()
+                except Exception:  # noqa: BLE001 - e.g. an in-place op on an input traced as overlapping
+                    target = _node_call(fxn, sm.src, device, False)
             times = []
             with torch.no_grad():
                 for r in range(warmup + repeats):
@@ -118,7 +173,7 @@ def _measure(doc: dict, tr: Trace, warmup: int, repeats: int, progress) -> dict:
                     sync()
                     if r >= warmup:
                         times.append(clock() - t0)
-            del args, kwargs
+            del target, args, kwargs
         except Exception:  # noqa: BLE001 - an op that cannot run on random inputs keeps its roofline time
             failed += 1
             continue

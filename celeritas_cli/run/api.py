@@ -43,6 +43,9 @@ def check_same_graph(step_doc: dict, placement: Placement, label: str, graph: Gr
                            f"the capture is '{step_doc['name']}' ({len(ids)} nodes): {what}; {how}")
     if graph is None:
         return
+    if (graph.meta or {}).get("phase") == "inference":
+        raise InvalidInput(f"{graph_label}: is an inference graph; placer run executes training steps (profile "
+                           f"without --phase inference)")
     if graph.is_coarse:
         raise InvalidInput(f"{graph_label}: is a coarse graph; give the original graph file the placement "
                            f"was expanded to (--graph)")

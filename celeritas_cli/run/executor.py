@@ -334,8 +334,8 @@ class LocalChannel:
         t0 = time.perf_counter()
         if dst == value.device:
             copy = value.clone()
-        else:
-            copy = value.to(dst, non_blocking=True, copy=True)
+        else:   # asynchronous only into a GPU: a non-blocking copy to the CPU may be read before it lands
+            copy = value.to(dst, non_blocking=dst.type == "cuda", copy=True)
         row = self.link.setdefault((t.src, t.dst), [0, 0, 0.0 if timed else None])
         row[0] += copy.numel() * copy.element_size()
         row[1] += 1

@@ -64,7 +64,8 @@ def _dev(name):
 
 
 def _to(x, name):
-    return x.to(DEVICES[name], non_blocking=True, copy=True)
+    dev = torch.device(DEVICES[name])
+    return x.to(dev, non_blocking=dev.type == "cuda", copy=True)
 
 
 def _adam(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps):
