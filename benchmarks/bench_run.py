@@ -24,7 +24,9 @@ import time
 #: (zoo model, constructor config, batch) - small enough for a few CPU steps each.
 MODELS = [("tensor_holography", {"convs": 12, "image": 64}, 2),
           ("transformer", {"layers": 2, "d_model": 256, "heads": 4, "vocab": 4000, "seq": 32}, 2)]
-ALGOS = ["single-device", "m-topo", "metis", "heft"]
+#: single device, balanced splits (contiguous: m-topo; min-cut: metis), a list scheduler (heft), and random
+#: (nodes scattered over both processes: a placement the simulator says is slow, as a control)
+ALGOS = ["single-device", "m-topo", "metis", "heft", "random"]
 
 
 def log(msg: str) -> None:

@@ -61,6 +61,8 @@ def load_inputs(model, batch_size, config, placement_path, graph_path, cluster_p
     graph and cluster.  Returns ``(spec, batch, config, placement, label, graph, graph_label, cluster)``."""
     from .profile_cmd import _config
 
+    if placement_path == "-" and graph_path == "-":
+        raise click.UsageError("--placement and --graph cannot both be stdin")
     placement = load_placement(placement_path)
     label = label_of(placement_path)
     graph = load_graph(graph_path) if graph_path else None
