@@ -442,9 +442,9 @@ def trace_to_doc(tr: Trace, *, name: str, meta: dict, optimizer: str = "adam") -
     state_readers: dict[int, list[str]] = {}
     for v in range(len(nodes)):
         for (u, st) in state_edges[v]:
-            name = f"{nodes[u]['id']}:{state_names[st]}"
-            if name not in state_readers.setdefault(u, []):
-                state_readers[u].append(name)
+            tname = f"{nodes[u]['id']}:{state_names[st]}"
+            if tname not in state_readers.setdefault(u, []):
+                state_readers[u].append(tname)
     for v, nd in enumerate(nodes):
         fxn = fx_of[v]
         grads_kept = sum(out_bytes[v][k] for k in sorted(kept_grad.get(v, ())))

@@ -26,8 +26,11 @@ What is recognised in a graph
   node forwards to later readers of its parameters are listed in
   ``batch_independent.state_tensors``.
 * **Batch-independent memory** (parameters, gradients, optimizer state) of
-  a node: ``batch_independent.memory_bytes``; else the intercept of the
-  Standard Evaluation line ``batch_line.memory_bytes``; else all of it for
+  a node: the intercept of the Standard Evaluation line
+  ``batch_line.memory_bytes`` (measured at several batch sizes, so it also
+  sees a loss's scalar outputs); else ``batch_independent.memory_bytes``
+  (``placer profile`` of one batch: parameters, buffers, kept gradients,
+  optimizer state); else all of it for
   an update or batch-independent node; else the memory not explained by
   the node's activation outputs (``output_bytes`` or its largest output
   tensor, gradient outputs excluded).  The rest scales with the batch.
@@ -220,12 +223,12 @@ def _profile(graph: Graph) -> BatchProfile:
 
 def _fixed_memory(graph: Graph, v: int, fixed_node: bool, tensors: list[int], fixed_tensor: list[bool]) -> int:
     mem = graph.memory[v]
-    bi = _extra(graph, v, "batch_independent")
-    if isinstance(bi, dict) and isinstance(bi.get("memory_bytes"), int):
-        return max(0, min(mem, bi["memory_bytes"]))
     line = _extra(graph, v, "batch_line")
     if isinstance(line, dict) and _is_line(line.get("memory_bytes")):
         return max(0, min(mem, int(round(line["memory_bytes"][0]))))
+    bi = _extra(graph, v, "batch_independent")
+    if isinstance(bi, dict) and isinstance(bi.get("memory_bytes"), int):
+        return max(0, min(mem, bi["memory_bytes"]))
     if fixed_node:
         return mem
     fixed_out = sum(graph.tensor_bytes[t] for t in tensors if fixed_tensor[t])
