@@ -209,3 +209,14 @@ def test_part_time_from_the_roofline_at_the_smaller_shape():
     # memory bound: the parameter bytes do not shrink with the batch
     assert part_times(g, 1, 0.25)[0] == pytest.approx(roofline_time(1e9 / 4, fixed + (moved - fixed) / 4, "V100"))
     assert part_times(g, 1, 0.25)[0] > mem_bound / 4
+
+
+def test_given_re_evaluates_a_data_parallel_placement(tmp_path):
+    g = tiny()
+    cl = uniform(4, bandwidth=1000.0, latency=0.0)
+    p = registry.place(g, cl, "data-parallel")
+    path = tmp_path / "dp.json"
+    path.write_text(json.dumps(p.to_dict()))
+    q = registry.place(g, cl, "given", params={"file": str(path)})
+    assert q.derivation == p.derivation and q.assignment == p.assignment
+    assert simulate(g, cl, q)["makespan_s"] == pytest.approx(simulate(g, cl, p)["makespan_s"])
