@@ -242,3 +242,23 @@ def test_split_twice_appends_records():
     assert s.meta["split_from"] == "g"
     assert [r["node"] for r in s.meta["splits"]] == ["c", "e"]
     assert s.n == 1 + (1 + 2 + 1) + (1 + 3)  # a, c: split/2 parts/concat, e: split/3 parts (sink)
+
+
+def test_inception_convolution_backward_89_sums_four_full_partials():
+    """Issue 18.7 on the real graph: the weight gradient to Adam is 4 full
+    552,960 B partials summed, not 4 x 138,240 B slices."""
+    from celeritas_cli.model.io import load_graph
+
+    from .conftest import SAMPLES
+
+    g = load_graph(SAMPLES / "zoo" / "inception_v3.json.gz")
+    v = g.index["convolution_backward_89"]
+    assert g.splittable[v] == ["batch"] and splittable_dims(g, v) == ["batch"]
+    s = split_operation(g, "convolution_backward_89", "batch", 4)
+    sums = [nid for nid in s.ids if nid.startswith("convolution_backward_89/sum")]
+    (sm,) = sums
+    partials = [s.edge_bytes[e] for e in s.in_edges[s.index[sm]]]
+    assert partials == [552960] * 4
+    (out,) = s.out_edges[s.index[sm]]
+    assert s.ids[s.edge_dst[out]] == "adam.stem.5.conv.weight" and s.edge_bytes[out] == 552960
+    assert s.memory[s.index[sm]] == 552960 and s.total_memory() == g.total_memory()
