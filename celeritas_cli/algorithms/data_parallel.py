@@ -11,30 +11,30 @@ nodes go to the ``r``-th chosen device.  Per-device memory = parameters +
 gradients + optimizer state + the replica's share of the activations; a
 device over capacity makes the placement ``OOM``, reported like any other.
 
-Execution order: a collective library runs the all-reduce on its own stream,
-overlapped with the backward pass (DDP, Horovod).  The simulator runs one
-node at a time per device and would otherwise pick the (tiny) ring nodes
-only when no backward op is ready, i.e. all-reduce after the backward pass.
-So the placement carries a per-device order in which each ring node runs as
-soon as its chunk has arrived: the order the simulator itself realises when
-ring nodes come first (it is computed by simulating the graph with every
-ring node given the highest priority, and replayed exactly by ``simulate``).
+Execution order: none is given, so every device follows the simulator's own
+rule (the ready node of largest upward rank).  A ring step's transfer starts
+as soon as its chunk is ready, but the reduce-scatter adds wait for a free
+device, and backward ops outrank them: most of the all-reduce runs after the
+backward pass, with only its first step overlapped.  Collective libraries
+(NCCL under DDP or Horovod) reduce on a separate stream concurrently with
+the backward pass, so this is a conservative estimate of data parallelism;
+``benchmarks/bench_data_parallel.py`` reports the exposed part.  (Ordering
+ring nodes first by boosting their rank also boosts every ancestor, which
+measured slower: 1.694 s against 1.682 s on the zoo transformer.)
 """
 
 from __future__ import annotations
 
-import math
-
 from ..errors import InvalidInput
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
-from ..model.graph import GRAPH_SCHEMA, Graph
+from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.derivation import attach, data_parallel_step
 from ..scheduling.replicate import SCALINGS, data_parallel_graph
 from ..scheduling.split_cost import DEFAULT_OVERHEAD_S
-from ..sim.simulator import CONGESTION_RULES, Schedule, run_schedule
+from ..sim.simulator import run_schedule
 
 
 def choose_devices(cluster: Cluster, devices: str | int | None) -> list[int]:
@@ -71,30 +71,6 @@ def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
     return [devs[int((graph.node_extra[v] or {})["replica"])] for v in range(graph.n)]
 
 
-def comm_first_order(graph: Graph, cluster: Cluster, device_of: list[int], costs: CostModel,
-                     congestion: str = "channel") -> list[list[int]]:
-    """Per-device order in which every ring all-reduce node runs as soon as
-    it is ready (module docstring): the order the simulator realises when
-    each device's ring nodes feed a local zero-byte sink so heavy that their
-    upward rank exceeds every other node's; the sinks are then dropped."""
-    ring = [v for v in range(graph.n) if (graph.node_extra[v] or {}).get("allreduce")]
-    if not ring:
-        return run_schedule(graph, cluster, device_of, None, congestion=congestion, costs=costs).device_order
-    doc = graph.to_dict()
-    heavy = 2.0 * math.fsum(max(row) for row in costs.time) + 1.0
-    used = sorted({device_of[v] for v in ring})
-    sinks = {d: f"{graph.name}/order-sink{d}" for d in used}
-    while any(s in graph.index for s in sinks.values()):
-        sinks = {d: s + "~" for d, s in sinks.items()}
-    doc["nodes"] = doc["nodes"] + [{"id": sinks[d], "compute_s": heavy, "memory_bytes": 0} for d in used]
-    doc["edges"] = doc["edges"] + [{"src": graph.ids[v], "dst": sinks[device_of[v]], "bytes": 0,
-                                    "tensor": "order"} for v in ring]
-    aux = Graph.from_dict({**doc, "schema": GRAPH_SCHEMA}, label=graph.name)
-    sched: Schedule = run_schedule(aux, cluster, device_of + used, None, congestion=congestion,
-                                   costs=costs.for_graph(aux))
-    return [[v for v in seq if v < graph.n] for seq in sched.device_order]
-
-
 @register("data-parallel", paper="FastT (Yi et al., CoNEXT 2020)", section="6.2 (DP baseline, Tables 1-2), 5.2",
           summary="Data parallelism: the model replicated on k devices, each on 1/k of the batch, gradients "
                   "reduced by a ring all-reduce on the links before each optimizer update.",
@@ -102,13 +78,10 @@ def comm_first_order(graph: Graph, cluster: Cluster, device_of: list[int], costs
                   "scaling": Param(str, "strong", "strong: the graph's batch is the global batch (each replica "
                                    "runs 1/k); weak: each replica runs the graph's batch", choices=SCALINGS),
                   "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of a replica op whose time is "
-                                      "scaled linearly (s)"),
-                  "congestion": Param(str, "channel", "congestion rule the ring order is computed under",
-                                      choices=CONGESTION_RULES)},
+                                      "scaled linearly (s)")},
           quick_params={})
 def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
-                  devices: str = "", scaling: str = "strong", overhead_s: float = DEFAULT_OVERHEAD_S,
-                  congestion: str = "channel") -> Placement:
+                  devices: str = "", scaling: str = "strong", overhead_s: float = DEFAULT_OVERHEAD_S) -> Placement:
     """Data-parallel placement of *graph* (FastT's DP baseline).
 
     Parameters
@@ -128,15 +101,13 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         compare samples per second, not step times, with other placements).
     overhead_s : float
         Split cost model's linear-case overhead (:func:`~.split_cost.part_times`).
-    congestion : str
-        Congestion rule under which the ring-first order is computed.
 
     Returns
     -------
     Placement
         Over the data-parallel graph (``split_graph``, with ``derivation``
-        ``[{"transform": "data-parallel", ...}]``), with the ring-first
-        ``order`` and an ``estimate`` holding the simulated makespan,
+        ``[{"transform": "data-parallel", ...}]``), without an order, and
+        an ``estimate`` holding the simulated makespan (channel congestion),
         ``status`` (``OOM`` when a device is over capacity), ``replicas``,
         ``devices``, ``scaling``, ``gradient_bytes``,
         ``allreduce_bytes_per_device`` and ``max_memory_bytes``.
@@ -165,8 +136,7 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     g2 = data_parallel_graph(graph, len(devs), scaling=scaling, overhead_s=overhead_s)
     c2 = costs.for_graph(g2)
     device_of = replica_devices(g2, devs)
-    order = comm_first_order(g2, cluster, device_of, c2, congestion)
-    sched = run_schedule(g2, cluster, device_of, order, congestion=congestion, costs=c2)
+    sched = run_schedule(g2, cluster, device_of, None, costs=c2)
     loads = [0] * cluster.k
     for v, d in enumerate(device_of):
         loads[d] += g2.memory[v]
@@ -180,7 +150,6 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         estimate["global_batch"] = info["global_batch"]
     if oom:
         estimate["oom_devices"] = oom
-    p = Placement.from_indices(g2, cluster, device_of, algorithm="data-parallel", order=order, seed=seed,
-                               estimate=estimate)
+    p = Placement.from_indices(g2, cluster, device_of, algorithm="data-parallel", seed=seed, estimate=estimate)
     attach(p, graph, g2, [data_parallel_step(len(devs), scaling, overhead_s)])
     return p

@@ -29,7 +29,7 @@ from ..scheduling.replicate import data_parallel_graph
 from ..scheduling.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
 from ..scheduling.splitting import split_operation
 from ..sim.simulator import critical_path, run_schedule
-from .data_parallel import comm_first_order, replica_devices
+from .data_parallel import replica_devices
 from .dpos import dpos_schedule
 
 STARTS = ("auto", "dag", "data-parallel", "best")
@@ -38,7 +38,7 @@ STARTS = ("auto", "dag", "data-parallel", "best")
 @dataclass
 class _Plan:
     device_of: list[int]
-    order: list[list[int]]
+    order: list[list[int]] | None  # None: the simulator's own order (pure data parallelism)
     makespan: float  # DPOS's own estimate (or the simulated one for the data-parallel start)
     oom: bool
 
@@ -99,8 +99,8 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
       against 0.81 ms), because DPOS rarely regroups replicas.
     * line 3: DPOS on the input graph.  On the data-parallel graph, FastT
       "adopt[s] data parallelism as our start deployment strategy": the
-      pure data-parallel placement (replica ``r`` on device ``r``, ring
-      nodes first, as ``data-parallel`` places it) is the starting ``S``
+      pure data-parallel placement (replica ``r`` on device ``r``, as
+      ``data-parallel`` places it) is the starting ``S``
       and ``FT_old`` when it fits memory and finishes earlier than DPOS's
       placement of that graph, so OS-DPOS never ends worse than data
       parallelism on a model that fits.
@@ -191,7 +191,7 @@ def _search(graph: Graph, cluster: Cluster, costs: CostModel, start: str, max_op
     estimate: dict = {"input": "data-parallel" if steps else "dag", "start": "dpos"}
     if steps:
         dev_dp = replica_devices(g0, list(range(k)))
-        dp = _Plan(dev_dp, comm_first_order(g0, cluster, dev_dp, c0, congestion), 0.0, _oom(g0, cluster, dev_dp))
+        dp = _Plan(dev_dp, None, 0.0, _oom(g0, cluster, dev_dp))
         dp.makespan, dp_sched = _score(g0, cluster, dp, c0, congestion)
         estimate["data_parallel_makespan_s"] = dp.makespan
         if (dp.oom, dp.makespan) < (plan.oom, best_ms):
