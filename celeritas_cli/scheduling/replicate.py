@@ -58,7 +58,8 @@ Structure
 * ``meta.data_parallel``: ``replicas``, ``scaling``, ``batch_fraction``,
   ``global_batch`` / ``replica_batch`` (when ``meta.batch_size`` is known),
   ``gradients`` (count), ``gradient_bytes`` and
-  ``allreduce_bytes_per_device``.
+  ``allreduce_bytes_per_device`` (the sum over gradients of ``2·(k-1)·G //
+  k``; with uneven chunks a replica's bytes differ by a byte per chunk).
 
 References
 ----------
