@@ -1,5 +1,5 @@
 """`placer compare`: cells equal the simulator, failures stay in their cell,
-resume, formats, executors, exit codes (celeritas_cli/compare.py)."""
+resume, formats, executors, exit codes (celeritas_cli/compare/)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from celeritas_cli import compare as lib
 from celeritas_cli import registry
 from celeritas_cli.cli import main
+from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.graph import build
 from celeritas_cli.model.jsonio import write_json
@@ -280,7 +281,7 @@ def test_discover_gz_and_skip_non_graphs(files, tmp_path):
     assert [f.rsplit("/", 1)[-1] for f in found] == ["chain.json.gz"]
     rows = lib.compare([d], [files["cluster"]], ["single-device"])
     assert rows[0]["graph"] == "chain3" and rows[0]["makespan_s"] == 6.0
-    with pytest.raises(lib.InvalidInput):
+    with pytest.raises(InvalidInput):
         lib.discover_graphs([tmp_path / "nowhere"])
 
 
@@ -303,3 +304,24 @@ def test_plot_gantt_of_a_split_placement_draws_the_split_graph(tmp_path):
     split_ids = [n["id"] for n in orjson.loads(orjson.dumps(
         registry.place(g, uniform(2, bandwidth=1e6, latency=0.0), "os-dpos").split_graph))["nodes"]]
     assert len(split_ids) > 3 and all(f"<title>{i} (" in svg for i in split_ids)
+
+
+def test_run_compare_is_the_command_as_a_library_call(files, tmp_path):
+    """The library entry streams NDJSON, resumes and reports failures
+    exactly as the command does (the command is a thin layer over it)."""
+    out = tmp_path / "runs.ndjson"
+    opts = lib.CompareOptions(fmt="json", output=str(out), progress=False)
+    res = lib.run_compare([files["dir"]], [files["cluster"]], ["single-device", "test-boom"], opts)
+    assert [(r["graph"], r["algorithm"], r["status"]) for r in res.rows] == [
+        ("chain3", "single-device", "OK"), ("chain3", "test-boom", "error"),
+        ("fork", "single-device", "OOM"), ("fork", "test-boom", "error")]
+    assert [r["algorithm"] for r in res.failed] == ["test-boom", "test-boom"]
+    assert [orjson.loads(x)["algorithm"] for x in out.read_bytes().splitlines()].count("single-device") == 2
+    CALLS.clear()
+    again = lib.run_compare([files["dir"]], [files["cluster"]], ["single-device", "test-boom", "test-split"],
+                            lib.CompareOptions(fmt="json", output=str(out), resume=str(out), progress=False))
+    assert sorted(CALLS) == ["chain3", "fork"]  # only the new algorithm ran
+    assert len(again.rows) == 6 and len(out.read_bytes().splitlines()) == 6
+    with pytest.raises(InvalidInput, match="both named 'tiny2'"):
+        lib.run_compare([files["dir"]], [files["cluster"], files["cluster"]], ["single-device"],
+                        lib.CompareOptions(progress=False))

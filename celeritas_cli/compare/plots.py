@@ -18,7 +18,9 @@ import html
 import re
 
 from ..errors import MissingDependency
+from ..model.jsonio import write_bytes
 from ..sim.gantt import PALETTE
+from .rows import graph_stem, sort_rows
 
 PANEL_W, PANEL_H = 380, 240
 
@@ -37,8 +39,6 @@ def _nice_max(x: float) -> float:
 
 
 def _groups(rows: list[dict], algorithms: list[str]) -> list[tuple[str, dict[str, dict]]]:
-    from .core import graph_stem, sort_rows
-
     groups: dict[tuple, dict[str, dict]] = {}
     names: dict[tuple, str] = {}
     for r in sort_rows(rows, algorithms):
@@ -203,3 +203,43 @@ def compare_png(rows: list[dict], algorithms: list[str], schedules: list | None 
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
+
+
+def best_schedules(best: dict[tuple, dict], clusters: dict, congestion: str = "channel") -> list[tuple]:
+    """``(graph, cluster, schedule, title)`` of each best placement in *best*
+    (group key -> row carrying its ``_placement``), simulated again on its
+    graph (the split graph when the algorithm planned on one)."""
+    from ..model.io import load_graph
+    from ..model.placement import Placement
+    from ..sim.simulator import simulate
+
+    schedules = []
+    for (gf, cl, _co), row in sorted(best.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        graph = load_graph(gf)
+        cluster = clusters[cl]
+        sched: list = []
+        simulate(graph, cluster, Placement.from_dict(row["_placement"]), congestion=congestion, schedule_out=sched)
+        title = f"{row.get('graph')} on {cl}: best = {row['algorithm']}"
+        schedules.append((sched[0].graph, cluster, sched[0], title))  # split graph if planned on one
+    return schedules
+
+
+def write_plot(path: str, rows: list[dict], algorithms: list[str], best: dict[tuple, dict], clusters: dict,
+               congestion: str = "channel") -> None:
+    """Write ``--plot``: bars for every cell and a Gantt chart per best
+    placement found in this run (cells taken from ``--resume`` have no
+    placement to draw); ``.png`` through matplotlib, else SVG.
+
+    Raises
+    ------
+    MissingDependency
+        A ``.png`` without matplotlib.
+    """
+    schedules = best_schedules(best, clusters, congestion)
+    if path.lower().endswith(".png"):
+        write_bytes(compare_png(rows, algorithms, schedules), path)
+        return
+    from ..sim.gantt import gantt_svg
+
+    gantts = [gantt_svg(g, c, s, title=t) for g, c, s, t in schedules]
+    write_bytes(compare_svg(rows, algorithms, gantts).encode(), path)
