@@ -325,3 +325,34 @@ def test_run_compare_is_the_command_as_a_library_call(files, tmp_path):
     with pytest.raises(InvalidInput, match="both named 'tiny2'"):
         lib.run_compare([files["dir"]], [files["cluster"], files["cluster"]], ["single-device"],
                         lib.CompareOptions(progress=False))
+
+
+def test_coarse_columns_name_the_method_and_the_algorithm(files):
+    rows = lib.compare([files["dir"] / "chain3.json"], [files["cluster"]], ["single-device", "test-split"],
+                       coarsen="cpd")
+    assert [r["algorithm"] for r in rows] == ["single-device", "test-split"]  # the row fields keep their meaning
+    assert all(r["coarsen"] == "cpd" for r in rows)
+    m = lib.matrix(rows, "makespan_s", ["single-device", "test-split"])
+    assert m["columns"] == ["cpd+single-device", "cpd+test-split"]
+    assert m["rows"][0]["best"] == "cpd+single-device"
+    words = " ".join(lib.format_table(rows, ["single-device", "test-split"]).split())  # rich wraps captions
+    assert "cpd+test-split" in words and "cpd+X: X placed on the cpd coarse graph" in words
+    # rows of a resumed run on the original graph share the table row, in their own columns
+    plain = lib.compare([files["dir"] / "chain3.json"], [files["cluster"]], ["test-split"])
+    m = lib.matrix(rows + plain, "makespan_s", ["single-device", "test-split"])
+    assert m["columns"] == ["test-split", "cpd+single-device", "cpd+test-split"]
+    assert len(m["rows"]) == 1 and m["rows"][0]["cells"]["test-split"] == "8"
+
+
+def test_csv_floats_have_six_significant_digits(files):
+    assert lib.formats.csv_value(0.0008122929999999998) == "0.000812293"
+    assert lib.formats.csv_value(1 / 3) == "0.333333" and lib.formats.csv_value(123456789.0) == "123457000.0"
+    assert lib.formats.csv_value(47101732) == 47101732  # integers stay exact
+    rows = lib.compare([files["dir"]], [files["cluster"]], ["single-device", "random"])
+    rows[0]["placement_time_s"] = 0.0008122929999999998
+    recs = list(csv.DictReader(io.StringIO(lib.format_csv(rows, ["single-device", "random"]))))
+    assert recs[0]["placement_time_s"] == "0.000812293"
+    for rec in recs:
+        for key in ("makespan_s", "lower_bound_s", "utilisation", "simulate_time_s"):
+            digits = rec[key].replace(".", "").replace("-", "").split("e")[0].lstrip("0")
+            assert len(digits.rstrip("0")) <= 6, (key, rec[key])

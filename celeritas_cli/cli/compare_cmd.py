@@ -8,6 +8,7 @@ import click
 
 from .. import registry
 from ..compare import FORMATS, NOT_BY_DEFAULT, CompareOptions, default_algorithms, run_compare
+from ..compare.formats import CSV_DIGITS
 from ..log import warn
 from ..model.io import load_cluster
 from ..sim.simulator import CONGESTION_RULES
@@ -86,8 +87,9 @@ def _algorithms(algos: str | None, exclude: str | None) -> list[str]:
 @click.option("--congestion", type=click.Choice(CONGESTION_RULES), default="channel", show_default=True,
               help="Simulator congestion rule.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
-              help="table: Celeritas Table 3/4 layout; json: one row per line (NDJSON), streamed as cells "
-                   "finish; csv: one line per cell; markdown: the tables in Markdown.")
+              help="table: Celeritas Table 3/4 layout (cpd+X: X placed on the cpd coarse graph); json: one "
+                   "row per line (NDJSON, full precision), streamed as cells finish; csv: one line per cell, "
+                   f"floats to {CSV_DIGITS} significant digits; markdown: the tables in Markdown.")
 @click.option("-o", "--output", default="-", metavar="FILE", show_default=True,
               help="Output file (- = stdout).  table/csv/markdown are written atomically at the end; "
                    "json is appended line by line.")

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 from typing import Iterable
 
-from .rows import CSV_FIELDS, FAILED_STATUSES, graph_stem, sort_rows
+from .rows import CSV_FIELDS, FAILED_STATUSES, column_label, graph_stem, sort_rows
 
 
 def _fmt_num(x: float | None) -> str:
@@ -55,10 +56,33 @@ def _cell_text(r: dict | None, metric: str) -> str:
     return _fmt_num(r.get(metric))
 
 
+def columns(rows: list[dict], algorithms: list[str] | None = None) -> list[str]:
+    """Column labels (:func:`~.rows.column_label`): the *algorithms* in
+    their order, then any other algorithm found in *rows*; for each
+    coarsening method (the original graph first) when rows mix them.
+
+    Example
+    -------
+    >>> columns([{"algorithm": "heft", "coarsen": "cpd"}], ["adjusting", "heft"])
+    ['cpd+adjusting', 'cpd+heft']
+    """
+    algos = list(algorithms or [])
+    for r in rows:
+        if r.get("algorithm") not in algos:
+            algos.append(r["algorithm"])
+    methods = sorted({r.get("coarsen") or "" for r in rows}) or [""]
+    present = {(r.get("coarsen") or "", r.get("algorithm")) for r in rows}
+    return [column_label({"algorithm": a, "coarsen": m}) for m in methods for a in algos
+            if len(methods) == 1 or (m, a) in present]
+
+
 def matrix(rows: list[dict], metric: str = "makespan_s", algorithms: list[str] | None = None) -> dict:
     """The Table-3 layout of *rows*: ``{"columns": [...], "rows": [{"graph",
-    "cluster", "cells": {algo: text}, "best": algo|None, "second": algo|None,
-    "speedup": 1 - best/second or None}], "multi_cluster": bool}``.
+    "cluster", "cells": {column: text}, "best": column|None, "second":
+    column|None, "speedup": 1 - best/second or None}], "multi_cluster":
+    bool}``; a row per (graph, cluster), a column per algorithm
+    (``cpd+adjusting`` for one placed on the cpd coarse graph, see
+    :func:`columns`).
 
     For ``metric="makespan_s"`` the best is the smallest makespan among
     cells that are neither OOM nor failed (Celeritas Table 3 shows OOM
@@ -66,16 +90,13 @@ def matrix(rows: list[dict], metric: str = "makespan_s", algorithms: list[str] |
     ``metric="total_time_s"`` is coarsening + placement time (Table 4).
     """
     rows = sort_rows(rows, algorithms)
-    cols: list[str] = list(algorithms or [])
-    for r in rows:
-        if r.get("algorithm") not in cols:
-            cols.append(r["algorithm"])
+    cols = columns(rows, algorithms)
     groups: dict[tuple, dict[str, dict]] = {}
     for r in rows:
-        groups.setdefault((r.get("graph_file"), r.get("cluster"), r.get("coarsen")), {})[r["algorithm"]] = r
+        groups.setdefault((r.get("graph_file"), r.get("cluster")), {})[column_label(r)] = r
     clusters = {k[1] for k in groups}
     out_rows = []
-    for (gf, cl, co), cells in groups.items():
+    for (gf, cl), cells in groups.items():
         name = next((c.get("graph") for c in cells.values() if c.get("graph")), graph_stem(str(gf)))
         ranked = []
         if metric == "makespan_s":
@@ -86,11 +107,26 @@ def matrix(rows: list[dict], metric: str = "makespan_s", algorithms: list[str] |
         speedup = None
         if len(ranked) > 1 and ranked[1][0] > 0:
             speedup = 1.0 - ranked[0][0] / ranked[1][0]
-        out_rows.append({"graph": name, "graph_file": gf, "cluster": cl, "coarsen": co,
+        methods = {c.get("coarsen") for c in cells.values()}
+        out_rows.append({"graph": name, "graph_file": gf, "cluster": cl,
+                         "coarsen": next(iter(methods)) if len(methods) == 1 else None,
                          "nodes": next((c.get("nodes") for c in cells.values() if c.get("nodes")), None),
                          "cells": {a: _cell_text(cells.get(a), metric) for a in cols},
                          "best": best, "second": second, "speedup": speedup})
     return {"columns": cols, "rows": out_rows, "multi_cluster": len(clusters) > 1}
+
+
+def coarse_note(rows: list[dict]) -> str | None:
+    """What a ``cpd+X`` column means, or None without coarse rows."""
+    methods = sorted({str(r["coarsen"]) for r in rows if r.get("coarsen")})
+    if not methods:
+        return None
+    return "; ".join(f"{m}+X: X placed on the {m} coarse graph" for m in methods) + ", simulated on the original"
+
+
+def _failed_lines(rows: list[dict], algorithms: list[str] | None) -> list[str]:
+    return [f"{r['status']}: {Path(str(r.get('graph_file'))).name} / {r.get('cluster')} / {column_label(r)}: "
+            f"{r.get('error')}" for r in sort_rows(rows, algorithms) if r.get("status") in FAILED_STATUSES]
 
 
 def _speedup_text(m_row: dict) -> str:
@@ -125,9 +161,8 @@ def format_table(rows: list[dict], algorithms: list[str] | None = None, *, color
         caption = None
         if metric == "makespan_s":
             caption = ("best in bold" if color else "best marked *") + "; OOM: a device over memory"
-            methods = sorted({str(r["coarsen"]) for r in rows if r.get("coarsen")})
-            if methods:
-                caption += f"; placed on the {'/'.join(methods)} coarse graph, simulated on the original"
+            if coarse_note(rows):
+                caption += f"; {coarse_note(rows)}"
         t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
         t.add_column("Graph")
         if m["multi_cluster"]:
@@ -148,10 +183,8 @@ def format_table(rows: list[dict], algorithms: list[str] | None = None, *, color
             t.add_row(*first, *cells, *last)
         console.print(t)
         console.print()
-    errors = [r for r in sort_rows(rows, algorithms) if r.get("status") in FAILED_STATUSES]
-    for r in errors:
-        console.print(f"{r['status']}: {Path(str(r.get('graph_file'))).name} / {r.get('cluster')} / "
-                      f"{r.get('algorithm')}: {r.get('error')}", markup=False, highlight=False)
+    for line in _failed_lines(rows, algorithms):
+        console.print(line, markup=False, highlight=False)
     return buf.getvalue()
 
 
@@ -176,13 +209,13 @@ def format_markdown(rows: list[dict], algorithms: list[str] | None = None,
             first = [mr["graph"]] + ([mr["cluster"]] if m["multi_cluster"] else [])
             last = [_speedup_text(mr)] if metric == "makespan_s" else []
             out.append("| " + " | ".join(_md_escape(x) for x in first + cells + last) + " |")
+        if metric == "makespan_s" and coarse_note(rows):
+            out.append(f"\n{coarse_note(rows)}.")
         out.append("")
-    errors = [r for r in sort_rows(rows, algorithms) if r.get("status") in FAILED_STATUSES]
-    if errors:
+    failed = _failed_lines(rows, algorithms)
+    if failed:
         out.append("Failed cells:\n")
-        for r in errors:
-            out.append(f"- {r['status']}: {Path(str(r.get('graph_file'))).name} / {r.get('cluster')} / "
-                       f"{r.get('algorithm')}: {_md_escape(str(r.get('error')))}")
+        out.extend(f"- {_md_escape(line)}" for line in failed)
         out.append("")
     return "\n".join(out)
 
@@ -191,15 +224,35 @@ def _md_escape(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
+#: significant digits of the floats in CSV output (``--format csv``)
+CSV_DIGITS = 6
+
+
+def csv_value(x):
+    """A CSV field: ``""`` for None, a float to :data:`CSV_DIGITS`
+    significant digits in its shortest form, anything else as it is.
+
+    Example
+    -------
+    >>> csv_value(0.0008122929999999998), csv_value(47101732), csv_value(2.0), csv_value(None)
+    ('0.000812293', 47101732, '2.0', '')
+    """
+    if x is None:
+        return ""
+    if isinstance(x, float) and math.isfinite(x):
+        return repr(float(f"{x:.{CSV_DIGITS}g}"))
+    return x
+
+
 def format_csv(rows: list[dict], algorithms: list[str] | None = None) -> str:
-    """One CSV line per cell (long format), columns :data:`CSV_FIELDS`."""
+    """One CSV line per cell (long format), columns :data:`~.rows.CSV_FIELDS`,
+    floats to :data:`CSV_DIGITS` significant digits."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(CSV_FIELDS), extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in sort_rows(rows, algorithms):
-        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+        w.writerow({k: csv_value(r.get(k)) for k in CSV_FIELDS})
     return buf.getvalue()
-
 
 
 def render(fmt: str, rows: list[dict], algorithms: list[str] | None = None, *, color: bool = False) -> str:

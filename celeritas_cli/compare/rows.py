@@ -54,6 +54,19 @@ def cell_key(row: dict) -> tuple:
             str(row.get("algorithm", "")), row.get("coarsen") or None, int(row.get("seed") or 0))
 
 
+def column_label(row: dict) -> str:
+    """The column a row is shown in: its algorithm, prefixed by the
+    coarsening method when it placed a coarse graph.
+
+    Example
+    -------
+    >>> column_label({"algorithm": "adjusting", "coarsen": "cpd"}), column_label({"algorithm": "heft"})
+    ('cpd+adjusting', 'heft')
+    """
+    method = row.get("coarsen")
+    return f"{method}+{row.get('algorithm')}" if method else str(row.get("algorithm"))
+
+
 def group_key(row: dict) -> tuple:
     """The table row a result belongs to: (graph file, cluster, coarsening method)."""
     return (row.get("graph_file"), row.get("cluster"), row.get("coarsen"))
