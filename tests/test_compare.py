@@ -356,3 +356,42 @@ def test_csv_floats_have_six_significant_digits(files):
         for key in ("makespan_s", "lower_bound_s", "utilisation", "simulate_time_s"):
             digits = rec[key].replace(".", "").replace("-", "").split("e")[0].lstrip("0")
             assert len(digits.rstrip("0")) <= 6, (key, rec[key])
+
+
+def test_plot_axes_legends_and_order(files, tmp_path):
+    """Round y ticks that end at the tallest bar's tick (bars of 5 s: an axis
+    to 5, not 10), a labelled lower-bound line, an algorithm legend in a
+    palette of its own, and Gantt charts in the order of the bar panels
+    (g2 before g10, as the tables sort file names)."""
+    from celeritas_cli.compare import plots
+    from celeritas_cli.sim.gantt import PALETTE, nice_ticks
+
+    assert nice_ticks(5.0, 5)[-1] == 5.0 and nice_ticks(5.2, 5) == [0.0, 2.0, 4.0, 6.0]
+    assert nice_ticks(0.9795) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert not set(plots.ALGO_PALETTE) & set(PALETTE)
+    g = build("g", [{"id": "a", "compute_s": 5, "memory_bytes": 0}], [])
+    for name in ("g2", "g10"):
+        write_json({**g.to_dict(), "name": name}, tmp_path / f"{name}.json")
+    out = tmp_path / "p.svg"
+    res = CliRunner().invoke(main, ["compare", str(tmp_path / "g10.json"), str(tmp_path / "g2.json"),
+                                    "--cluster", str(files["cluster_file"]), "--no-progress",
+                                    "--algos", "single-device,test-split", "--plot", str(out)])
+    assert res.exit_code == 0, res.output
+    svg = out.read_text()
+    assert svg.index("g2 on tiny2: best") < svg.index("g10 on tiny2: best")
+    assert svg.index(">g2</text>") < svg.index(">g10</text>")  # bar panels, same order
+    ticks = [t for t in ("0", "1", "2", "3", "4", "5", "10") if f'text-anchor="end" font-size="9">{t}</text>' in svg]
+    assert ticks == ["0", "1", "2", "3", "4", "5"]
+    assert ">LB</text>" in svg and ">lower bound (LB)</text>" in svg
+    colour = plots.algorithm_colours([], ["single-device", "test-split"])
+    assert f'fill="{colour["test-split"]}"/><text x="17" y="11">test-split</text>' in svg
+    assert ">time (s)</text>" in svg and ">makespan (s)</text>" in svg
+
+
+def test_plot_png(files, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "p.png"
+    res = CliRunner().invoke(main, ["compare", str(files["dir"]), "--cluster", str(files["cluster_file"]),
+                                    "--no-progress", "--algos", ",".join(ALGOS), "--plot", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes().startswith(b"\x89PNG")

@@ -24,7 +24,7 @@ from .executors import import_ray, run_tasks
 from .formats import render
 from .inputs import default_algorithms, discover_graphs
 from .ndjson import NdjsonStream, read_rows
-from .rows import FAILED_STATUSES, group_key, is_better, sort_rows
+from .rows import FAILED_STATUSES, sort_rows
 from .tasks import Task, kept_rows, make_tasks, tasks_to_run
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -177,6 +177,26 @@ class _Progress:
             self.bar.stop()
 
 
+class _BestPlacements:
+    """The best placement found so far per (graph file, cluster), kept for
+    ``--plot``: the smallest OK makespan, ties to the earlier algorithm in
+    the compared order (the tables' rule, whatever order cells finish in)."""
+
+    def __init__(self, algorithms: list[str]):
+        self.position = {a: i for i, a in enumerate(algorithms)}
+        self.rows: dict[tuple, dict] = {}
+
+    def _rank(self, row: dict) -> tuple:
+        return (row["makespan_s"], self.position.get(row.get("algorithm"), len(self.position)))
+
+    def offer(self, row: dict, placement: dict | None) -> None:
+        if placement is None or row.get("status") != "OK" or row.get("makespan_s") is None:
+            return
+        key = (row.get("graph_file"), row.get("cluster"))
+        if key not in self.rows or self._rank(row) < self._rank(self.rows[key]):
+            self.rows[key] = {**row, "_placement": placement}
+
+
 def _check(clusters: list, options: CompareOptions) -> None:
     """What can be checked before any cell runs or any file is opened."""
     names = [c.name for c in clusters]
@@ -243,14 +263,12 @@ def run_compare(graphs: Iterable[str], clusters: list, algorithms: list[str] | N
         for r in kept_rows(previous, options.retry_failed):
             stream.write(r)
     progress = _Progress(len(files) * len(clusters) * len(algorithms), options.progress)
-    best: dict[tuple, dict] = {}
+    best = _BestPlacements(algorithms)
 
     def on_result(task: Task, row: dict) -> None:
         if row.get("status") in FAILED_STATUSES:
             progress.print(f"{row['status']}: {task.label()}: {row.get('error')}")
-        placement = row.pop("_placement", None)
-        if placement is not None and is_better(row, best.get(group_key(row))):
-            best[group_key(row)] = {**row, "_placement": placement}
+        best.offer(row, row.pop("_placement", None))
         if stream is not None:
             stream.write(row)
         progress.finished()
@@ -265,7 +283,7 @@ def run_compare(graphs: Iterable[str], clusters: list, algorithms: list[str] | N
         progress.stop()
         if stream is not None:
             stream.close()
-    _write_outputs(rows, algorithms, best, clusters, options)
+    _write_outputs(rows, algorithms, best.rows, clusters, options)
     failed = [r for r in rows if r.get("status") in FAILED_STATUSES]
     if failed:
         warn(f"placer: {len(failed)} of {len(rows)} cells failed or timed out")

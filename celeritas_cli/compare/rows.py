@@ -83,20 +83,14 @@ def sort_rows(rows: list[dict], algorithms: list[str] | None = None) -> list[dic
                                        int(r.get("seed") or 0)))
 
 
-def is_better(row: dict, than: dict | None) -> bool:
-    """True when *row* is OK and has a smaller makespan than *than* (or
-    *than* is None): the rule of "best" everywhere (ties: the first seen)."""
-    if row.get("status") != "OK" or row.get("makespan_s") is None:
-        return False
-    return than is None or row["makespan_s"] < than["makespan_s"]
-
-
 def best_rows(rows: list[dict]) -> dict[tuple, dict]:
     """Per (graph file, cluster, coarsen): the row with the smallest
     makespan among those without OOM or failure (ties: first algorithm)."""
     best: dict[tuple, dict] = {}
     for r in rows:
+        if r.get("status") != "OK" or r.get("makespan_s") is None:
+            continue
         key = group_key(r)
-        if is_better(r, best.get(key)):
+        if key not in best or r["makespan_s"] < best[key]["makespan_s"]:
             best[key] = r
     return best
