@@ -15,6 +15,7 @@ from celeritas_cli import compare as lib
 from celeritas_cli import registry
 from celeritas_cli.cli import main
 from celeritas_cli.errors import InvalidInput
+from celeritas_cli.log import chatty, warn
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.graph import build
 from celeritas_cli.model.jsonio import write_json
@@ -38,10 +39,25 @@ def _hang(graph, cluster, *, seed=0, costs=None, time_limit=None):
     time.sleep(60)
 
 
+def _interrupt(graph, cluster, *, seed=0, costs=None):
+    raise KeyboardInterrupt  # what Ctrl-C raises in the running cell
+
+
+def _chatty(graph, cluster, *, seed=0, costs=None):
+    """Prints progress only when chatty, a warning always, and a stray print."""
+    if chatty():
+        warn("test-chatty: progress line")
+    warn("test-chatty: warning about the result")
+    print("stray print")
+    return Placement.from_indices(graph, cluster, [0] * graph.n, algorithm="test-chatty")
+
+
 DUMMIES = {
     "test-split": (_split, {}),
     "test-boom": (_boom, {}),
     "test-hang": (_hang, {"time_limit": registry.Param(float, None, "s")}),
+    "test-interrupt": (_interrupt, {}),
+    "test-chatty": (_chatty, {}),
 }
 
 
@@ -395,3 +411,45 @@ def test_plot_png(files, tmp_path):
                                     "--no-progress", "--algos", ",".join(ALGOS), "--plot", str(out)])
     assert res.exit_code == 0, res.output
     assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_ctrl_c_says_what_was_kept_and_how_to_resume(files, tmp_path):
+    out = tmp_path / "runs.ndjson"
+    base = ["compare", str(files["dir"]), "--cluster", str(files["cluster_file"]), "--no-progress",
+            "--format", "json", "-o", str(out)]
+    res = CliRunner().invoke(main, base + ["--algos", "single-device,test-interrupt"])
+    assert res.exit_code == 130
+    assert "interrupted after 1 of 4 cells" in res.stderr and f"--resume {out}" in res.stderr
+    assert [orjson.loads(x)["algorithm"] for x in out.read_bytes().splitlines()] == ["single-device"]
+    res = CliRunner().invoke(main, base + ["--algos", "single-device", "--resume", str(out)])
+    assert res.exit_code == 0 and len(out.read_bytes().splitlines()) == 2
+    res = CliRunner().invoke(main, base[:-4] + ["--algos", "single-device,test-interrupt"])
+    assert res.exit_code == 130 and "nothing was written" in res.stderr and "--format json -o FILE" in res.stderr
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_cells_are_quiet_unless_verbose(files, jobs):
+    """Progress lines only with -v; warnings always; all of it on stderr,
+    after the cell, prefixed by it (so it cannot break the progress bar);
+    stdout keeps only the table."""
+    base = ["compare", str(files["dir"] / "chain3.json"), "--cluster", str(files["cluster_file"]), "--no-progress",
+            "--algos", "test-chatty", "-j", jobs]
+    quiet = CliRunner().invoke(main, base)
+    loud = CliRunner().invoke(main, base + ["-v"])
+    assert quiet.exit_code == loud.exit_code == 0
+    cell = "chain3.json / tiny2 / test-chatty: "
+    assert f"{cell}warning about the result" in quiet.stderr and "progress line" not in quiet.stderr
+    assert f"{cell}warning about the result" in loud.stderr and f"{cell}progress line" in loud.stderr
+    assert f"{cell}stray print" in quiet.stderr
+    assert "stray print" not in quiet.stdout + loud.stdout and "test-chatty" in quiet.stdout
+
+
+def test_milp_progress_lines_follow_chatty(files, capsys):
+    from celeritas_cli.log import quiet
+
+    params = {"time_limit": "2", "workers": "1"}
+    registry.place(files["chain"], files["cluster"], "milp", params=params)
+    assert "milp: hint" in capsys.readouterr().err
+    with quiet():
+        registry.place(files["chain"], files["cluster"], "milp", params=params)
+    assert "milp: hint" not in capsys.readouterr().err

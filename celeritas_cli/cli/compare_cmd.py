@@ -102,6 +102,10 @@ def _algorithms(algos: str | None, exclude: str | None) -> list[str]:
                    "matplotlib).")
 @click.option("--allow-failures", is_flag=True, help="Exit 0 even when some cells failed or timed out.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bar on stderr.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Show the algorithms' own progress lines (solver incumbents, library banners); without it "
+                   "cells run quietly.  Either way what a cell prints comes above the progress bar when it "
+                   "finishes, prefixed by the cell, and warnings about a result are always shown.")
 def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_failures, **options):
     """Compare placement algorithms over GRAPHS (files, or directories scanned
     for placer.graph/v1 *.json) on one or more clusters.
@@ -110,7 +114,8 @@ def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_fail
     makespan (OOM when a device overflows), makespan / lower bound,
     utilisation, transfer bytes and placement time.  A failing or timed-out
     cell is reported in its cell and the rest go on; exit code 1 when any cell
-    failed (unless --allow-failures).
+    failed (unless --allow-failures).  Ctrl-C stops the run and says on stderr
+    what was kept and how to --resume it (exit code 130).
 
     \b
     Examples:
@@ -123,9 +128,12 @@ def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_fail
     _check_options(**options)
     algorithms = _algorithms(algos, exclude)
     common, per = _split_params(params, algorithms)
-    result = run_compare(graphs, _clusters(clusters), algorithms,
-                         CompareOptions(common_params=common, per_algo_params=per,
-                                        coarsen_params=parse_params(coarsen_params), **options))
+    try:
+        result = run_compare(graphs, _clusters(clusters), algorithms,
+                             CompareOptions(common_params=common, per_algo_params=per,
+                                            coarsen_params=parse_params(coarsen_params), **options))
+    except KeyboardInterrupt:  # run_compare said what was kept and how to --resume
+        raise SystemExit(130) from None
     if result.failed and not allow_failures:
         raise SystemExit(1)
 

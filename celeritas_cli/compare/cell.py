@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import math
 import os
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -26,6 +26,7 @@ import orjson
 
 from .. import registry
 from ..errors import PlacerError
+from ..log import quiet
 from .rows import ROW_SCHEMA, graph_stem
 from .tasks import Task
 
@@ -112,11 +113,18 @@ def run_cell(task: Task, phase: Callable[[str], None] | None = None,
         A ``placer.compare/v1`` row.  ``placement_time_s`` is the wall time
         of the algorithm alone (Celeritas Table 4); ``coarsen_time_s`` that
         of building the coarse graph (measured once per graph and cluster in
-        a process, reused by later cells).
+        a process, reused by later cells).  What the cell printed (stdout
+        and stderr, Python-level; progress lines only when
+        ``task.verbose``) is in the private field ``_log``, for the caller
+        to show without breaking its progress bar.
     """
     row = base_row(task)
-    with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the comparison's output
-        return _run_cell(task, row, phase or (lambda _p: None), graph_bytes)
+    captured = io.StringIO()  # stdout carries only the comparison's output
+    with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured), quiet(not task.verbose):
+        _run_cell(task, row, phase or (lambda _p: None), graph_bytes)
+    if captured.getvalue().strip():
+        row["_log"] = captured.getvalue()
+    return row
 
 
 def _run_cell(task: Task, row: dict, phase: Callable[[str], None], graph_bytes: bytes | None) -> dict:

@@ -113,12 +113,14 @@ class CompareOptions:
     retry_failed: bool = False
     plot: str | None = None
     progress: bool = True
+    verbose: bool = False
 
     def task_options(self) -> dict:
         """The keyword arguments of :func:`~.tasks.make_tasks`."""
         return dict(coarsen=self.coarsen, coarsen_params=self.coarsen_params, common_params=self.common_params,
                     per_algo_params=self.per_algo_params, seed=self.seed, time_limit=self.time_limit,
-                    congestion=self.congestion, quick=self.quick, keep_placement=bool(self.plot))
+                    congestion=self.congestion, quick=self.quick, keep_placement=bool(self.plot),
+                    verbose=self.verbose)
 
 
 @dataclass
@@ -136,6 +138,8 @@ class _Progress:
 
     def __init__(self, total: int, enabled: bool):
         self.total = total
+        self.todo = total
+        self.done = 0
         self.console = stderr_console()
         self.bar = None
         self.pid = None
@@ -160,21 +164,26 @@ class _Progress:
             self.bar.refresh()
 
     def plan(self, todo: int) -> None:
+        self.todo = todo
         self._update(total=todo, description=f"{todo} of {self.total} cells to run")
 
     def started(self, task: Task) -> None:
         self._update(description=task.label())
 
     def finished(self) -> None:
+        self.done += 1
         self._update(advance=True)
 
     def print(self, msg: str) -> None:
-        (self.bar.console if self.bar is not None else self.console).print(msg, markup=False, highlight=False)
+        """A line above the bar (never wrapped: stderr is often a log file that people grep)."""
+        (self.bar.console if self.bar is not None else self.console).print(msg, markup=False, highlight=False,
+                                                                           soft_wrap=True)
 
-    def stop(self) -> None:
+    def stop(self, description: str = "done") -> None:
         if self.bar is not None:
-            self._update(description="done")
+            self._update(description=description)
             self.bar.stop()
+            self.bar = None
 
 
 class _BestPlacements:
@@ -266,6 +275,9 @@ def run_compare(graphs: Iterable[str], clusters: list, algorithms: list[str] | N
     best = _BestPlacements(algorithms)
 
     def on_result(task: Task, row: dict) -> None:
+        for line in row.pop("_log", "").splitlines():
+            if line.strip():  # "cell: milp: ..." rather than "cell: milp: milp: ..."
+                progress.print(f"{task.label()}: {line.removeprefix(task.algorithm + ': ')}")
         if row.get("status") in FAILED_STATUSES:
             progress.print(f"{row['status']}: {task.label()}: {row.get('error')}")
         best.offer(row, row.pop("_placement", None))
@@ -279,6 +291,12 @@ def run_compare(graphs: Iterable[str], clusters: list, algorithms: list[str] | N
                        ray_address=options.ray_address, previous=previous, retry_failed=options.retry_failed,
                        on_plan=progress.plan, on_start=progress.started, on_result=on_result,
                        **options.task_options())
+    except KeyboardInterrupt:
+        progress.stop("interrupted")
+        if stream is not None:
+            stream.close()
+        warn(_interrupted(options, progress.done, progress.todo, stream))
+        raise
     finally:
         progress.stop()
         if stream is not None:
@@ -288,6 +306,19 @@ def run_compare(graphs: Iterable[str], clusters: list, algorithms: list[str] | N
     if failed:
         warn(f"placer: {len(failed)} of {len(rows)} cells failed or timed out")
     return CompareResult(rows, failed)
+
+
+def _interrupted(options: CompareOptions, done: int, todo: int, stream: NdjsonStream | None) -> str:
+    """What an interrupted run kept, and how to go on from it."""
+    head = f"placer: interrupted after {done} of {todo} cells"
+    if stream is not None and not stream.to_stdout:
+        return (f"{head}; {options.output} keeps every finished cell ({stream.written} rows written): run the "
+                f"same command with --resume {options.output} to run only the rest")
+    if stream is not None:
+        return (f"{head}; the rows on stdout are whole lines: save them to a file and pass --resume FILE to run "
+                f"only the rest")
+    return (f"{head}; nothing was written ({options.fmt} output comes at the end): --format json -o FILE keeps "
+            f"each cell as it finishes, and --resume FILE runs only the rest")
 
 
 def _write_outputs(rows: list[dict], algorithms: list[str], best: dict, clusters: list,

@@ -103,5 +103,5 @@ class NdjsonStream:
         self.written += 1
 
     def close(self) -> None:
-        if not self.to_stdout:
+        if not self.to_stdout and not self.fh.closed:
             self.fh.close()

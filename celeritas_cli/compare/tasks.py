@@ -15,7 +15,9 @@ from .rows import FAILED_STATUSES, cell_key
 @dataclass
 class Task:
     """One cell of the comparison.  ``cluster_doc`` is the cluster document
-    (small, shipped with the task); the graph is read from ``graph_file``."""
+    (small, shipped with the task); the graph is read from ``graph_file``.
+    ``verbose`` lets the algorithm print its progress lines (cells run
+    quietly otherwise, :func:`celeritas_cli.log.quiet`)."""
 
     graph_file: str
     cluster: str
@@ -28,6 +30,7 @@ class Task:
     time_limit: float | None = None
     congestion: str = "channel"
     keep_placement: bool = False
+    verbose: bool = False
 
     @property
     def key(self) -> tuple:
@@ -68,7 +71,7 @@ def make_tasks(graph_files: list[str], clusters: list, algorithms: list[str], *,
                coarsen: str | None = None, coarsen_params: dict | None = None,
                common_params: dict | None = None, per_algo_params: dict | None = None,
                seed: int = 0, time_limit: float | None = None, congestion: str = "channel",
-               quick: bool = False, keep_placement: bool = False) -> list[Task]:
+               quick: bool = False, keep_placement: bool = False, verbose: bool = False) -> list[Task]:
     """The cells, in (graph, cluster, algorithm) order.  *clusters* are
     :class:`~celeritas_cli.model.cluster.Cluster` objects.
 
@@ -87,7 +90,7 @@ def make_tasks(graph_files: list[str], clusters: list, algorithms: list[str], *,
             doc = cl.to_dict()
             for a in algorithms:
                 tasks.append(Task(gf, cl.name, doc, a, coarsen, dict(coarsen_params or {}), params[a], seed,
-                                  time_limit, congestion, keep_placement))
+                                  time_limit, congestion, keep_placement, verbose))
     return tasks
 
 

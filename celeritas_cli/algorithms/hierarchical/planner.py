@@ -46,6 +46,7 @@ import time
 from typing import Any
 
 from ...errors import InvalidInput, MissingDependency
+from ...log import chatty
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
@@ -416,7 +417,7 @@ def _train(torch, hm, graph, feats, unit_of, n_units, M, k, iterations, S, time_
     n_samples = 0
     done = 0
     bar = task = None
-    if progress:
+    if progress and chatty():  # placer compare runs cells quietly unless -v
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from ...log import stderr_console
