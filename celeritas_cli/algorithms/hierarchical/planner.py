@@ -383,7 +383,6 @@ def _train(torch, hm, graph, feats, unit_of, n_units, M, k, iterations, S, time_
            fits, makespan, fail_r, T_ref, t0, progress):
     """The REINFORCE loop; returns ``(best, iterations_done, samples)`` with
     ``best = ((oom, makespan, iteration, sample), unit->device list)``."""
-    n = graph.n
     type_idx = torch.tensor(feats["type_idx"], dtype=torch.long)
     size_t = torch.tensor(feats["size"], dtype=torch.float32)
     node_x = torch.cat([size_t, torch.tensor(feats["adj"], dtype=torch.float32)], dim=1)
