@@ -20,7 +20,7 @@ original graph.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..model.cluster import Cluster
 from ..model.costs import CostModel
@@ -29,15 +29,30 @@ from ..model.graph import Graph
 
 @dataclass
 class Level:
-    """A partition of the original nodes into units: ``unit_of[v]`` and
-    ``members[u]`` (node indices, ascending)."""
+    """A partition of the original nodes into units: ``unit_of[v]``,
+    ``members[u]`` (node indices, ascending), and per unit its memory
+    ``mem[u]`` and ``boundary[u]``, the edges with exactly one end in it."""
 
     unit_of: list[int]
     members: list[list[int]]
+    mem: list[int] = field(default_factory=list)
+    boundary: list[list[int]] = field(default_factory=list)
 
     @property
     def size(self) -> int:
         return len(self.members)
+
+    def finish(self, graph: Graph) -> "Level":
+        """Fill ``mem`` and ``boundary`` from *graph*; returns self."""
+        self.mem = [sum(graph.memory[v] for v in mb) for mb in self.members]
+        self.boundary = [[] for _ in self.members]
+        uo = self.unit_of
+        for e, (s, d) in enumerate(zip(graph.edge_src, graph.edge_dst)):
+            a, b = uo[s], uo[d]
+            if a != b:
+                self.boundary[a].append(e)
+                self.boundary[b].append(e)
+        return self
 
 
 def atoms(graph: Graph) -> Level:
@@ -154,4 +169,4 @@ def hierarchy(graph: Graph, cluster: Cluster, costs: CostModel, *, seed: int = 0
             members[u].append(v)
         levels.append(Level(list(unit_of), members))
     levels.reverse()
-    return levels
+    return [lv.finish(graph) for lv in levels]

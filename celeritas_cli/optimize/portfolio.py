@@ -47,14 +47,16 @@ COST = {"metis": 1.5, "scotch": 2.0, "m-topo": 0.3, "single-device": 0.2, "data-
 CPD_COST = 5.0
 #: at most this share of the evaluation budget for one member, and for the whole portfolio
 MEMBER_SHARE = 0.1
-PORTFOLIO_SHARE = 0.4
-#: members run on the input graph, in this order
-FINE = ("metis", "scotch", "m-topo", "single-device", "data-parallel", "dpos", "heft", "adjusting", "m-etf",
-        "order-place", "fd-dps", "m-sct", "os-dpos")
+PORTFOLIO_SHARE = 0.3
 #: members run on each coarse graph, in this order
 COARSE = ("metis", "m-etf", "adjusting", "heft", "dpos", "order-place")
 #: target coarse nodes per device of the coarse granularities
 GRANULARITY = (4, 16, 64)
+#: the order members are offered in: an algorithm on the input graph, or ``16`` for the coarse graph of
+#: about 16 nodes per device (all of :data:`COARSE` on it).  Partitioners and list schedulers on coarse
+#: graphs first (cheap, strong starts), then list schedulers on the input graph, then the rest.
+PRIORITY = ("metis", 16, "dpos", "heft", "adjusting", 4, 64, "scotch", "m-etf", "single-device",
+            "data-parallel", "fd-dps", "m-topo", "order-place", "m-sct", "os-dpos")
 MILP_MAX_NODES = 40
 
 
@@ -97,16 +99,14 @@ def _available(name: str) -> bool:
     return registry.get(name).extra is None
 
 
-def granularities(graph: Graph, cluster: Cluster) -> list[int]:
-    """``cpd`` ranges R of the coarse graphs (module docstring), coarsest first."""
-    out = []
+def granularities(graph: Graph, cluster: Cluster) -> dict[int, int]:
+    """``cpd`` range R of the coarse graph of about *t* nodes per device, for
+    each *t* of :data:`GRANULARITY` where the graph is much larger."""
+    out = {}
     for per_device in GRANULARITY:
         target = per_device * cluster.k
-        if graph.n < 3 * target:
-            continue
-        R = math.ceil(graph.n / target)
-        if R not in out:
-            out.append(R)
+        if graph.n >= 3 * target:
+            out[per_device] = math.ceil(graph.n / target)
     return out
 
 
@@ -131,33 +131,30 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
     docstring): ``(spec, charge)`` pairs in the order they run, *charge* the
     member's estimated cost in simulations of the input graph (its own
     judgement not included; the first member of a coarse graph also pays for
-    building it).  Cheapest first; a member over :data:`MEMBER_SHARE` of the
-    budget, or one that would take the portfolio over
-    :data:`PORTFOLIO_SHARE`, is left out.  *names* restricts it to those
+    building it).  Members are offered in :data:`PRIORITY` order; one over
+    :data:`MEMBER_SHARE` of the budget, or one that would take the portfolio
+    over :data:`PORTFOLIO_SHARE`, is left out.  *names* restricts it to those
     algorithms, and then every one of them runs, whatever its cost."""
     size = max(1, graph.n + graph.m)
     per_node = (graph.n + graph.m) / graph.n if graph.n else 1.0
-
-    def ok(algo: str) -> bool:
-        return (not names or algo in names) and _available(algo)
-
-    groups: list[tuple[float, int, list[tuple[Spec, float]]]] = []  # (sort key, position, members)
-    for algo in FINE:
-        if ok(algo):
-            groups.append((COST.get(algo, 10.0), len(groups), [(Spec(algo), COST.get(algo, 10.0))]))
-    if ok("metis") and graph.total_memory() > 0.5 * cluster.total_memory():
-        groups.append((COST["metis"], len(groups), [(Spec("metis", (("weights", "memory"),)), COST["metis"])]))
-    for R in granularities(graph, cluster):
-        shrink = min(1.0, per_node * math.ceil(graph.n / R) / size)
-        members = [(Spec(algo, (), R), COST.get(algo, 10.0) * shrink) for algo in COARSE if ok(algo)]
-        if members:
-            groups.append((CPD_COST + members[0][1], len(groups), members))
-    groups.sort(key=lambda x: (x[0], x[1]))
+    coarse_R = granularities(graph, cluster)
+    offers: list[list[tuple[Spec, float]]] = []
+    for item in PRIORITY:
+        if isinstance(item, str):
+            offers.append([(Spec(item), COST.get(item, 10.0))])
+            if item == "metis" and graph.total_memory() > 0.5 * cluster.total_memory():
+                offers.append([(Spec("metis", (("weights", "memory"),)), COST["metis"])])
+        elif item in coarse_R:
+            R = coarse_R[item]
+            shrink = min(1.0, per_node * math.ceil(graph.n / R) / size)
+            offers.append([(Spec(algo, (), R), COST.get(algo, 10.0) * shrink) for algo in COARSE])
     out: list[tuple[Spec, float]] = []
     spent = 0.0
-    for _, _, members in groups:
+    for members in offers:
         built = False
         for spec, charge in members:
+            if (names and spec.algo not in names) or not _available(spec.algo):
+                continue
             if spec.R is not None and not built:
                 charge += CPD_COST
             over = charge + 1 > MEMBER_SHARE * budget or spent + charge + 1 > PORTFOLIO_SHARE * budget

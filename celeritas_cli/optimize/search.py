@@ -165,7 +165,10 @@ class Search:
         return out
 
     def refine_all(self) -> tuple[Candidate | None, State | None]:
+        """Refine from each start in turn; a refinement that reaches a state
+        an earlier one accepted stops there (it would end the same way)."""
         best_c, best_s = None, None
+        visited: set[tuple[int, bytes]] = set()
         for cand in self.starts():
             if self.budget.exhausted():
                 break
@@ -177,8 +180,13 @@ class Search:
             state = State(list(cand.device_of), prob.ev.loads(cand.device_of), score, sched)
             name = cand.spec.name
 
-            def on_accept(st: State, name=name) -> None:
+            def on_accept(st: State, name=name, prob=prob) -> bool:
                 self.progress(f"refining {name}: {_fmt(st.score)}")
+                key = (id(prob), prob.ev.key(st.dev))
+                if key in visited:
+                    return False
+                visited.add(key)
+                return True
 
             state = refine(prob.ev, prob.levels, state, on_accept)
             if best_s is None or state.score.better(best_s.score):
