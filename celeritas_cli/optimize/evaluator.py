@@ -70,6 +70,7 @@ class Budget:
         self.charged = 0.0
         self.deadline = deadline
         self.clock_cut = False
+        self.sim_seconds = 0.0  # wall time of the simulations made (for clock decisions only)
 
     @property
     def spent(self) -> float:
@@ -95,6 +96,17 @@ class Budget:
 
     def charge(self, amount: float) -> None:
         self.charged += amount
+
+    def affordable(self, amount: float) -> bool:
+        """Whether work of *amount* simulations (plus one to judge it) fits
+        in the time left, at the measured speed of simulations; False sets
+        ``clock_cut``."""
+        if self.deadline is None or not self.used:
+            return True
+        if self.remaining_time() < (amount + 1) * self.sim_seconds / self.used:
+            self.clock_cut = True
+            return False
+        return True
 
 
 class Evaluator:
@@ -168,8 +180,10 @@ class Evaluator:
             return self.scores[key], sched
         if not self.budget.take():
             return None
+        t0 = time.perf_counter()
         sched = run_schedule(self.graph, self.cluster, device_of, order, congestion=self.congestion,
                              costs=self.costs)
+        self.budget.sim_seconds += time.perf_counter() - t0
         score = Score(self.overflow(self.loads(device_of)), sched.makespan)
         self.scores[key] = score
         self._schedules[key] = sched

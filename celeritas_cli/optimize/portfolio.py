@@ -206,11 +206,14 @@ def run_portfolio(runner: Runner, specs: list[tuple[Spec, float]], judge: Callab
                   on_error: Callable[[Spec, Exception], None] | None = None) -> list[Candidate]:
     """Run *specs* in order, charging each its estimated cost to *budget*
     (:class:`~celeritas_cli.optimize.evaluator.Budget`); *judge* scores each
-    candidate (False when the budget is spent)."""
+    candidate (False when the budget is spent).  A member the time left
+    cannot pay for is skipped (the budget records that the clock decided)."""
     out: list[Candidate] = []
     for spec, charge in specs:
         if budget.exhausted():
             break
+        if not budget.affordable(charge):
+            continue
         budget.charge(charge)
         try:
             cand = runner.run(spec, params(spec) if params else None)

@@ -22,6 +22,8 @@ says when it did (``estimate.clock_cut``).
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -38,6 +40,27 @@ from .refine import State, refine
 EVAL_RATE = 2.5e5
 #: share of the time limit the finishing steps may need (writing the answer)
 RESERVE = 0.04
+#: where the wall clock of ``time_limit`` started, when earlier than the search (see :func:`clock_origin`)
+_ORIGIN: ContextVar[float | None] = ContextVar("auto_clock_origin", default=None)
+
+
+@contextmanager
+def clock_origin(t0: float):
+    """Count ``time_limit`` from ``t0`` (a :func:`time.perf_counter` reading)
+    instead of from the start of the search, e.g. from the start of a
+    command, so loading the graph counts too.  The evaluation budget does not
+    change (it depends on the limit, not on the clock).
+
+    >>> import time
+    >>> with clock_origin(time.perf_counter() - 5.0):
+    ...     _ORIGIN.get() is not None
+    True
+    """
+    token = _ORIGIN.set(t0)
+    try:
+        yield
+    finally:
+        _ORIGIN.reset(token)
 
 
 def default_evaluations(graph: Graph, time_limit: float) -> int:
@@ -101,7 +124,9 @@ class Search:
         self.algos = algos
         self.log = log or (lambda msg: None)
         limit = evaluations if evaluations > 0 else default_evaluations(graph, time_limit)
-        self.budget = Budget(limit, self.t0 + time_limit * (1.0 - RESERVE))
+        origin = _ORIGIN.get()
+        start = self.t0 if origin is None else min(origin, self.t0)
+        self.budget = Budget(limit, start + time_limit * (1.0 - RESERVE))
         self.main = _Problem(graph, cluster, self.costs, congestion, seed, self.budget)
         self.derived: dict[int, _Problem] = {}
         self.candidates: list[Candidate] = []
