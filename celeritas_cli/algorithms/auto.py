@@ -22,7 +22,7 @@ and the wall clock only caps it - the result says so on stderr and in
 from __future__ import annotations
 
 from ..errors import InvalidInput
-from ..log import warn
+from ..log import chatty, warn
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
@@ -69,7 +69,9 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     congestion : {"channel", "port", "none"}
         The simulator's congestion rule for every judgement.
     quiet : bool
-        No progress lines (for library use, e.g. inside ``compare``).
+        No progress lines (for library use; also off inside
+        :func:`celeritas_cli.log.quiet`, as ``compare`` runs its cells).
+        The line saying the wall clock cut the search is always printed.
 
     Returns
     -------
@@ -106,7 +108,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
             raise InvalidInput(f"'auto' parameter algos: unknown or not allowed: {', '.join(unknown)}")
     costs = cost_model(graph, cluster, costs)
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
-                    congestion=congestion, algos=names, log=None if quiet else warn)
+                    congestion=congestion, algos=names, log=warn if chatty() and not quiet else None)
     out = search.run()
     if out.clock_cut:
         warn(f"auto: the wall clock ({time_limit:g} s) ended the search after {out.evaluations} of "
@@ -138,10 +140,12 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     else:
         p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", seed=seed,
                                    estimate=estimate)
-    if out.graph is not graph:
-        p.split_graph = out.winner.placement.split_graph
+    if out.graph is not graph:  # a derived graph (splits, data parallelism): carry it and its recipe
+        for attr in ("split_graph", "derivation"):
+            if getattr(out.winner.placement, attr, None) is not None:
+                setattr(p, attr, getattr(out.winner.placement, attr))
         p.graph = graph.original_name
-    if not quiet:
+    if chatty() and not quiet:
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
              f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), "
              f"{out.evaluations} evaluations")

@@ -88,10 +88,13 @@ class Budget:
     def exhausted(self) -> bool:
         return self.spent + 1 > self.limit or self.out_of_time()
 
-    def take(self) -> bool:
-        if self.exhausted():
+    def take(self, weight: float = 1.0) -> bool:
+        """Spend one simulation; one of a graph *weight* times the input
+        graph's size also charges ``weight - 1``."""
+        if self.exhausted() or (weight > 1 and self.spent + weight > self.limit):
             return False
         self.used += 1
+        self.charged += max(0.0, weight - 1.0)
         return True
 
     def charge(self, amount: float) -> None:
@@ -130,17 +133,21 @@ class Evaluator:
         The simulator's congestion rule.
     budget : Budget, optional
         Shared by every evaluator of one search (default: unlimited).
+    weight : float
+        Size of *graph* relative to the input graph of the search (a derived
+        graph, e.g. data-parallel replicas, costs more per simulation).
     """
 
     KEEP_SCHEDULES = 8
 
     def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel | None = None, congestion: str = "channel",
-                 budget: Budget | None = None):
+                 budget: Budget | None = None, weight: float = 1.0):
         self.graph = graph
         self.cluster = cluster
         self.costs = cost_model(graph, cluster, costs)
         self.congestion = congestion
         self.budget = budget if budget is not None else Budget(1 << 62, None)
+        self.weight = weight
         self.capacity = [d.memory for d in cluster.devices]
         self.scores: dict[bytes, Score] = {}
         self._schedules: OrderedDict[bytes, Schedule] = OrderedDict()
@@ -178,7 +185,7 @@ class Evaluator:
         if sched is not None:
             self._schedules.move_to_end(key)
             return self.scores[key], sched
-        if not self.budget.take():
+        if not self.budget.take(self.weight):
             return None
         t0 = time.perf_counter()
         sched = run_schedule(self.graph, self.cluster, device_of, order, congestion=self.congestion,

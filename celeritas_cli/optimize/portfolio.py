@@ -28,12 +28,15 @@ operation splitting, data parallelism) is judged on that graph, as
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import registry
 from ..errors import PlacerError
+from ..log import chatty, quiet, warn
 from ..model.cluster import Cluster
 from ..model.costs import CostModel
 from ..model.graph import Graph
@@ -191,8 +194,15 @@ class Runner:
             The algorithm failed (the caller skips the member).
         """
         g = self.graph if spec.R is None else self.coarse_graph(spec.R)
-        p = registry.place(g, self.cluster, spec.algo, seed=self.seed,
-                           params={**dict(spec.params), **(params or {})}, costs=self.costs.for_graph(g))
+        said = io.StringIO()
+        try:  # a member's own lines are not auto's: shown (prefixed) only when chatty
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said), quiet():
+                p = registry.place(g, self.cluster, spec.algo, seed=self.seed,
+                                   params={**dict(spec.params), **(params or {})}, costs=self.costs.for_graph(g))
+        finally:
+            if chatty():
+                for line in said.getvalue().splitlines():
+                    warn(f"auto: {spec.name}: {line}")
         if p.split_graph is not None:
             judged = Graph.from_dict(p.split_graph, f"{spec.name} (split_graph)")
             device_of, order = p.resolve(judged, self.cluster, spec.name)

@@ -97,9 +97,9 @@ class _Problem:
     """One graph the search simulates: evaluator and (lazily) its levels."""
 
     def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, congestion: str, seed: int,
-                 budget: Budget):
+                 budget: Budget, weight: float = 1.0):
         self.graph = graph
-        self.ev = Evaluator(graph, cluster, costs.for_graph(graph), congestion, budget)
+        self.ev = Evaluator(graph, cluster, costs.for_graph(graph), congestion, budget, weight)
         self.seed = seed
         self._levels: list[Level] | None = None
 
@@ -138,8 +138,9 @@ class Search:
             return self.main
         key = id(cand.graph)
         if key not in self.derived:
+            weight = (cand.graph.n + cand.graph.m) / max(1, self.graph.n + self.graph.m)
             self.derived[key] = _Problem(cand.graph, self.cluster, self.costs, self.congestion, self.seed,
-                                               self.budget)
+                                         self.budget, weight)
         return self.derived[key]
 
     def _judge(self, cand: Candidate) -> bool:
