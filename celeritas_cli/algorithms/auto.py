@@ -134,12 +134,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         "clock_cut": out.clock_cut,
         "candidates": out.candidates,
     }
-    if out.winner is not None and out.refined_from is None and out.order is not None:
-        p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", order=out.order,
-                                   seed=seed, estimate=estimate)
-    else:
-        p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", seed=seed,
-                                   estimate=estimate)
+    p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", order=out.order, seed=seed,
+                               estimate=estimate)
     if out.graph is not graph:  # a derived graph (splits, data parallelism): carry it and its recipe
         for attr in ("split_graph", "derivation"):
             if getattr(out.winner.placement, attr, None) is not None:

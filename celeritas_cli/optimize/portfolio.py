@@ -231,6 +231,9 @@ def run_portfolio(runner: Runner, specs: list[tuple[Spec, float]], judge: Callab
             if on_error is not None:
                 on_error(spec, exc)
             continue
+        except Exception as exc:  # a bug in one member must not cost the user the answer; say it
+            warn(f"auto: candidate {spec.name} failed ({type(exc).__name__}: {exc}); skipped - please report it")
+            continue
         if not judge(cand):
             break
         out.append(cand)

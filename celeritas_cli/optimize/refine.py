@@ -47,12 +47,33 @@ LEVEL_STEP = 1.8
 
 @dataclass
 class State:
-    """The incumbent: assignment, per-device memory, score and schedule."""
+    """The incumbent: assignment, per-device memory, score and schedule, and
+    in *order mode* the strict per-device order the simulator follows
+    (``order``; None: the simulator's own rank order)."""
 
     dev: list[int]
     load: list[int]
     score: Score
     sched: Schedule
+    order: list[list[int]] | None = None
+    _seq: list[int] | None = None
+
+    def sequence(self, graph) -> list[int]:
+        """All nodes by realised start time, ties by topological index: a
+        topological order, so per-device subsequences never deadlock."""
+        if self._seq is None:
+            start, topo = self.sched.start, graph.topo_index()
+            self._seq = sorted(range(graph.n), key=lambda v: (start[v], topo[v]))
+        return self._seq
+
+
+def reorder(graph, state: State, new_dev: list[int], k: int) -> list[list[int]]:
+    """Order mode: each device runs its nodes in the order they started in
+    the incumbent's schedule (moved nodes where they started before)."""
+    order: list[list[int]] = [[] for _ in range(k)]
+    for v in state.sequence(graph):
+        order[new_dev[v]].append(v)
+    return order
 
 
 Move = tuple[tuple[int, int], ...]  # ((unit, device), ...)
@@ -249,16 +270,17 @@ def refine_level(ev: Evaluator, level: Level, state: State,
             if real is None:
                 continue
             new_dev = apply(level, state.dev, real)
-            known = ev.seen(new_dev)
+            new_order = None if state.order is None else reorder(ev.graph, state, new_dev, ev.cluster.k)
+            known = ev.seen(new_dev, new_order)
             if known is not None and not known.better(state.score):
                 continue
             tries += 1
-            res = ev.evaluate(new_dev)
+            res = ev.evaluate(new_dev, new_order)
             if res is None:
                 return state, False
             score, sched = res
             if score.better(state.score):
-                state = State(new_dev, ev.loads(new_dev), score, sched)
+                state = State(new_dev, ev.loads(new_dev), score, sched, new_order)
                 improved = True
                 if on_accept is not None and not on_accept(state):
                     return state, False

@@ -176,7 +176,7 @@ class Search:
 
     def starts(self) -> list[tuple[Candidate, State]]:
         """Refinement starts: candidates best first, distinct assignments,
-        each as an assignment without order (the refinement's space)."""
+        (see :meth:`_start_state` for their order)."""
         ranked = sorted(range(len(self.candidates)),
                         key=lambda i: (self.candidates[i].score.overflow, self.candidates[i].score.makespan, i))
         seen: set[tuple] = set()
@@ -190,6 +190,21 @@ class Search:
             out.append(cand)
         return out
 
+    def _start_state(self, cand: Candidate, prob: _Problem) -> State | None:
+        """The refinement start of *cand*: its assignment under the
+        simulator's own order, or - when the candidate came with an order
+        that does better - in order mode (module :mod:`.refine`)."""
+        res = prob.ev.evaluate(cand.device_of)
+        if res is None:
+            return None
+        dyn = State(list(cand.device_of), prob.ev.loads(cand.device_of), res[0], res[1])
+        if cand.order is None or not cand.score.better(dyn.score):
+            return dyn
+        res = prob.ev.evaluate(cand.device_of, cand.order)
+        if res is None:
+            return dyn
+        return State(list(cand.device_of), dyn.load, res[0], res[1], [list(s) for s in cand.order])
+
     def refine_all(self) -> tuple[Candidate | None, State | None]:
         """Refine from each start in turn; a refinement that reaches a state
         an earlier one accepted stops there (it would end the same way)."""
@@ -199,16 +214,14 @@ class Search:
             if self.budget.exhausted():
                 break
             prob = self._problem(cand)
-            res = prob.ev.evaluate(cand.device_of)
-            if res is None:
+            state = self._start_state(cand, prob)
+            if state is None:
                 break
-            score, sched = res
-            state = State(list(cand.device_of), prob.ev.loads(cand.device_of), score, sched)
             name = cand.spec.name
 
             def on_accept(st: State, name=name, prob=prob) -> bool:
                 self.progress(f"refining {name}: {_fmt(st.score)}")
-                key = (id(prob), prob.ev.key(st.dev))
+                key = (id(prob), prob.ev.key(st.dev, st.order))
                 if key in visited:
                     return False
                 visited.add(key)
@@ -237,7 +250,7 @@ class Search:
                       winner=start, start_score=start.score, refined_from=None, candidates=rows,
                       lower_bound=lb)
         if ref_s is not None and ref_s.score.better(start.score):
-            out.graph, out.device_of, out.order, out.score = ref_c.graph, ref_s.dev, None, ref_s.score
+            out.graph, out.device_of, out.order, out.score = ref_c.graph, ref_s.dev, ref_s.order, ref_s.score
             out.winner, out.refined_from = ref_c, ref_c.spec.name
         out.evaluations = self.budget.used
         out.clock_cut = self.budget.clock_cut
