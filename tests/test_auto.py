@@ -155,7 +155,7 @@ def test_derived_graph_candidate_carries_its_graph():
     assert p.estimate["makespan_s"] < 8.0
 
 
-def test_deterministic_for_a_seed_and_seed_matters_little():
+def test_deterministic_for_a_seed():
     g = load_graph(str(SAMPLES / "layered_300.json"))
     c = load_cluster("4xV100-pcie")
     a = auto(g, c, evaluations=80, quiet=True, seed=3).to_dict(timings=False)

@@ -111,9 +111,9 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
                     congestion=congestion, algos=names, log=warn if chatty() and not quiet else None)
     out = search.run()
     if out.clock_cut:
-        warn(f"auto: the wall clock ({time_limit:g} s) ended the search after {out.evaluations} of "
-             f"{search.budget.limit} evaluations, so another run may differ; raise --time-limit or lower "
-             f"-p evaluations for a repeatable result")
+        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({search.budget.spent:.0f} of "
+             f"{search.budget.limit:.0f} evaluations spent), so another run may differ; raise --time-limit or "
+             f"lower -p evaluations for a repeatable result")
     winner = out.winner.spec.name if out.winner is not None else None
     start = out.start_score.makespan if out.start_score is not None else out.score.makespan
     estimate = {
@@ -131,6 +131,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         "refinement_gain": finite_or_none(1.0 - out.score.makespan / start) if start > 0 else 0.0,
         "evaluations": out.evaluations,
         "evaluation_budget": search.budget.limit,
+        "evaluations_spent": round(search.budget.spent, 3),
         "clock_cut": out.clock_cut,
         "candidates": out.candidates,
     }

@@ -168,7 +168,7 @@ class Search:
         feasible = any(c.score.feasible for c in self.candidates)
         where = wants_milp(self.graph, self.cluster, {R: g.n for R, g in runner.coarse.items()}, feasible)
         if where is not None and (self.algos is None or "milp" in self.algos) and not self.budget.exhausted():
-            milp = {"time_limit": max(1.0, 0.25 * self.time_limit), "workers": 1, "congestion": self.congestion,
+            milp = {"time_limit": max(1.0, 0.3 * self.time_limit), "workers": 1, "congestion": self.congestion,
                     "hint": "none" if feasible else "auto"}
             charge = 0.25 * (self.budget.limit - self.budget.spent)
             run_portfolio(runner, [(Spec("milp", (), where or None), charge)], self._judge, self.budget,
@@ -253,7 +253,9 @@ class Search:
             out.graph, out.device_of, out.order, out.score = ref_c.graph, ref_s.dev, ref_s.order, ref_s.score
             out.winner, out.refined_from = ref_c, ref_c.spec.name
         out.evaluations = self.budget.used
-        out.clock_cut = self.budget.clock_cut
+        # a member whose own search the wall clock ended (e.g. milp) makes the answer unrepeatable too
+        unrepeatable = any(c.placement.estimate.get("repeatable") is False for c in self.candidates)
+        out.clock_cut = self.budget.clock_cut or unrepeatable
         return out
 
 
