@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from celeritas_cli import registry  # noqa: E402
-from celeritas_cli.compare.core import algorithm_params, default_algorithms  # noqa: E402
+from celeritas_cli.compare.inputs import default_algorithms  # noqa: E402
+from celeritas_cli.compare.tasks import algorithm_params  # noqa: E402
 from celeritas_cli.model.costs import cost_model  # noqa: E402
 from celeritas_cli.model.generate import layered_doc  # noqa: E402
 from celeritas_cli.model.io import load_cluster, load_graph  # noqa: E402
@@ -120,7 +121,7 @@ def layered36(cluster, n: int = 36_000, seed: int = 0) -> list[str]:
             "evaluations | clock cut | wall (s) |", "|---:|---:|---:|---:|:---|---:|---:|:---:|---:|",
             f"| {g.n} | {lb:.4g} | {rep['makespan_s']:.4g} | **{rep['makespan_s'] / lb:.3f}** | "
             f"{est.get('winner')} | {est.get('start_makespan_s', float('nan')) / lb:.3f} | "
-            f"{est.get('evaluations')} / {est.get('evaluation_budget')} | {cut} | {wall:.1f} |", ""]
+            f"{est.get('evaluations')} / {est.get('evaluation_budget', 0):.0f} | {cut} | {wall:.1f} |", ""]
 
 
 def main(argv: list[str]) -> int:
