@@ -56,10 +56,11 @@ COARSE = ("metis", "m-etf", "adjusting", "heft", "dpos", "order-place")
 #: target coarse nodes per device of the coarse granularities
 GRANULARITY = (4, 16, 64)
 #: the order members are offered in: an algorithm on the input graph, or ``16`` for the coarse graph of
-#: about 16 nodes per device (all of :data:`COARSE` on it).  Partitioners and list schedulers on coarse
-#: graphs first (cheap, strong starts), then list schedulers on the input graph, then the rest.
-PRIORITY = ("metis", 16, "dpos", "heft", "adjusting", 4, 64, "scotch", "m-etf", "single-device",
-            "data-parallel", "fd-dps", "m-topo", "order-place", "m-sct", "os-dpos")
+#: about 16 nodes per device (all of :data:`COARSE` on it).  Partitioners, data parallelism (when
+#: registered) and list schedulers on coarse graphs first (cheap, strong starts), then list schedulers on
+#: the input graph, then the rest.
+PRIORITY = ("metis", "data-parallel", 16, "dpos", "heft", "adjusting", 4, 64, "scotch", "m-etf",
+            "single-device", "fd-dps", "m-topo", "order-place", "m-sct", "os-dpos")
 MILP_MAX_NODES = 40
 
 
