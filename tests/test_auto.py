@@ -23,9 +23,13 @@ from celeritas_cli.model.io import load_cluster, load_graph
 from celeritas_cli.optimize.evaluator import Budget, Evaluator
 from celeritas_cli.optimize.levels import atoms, hierarchy
 from celeritas_cli.optimize.portfolio import plan
+from celeritas_cli.scheduling.split_cost import DEFAULT_OVERHEAD_S
 from celeritas_cli.sim.simulator import simulate
 
 from .conftest import SAMPLES, edge, node
+
+#: the placement algorithms of the portfolio (data parallelism left out where a test is about placement)
+PLACERS = "metis,scotch,m-topo,single-device,heft,m-etf,adjusting,dpos,order-place"
 
 G60 = str(SAMPLES / "layered_60.json")
 GiB = 2**30
@@ -90,9 +94,22 @@ def test_fork_join_reaches_the_hand_computed_optimum():
     g = build("fj", [node("a", 1), node("b", 10), node("c", 10), node("d", 1)],
               [edge("a", "b", 1), edge("a", "c", 1), edge("b", "d", 1), edge("c", "d", 1)])
     c = uniform(2, bandwidth=100.0, latency=0.0)
-    p = auto(g, c, evaluations=60, quiet=True)
+    p = auto(g, c, evaluations=60, quiet=True, algos=PLACERS)
     assert p.estimate["makespan_s"] == pytest.approx(12.01)
     assert simulate(g, c, p)["makespan_s"] == pytest.approx(12.01)
+
+
+def test_data_parallelism_is_a_candidate():
+    # the same fork-join replicated on both devices, each on half the batch: 0.5 + 5 + 5 + 0.5 = 11 s
+    # plus one launch overhead per op (4 x 2 us); no optimizer, so nothing to all-reduce.  It beats
+    # the best placement (12.01 s), so auto must return it.
+    g = build("fj", [node("a", 1), node("b", 10), node("c", 10), node("d", 1)],
+              [edge("a", "b", 1), edge("a", "c", 1), edge("b", "d", 1), edge("c", "d", 1)])
+    c = uniform(2, bandwidth=100.0, latency=0.0)
+    p = auto(g, c, evaluations=60, quiet=True)
+    assert p.estimate["winner"].startswith("data-parallel")
+    assert p.estimate["makespan_s"] == pytest.approx(11 + 4 * DEFAULT_OVERHEAD_S)
+    assert simulate(g, c, p)["makespan_s"] == pytest.approx(p.estimate["makespan_s"])
 
 
 def test_refinement_beats_a_poor_start():
@@ -136,7 +153,7 @@ def test_coarse_input_is_judged_as_given():
     g = load_graph(G60)
     c = load_cluster("4xV100-pcie")
     cg = registry.coarsen(g, c, "cpd", params={"R": 5})
-    p = auto(cg, c, evaluations=60, quiet=True)
+    p = auto(cg, c, evaluations=60, quiet=True, algos=PLACERS)
     assert p.estimate["judged_on"] == "coarse input graph"
     assert set(p.assignment) == set(g.ids)  # written over the original ids
     assert simulate(cg, c, p)["makespan_s"] == pytest.approx(p.estimate["makespan_s"])
