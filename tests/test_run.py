@@ -353,3 +353,59 @@ def test_cli_run_table_export_and_mismatch(tmp_path, monkeypatch):
     assert r.stderr.strip().splitlines()[-1].startswith("Error: q.json was made for graph 'th'")
     r = runner.invoke(main, ["run", "-P", "p.json"])
     assert r.exit_code == 2 and "--model is required" in r.output
+
+
+# ---------------------------------------------------------------- data parallelism
+def dp_placement(spec, batch, k=2, **config):
+    from celeritas_cli import registry
+
+    return registry.place(Graph.from_dict(step_of(spec, batch, **config).doc), uniform(k), "data-parallel")
+
+
+def test_data_parallel_placement_is_prepared_as_replicas_with_shards():
+    from celeritas_cli.run.data_parallel import DPPrepared
+
+    p = dp_placement(CNN, 4)
+    pre = api.prepare(CNN, 4, p, uniform(2), step=step_of(CNN, 4))
+    assert isinstance(pre, DPPrepared) and (pre.k, pre.replica_batch, pre.global_batch) == (2, 2, 4)
+    assert pre.devices == [0, 1] and sorted(pre.sequence) == list(range(len(pre.step.sm.ids)))
+    whole = step_of(CNN, 4)
+    for j, t in enumerate(whole.inputs):                  # the shards are the rows of the global batch
+        assert torch.equal(torch.cat([s[0][j] for s in pre.shards]), t)
+    assert torch.equal(torch.cat([s[1] for s in pre.shards]), whole.target)
+    with pytest.raises(InvalidInput, match="runs with --backend gloo"):
+        api.run_placement(CNN, 4, p, uniform(2), prepared=pre, backend="local")
+    with pytest.raises(InvalidInput, match="cannot share a batch of 3 evenly"):
+        api.prepare(CNN, 3, dp_placement(CNN, 3), uniform(2), step=step_of(CNN, 3))
+
+
+def test_placements_that_split_operations_are_refused():
+    from celeritas_cli.run.data_parallel import dp_recipe
+
+    p = mlp_split()
+    p.derivation = {"steps": [{"transform": "split", "node": "addmm", "dim": "batch", "n": 2}]}
+    with pytest.raises(InvalidInput, match=r"transforms the graph \(split\)"):
+        dp_recipe(p, "p.json")
+    assert dp_recipe(mlp_split(), "p.json") is None
+
+
+def test_cli_export_refuses_data_parallel(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    assert runner.invoke(main, ["profile", "--model", MLP, "-b", "4", "-o", "g.json"]).exit_code == 0
+    r = runner.invoke(main, ["place", "g.json", "--algo", "data-parallel", "--cluster", "4xV100-pcie",
+                             "-p", "devices=2", "-o", "dp.json"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(main, ["export", "--graph", "g.json", "-P", "dp.json", "-o", "x.py"])
+    assert r.exit_code == 1 and "data-parallel placement is not exported" in r.stderr
+
+
+@pytest.mark.slow
+def test_data_parallel_two_processes_match_the_averaged_shards():
+    p = dp_placement(CNN, 4)
+    rep = run(CNN, 4, p, uniform(2), backend="gloo", steps=1, timeout=300)
+    validate(rep, "placer.run/v1", "report")
+    assert rep["match"] and rep["loss_max_abs_diff"] == 0.0 and rep["params_max_abs_diff"] == 0.0
+    assert rep["data_parallel"] == {"replicas": 2, "scaling": "strong", "replica_batch": 2, "global_batch": 4}
+    assert rep["batch_size"] == 4 and all(ln["bytes"] is None for ln in rep["links"])
+    assert rep["simulated_step_s"] > 0 and len(rep["measured_steps_s"]) == 1

@@ -8,7 +8,7 @@ import click
 
 from ..model.jsonio import write_bytes
 from .common import stderr_console
-from .run_cmd import load_inputs, parse_device_map, placed_step_options
+from .run_cmd import check_exportable, load_inputs, parse_device_map, placed_step_options
 
 
 @click.command("export", context_settings={"max_content_width": 100})
@@ -48,6 +48,7 @@ def export(model, batch_size, config, placement_path, graph_path, cluster_path, 
 
     pre = prepare(spec, batch, placement, cluster, label=label, config=cfg, graph=graph, graph_label=glabel,
                   device_map=parse_device_map(device_map), seed=seed, progress=say)
+    check_exportable(pre, label)
     src = export_source(pre.prog, cluster.ids, pre.tdev, graph=pre.sim_graph.name, cluster=cluster.name,
                         label=label, algorithm=placement.algorithm)
     write_bytes(src.encode(), output)

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from ..errors import InvalidInput
 from ..model.io import bundled_cluster_names, load_graph, load_placement
 from ..model.jsonio import label_of, write_bytes
 from ..sim.simulator import CONGESTION_RULES
@@ -54,6 +55,15 @@ def placed_step_options(fn):
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
+
+
+def check_exportable(pre, label: str) -> None:
+    """Export writes one process's placed step; a data-parallel placement is not one."""
+    from ..run.api import Prepared
+
+    if not isinstance(pre, Prepared):
+        raise InvalidInput(f"{label}: a data-parallel placement is not exported (it is one model per process: use "
+                           f"torch DistributedDataParallel); run it with placer run --backend gloo")
 
 
 def load_inputs(model, batch_size, config, placement_path, graph_path, cluster_path, say):
@@ -142,6 +152,8 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
 
     pre = prepare(spec, batch, placement, cluster, label=label, config=cfg, graph=graph, graph_label=glabel,
                   device_map=parse_device_map(device_map), seed=seed, congestion=congestion, progress=say)
+    if export_path:
+        check_exportable(pre, label)
     report = run_placement(spec, batch, placement, cluster, label=label, backend=backend, steps=steps,
                            warmup=warmup, seed=seed, threads=threads, congestion=congestion, rtol=rtol, atol=atol,
                            timeout=timeout, progress=say, prepared=pre)

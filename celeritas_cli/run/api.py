@@ -31,9 +31,9 @@ def check_same_graph(step_doc: dict, placement: Placement, label: str, graph: Gr
     ids = [n["id"] for n in step_doc["nodes"]]
     known = set(ids)
     how = "capture with the --model, --config and --batch-size the graph file was made with"
-    if placement.split_graph is not None:
-        raise InvalidInput(f"{label}: the placement splits operations ({placement.algorithm}); placer run executes "
-                           f"placements of the captured graph only")
+    if placement.split_graph is not None or placement.derivation is not None:
+        raise InvalidInput(f"{label}: the placement transforms the graph ({placement.algorithm}); placer run executes "
+                           f"placements of the captured graph and plain data parallelism")
     extra = [nid for nid in placement.assignment if nid not in known]
     missing = [nid for nid in ids if nid not in placement.assignment]
     if extra or missing:
@@ -41,8 +41,20 @@ def check_same_graph(step_doc: dict, placement: Placement, label: str, graph: Gr
                 f"it does not place node '{missing[0]}' of the capture")
         raise InvalidInput(f"{label} was made for graph '{placement.graph}' ({len(placement.assignment)} nodes), "
                            f"the capture is '{step_doc['name']}' ({len(ids)} nodes): {what}; {how}")
-    if graph is None:
-        return
+    if graph is not None:
+        check_graph_file(step_doc, graph, graph_label)
+
+
+def check_graph_file(step_doc: dict, graph: Graph, graph_label: str = "graph") -> None:
+    """Refuse a graph file (``--graph``) of another model, batch or phase than the capture.
+
+    Raises
+    ------
+    InvalidInput
+        One line naming the first node or edge that differs.
+    """
+    known = {n["id"] for n in step_doc["nodes"]}
+    how = "capture with the --model, --config and --batch-size the graph file was made with"
     if (graph.meta or {}).get("phase") == "inference":
         raise InvalidInput(f"{graph_label}: is an inference graph; placer run executes training steps (profile "
                            f"without --phase inference)")
@@ -140,11 +152,13 @@ class Prepared:
 def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, label: str = "placement",
             config: dict | None = None, graph: Graph | None = None, graph_label: str = "graph",
             device_map: dict[str, str] | None = None, seed: int = 0, congestion: str = "channel",
-            progress: Callable[[str], None] | None = None, step=None) -> Prepared:
+            progress: Callable[[str], None] | None = None, step=None):
     """Capture *spec* at *batch* with real values (or take *step*, an earlier
     :func:`~celeritas_cli.run.step.capture_real` of it), check that *placement*
     (and *graph*) were made for that graph, simulate it, and build the
     :class:`~celeritas_cli.run.program.Program` in the simulated start order.
+    A data-parallel placement gives a :class:`~celeritas_cli.run.data_parallel.DPPrepared`
+    instead of a :class:`Prepared`.
 
     Raises
     ------
@@ -152,10 +166,16 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
         Placement or graph made for another graph, an invalid placement, a bad device map.
     """
     from ..sim.simulator import simulate
+    from .data_parallel import dp_recipe, prepare_dp
     from .program import Program
     from .step import capture_real
 
     say = progress or (lambda msg: None)
+    recipe = dp_recipe(placement, label)
+    if recipe is not None:
+        return prepare_dp(spec, batch, placement, cluster, recipe, label=label, config=config, graph=graph,
+                          graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
+                          progress=progress, step=step)
     if step is None:
         say(f"capturing {spec} at batch {batch} with real parameters (seed {seed})")
         step = capture_real(spec, batch, config=config, seed=seed)
@@ -224,6 +244,10 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
     pre = prepared or prepare(spec, batch, placement, cluster, label=label, config=config, graph=graph,
                               graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
                               progress=progress)
+    if not isinstance(pre, Prepared):
+        return _run_data_parallel(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
+                                  threads=threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
+                                  progress=progress)
     step, prog, tdev, used = pre.step, pre.prog, pre.tdev, pre.prog.devices
     n_threads = default_threads(backend, len(used), threads, pre.sim_graph, cluster)
     ref_dev = tdev[used[0]]
@@ -250,10 +274,28 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
     finally:
         torch.set_num_threads(saved_threads)
     numerics = compare(measured["loss"], measured["params"], ref, rtol=rtol, atol=atol)
-    return build_report(step=step, prog=prog, placement=placement, label=label, cluster=cluster, sim=pre.sim,
+    counts = {d: prog.device_of.count(d) for d in prog.devices}
+    return build_report(step=step, counts=counts, placement=placement, label=label, cluster=cluster, sim=pre.sim,
                         sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=tdev, backend=backend,
                         dist_backend=dist_backend, threads=n_threads, steps=steps, warmup=warmup,
                         numerics=numerics, measured=measured, congestion=congestion, load=load)
+
+
+def _run_data_parallel(pre, placement, cluster, *, label, backend, steps, warmup, threads, timeout, rtol, atol,
+                       congestion, progress) -> dict:
+    from .data_parallel import run_dp
+    from .report import load_average
+
+    if backend != "gloo":
+        raise InvalidInput(f"{label}: a data-parallel placement runs with --backend gloo (one process per replica)")
+    n_threads = default_threads("gloo", pre.k, threads, pre.sim_graph, cluster)
+    report = run_dp(pre, placement, cluster, label=label, steps=steps, warmup=warmup, threads=n_threads,
+                    timeout=timeout, rtol=rtol, atol=atol, congestion=congestion, load=load_average(),
+                    progress=progress)
+    report["batch_size"] = pre.global_batch if pre.scaling == "strong" else pre.replica_batch
+    report["data_parallel"] = {"replicas": pre.k, "scaling": pre.scaling, "replica_batch": pre.replica_batch,
+                               "global_batch": pre.global_batch}
+    return report
 
 
 def dist_job(pre: Prepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float) -> dict:

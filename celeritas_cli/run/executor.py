@@ -152,12 +152,14 @@ class Runner:
     channel : moves values between devices (:class:`LocalChannel`, or the distributed one).
     rng_states : fx node name -> generator state to replay before that random op.
     adam : Adam hyper-parameters (default :data:`ADAM`).
-    grad_hook : ``hook(param_index, grad) -> grad`` applied before each update (the seam for a
-        data-parallel program: all-reduce the replicas' gradients there).
+    grad_hook : ``hook(param_index, grad) -> grad`` applied before each update, and
+    node_hook : ``hook(node, device, runner)`` called after each node (and its sends): the seams of
+        data parallelism (:mod:`.data_parallel`: start a gradient's all-reduce when its producer
+        has run, wait for it before the update).
     """
 
     def __init__(self, prog, torch_devices: dict[int, Any], mine, channel, rng_states: dict | None = None,
-                 adam: dict | None = None, grad_hook=None):
+                 adam: dict | None = None, grad_hook=None, node_hook=None):
         import torch
 
         self.prog, self.sm, self.channel = prog, prog.sm, channel
@@ -168,6 +170,7 @@ class Runner:
         self.rng_states = rng_states or {}
         self.adam = dict(ADAM, **(adam or {}))
         self.grad_hook = grad_hook
+        self.node_hook = node_hook
         step = prog.step
         self.gm = step.tr.gm
         self.state: dict[int, Any] = {}                   # state index -> tensor on its home device
@@ -295,6 +298,8 @@ class Runner:
             for ti in prog.sends[v]:
                 t = prog.transfers[ti]
                 self.channel.send(t, self.send_value(t))
+            if self.node_hook is not None:
+                self.node_hook(v, d, self)
             for dd, key in self.free.get(prog.position[v], ()):
                 self.env[dd].pop(key, None)
         loss = self.value(self.sm.loss, prog.loss_device) if prog.loss_device in self.mine else None

@@ -26,26 +26,13 @@ class Reference:
     device: str = "cpu"
 
 
-def reference_step(step, device: str = "cpu", *, seed: int = 0, adam: dict | None = None) -> Reference:
-    """Run the unplaced training step of *step* (a :class:`~celeritas_cli.run.step.RealStep`) on *device*.
-
-    Parameters
-    ----------
-    step : the captured step with its initial values.
-    device : torch device to run on.
-    seed : generator seed set before the step (random ops draw from it).
-    adam : Adam hyper-parameters (default :data:`.executor.ADAM`).
-
-    Returns
-    -------
-    Reference
-        ``params`` maps each parameter index with a gradient to its value
-        after the update.
-    """
+def reference_grads(step, device: str = "cpu", *, seed: int = 0, inputs=None, target=None):
+    """The traced step of *step* run whole on *device* (optionally on other
+    *inputs* / *target*): ``(loss, {parameter index: gradient}, rng_states)``,
+    the generator state before every random op by fx node name."""
     import torch
 
     dev = torch.device(device)
-    hyper = dict(ADAM, **(adam or {}))
     states: dict[str, Any] = {}
 
     class Recorder(torch.fx.Interpreter):
@@ -65,22 +52,48 @@ def reference_step(step, device: str = "cpu", *, seed: int = 0, adam: dict | Non
     n_params = step.n_params
     state = [t.to(dev, copy=True) for t in step.state]
     params, buffers = state[:n_params], state[n_params:]
-    inputs = [t.to(dev) for t in step.inputs]
-    target = step.target.to(dev) if step.target is not None else None
+    inputs = [t.to(dev) for t in (step.inputs if inputs is None else inputs)]
+    target = step.target if target is None else target
+    target = target.to(dev) if target is not None else None
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         torch.manual_seed(seed)
         out = Recorder(step.tr.gm).run(params, buffers, inputs, target)
-    loss, grads = out[0], out[1:]
-    updated = {}
-    live = [(p, g) for p, g in zip(step.tr.grad_of, grads) if g is not None]
+    grads = {p: g.detach() for p, g in zip(step.tr.grad_of, out[1:]) if g is not None}
+    return out[0].detach(), grads, states
+
+
+def adam_reference(step, grads: dict, adam: dict | None = None) -> dict:
+    """``torch.optim.Adam`` (``foreach=False``) applied to copies of *step*'s
+    initial parameters with *grads*: ``{parameter index: updated value}`` (CPU)."""
+    import torch
+
+    hyper = dict(ADAM, **(adam or {}))
     tensors = []
-    for p, g in live:
-        t = params[p].detach().clone()
-        t.grad = g.detach().clone()
+    for p, g in grads.items():
+        t = step.state[p].detach().to(g.device, copy=True)
+        t.grad = g.clone()
         tensors.append(t)
     if tensors:
-        opt = torch.optim.Adam(tensors, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"], foreach=False)
-        opt.step()
-    for (p, _), t in zip(live, tensors):
-        updated[p] = t.detach().cpu()
-    return Reference(loss=loss.detach().cpu(), params=updated, rng_states=states, device=str(dev))
+        torch.optim.Adam(tensors, lr=hyper["lr"], betas=hyper["betas"], eps=hyper["eps"], foreach=False).step()
+    return {p: t.detach().cpu() for p, t in zip(grads, tensors)}
+
+
+def reference_step(step, device: str = "cpu", *, seed: int = 0, adam: dict | None = None) -> Reference:
+    """Run the unplaced training step of *step* (a :class:`~celeritas_cli.run.step.RealStep`) on *device*.
+
+    Parameters
+    ----------
+    step : the captured step with its initial values.
+    device : torch device to run on.
+    seed : generator seed set before the step (random ops draw from it).
+    adam : Adam hyper-parameters (default :data:`.executor.ADAM`).
+
+    Returns
+    -------
+    Reference
+        ``params`` maps each parameter index with a gradient to its value
+        after the update.
+    """
+    loss, grads, states = reference_grads(step, device, seed=seed)
+    return Reference(loss=loss.cpu(), params=adam_reference(step, grads, adam), rng_states=states,
+                     device=str(device))

@@ -103,34 +103,37 @@ def load_average() -> float | None:
         return None
 
 
-def build_report(*, step, prog, placement, label, cluster, sim, sim_graph, graph_from_file, tdev, backend,
-                 dist_backend, threads, steps, warmup, numerics, measured, congestion, load=None) -> dict:
-    """Assemble the ``placer.run/v1`` document (see the module docstring)."""
+def build_report(*, step, counts: dict[int, int], placement, label, cluster, sim, sim_graph, graph_from_file, tdev,
+                 backend, dist_backend, threads, steps, warmup, numerics, measured, congestion, load=None,
+                 extra_notes: list[str] | None = None) -> dict:
+    """Assemble the ``placer.run/v1`` document (see the module docstring); *counts*: nodes run
+    per used cluster device."""
     walls = measured["walls"]
     med = statistics.median(walls)
     sim_s = sim["makespan_s"]
     sim_dev = {d["id"]: d for d in sim["devices"]}
-    counts = {d: 0 for d in prog.devices}
-    for d in prog.device_of:
-        counts[d] += 1
+    used = list(counts)
     devices = [{"id": cluster.ids[d], "torch_device": tdev[d], "nodes": counts[d],
                 "measured_busy_s": measured["busy"].get(d, 0.0), "measured_cpu_s": measured["cpu"].get(d),
                 "simulated_busy_s": sim_dev[cluster.ids[d]]["busy_s"]}
-               for d in prog.devices]
+               for d in used]
     sim_links = {(ln["src"], ln["dst"]): ln for ln in sim["links"]}
     links = []
     keys = sorted(set(measured["link"]) | {(cluster.index[a], cluster.index[b]) for a, b in sim_links})
+    unknown = measured.get("link_bytes_unknown", False)
     for a, b in keys:
-        row = measured["link"].get((a, b), [0, 0, None])
+        row = measured["link"].get((a, b), [None, None, None] if unknown else [0, 0, None])
         s = sim_links.get((cluster.ids[a], cluster.ids[b]), {"bytes": 0, "transfers": 0, "busy_s": 0.0})
-        links.append({"src": cluster.ids[a], "dst": cluster.ids[b], "bytes": int(row[0]), "transfers": int(row[1]),
+        links.append({"src": cluster.ids[a], "dst": cluster.ids[b],
+                      "bytes": None if row[0] is None else int(row[0]),
+                      "transfers": None if row[1] is None else int(row[1]),
                       "simulated_bytes": int(s["bytes"]), "simulated_transfers": int(s["transfers"]),
                       "measured_busy_s": row[2], "simulated_busy_s": s["busy_s"]})
     doc = {"schema": RUN_SCHEMA, "model": step.spec, "config": step.config, "batch_size": step.batch,
            "seed": step.seed, "graph": sim_graph.name, "graph_source": "file" if graph_from_file else "capture",
            "placement": label, "algorithm": placement.algorithm, "cluster": cluster.name, "backend": backend,
-           "dist_backend": dist_backend, "processes": len(prog.devices) if backend == "gloo" else 1,
-           "threads": threads, "device_map": {cluster.ids[d]: tdev[d] for d in prog.devices},
+           "dist_backend": dist_backend, "processes": len(used) if backend == "gloo" else 1,
+           "threads": threads, "device_map": {cluster.ids[d]: tdev[d] for d in used},
            "steps": steps, "warmup": warmup, "load_average": load, "cpus": os.cpu_count()}
     doc.update(numerics)
     doc.update({"measured_step_s": med, "measured_min_step_s": min(walls), "measured_steps_s": walls,
@@ -139,7 +142,8 @@ def build_report(*, step, prog, placement, label, cluster, sim, sim_graph, graph
                 "simulation": {"congestion": congestion, "status": sim["status"],
                                "lower_bound_s": sim["lower_bound_s"]},
                 "devices": devices, "links": links,
-                "notes": _notes(sim_graph, cluster, tdev, prog.devices, graph_from_file, backend, load)})
+                "notes": list(extra_notes or []) + _notes(sim_graph, cluster, tdev, used, graph_from_file, backend,
+                                                          load)})
     return doc
 
 
@@ -173,7 +177,8 @@ def render_table(report: dict, console=None) -> None:
             lt.add_column(col, justify="left" if col == "link" else "right")
         for ln in report["links"]:
             busy = "-" if ln["measured_busy_s"] is None else f"{ln['measured_busy_s']:.6g}"
-            lt.add_row(f"{ln['src']}→{ln['dst']}", str(ln["transfers"]), f"{ln['bytes'] / 2**20:.3f}",
+            mib = "-" if ln["bytes"] is None else f"{ln['bytes'] / 2**20:.3f}"
+            lt.add_row(f"{ln['src']}→{ln['dst']}", "-" if ln["transfers"] is None else str(ln["transfers"]), mib,
                        f"{ln['simulated_bytes'] / 2**20:.3f}", busy, f"{ln['simulated_busy_s']:.6g}")
         console.print(lt)
     for note in report["notes"]:

@@ -83,10 +83,7 @@ def capture_real(spec: str, batch: int, *, config: dict | None = None, seed: int
         if names != tr.param_names or bnames != tr.buffer_names:
             raise InvalidInput(f"--model {spec}: building the model for real gives other parameters or buffers "
                                f"than building it on the meta device; its constructor must be deterministic")
-        torch.manual_seed(seed + 1)
-        with torch.no_grad():
-            inputs = list(model.example_inputs(batch))
-            target = model.example_target(batch) if (tr.has_target and hasattr(model, "example_target")) else None
+        inputs, target = _example(model, batch, seed, tr.has_target)
     state = [p.detach().clone() for _, p in model.named_parameters()]
     state += [b.detach().clone() for _, b in model.named_buffers()]
     placeholders = [n for n in tr.gm.graph.nodes if n.op == "placeholder"]
@@ -99,3 +96,26 @@ def capture_real(spec: str, batch: int, *, config: dict | None = None, seed: int
     del model
     return RealStep(spec=spec, batch=batch, config=config, seed=seed, doc=doc, tr=tr, sm=sm, state=state,
                     inputs=inputs, target=target)
+
+
+def _example(model, batch: int, seed: int, with_target: bool):
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        with torch.no_grad():
+            inputs = list(model.example_inputs(batch))
+            target = model.example_target(batch) if (with_target and hasattr(model, "example_target")) else None
+    return inputs, target
+
+
+def example_batch(spec: str, batch: int, *, config: dict | None = None, seed: int = 0, with_target: bool = True):
+    """The forward arguments and target :func:`capture_real` makes for *spec* at *batch*
+    (``(inputs, target)``, CPU): the global batch that data-parallel replicas share."""
+    from ..profile.capture import build_meta, require_torch, resolve_model
+
+    torch = require_torch()
+    factory, _ = resolve_model(spec, dict(config or {}))
+    model = build_meta(factory)
+    with torch.device("cpu"):
+        return _example(model, batch, seed, with_target)
