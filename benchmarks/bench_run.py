@@ -22,11 +22,12 @@ import sys
 import time
 
 #: (zoo model, constructor config, batch) - small enough for a few CPU steps each.
-MODELS = [("tensor_holography", {"convs": 12, "image": 64}, 2),
-          ("transformer", {"layers": 2, "d_model": 256, "heads": 4, "vocab": 4000, "seq": 32}, 2)]
-#: single device, balanced splits (contiguous: m-topo; min-cut: metis), a list scheduler (heft), and random
-#: (nodes scattered over both processes: a placement the simulator says is slow, as a control)
-ALGOS = ["single-device", "m-topo", "metis", "heft", "random"]
+MODELS = [("tensor_holography", {"convs": 12, "image": 64}, 4),
+          ("transformer", {"layers": 2, "d_model": 256, "heads": 4, "vocab": 4000, "seq": 32}, 4)]
+#: single device, balanced splits (contiguous: m-topo; min-cut: metis), a list scheduler (heft), random
+#: (nodes scattered over both processes: a placement the simulator says is slow, as a control) and data
+#: parallelism (2 replicas of half the batch, gradients all-reduced); plus auto when it is registered
+ALGOS = ["single-device", "m-topo", "metis", "heft", "random", "data-parallel"]
 
 
 def log(msg: str) -> None:
@@ -50,6 +51,7 @@ def main(steps: int = 5) -> None:
         print("_Note: torch is not installed (`make install-torch`); no results._\n")
         return
     from celeritas_cli import registry
+    from celeritas_cli.errors import InvalidInput
     from celeritas_cli.model.cluster import Cluster
     from celeritas_cli.model.graph import Graph
     from celeritas_cli.profile import capture_model
@@ -62,19 +64,24 @@ def main(steps: int = 5) -> None:
     log("comm-bench: 2 processes over gloo")
     cluster = Cluster.from_dict(fit_cluster(bench_processes(2, threads=1), weighting="relative"), "cluster")
     fit = cluster.doc["meta"]["fit"]["default"]
-    algos = ALGOS + (["auto"] if "auto" in registry.names() else [])
-    rows, rankings, loads = [], [], []
+    algos = [a for a in ALGOS if a in registry.names()] + (["auto"] if "auto" in registry.names() else [])
+    rows, rankings, loads, skipped = [], [], [], []
     for name, config, batch in MODELS:
         log(f"{name}: measuring node times (1 thread)")
         g = Graph.from_dict(capture_model(name, batch, config=config, measure=True, threads=1), name)
         step = capture_real(name, batch, config=config)
-        sims, meas, mins = [], [], []
+        sims, meas, mins, ran = [], [], [], []
         for algo in algos:
             p = registry.place(g, cluster, algo)
             log(f"{name}: {algo}: running on {len(set(p.assignment.values()))} process(es)")
-            pre = api.prepare(name, batch, p, cluster, label=algo, config=config, graph=g, step=step)
-            rep = api.run_placement(name, batch, p, cluster, label=algo, backend="gloo", steps=steps, threads=1,
-                                    prepared=pre, timeout=900)
+            try:
+                pre = api.prepare(name, batch, p, cluster, label=algo, config=config, graph=g, step=step)
+                rep = api.run_placement(name, batch, p, cluster, label=algo, backend="gloo", steps=steps, threads=1,
+                                        prepared=pre, timeout=900)
+            except InvalidInput as exc:
+                skipped.append(f"{name} b{batch} / {algo}: {exc}")
+                continue
+            ran.append(algo)
             used = sum(1 for d in rep["devices"] if d["nodes"])
             cpu = sum(d["measured_cpu_s"] or 0.0 for d in rep["devices"])
             sim_busy = sum(d["simulated_busy_s"] for d in rep["devices"])
@@ -82,20 +89,21 @@ def main(steps: int = 5) -> None:
             rows.append((f"{name} b{batch}", algo, used, rep["simulated_step_s"], rep["measured_step_s"],
                          rep["measured_min_step_s"], rep["measured_over_simulated"],
                          cpu / sim_busy if sim_busy > 0 else float("nan"), rep["match"],
-                         sum(ln["bytes"] for ln in rep["links"])))
+                         sum(ln["bytes"] or 0 for ln in rep["links"]) if rep.get("data_parallel") is None
+                         else None))
             sims.append(rep["simulated_step_s"])
             meas.append(rep["measured_step_s"])
             mins.append(rep["measured_min_step_s"])
-        by_sim = [a for _, a in sorted(zip(sims, algos))]
+        by_sim = [a for _, a in sorted(zip(sims, ran))]
         for label, vals in (("median", meas), ("fastest", mins)):
-            by_meas = [a for _, a in sorted(zip(vals, algos))]
+            by_meas = [a for _, a in sorted(zip(vals, ran))]
             rankings.append((f"{name} b{batch}", label, by_sim, by_meas, kendall(sims, vals)))
     print(f"Cluster: 2 CPU processes over gloo, 1 torch thread each, fitted on this machine "
           f"(`placer profile --comm-bench --processes 2`: latency {fit['b'] * 1e6:.0f} us, bandwidth "
           f"{1 / fit['k'] / 1e9:.2f} GB/s). Graphs: zoo models at small configs, node times measured on 1 thread "
           f"(`placer profile --measure --threads 1`). Measured: `placer run --backend gloo`, median of {steps} "
-          f"steps after 1 checked warm-up step, per step the slower process. `auto` is not registered yet"
-          f"{' (it is: included)' if 'auto' in algos else ''}.\n")
+          f"steps after 1 checked warm-up step, per step the slower process"
+          f"{'' if 'auto' in algos else '; `auto` is not registered in this build'}.\n")
     for name, config, batch in MODELS:
         print(f"- {name} b{batch}: config {config}")
     print(f"\nThe machine's load average during the runs: {min(loads):.1f} to {max(loads):.1f} on "
@@ -106,8 +114,11 @@ def main(steps: int = 5) -> None:
           "median / simulated | CPU / simulated busy | match | bytes sent |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
     for model, algo, used, sim, mea, fast, ratio, cpu_ratio, match, nbytes in rows:
+        sent = "all-reduce" if nbytes is None else f"{nbytes / 2**20:.2f} MiB"
         print(f"| {model} | {algo} | {used} | {sim:.4f} | {mea:.4f} | {fast:.4f} | {ratio:.2f} | {cpu_ratio:.2f} | "
-              f"{'yes' if match else 'NO'} | {nbytes / 2**20:.2f} MiB |")
+              f"{'yes' if match else 'NO'} | {sent} |")
+    for note in skipped:
+        print(f"\n_Not executed: {note}_")
     print("\n| model | measured step | order by simulated step | order by measured step | same order | "
           "Kendall tau |")
     print("|---|---|---|---|---|---:|")
