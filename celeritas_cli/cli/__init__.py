@@ -26,7 +26,7 @@ class PlacerGroup(click.Group):
             return super().invoke(ctx)
         except PlacerError as exc:
             raise click.ClickException(str(exc)) from None
-        except BrokenPipeError:  # e.g. `placer ... | head`
+        except BrokenPipeError:  # e.g. `placer ... | head`: stdout is already detached (jsonio)
             raise SystemExit(1) from None
 
     def list_commands(self, ctx):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidInput
-from .jsonio import validate
+from .jsonio import check_depth, validate
 
 CLUSTER_SCHEMA = "placer.cluster/v1"
 GiB = 1024**3
@@ -104,9 +104,10 @@ class Cluster:
         ------
         InvalidInput
             Schema violation, duplicate device id, link to an unknown device,
-            missing bandwidth, non-finite numbers.
+            missing bandwidth, a number outside :mod:`~celeritas_cli.model.limits`.
         """
         validate(doc, CLUSTER_SCHEMA, label)
+        check_depth(doc.get("meta"), label, "field meta")
         devices: list[Device] = []
         index: dict[str, int] = {}
         for i, dd in enumerate(doc["devices"]):

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 from ..errors import InvalidInput
 from .cluster import Cluster
 from .graph import Graph
-from .jsonio import validate
+from .jsonio import check_depth, validate
 
 PLACEMENT_SCHEMA = "placer.placement/v1"
 
@@ -110,6 +110,8 @@ class Placement:
     @classmethod
     def from_dict(cls, doc: Any, label: str = "placement") -> "Placement":
         validate(doc, PLACEMENT_SCHEMA, label)
+        for key in ("params", "estimate"):
+            check_depth(doc.get(key), label, f"field {key}")
         return cls(graph=doc.get("graph", ""), cluster=doc.get("cluster", ""),
                    algorithm=doc.get("algorithm", "given"), assignment=dict(doc["assignment"]),
                    order={k: list(v) for k, v in doc["order"].items()} if doc.get("order") is not None else None,
