@@ -33,8 +33,8 @@ from ..scheduling.partition import partition_inputs, placement_from_parts
 
 
 def _import_pyscotch():
-    # pyscotch reports its library on import; keep stdout clean for the JSON document
-    with contextlib.redirect_stdout(io.StringIO()):
+    # pyscotch reports its library on import ("Loaded Scotch ..."): not our users' business
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         try:
             import pyscotch
         except ImportError:

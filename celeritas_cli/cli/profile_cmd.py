@@ -51,10 +51,10 @@ def _summary(console, doc: dict) -> None:
 
 
 @click.command("profile")
-@click.option("--model", "model", metavar="NAME|module:attr", default=None,
-              help="Zoo model (inception_v3, nmt, transformer, tensor_holography, resnet50) or module:attr, a "
-                   "callable returning an nn.Module with example_inputs(batch) -> forward args, and optionally "
-                   "example_target(batch) and loss(output, target) [needs torch].")
+@click.option("--model", "model", metavar="NAME|module:attr|file.py:attr", default=None,
+              help="Zoo model (inception_v3, nmt, transformer, tensor_holography, resnet50), or module:attr / "
+                   "path/to/file.py:attr, a callable returning an nn.Module with example_inputs(batch) -> forward "
+                   "args, and optionally example_target(batch) and loss(output, target) [needs torch].")
 @click.option("--batch-size", "-b", type=int, default=None,
               help="Batch size to capture (default: the paper's, e.g. transformer 256, inception_v3 512).")
 @click.option("--phase", type=click.Choice(["training", "inference"]), default="training", show_default=True,
@@ -91,6 +91,7 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
       placer profile --model transformer | placer coarsen - | placer place --algo adjusting
       placer profile --model resnet50 --batch-sizes 2,4,8 --target-batch 512 -o r50_b512.json
       placer profile --model mypkg.models:build_net --config width=2 -b 64 --phase inference
+      placer profile --model examples/tiny_mlp.py:TinyMLP -b 32 -o mlp.json
       placer profile --from-measurements meas.json --target-batch 512 -o big.json
       placer profile --comm-fit samples.json -o cluster.json
       placer profile --synthetic layered --nodes 36000 --seed 1 > g.json

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import InvalidInput
+from ..log import stdout_to_stderr
 from ..model.generate import layered_doc
 from .regression import check_measurements, deviation, extrapolate, leave_one_out, measurements_from_graphs
 
@@ -42,16 +43,20 @@ def synthetic(kind: str, nodes: int, seed: int = 0) -> dict:
 
 def capture_model(spec: str, batch: int, *, phase: str = "training", config: dict | None = None,
             measure: bool = False, progress: Callable[[str], None] | None = None) -> dict:
-    """Capture model *spec* (zoo name or ``module:attr``) at *batch*; optionally
-    time every node on the local device (:mod:`.measure`)."""
+    """Capture model *spec* (zoo name, ``module:attr`` or ``file.py:attr``:
+    :func:`.models.resolve_model`) at *batch*; optionally time every node on
+    the local device (:mod:`.measure`).  Whatever the model prints goes to
+    stderr, never into the graph document on stdout."""
     from .capture import profile_model
 
     if not measure:
-        return profile_model(spec, batch, phase=phase, config=config)
+        with stdout_to_stderr():
+            return profile_model(spec, batch, phase=phase, config=config)
     from .measure import measure_doc
 
-    doc, tr = profile_model(spec, batch, phase=phase, config=config, keep_trace=True)
-    summary = measure_doc(doc, tr, progress=progress)
+    with stdout_to_stderr():
+        doc, tr = profile_model(spec, batch, phase=phase, config=config, keep_trace=True)
+        summary = measure_doc(doc, tr, progress=progress)
     if progress:
         progress(f"measured {summary['measured']} nodes on {summary['device']} (min of {summary['repeats']} after "
                  f"{summary['warmup']} warm-up runs); noise (median-min)/min: median "

@@ -49,11 +49,8 @@ How a model becomes a graph (Celeritas 4.2.1 and 6.1; FastT section 4):
 
 from __future__ import annotations
 
-import importlib
 import math
 import operator
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -61,6 +58,7 @@ from ..errors import InvalidInput, MissingDependency
 from ..model.graph import GRAPH_SCHEMA
 from . import devices as dev
 from .flops import formula_flops, is_tensor_core_op, short
+from .models import resolve_model
 
 #: aten ops folded into their producer (their output aliases an input).
 VIEW_OPS = frozenset("""
@@ -87,51 +85,16 @@ def require_torch():
 
 
 # ------------------------------------------------------------------ models
-def resolve_model(spec: str, config: dict | None = None):
-    """Return ``(factory, name)`` for a zoo name or ``module:attr``.
-
-    ``module:attr`` names a callable returning an ``nn.Module`` (a class or
-    a factory function).  The module must define ``example_inputs(batch)``
-    returning the forward arguments; it may define ``example_target(batch)``
-    and ``loss(output, target)`` (default loss: ``output.float().mean()``).
-
-    Raises
-    ------
-    InvalidInput
-        Unknown zoo name, module not importable, attribute missing.
-    """
-    require_torch()
-    from .zoo import ZOO
-
-    config = dict(config or {})
-    if ":" in spec:
-        modname, attr = spec.split(":", 1)
-        if os.getcwd() not in sys.path:      # like gunicorn/uvicorn: module:attr resolves from the current directory
-            sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(modname)
-        except ImportError as exc:
-            raise InvalidInput(f"--model {spec}: cannot import module {modname!r}: {exc}") from None
-        factory = module
-        for part in attr.split("."):
-            if not hasattr(factory, part):
-                raise InvalidInput(f"--model {spec}: module {modname!r} has no attribute {attr!r}")
-            factory = getattr(factory, part)
-        if not callable(factory):
-            raise InvalidInput(f"--model {spec}: {attr!r} is not callable (expected an nn.Module factory)")
-        return (lambda: factory(**config)), attr.split(".")[-1].lower()
-    if spec not in ZOO:
-        raise InvalidInput(f"--model {spec!r}: unknown model; the zoo has {', '.join(ZOO)}, "
-                           f"or give module:attr for your own nn.Module factory")
-    entry = ZOO[spec]
-    return (lambda: entry.factory(**config)), spec
-
-
 def build_meta(factory: Callable):
     """Instantiate *factory* with parameters on the meta device (no storage)."""
     torch = require_torch()
-    with torch.device("meta"):
-        model = factory()
+    try:
+        with torch.device("meta"):
+            model = factory()
+    except InvalidInput:
+        raise
+    except Exception as exc:  # the user's constructor failed: one line, not a traceback
+        raise InvalidInput(f"building the model failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(model, torch.nn.Module):
         raise InvalidInput(f"the model factory returned {type(model).__name__}, expected a torch.nn.Module")
     if not hasattr(model, "example_inputs"):
