@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 from ..errors import CycleError, InvalidInput
 from .jsonio import check_depth, validate
-from .limits import BYTES_MAX
+from .limits import BYTES_MAX, TIME_MAX
 
 GRAPH_SCHEMA = "placer.graph/v1"
 
@@ -252,6 +252,11 @@ class Graph:
             if total > BYTES_MAX:
                 raise InvalidInput(f"{label}: the total of {what} is {total}, above 2^53-1 bytes (8 PiB), "
                                    f"the most placer accepts")
+        # every sum of node times (a coarse node, a device's work) stays within one node's range
+        work = math.fsum(max(c, *b.values()) if b else c for c, b in zip(compute, cbt))
+        if work > TIME_MAX:
+            raise InvalidInput(f"{label}: the total compute over all nodes is {work:.12g} s (compute_s or the "
+                               f"slowest compute_by_type), above 1e12 s, the most placer accepts")
         g = cls(name=name, meta=meta, ids=ids, op=op, compute=compute, memory=memory,
                 compute_by_type=cbt, colocation=coloc, splittable=split, members=members,
                 edge_src=esrc, edge_dst=edst, edge_bytes=ebytes, edge_tensor=etensor, edge_comm=ecomm,

@@ -196,8 +196,8 @@ def _describe(doc: Any, steps: list) -> str:
             obj = obj[step]
         except (KeyError, IndexError, TypeError):
             obj = None
-        if isinstance(step, str) and where and where[-1].startswith("field "):
-            where[-1] += f".{step}"
+        if where and where[-1].startswith("field "):
+            where[-1] += f".{step}" if isinstance(step, str) else f"[{step}]"
         else:
             where.append(f"field {step}" if isinstance(step, str) else f"[{step}]")
         k += 1
