@@ -85,7 +85,8 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
     if gantt:
         from ..sim.gantt import write_gantt
 
-        write_gantt(sim_graph, cluster, scheds[0], gantt, title=f"{report['graph']} / {report['algorithm']}")
+        write_gantt(sim_graph, cluster, scheds[0], gantt, title=f"{report['graph']} / {report['algorithm']}",
+                    lower_bound=report["lower_bound_s"])
     if trace:
         from ..sim.gantt import write_trace
 
