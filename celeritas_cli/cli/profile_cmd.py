@@ -55,7 +55,7 @@ def _summary(console, doc: dict) -> None:
               help="Zoo model (inception_v3, nmt, transformer, tensor_holography, resnet50), or module:attr / "
                    "path/to/file.py:attr, a callable returning an nn.Module with example_inputs(batch) -> forward "
                    "args, and optionally example_target(batch) and loss(output, target) [needs torch].")
-@click.option("--batch-size", "-b", type=int, default=None,
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=None,
               help="Batch size to capture (default: the paper's, e.g. transformer 256, inception_v3 512).")
 @click.option("--phase", type=click.Choice(["training", "inference"]), default="training", show_default=True,
               help="Capture forward+loss+backward+Adam update, or the forward only.")
@@ -64,10 +64,11 @@ def _summary(console, doc: dict) -> None:
 @click.option("--batch-sizes", metavar="B1,B2,...", default=None,
               help="Standard Evaluation (Celeritas 4.2.1): capture at these small batches (>= 2) and fit per-node "
                    "lines; needs --target-batch.")
-@click.option("--target-batch", type=int, default=None, help="Batch size to extrapolate the graph to.")
+@click.option("--target-batch", type=click.IntRange(min=1), default=None,
+              help="Batch size to extrapolate the graph to.")
 @click.option("--from-measurements", "measurements", metavar="FILE", default=None,
               help="Standard Evaluation from a placer.measurements/v1 JSON of per-node values at several batch "
-                   "sizes (no torch; format in celeritas_cli/profile/regression.py).")
+                   "sizes (no torch; format: docs/design.md, example: examples/measurements.json).")
 @click.option("--measure", is_flag=True, help="Time each node on the local device (CUDA if present, else CPU) "
                                               "instead of the roofline, min of 5 after 2 warm-ups.")
 @click.option("--comm-fit", "comm_fit", metavar="FILE", default=None,
@@ -77,7 +78,8 @@ def _summary(console, doc: dict) -> None:
                                                  "(needs two or more) and write the fitted cluster.")
 @click.option("--synthetic", type=click.Choice(["layered"]), default=None,
               help="Deterministic DNN-like synthetic graph instead of a model (no torch).")
-@click.option("--nodes", "-n", type=int, default=1000, show_default=True, help="Nodes of the synthetic graph.")
+@click.option("--nodes", "-n", type=click.IntRange(1, 10_000_000), default=1000, show_default=True,
+              help="Nodes of the synthetic graph.")
 @seed_option
 @output_option
 def profile(model, batch_size, phase, config, batch_sizes, target_batch, measurements, measure, comm_fit,

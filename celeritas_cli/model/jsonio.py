@@ -165,7 +165,7 @@ def _validator(schema_tag: str):
 _PATH = re.compile(r"^data((?:\.[^\s.[]+|\[\d+\])*)")
 
 
-_KINDS = {"nodes": "node", "edges": "edge", "devices": "device", "pairs": "link pair"}
+_KINDS = {"nodes": "node", "edges": "edge", "devices": "device", "pairs": "link pair", "samples": "sample"}
 
 
 def _describe(doc: Any, steps: list) -> str:

@@ -26,6 +26,14 @@ from .regression import check_measurements, deviation, extrapolate, leave_one_ou
 __all__ = ["synthetic", "capture_model", "standard_evaluation", "from_measurements"]
 
 
+def _check_extrapolated(doc: dict, label: str) -> None:
+    """A graph predicted at a large batch may leave the accepted ranges
+    (2^53 bytes, 1e12 s): say so, naming the node, instead of writing it."""
+    from ..model.graph import Graph
+
+    Graph.from_dict(doc, label)
+
+
 def synthetic(kind: str, nodes: int, seed: int = 0) -> dict:
     """The synthetic graph document ``kind`` (only ``layered``: :func:`celeritas_cli.model.generate.layered_doc`).
 
@@ -97,6 +105,7 @@ def standard_evaluation(spec: str, batch_sizes: list[int], target: int, *, phase
     base = docs[0]["name"].rsplit("_b", 1)[0]
     meas = measurements_from_graphs(docs, sizes, name=base)
     est = extrapolate(meas, target)
+    _check_extrapolated(est, f"{spec} extrapolated to batch {target}")
     est["meta"]["source"] = docs[0]["meta"].get("source")
     if not measure:
         if progress:
@@ -122,7 +131,10 @@ def from_measurements(doc: dict, target: int, *, label: str = "measurements") ->
     (34, 4.0, None)
     """
     check_measurements(doc, label)
+    if target < 1:
+        raise InvalidInput(f"--target-batch must be >= 1, got {target}")
     est = extrapolate(doc, target)
+    _check_extrapolated(est, f"{label} extrapolated to batch {target}")
     loo = leave_one_out(doc)
     if loo is None:
         return est, None, "needs three batch sizes for a leave-one-out check"
