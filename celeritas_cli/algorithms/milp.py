@@ -16,7 +16,7 @@ CP-SAT in the flexible-job-shop style:
 * ``add_no_overlap`` per device (Eq. 6, replacing Moirai's big-M pairs);
 * one linear memory constraint per device (Eq. 5);
 * one transfer per (producer, tensor, destination device), as the simulator
-  sends it (DESIGN.md rule 3): literal ``y[t,b]`` = "tensor *t* must reach
+  sends it (docs/design.md rule 3): literal ``y[t,b]`` = "tensor *t* must reach
   device *b*" (some consumer on *b*, producer elsewhere), one optional
   interval per source device *a* (present iff the producer is on *a*, Eq. 7's
   channel choice), starting after the producer ends; each consumer on *b*
@@ -47,7 +47,7 @@ than its warm start.
 
 Reading chosen where the paper is silent: Moirai minimises inference latency
 on the coarsened graph; we minimise the simulated makespan of whatever graph
-is given (forward-only or training step), transfers follow DESIGN.md (one per
+is given (forward-only or training step), transfers follow docs/design.md (one per
 producer, tensor and destination device, not one per edge as Eq. 7's data
 flows), and a multi-hop pair is one channel as in the simulator.
 Determinism: with ``workers=1`` and a fixed seed the search is repeatable

@@ -6,7 +6,7 @@ list indexed by node (or edge) number, so algorithms run in O(V+E) on
 
 Tensors: an edge's data is identified by ``(src, tensor)``; edges with the
 same source and ``tensor`` carry the same data, so it crosses to a given
-device once (DESIGN.md).  Each distinct ``(src, tensor)`` gets an integer id
+device once (docs/design.md).  Each distinct ``(src, tensor)`` gets an integer id
 in order of first appearance in the edge list (``edge_tensor[e]``), which is
 also the simulator's tie-break order for transfers of one producer.
 """

@@ -3,7 +3,7 @@ optionally in what order.
 
 Algorithms work on node and device indices and build their result with
 :meth:`Placement.from_indices`, which expands a coarse graph's ``members`` so
-the written placement always names the original node ids (DESIGN.md).  A
+the written placement always names the original node ids (docs/design.md).  A
 coarse node's order entry expands to its members in their listed order; the
 coarsening methods list members in a topological order of the original
 graph, so an order valid on the coarse graph stays valid on the original.
