@@ -15,7 +15,7 @@ import click
 from .. import __version__
 from ..errors import PlacerError
 
-COMMANDS = ("profile", "coarsen", "place", "simulate", "compare")
+COMMANDS = ("profile", "coarsen", "place", "simulate", "compare", "clusters")
 
 
 class PlacerGroup(click.Group):
@@ -54,6 +54,7 @@ def main() -> None:
       placer coarsen g.json | placer place --algo adjusting > p.json
       placer simulate g.json --placement p.json --format table
       placer compare sample_graphs/ --cluster 4xV100-pcie --algos adjusting,heft
+      placer clusters                      # the bundled clusters, e.g. 8xH100-nvswitch
 
     Only JSON goes to stdout; progress and warnings go to stderr.
     """

@@ -13,7 +13,7 @@ from ..model.jsonio import write_json
 
 cluster_option = click.option(
     "--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
-    help=f"Cluster file, or a bundled name (4xV100-pcie, moirai-inter-server, moirai-intra-server). "
+    help=f"Cluster file, or the name of a bundled cluster (`placer clusters` lists them). "
          f"Default: {DEFAULT_CLUSTER} (4x V100-32GB over PCIe).")
 
 def _nonempty_path(ctx, param, value):
