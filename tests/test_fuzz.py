@@ -303,3 +303,83 @@ def test_cli_never_crashes_on_malformed_documents(graph_doc, cluster_doc, data):
 @given(graph_docs(), cluster_docs(), st.data())
 def test_cli_never_crashes_on_malformed_documents_long_run(graph_doc, cluster_doc, data):
     _run_case(data, SLOW_ALGOS, graph_doc, cluster_doc)
+
+
+MEASUREMENT_FAULTS = ("number", "length", "sizes", "unknown_edge", "missing", "huge_target")
+
+
+@st.composite
+def measurement_docs(draw):
+    """A measurements document (docs/design.md) and a target batch, with 0-2 faults."""
+    sizes = sorted(draw(st.lists(st.integers(1, 64), min_size=2, max_size=4, unique=True)))
+    k = len(sizes)
+    n = draw(st.integers(1, 5))
+    nodes = [{"id": f"n{i}", "memory_bytes": [draw(st.integers(0, 2**30)) for _ in range(k)],
+              "compute_s": draw(st.one_of(SECONDS, st.lists(SECONDS, min_size=k, max_size=k)))} for i in range(n)]
+    edges = [{"src": f"n{i}", "dst": f"n{i + 1}", "bytes": [draw(st.integers(0, 2**20)) for _ in range(k)]}
+             for i in range(n - 1)]
+    doc = {"schema": "placer.measurements/v1", "name": "m", "batch_sizes": sizes, "nodes": nodes, "edges": edges}
+    target = draw(st.sampled_from([1, 64, 512, 10**6]))
+    for fault in draw(_faults(MEASUREMENT_FAULTS)):
+        if fault == "number":
+            nodes[0][draw(st.sampled_from(["memory_bytes", "compute_s"]))] = draw(BAD)
+        elif fault == "length":
+            nodes[-1]["memory_bytes"] = [1] * (k + 1)
+        elif fault == "sizes":
+            doc["batch_sizes"] = draw(st.sampled_from([[4], [2, 2], [0, 2], ["a", 2], None, [2, 2**70]]))
+        elif fault == "unknown_edge":
+            edges.append({"src": "n0", "dst": "ghost", "bytes": 1})
+        elif fault == "missing":
+            nodes[0].pop("compute_s", None)
+        elif fault == "huge_target":
+            target = 10**12
+    return doc, target
+
+
+@st.composite
+def sample_docs(draw):
+    """A communication-samples document with 0-2 faults."""
+    pairs = [("g0", "g1"), ("g1", "g0")]
+    samples = [{"src": a, "dst": b, "bytes": size, "seconds": size / 1e10 + 1e-5}
+               for a, b in pairs for size in draw(st.lists(st.sampled_from([0, 1024, 2**20, 2**26, 2**40]),
+                                                           min_size=1, max_size=4))]
+    doc = {"schema": "placer.comm_samples/v1", "samples": samples}
+    if draw(st.booleans()):
+        doc["devices"] = [{"id": "g0", "memory_bytes": draw(MEMORY)}, {"id": "g1", "memory_bytes": draw(MEMORY)}]
+    for fault in draw(_faults(("number", "self", "unknown", "flat", "empty"))):
+        if fault == "number":
+            samples[0][draw(st.sampled_from(["bytes", "seconds"]))] = draw(BAD)
+        elif fault == "self":
+            samples.append({"src": "g0", "dst": "g0", "bytes": 1, "seconds": 1.0})
+        elif fault == "unknown" and "devices" in doc:
+            samples.append({"src": "g0", "dst": "g9", "bytes": 1, "seconds": 1.0})
+        elif fault == "flat":
+            for smp in samples:
+                smp["seconds"] = 1e-3
+        elif fault == "empty":
+            doc["samples"] = []
+    return doc
+
+
+def _profile_case(kind, doc, target=None):
+    with tempfile.TemporaryDirectory() as d:
+        path = _write(d, f"{kind}.json", doc, 0)
+        if kind == "measurements":
+            check(["profile", "--from-measurements", path, "--target-batch", str(target)], [path], "placer.graph/v1")
+        else:
+            check(["profile", "--comm-fit", path], [path], "placer.cluster/v1")
+
+
+@FAST
+@given(measurement_docs(), sample_docs())
+def test_profile_inputs_never_crash(measurement, samples):
+    _profile_case("measurements", *measurement)
+    _profile_case("samples", samples)
+
+
+@pytest.mark.slow
+@SLOW
+@given(measurement_docs(), sample_docs())
+def test_profile_inputs_never_crash_long_run(measurement, samples):
+    _profile_case("measurements", *measurement)
+    _profile_case("samples", samples)
