@@ -9,10 +9,14 @@ METIS, a user's model) from writing into our stdout.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import os
 import sys
 from typing import Iterator
+
+# progress chatter on (placer place) or off (cells of placer compare without -v)
+_CHATTY: contextvars.ContextVar[bool] = contextvars.ContextVar("placer_chatty", default=True)
 
 
 def warn(msg: str) -> None:
@@ -38,6 +42,32 @@ def stderr_console():
     if _stderr_is_terminal():
         return Console(stderr=True, highlight=False)
     return Console(stderr=True, highlight=False, soft_wrap=True, width=200)
+
+
+def chatty() -> bool:
+    """Whether an algorithm should print its progress (solver incumbents,
+    progress bars, a library's load banner): true, except inside
+    :func:`quiet`.  Warnings that qualify a result are printed either way."""
+    return _CHATTY.get()
+
+
+@contextlib.contextmanager
+def quiet(on: bool = True) -> Iterator[None]:
+    """Within the block, :func:`chatty` is false (when *on*).  ``placer
+    compare`` runs its cells so unless ``-v``: many cells' chatter would
+    bury the progress bar and the warnings.
+
+    Example
+    -------
+    >>> with quiet():
+    ...     chatty()
+    False
+    """
+    token = _CHATTY.set(not on)
+    try:
+        yield
+    finally:
+        _CHATTY.reset(token)
 
 
 def _flush_c_stdio() -> None:
