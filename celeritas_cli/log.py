@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
+import functools
 import os
 import sys
 from typing import Iterator
@@ -70,11 +71,19 @@ def quiet(on: bool = True) -> Iterator[None]:
         _CHATTY.reset(token)
 
 
+@functools.lru_cache(maxsize=1)
+def _libc():
+    try:
+        return ctypes.CDLL(None)
+    except (OSError, TypeError):  # no process-wide symbol table here (Windows)
+        return None
+
+
 def _flush_c_stdio() -> None:
     """Flush the C library's stdio buffers (``printf`` output of C extensions)."""
     try:
-        ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError, TypeError):  # no libc symbols here (not Linux/macOS)
+        _libc().fflush(None)
+    except (OSError, AttributeError):  # no libc, or no fflush in it
         pass
 
 

@@ -29,17 +29,19 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from celeritas_cli import registry
 from celeritas_cli.cli import main
 
 FAST = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 SLOW = settings(max_examples=1500, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
-#: Quick algorithms and coarseners the fuzz runs (the slow run adds milp and os-dpos).
-ALGOS = ("random", "single-device", "heft", "m-etf", "m-sct", "m-topo", "metis", "scotch", "adjusting",
-         "order-place", "dpos", "fd-dps")
-SLOW_ALGOS = ALGOS + ("os-dpos", "milp")
-METHODS = ("cpd", "baechi", "fusion")
+#: Every registered algorithm and coarsening method, run with its quick parameters; the solver and the
+#: learner (seconds per run) only in the slow run.
+SOLVERS = ("milp", "hierarchical")
+ALGOS = tuple(n for n in registry.names() if n not in SOLVERS and n != "given")
+SLOW_ALGOS = ALGOS + tuple(n for n in SOLVERS if n in registry.names())
+METHODS = tuple(registry.coarsener_names())
 
 class Raw:
     """JSON text written verbatim (NaN, Infinity, 1e400, a deeply nested object)."""
@@ -285,8 +287,10 @@ def _run_case(data, algos, graph_doc, cluster_doc):
         c = _write(d, "cluster.json", cluster_doc, damage_c)
         p = _write(d, "placement.json", placement_doc, 0)
         place = ["place", g, "--algo", algo, "-c", c, "--no-timings"]
-        if algo == "milp":
-            place += ["--time-limit", "2", "-p", "workers=1"]
+        for key, value in registry.get(algo).quick_params.items():
+            place += ["-p", f"{key}={value}"]
+        if algo in SOLVERS:
+            place += ["--time-limit", "2"]
         check(place, [g, c], "placer.placement/v1")
         check(["simulate", g, "-P", p, "-c", c], [g, c, p], "placer.report/v1")
         check(["coarsen", g, "--method", method, "-c", c], [g, c], "placer.graph/v1")

@@ -278,3 +278,12 @@ def test_milp_with_huge_transfer_times_does_not_overflow():
     assert math.isfinite(p.estimate["makespan_s"])
     with pytest.raises(InvalidInput, match="use -p resolution="):
         milp(g, c, time_limit=5, workers=1, hint="none", resolution=1e-300)
+
+
+def test_trace_on_stdout_only_when_the_report_is_not(tmp_path):
+    p = tmp_path / "p.json"
+    assert run(["place", G60, "--algo", "heft", "-o", str(p)]).exit_code == 0
+    r = run(["simulate", G60, "-P", str(p), "--trace", "-"])
+    assert r.exit_code == 2 and r.stdout == "" and "--trace FILE" in r.stderr
+    r = run(["simulate", G60, "-P", str(p), "--trace", "-", "-o", str(tmp_path / "report.json")])
+    assert r.exit_code == 0 and "traceEvents" in orjson.loads(r.stdout)

@@ -70,6 +70,9 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
     """
     if graph_path == "-" and placement_path == "-":
         raise click.UsageError("GRAPH and --placement cannot both be stdin")
+    if trace == "-" and (output == "-" or fmt == "table"):
+        raise click.UsageError("--trace - would put the trace and the report on stdout together; "
+                               "give --trace FILE, or -o FILE for the report")
     if no_congestion:
         congestion = "none"
     placement = load_placement(placement_path)
