@@ -256,7 +256,7 @@ def main(argv=None) -> int:
         if files_big:
             log(f"synthetic graphs on the {coarsen} coarse graph: {', '.join(scalable)}")
             rows += run_section(files_big, cluster, scalable, coarsen=coarsen, quick=False, time_limit=time_limit)
-        doc += [f"## Synthetic layered graphs (`generate.layered(n, seed=0)`)", "",
+        doc += ["## Synthetic layered graphs (`generate.layered(n, seed=0)`)", "",
                 f"Algorithms that scale ({', '.join(scalable)}); graphs of {COARSEN_FROM} nodes or more are "
                 f"placed on their `{coarsen}` coarse graph (default R, M)." if coarsen else
                 f"Algorithms that scale ({', '.join(scalable)}); no `cpd` coarsener registered, all on the "
