@@ -194,7 +194,7 @@ def test_measure_times_nodes_on_local_device():
 
 def test_measure_threads_recorded_and_file_py_models(tmp_path):
     from celeritas_cli.profile import capture_model
-    from celeritas_cli.profile.capture import resolve_model
+    from celeritas_cli.profile.models import resolve_model
 
     doc = capture_model(SPEC, 2, measure=True, threads=1)
     assert doc["meta"]["measured"]["threads"] == 1

@@ -12,7 +12,16 @@ from ..model.costs import cost_model
 from ..model.io import load_graph
 from ..optimize.search import clock_origin
 from ..sim.simulator import simulate
-from .common import cluster_option, emit, get_cluster, output_option, parse_params, seed_option, stdin_is_tty
+from .common import (
+    cluster_option,
+    emit,
+    get_cluster,
+    output_option,
+    parse_params,
+    positive_seconds,
+    seed_option,
+    stdin_is_tty,
+)
 
 #: the algorithm of ``placer place`` without ``--algo``
 DEFAULT_ALGO = "auto"
@@ -26,7 +35,8 @@ def _list_algorithms() -> None:
     for col in ("name", "paper", "section", "what it does", "parameters"):
         table.add_column(col, overflow="fold")
     for e in registry.entries():
-        params = ", ".join(f"{k}={p.default!r}" for k, p in e.params.items()) or "-"
+        params = ", ".join(f"{k}={p.default!r}" + (f" ({p.range_text()})" if p.range_text() else "")
+                           for k, p in e.params.items()) or "-"
         summary = e.summary + (f" [needs extra: {e.extra}]" if e.extra else "")
         table.add_row(e.name, e.paper, e.section, summary, params)
     Console(width=160).print(table)
@@ -40,7 +50,7 @@ def _list_algorithms() -> None:
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Algorithm parameter, repeatable (see --list for each algorithm's).")
 @seed_option
-@click.option("--time-limit", type=float, default=None, metavar="S",
+@click.option("--time-limit", type=float, default=None, metavar="S", callback=positive_seconds,
               help="Time limit in seconds for algorithms that take one (auto: 10 s by default; milp, "
                    "hierarchical, ...).")
 @click.option("--simulate/--no-simulate", "do_simulate", default=False,

@@ -52,11 +52,10 @@ def _summary(console, doc: dict) -> None:
 
 @click.command("profile")
 @click.option("--model", "model", metavar="NAME|module:attr|file.py:attr", default=None,
-              help="Zoo model (inception_v3, nmt, transformer, tensor_holography, resnet50), module:attr or "
-                   "path/to/file.py:attr, a "
-                   "callable returning an nn.Module with example_inputs(batch) -> forward args, and optionally "
-                   "example_target(batch) and loss(output, target) [needs torch].")
-@click.option("--batch-size", "-b", type=int, default=None,
+              help="Zoo model (inception_v3, nmt, transformer, tensor_holography, resnet50), or module:attr / "
+                   "path/to/file.py:attr, a callable returning an nn.Module with example_inputs(batch) -> forward "
+                   "args, and optionally example_target(batch) and loss(output, target) [needs torch].")
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=None,
               help="Batch size to capture (default: the paper's, e.g. transformer 256, inception_v3 512).")
 @click.option("--phase", type=click.Choice(["training", "inference"]), default="training", show_default=True,
               help="Capture forward+loss+backward+Adam update, or the forward only.")
@@ -65,13 +64,14 @@ def _summary(console, doc: dict) -> None:
 @click.option("--batch-sizes", metavar="B1,B2,...", default=None,
               help="Standard Evaluation (Celeritas 4.2.1): capture at these small batches (>= 2) and fit per-node "
                    "lines; needs --target-batch.")
-@click.option("--target-batch", type=int, default=None, help="Batch size to extrapolate the graph to.")
+@click.option("--target-batch", type=click.IntRange(min=1), default=None,
+              help="Batch size to extrapolate the graph to.")
 @click.option("--from-measurements", "measurements", metavar="FILE", default=None,
               help="Standard Evaluation from a placer.measurements/v1 JSON of per-node values at several batch "
-                   "sizes (no torch; format in celeritas_cli/profile/regression.py).")
+                   "sizes (no torch; format: docs/design.md, example: examples/measurements.json).")
 @click.option("--measure", is_flag=True, help="Time each node on the local device (CUDA if present, else CPU) "
                                               "instead of the roofline, min of 5 after 2 warm-ups.")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads while measuring (--measure, --comm-bench --processes): on CPUs, use the threads "
                    "each `placer run --backend gloo` process gets (CPUs / processes).")
 @click.option("--comm-fit", "comm_fit", metavar="FILE", default=None,
@@ -79,13 +79,14 @@ def _summary(console, doc: dict) -> None:
                    "writes a placer.cluster/v1 file.")
 @click.option("--comm-bench", is_flag=True, help="Measure the samples for --comm-fit on this machine's CUDA GPUs "
                                                  "(needs two or more) and write the fitted cluster.")
-@click.option("--processes", type=int, default=None,
+@click.option("--processes", type=click.IntRange(min=2), default=None,
               help="With --comm-bench: measure torch.distributed transfers between this many processes instead "
                    "(gloo on CPUs, NCCL with one GPU each when there are enough): the devices of "
                    "`placer run --backend gloo`.")
 @click.option("--synthetic", type=click.Choice(["layered"]), default=None,
               help="Deterministic DNN-like synthetic graph instead of a model (no torch).")
-@click.option("--nodes", "-n", type=int, default=1000, show_default=True, help="Nodes of the synthetic graph.")
+@click.option("--nodes", "-n", type=click.IntRange(1, 10_000_000), default=1000, show_default=True,
+              help="Nodes of the synthetic graph.")
 @seed_option
 @output_option
 def profile(model, batch_size, phase, config, batch_sizes, target_batch, measurements, measure, threads, comm_fit,
@@ -99,6 +100,7 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
       placer profile --model transformer | placer coarsen - | placer place --algo adjusting
       placer profile --model resnet50 --batch-sizes 2,4,8 --target-batch 512 -o r50_b512.json
       placer profile --model mypkg.models:build_net --config width=2 -b 64 --phase inference
+      placer profile --model examples/tiny_mlp.py:TinyMLP -b 32 -o mlp.json
       placer profile --from-measurements meas.json --target-batch 512 -o big.json
       placer profile --comm-fit samples.json -o cluster.json
       placer profile --comm-bench --processes 2 -o cpu2.json        # devices of placer run --backend gloo

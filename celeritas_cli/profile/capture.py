@@ -58,10 +58,7 @@ How a model becomes a graph (Celeritas 4.2.1 and 6.1; FastT section 4):
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -69,6 +66,7 @@ from ..errors import InvalidInput, MissingDependency
 from ..model.graph import GRAPH_SCHEMA
 from . import devices as dev
 from .flops import formula_flops, is_tensor_core_op, short
+from .models import resolve_model
 from .stepmap import FACTORY_OPS, VIEW_OPS, flat, map_trace, nbytes, outputs  # noqa: F401 (re-exported)
 
 SPLITTABLE = {"convolution": ["batch", "channel"], "convolution_backward": ["batch"],
@@ -85,83 +83,16 @@ def require_torch():
 
 
 # ------------------------------------------------------------------ models
-def resolve_model(spec: str, config: dict | None = None):
-    """Return ``(factory, name)`` for a zoo name, ``module:attr`` or ``path/to/file.py:attr``.
-
-    The one model resolver: ``placer profile``, ``placer run`` and ``placer
-    export`` all load models here.  ``module:attr`` names a callable returning
-    an ``nn.Module`` (a class or a factory function), imported from the
-    current directory or the installed packages; ``file.py:attr`` loads the
-    file (its directory is put on ``sys.path`` so it can import its
-    neighbours).  The model must define ``example_inputs(batch)`` returning
-    the forward arguments; it may define ``example_target(batch)`` and
-    ``loss(output, target)`` (default loss: ``output.float().mean()``).
-
-    Raises
-    ------
-    InvalidInput
-        Unknown zoo name, module or file not importable, attribute missing.
-    """
-    require_torch()
-    from .zoo import ZOO
-
-    config = dict(config or {})
-    if ":" in spec:
-        modname, attr = spec.rsplit(":", 1) if spec.rsplit(":", 1)[0].endswith(".py") else spec.split(":", 1)
-        if modname.endswith(".py"):
-            module = _import_file(modname, spec)
-        else:
-            if os.getcwd() not in sys.path:  # like gunicorn/uvicorn: module:attr resolves from the current directory
-                sys.path.insert(0, os.getcwd())
-            try:
-                module = importlib.import_module(modname)
-            except ImportError as exc:
-                raise InvalidInput(f"--model {spec}: cannot import module {modname!r}: {exc}") from None
-        factory = module
-        for part in attr.split("."):
-            if not hasattr(factory, part):
-                raise InvalidInput(f"--model {spec}: module {modname!r} has no attribute {attr!r}")
-            factory = getattr(factory, part)
-        if not callable(factory):
-            raise InvalidInput(f"--model {spec}: {attr!r} is not callable (expected an nn.Module factory)")
-        return (lambda: factory(**config)), attr.split(".")[-1].lower()
-    if spec not in ZOO:
-        raise InvalidInput(f"--model {spec!r}: unknown model; the zoo has {', '.join(ZOO)}, "
-                           f"or give module:attr or path/to/file.py:attr for your own nn.Module factory")
-    entry = ZOO[spec]
-    return (lambda: entry.factory(**config)), spec
-
-
-def _import_file(path: str, spec: str):
-    """Import the Python file *path* as a module (once per absolute path)."""
-    import importlib.util
-
-    full = os.path.abspath(path)
-    if not os.path.isfile(full):
-        raise InvalidInput(f"--model {spec}: no such file {path}")
-    name = "placer_model_" + "".join(c if c.isalnum() else "_" for c in full)
-    if name in sys.modules:
-        return sys.modules[name]
-    folder = os.path.dirname(full)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    mspec = importlib.util.spec_from_file_location(name, full)
-    module = importlib.util.module_from_spec(mspec)
-    sys.modules[name] = module
-    try:
-        mspec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - any error in the user's file is one line
-        del sys.modules[name]
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InvalidInput(f"--model {spec}: importing {path} failed: {type(exc).__name__}: {first}") from None
-    return module
-
-
 def build_meta(factory: Callable):
     """Instantiate *factory* with parameters on the meta device (no storage)."""
     torch = require_torch()
-    with torch.device("meta"):
-        model = factory()
+    try:
+        with torch.device("meta"):
+            model = factory()
+    except InvalidInput:
+        raise
+    except Exception as exc:  # the user's constructor failed: one line, not a traceback
+        raise InvalidInput(f"building the model failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(model, torch.nn.Module):
         raise InvalidInput(f"the model factory returned {type(model).__name__}, expected a torch.nn.Module")
     if not hasattr(model, "example_inputs"):

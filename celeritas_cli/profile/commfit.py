@@ -11,7 +11,8 @@ result as a ``placer.cluster/v1`` document (bandwidth = 1/k, latency = b);
 
 The samples file — ``placer.comm_samples/v1``
 ---------------------------------------------
-::
+JSON Schema: ``schemas/comm_samples.schema.json``; an example:
+``examples/comm_samples.json``::
 
     {"schema": "placer.comm_samples/v1",
      "name": "my-4gpu-box",                                       # optional
@@ -40,6 +41,7 @@ import math
 from typing import Any
 
 from ..errors import InvalidInput, MissingDependency
+from ..model.jsonio import validate
 from .regression import fit_line
 
 SAMPLES_SCHEMA = "placer.comm_samples/v1"
@@ -138,6 +140,7 @@ def check_samples(doc: Any, label: str = "samples") -> dict:
             for f in ("src", "dst"):
                 if s[f] not in known:
                     raise InvalidInput(f"{label}: sample #{i}: unknown device '{s[f]}' (not in devices)")
+    validate(doc, SAMPLES_SCHEMA, label)  # ranges and types (schemas/comm_samples.schema.json)
     return doc
 
 

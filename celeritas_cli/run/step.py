@@ -51,7 +51,7 @@ def capture_real(spec: str, batch: int, *, config: dict | None = None, seed: int
     Parameters
     ----------
     spec : zoo name, ``module:attr`` or ``path/to/file.py:attr``
-        (:func:`~celeritas_cli.profile.capture.resolve_model`).
+        (:func:`~celeritas_cli.profile.models.resolve_model`).
     batch : batch size.
     config : constructor arguments of the model.
     seed : seed of the parameter initialisation and of the example inputs.
@@ -66,7 +66,8 @@ def capture_real(spec: str, batch: int, *, config: dict | None = None, seed: int
         The model cannot be resolved or traced, or building it for real gives
         other parameters than building it on the meta device.
     """
-    from ..profile.capture import profile_model, require_torch, resolve_model
+    from ..profile.capture import profile_model, require_torch
+    from ..profile.models import resolve_model
     from ..profile.stepmap import map_trace
 
     torch = require_torch()
@@ -112,7 +113,8 @@ def _example(model, batch: int, seed: int, with_target: bool):
 def example_batch(spec: str, batch: int, *, config: dict | None = None, seed: int = 0, with_target: bool = True):
     """The forward arguments and target :func:`capture_real` makes for *spec* at *batch*
     (``(inputs, target)``, CPU): the global batch that data-parallel replicas share."""
-    from ..profile.capture import build_meta, require_torch, resolve_model
+    from ..profile.capture import build_meta, require_torch
+    from ..profile.models import resolve_model
 
     torch = require_torch()
     factory, _ = resolve_model(spec, dict(config or {}))

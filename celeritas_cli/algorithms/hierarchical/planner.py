@@ -50,6 +50,7 @@ from ...log import chatty
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
+from ...model.limits import TIME_MAX
 from ...model.placement import Placement
 from ...registry import Param, register
 from ...sim.simulator import CONGESTION_RULES, lower_bound, run_schedule
@@ -183,13 +184,16 @@ def oom_runtime(graph: Graph, cluster: Cluster, costs: CostModel, penalty: float
     summary="Learned Grouper (feed-forward) + seq2seq Placer (LSTM + attention) trained with REINFORCE "
             "on R=-sqrt(simulated runtime); OOM samples get a large fixed penalty.",
     params={
-        "groups": Param(int, 0, "number of groups M; 0 = min(256, colocation units)"),
-        "iterations": Param(int, 1000, "policy updates (HRL trains 1000)"),
-        "samples_per_iteration": Param(int, 8, "joint placements sampled (and simulated) per update"),
-        "time_limit": Param(float, 60.0, "stop training after this many seconds (0 = no limit)"),
-        "lr": Param(float, 0.05, "Adam learning rate"),
-        "hidden": Param(int, 64, "hidden width of the Grouper and the Placer LSTMs"),
-        "oom_penalty": Param(float, 2.0, "OOM runtime as a multiple of an upper bound on any makespan"),
+        "groups": Param(int, 0, "number of groups M; 0 = min(256, colocation units)", min=0, max=65536),
+        "iterations": Param(int, 1000, "policy updates (HRL trains 1000)", min=1),
+        "samples_per_iteration": Param(int, 8, "joint placements sampled (and simulated) per update", min=1,
+                                       max=4096),
+        "time_limit": Param(float, 60.0, "stop training after this many seconds (0 = no limit)", min=0,
+                            max=TIME_MAX),
+        "lr": Param(float, 0.05, "Adam learning rate", gt=0, max=10.0),
+        "hidden": Param(int, 64, "hidden width of the Grouper and the Placer LSTMs", min=1, max=4096),
+        "oom_penalty": Param(float, 2.0, "OOM runtime as a multiple of an upper bound on any makespan",
+                             min=1.0, max=1e6),
         "congestion": Param(str, "channel", "simulator congestion rule for the reward",
                             choices=CONGESTION_RULES),
         "progress": Param(bool, True, "show best simulated runtime on stderr"),
