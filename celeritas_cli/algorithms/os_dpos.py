@@ -20,6 +20,7 @@ from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.splitting import DEFAULT_OVERHEAD_S, split_operation
+from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION
 from ..sim.simulator import critical_path, run_schedule
 from .dpos import dpos_schedule
 
@@ -34,13 +35,13 @@ def _score(graph: Graph, cluster: Cluster, res, costs: CostModel, congestion: st
                   "while the simulated makespan improves.",
           params={"max_ops": Param(int, 8, "critical-path operations tried at most (0 = all)"),
                   "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)"),
-                  "congestion": Param(str, "channel", "congestion rule of DPOS's link model and of the scoring "
-                                      "simulation",
-                                      choices=("channel", "port", "none")),
+                  "congestion": Param(str, DEFAULT_CONGESTION, "congestion rule of DPOS's link model and of the "
+                                      "scoring simulation",
+                                      choices=CONGESTION_RULES),
                   "verbose": Param(bool, False, "log each trial to stderr")},
           quick_params={"max_ops": 2})
 def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, max_ops: int = 8,
-            overhead_s: float = DEFAULT_OVERHEAD_S, congestion: str = "channel",
+            overhead_s: float = DEFAULT_OVERHEAD_S, congestion: str = DEFAULT_CONGESTION,
             verbose: bool = False) -> Placement:
     """FastT Algorithm 2 (OS-DPOS).
 
@@ -84,9 +85,8 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
         Sub-operation overhead of the split cost model
         (:mod:`celeritas_cli.scheduling.splitting`).
     congestion : str
-        Congestion rule of the scoring simulation; DPOS's own link model
-        (:class:`~.dpos.Links`) is ``"none"`` for ``"none"`` and
-        ``"channel"`` otherwise.
+        Congestion rule of the scoring simulation and of DPOS's own link
+        model (:class:`~celeritas_cli.sim.links.InputArrivals`).
     verbose : bool
         Log each trial to stderr.
 
@@ -100,8 +100,7 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
     """
     k = cluster.k
     costs = cost_model(graph, cluster, costs)
-    model = "none" if congestion == "none" else "channel"
-    res = dpos_schedule(graph, cluster, costs, congestion=model)
+    res = dpos_schedule(graph, cluster, costs, congestion=congestion)
     best_ms, sched = _score(graph, cluster, res, costs, congestion)
     cp = critical_path(graph, sched)
     topo = graph.topo_index()
@@ -121,7 +120,7 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
             for parts in range(2, k + 1):
                 g_new = split_operation(g_cur, nid, dim, parts, overhead_s=overhead_s)
                 c_new = costs.for_graph(g_new)
-                r_new = dpos_schedule(g_new, cluster, c_new, congestion=model)
+                r_new = dpos_schedule(g_new, cluster, c_new, congestion=congestion)
                 ms, _ = _score(g_new, cluster, r_new, c_new, congestion)
                 if verbose:
                     print(f"os-dpos: {nid} {dim} x{parts}: {ms:.6g} s (current {best_ms:.6g} s)", file=sys.stderr)

@@ -68,6 +68,7 @@ class Graph:
     node_extra: list[dict | None] = field(default_factory=list)
     _topo: list[int] | None = field(default=None, repr=False)
     _topo_index: list[int] | None = field(default=None, repr=False)
+    _consumers: list[list[int]] | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -126,6 +127,24 @@ class Graph:
         self.topo_order()
         assert self._topo_index is not None
         return self._topo_index
+
+    def tensor_consumers(self) -> list[list[int]]:
+        """Distinct consumer nodes of each tensor, in edge order (cached;
+        the simulator's fan-out of a finished node)."""
+        if self._consumers is None:
+            dst = self.edge_dst
+            cons = []
+            for es in self.tensor_edges:
+                if len(es) == 1:
+                    cons.append([dst[es[0]]])
+                    continue
+                seen: list[int] = []
+                for e in es:
+                    if dst[e] not in seen:
+                        seen.append(dst[e])
+                cons.append(seen)
+            self._consumers = cons
+        return self._consumers
 
     def sources(self) -> list[int]:
         return [v for v in range(self.n) if not self.pred[v]]
