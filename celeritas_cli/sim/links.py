@@ -73,11 +73,18 @@ def check_congestion(rule: str, what: str = "congestion rule") -> str:
     return rule
 
 
-def fifo_key(ready: float, producer: int, tensor: int, dst: int) -> tuple:
+def fifo_key(ready: float, producer: int, tensor: int, dst: int, batch: int = 0) -> tuple:
     """The simulator's order of transfers on shared links: by the time they
-    become ready (the producer's finish), ties by producer index, tensor id,
-    then destination device index."""
-    return (ready, producer, tensor, dst)
+    become ready (the producer's finish); at one instant by the batch of
+    events the producer's finish was processed in (*batch* > 0 only after a
+    chain of zero-length nodes or transfers at that instant, see
+    :class:`~celeritas_cli.sim.partial.PartialSchedule`), then by producer
+    index, tensor id and destination device index.
+
+    >>> fifo_key(1.0, 7, 3, 2) < fifo_key(1.0, 2, 0, 0, batch=1) < fifo_key(1.5, 0, 0, 0)
+    True
+    """
+    return (ready, batch, producer, tensor, dst)
 
 
 def _resources(rule: str, k: int, a: int, b: int) -> tuple[int, ...]:
@@ -255,6 +262,45 @@ class LinkTimeline:
             if i < len(keys) and self.starts[r][i] < end:
                 return True
         return False
+
+    def plan(self, d: int, items: Iterable[tuple[tuple, int, float, float]]) -> list[tuple[float, float, bool]]:
+        """Queue transfers into device *d* tentatively.
+
+        *items* are ``(key, src_device, ready, duration)`` in key order (the
+        inputs of one node); each starts at its FIFO place, after the
+        earlier items of this plan on a shared resource.  Returns ``(start,
+        end, overtakes)`` per item; nothing is reserved.  (When an item
+        overtakes a reserved transfer that precedes a later item, the later
+        item's start ignores that delay: the caller re-times its schedule
+        after committing such a plan.)
+
+        >>> tl = LinkTimeline(2, "port")
+        >>> tl.plan(1, [(fifo_key(0.0, 0, 0, 1), 0, 0.0, 2.0), (fifo_key(1.0, 1, 1, 1), 0, 1.0, 1.0)])
+        [(0.0, 2.0, False), (2.0, 3.0, False)]
+        """
+        out = []
+        local: dict[int, float] = {}
+        k = self.k
+        for key, a, ready, dur in items:
+            res = _resources(self.rule, k, a, d)
+            s = ready
+            pos = []
+            for r in res:
+                i = bisect_right(self.keys[r], key)
+                pos.append(i)
+                if i and self.ends[r][i - 1] > s:
+                    s = self.ends[r][i - 1]
+                f = local.get(r)
+                if f is not None and f > s:
+                    s = f
+            e = s + dur
+            over = False
+            for r, i in zip(res, pos):
+                local[r] = e
+                if i < len(self.keys[r]) and self.starts[r][i] < e:
+                    over = True
+            out.append((s, e, over))
+        return out
 
     def reserve(self, a: int, b: int, key: tuple, start: float, end: float) -> None:
         """Record the transfer at its FIFO place (the times of the others
