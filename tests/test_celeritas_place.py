@@ -303,7 +303,7 @@ def test_cli_coarsen_options(tmp_path: Path):
     assert json.loads(piped.stdout)["meta"]["cpd"]["R"] == 5
     bad = runner.invoke(main, ["coarsen", gpath, "--method", "nope"])
     assert bad.exit_code == 2
-    bad_r = runner.invoke(main, ["coarsen", gpath, "--R", "0"])
+    bad_r = runner.invoke(main, ["coarsen", gpath, "--R", "-3"])
     assert bad_r.exit_code == 1 and "R" in bad_r.output
     helptext = runner.invoke(main, ["coarsen", "--help"]).output
     assert "placer coarsen g.json | placer place --algo adjusting" in helptext
