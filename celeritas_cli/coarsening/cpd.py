@@ -60,8 +60,6 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-import numpy as np
-
 from ..errors import InvalidInput, SolverError
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
@@ -173,6 +171,8 @@ def optimal_bp(graph: Graph, seq: Sequence[int], edge_cost: Sequence[float], R: 
     >>> optimal_bp(g, [0, 1, 2, 3], [5.0, 1.0, 5.0], R=2, mem_cap=10)
     ([0, 2], 1.0)
     """
+    import numpy as np  # here, not at module level: registry loads this module for every command
+
     n = len(seq)
     if R < 1:
         raise InvalidInput(f"coarsening 'cpd' parameter R: must be >= 1, got {R}")
@@ -247,7 +247,7 @@ def cpd_clusters(graph: Graph, cluster: Cluster, *, R: int = 0, M: float = 0.0,
     unit_cap = bound if bound is not None else max(d.memory for d in cluster.devices)
     cap = min(cap, unit_cap)
     w = costs.mean_time
-    c = [costs.mean_comm(e) for e in range(graph.m)]
+    c = costs.mean_comms
     seq = cpd_topo(graph, (w, c))
     starts, total = optimal_bp(graph, seq, c, R, cap)
     cluster_of = [0] * graph.n
