@@ -29,6 +29,7 @@ SCHEMAS = {
     "placer.cluster/v1": "cluster.schema.json",
     "placer.placement/v1": "placement.schema.json",
     "placer.report/v1": "report.schema.json",
+    "placer.run/v1": "run.schema.json",
 }
 
 

@@ -41,9 +41,11 @@ def synthetic(kind: str, nodes: int, seed: int = 0) -> dict:
 
 
 def capture_model(spec: str, batch: int, *, phase: str = "training", config: dict | None = None,
-            measure: bool = False, progress: Callable[[str], None] | None = None) -> dict:
-    """Capture model *spec* (zoo name or ``module:attr``) at *batch*; optionally
-    time every node on the local device (:mod:`.measure`)."""
+                  measure: bool = False, threads: int | None = None,
+                  progress: Callable[[str], None] | None = None) -> dict:
+    """Capture model *spec* (zoo name, ``module:attr`` or ``file.py:attr``) at
+    *batch*; optionally time every node on the local device (:mod:`.measure`)
+    with *threads* torch threads."""
     from .capture import profile_model
 
     if not measure:
@@ -51,9 +53,10 @@ def capture_model(spec: str, batch: int, *, phase: str = "training", config: dic
     from .measure import measure_doc
 
     doc, tr = profile_model(spec, batch, phase=phase, config=config, keep_trace=True)
-    summary = measure_doc(doc, tr, progress=progress)
+    summary = measure_doc(doc, tr, threads=threads, progress=progress)
     if progress:
-        progress(f"measured {summary['measured']} nodes on {summary['device']} (min of {summary['repeats']} after "
+        progress(f"measured {summary['measured']} nodes on {summary['device']} with {summary['threads']} "
+                 f"thread(s) (min of {summary['repeats']} after "
                  f"{summary['warmup']} warm-up runs); noise (median-min)/min: median "
                  f"{100 * summary['noise_median']:.1f}%, p90 {100 * summary['noise_p90']:.1f}%, "
                  f"{summary['noisy']} nodes above 20%; {summary['failed']} could not run and keep roofline times")
@@ -61,7 +64,7 @@ def capture_model(spec: str, batch: int, *, phase: str = "training", config: dic
 
 
 def standard_evaluation(spec: str, batch_sizes: list[int], target: int, *, phase: str = "training",
-                        config: dict | None = None, measure: bool = False,
+                        config: dict | None = None, measure: bool = False, threads: int | None = None,
                         progress: Callable[[str], None] | None = None) -> tuple[dict, dict | None, str]:
     """Celeritas 4.2.1 step 1 on a PyTorch model: capture at small batches,
     fit per-node lines, predict the graph at *target*.
@@ -88,7 +91,8 @@ def standard_evaluation(spec: str, batch_sizes: list[int], target: int, *, phase
     for b in sizes:
         if progress:
             progress(f"capturing {spec} at batch {b}")
-        docs.append(capture_model(spec, b, phase=phase, config=config, measure=measure, progress=progress))
+        docs.append(capture_model(spec, b, phase=phase, config=config, measure=measure, threads=threads,
+                                  progress=progress))
     base = docs[0]["name"].rsplit("_b", 1)[0]
     meas = measurements_from_graphs(docs, sizes, name=base)
     est = extrapolate(meas, target)

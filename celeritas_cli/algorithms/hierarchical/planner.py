@@ -46,6 +46,7 @@ import time
 from typing import Any
 
 from ...errors import InvalidInput, MissingDependency
+from ...log import chatty
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
@@ -382,7 +383,6 @@ def _train(torch, hm, graph, feats, unit_of, n_units, M, k, iterations, S, time_
            fits, makespan, fail_r, T_ref, t0, progress):
     """The REINFORCE loop; returns ``(best, iterations_done, samples)`` with
     ``best = ((oom, makespan, iteration, sample), unit->device list)``."""
-    n = graph.n
     type_idx = torch.tensor(feats["type_idx"], dtype=torch.long)
     size_t = torch.tensor(feats["size"], dtype=torch.float32)
     node_x = torch.cat([size_t, torch.tensor(feats["adj"], dtype=torch.float32)], dim=1)
@@ -416,7 +416,7 @@ def _train(torch, hm, graph, feats, unit_of, n_units, M, k, iterations, S, time_
     n_samples = 0
     done = 0
     bar = task = None
-    if progress:
+    if progress and chatty():  # placer compare runs cells quietly unless -v
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from ...log import stderr_console
