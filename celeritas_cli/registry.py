@@ -142,8 +142,29 @@ def names() -> list[str]:
     return sorted(_ALGORITHMS)
 
 
+def _load_one(name: str) -> None:
+    """Import the module named after algorithm *name* (one module per
+    algorithm: ``m-etf`` -> ``m_etf``, ``random`` -> ``random_placement``),
+    so looking one algorithm up does not import every placer; the full
+    package is loaded when that does not register it."""
+    if name in _ALGORITHMS or _ALGORITHMS_PKG in _loaded:
+        return
+    module = f"{_ALGORITHMS_PKG}.{_MODULE_OF.get(name, name.replace('-', '_'))}"
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:  # the module exists but misses a dependency: say so as before
+            raise
+
+
+#: algorithm names whose module is not the name with '-' -> '_'
+_MODULE_OF = {"random": "random_placement"}
+
+
 def get(name: str) -> Entry:
-    _load(_ALGORITHMS_PKG)
+    _load_one(name)
+    if name not in _ALGORITHMS:
+        _load(_ALGORITHMS_PKG)
     try:
         return _ALGORITHMS[name]
     except KeyError:

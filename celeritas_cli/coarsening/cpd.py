@@ -316,26 +316,33 @@ def split_heavy_units(graph: Graph, seq: Sequence[int], cluster_of: list[int], n
         return x
 
     first: dict[str, int] = {}
-    for v, grp in enumerate(graph.colocation):
-        if grp is None:
-            continue
-        c = cluster_of[v]
+    joined = False
+    for v in [v for v, grp in enumerate(graph.colocation) if grp is not None]:
+        grp, c = graph.colocation[v], cluster_of[v]
         if grp in first:
             a, b = find(first[grp]), find(c)
             if a != b:
                 parent[max(a, b)] = min(a, b)
+                joined = True
         else:
             first[grp] = c
-    mem: dict[int, int] = {}
-    groups: dict[int, set] = {}
-    loose: dict[int, int] = {}  # ungrouped nodes per unit
+    if not joined:  # every unit is one cluster: within the cap, or one node, or groups that share it alone
+        return nxt, 0
+    c_mem = [0] * n_clusters
+    c_loose = [0] * n_clusters
     for v, c in enumerate(cluster_of):
-        u = find(c)
-        mem[u] = mem.get(u, 0) + graph.memory[v]
+        c_mem[c] += graph.memory[v]
         if graph.colocation[v] is None:
-            loose[u] = loose.get(u, 0) + 1
-        else:
-            groups.setdefault(u, set()).add(graph.colocation[v])
+            c_loose[c] += 1
+    mem: dict[int, int] = {}
+    loose: dict[int, int] = {}  # ungrouped nodes per unit
+    for c in range(n_clusters):
+        u = find(c)
+        mem[u] = mem.get(u, 0) + c_mem[c]
+        loose[u] = loose.get(u, 0) + c_loose[c]
+    groups: dict[int, set] = {}
+    for grp, c in first.items():
+        groups.setdefault(find(c), set()).add(grp)
     heavy = set()
     for u, m in mem.items():
         if m <= cap or u not in groups:  # light, or a cluster without colocation (no merging)

@@ -238,13 +238,13 @@ class Graph:
         tsrc, tbytes, tname, tedges = [], [], [], []
         for k, ed in enumerate(edges):
             s, d = ed["src"], ed["dst"]
-            if s not in index:
+            si, di = index.get(s), index.get(d)
+            if si is None:
                 raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): unknown source node '{s}'")
-            if d not in index:
+            if di is None:
                 raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): unknown destination node '{d}'")
-            if s == d:
+            if si == di:
                 raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): self-loop on node '{s}'")
-            si, di = index[s], index[d]
             b = int(ed["bytes"])
             tkey = ed.get("tensor")
             key = (si, tkey if tkey is not None else f"\x00edge{k}")
