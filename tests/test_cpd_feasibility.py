@@ -77,7 +77,7 @@ def instances(draw):
     return build("h", nodes, edges), devices, R, M
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(instances())
 def test_flat_feasible_implies_coarse_feasible(inst):
     g, device_mems, R, M = inst
@@ -110,3 +110,17 @@ def test_union_of_groups_beyond_every_device_is_split():
     assert cg.meta["cpd"]["split_units"] == 1
     assert sorted(m for m, _ in units(cg)) == [10, 10, 10]
     assert packs([m for m, _ in units(cg)], [25, 25])
+
+
+def test_exact_fit_keeps_nodes_with_memory_apart():
+    """A graph that fills the devices exactly (148 B on 59 + 89 B) packs
+    only one way; the packing bound is 0, so only nodes without memory are
+    merged (found by the property test: merging the 1 B and 2 B nodes made
+    it unplaceable)."""
+    mems = [0, 0, 1, 2, 29, 29, 29, 29, 29]
+    g = build("exact", [node(f"v{i}", mem=m) for i, m in enumerate(mems)], [])
+    cl = cluster_of([59, 89])
+    assert packing_bound(g, cl) == 0
+    cg = cpd(g, cl, R=9, M=1.0)
+    assert sorted(m for m, _ in units(cg)) == [0, 1, 2, 29, 29, 29, 29, 29]
+    assert packs([m for m, _ in units(cg)], [59, 89])

@@ -76,10 +76,11 @@ MIN_PER_DEVICE = 3    # the default R leaves at least this many clusters per dev
 def packing_bound(graph: Graph, cluster: Cluster) -> int | None:
     """``(sum of device memories - graph memory) / devices`` in bytes: a
     cluster or coarse colocation unit no heavier than this can always be
-    packed after the rest (module docstring); None when the graph's memory
-    exceeds the cluster's (nothing fits anyway)."""
+    packed after the rest (module docstring; 0 when the graph fills the
+    devices exactly: then only nodes without memory are merged); None when
+    the graph's memory exceeds the cluster's (nothing fits anyway)."""
     slack = cluster.total_memory() - graph.total_memory()
-    return slack // cluster.k if slack > 0 and cluster.k else None
+    return slack // cluster.k if slack >= 0 and cluster.k else None
 
 
 def default_parameters(graph: Graph, cluster: Cluster) -> tuple[int, float]:
