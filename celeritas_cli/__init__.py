@@ -13,7 +13,15 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .errors import ColocationError, CycleError, Infeasible, InvalidInput, MissingDependency, PlacerError, SolverError  # noqa: E402
+from .errors import (  # noqa: E402
+    ColocationError,
+    CycleError,
+    Infeasible,
+    InvalidInput,
+    MissingDependency,
+    PlacerError,
+    SolverError,
+)
 from .model.cluster import Cluster, Device  # noqa: E402
 from .model.graph import Graph  # noqa: E402
 from .model.io import load_cluster, load_graph, load_placement  # noqa: E402

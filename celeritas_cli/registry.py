@@ -132,7 +132,9 @@ def _convert(algo: str, key: str, value: Any, p: Param) -> Any:
 
 _ALGORITHMS: dict[str, Entry] = {}
 _COARSENERS: dict[str, Entry] = {}
-_loaded = False
+_ALGORITHMS_PKG = "celeritas_cli.algorithms"
+_COARSENERS_PKG = "celeritas_cli.coarsening"
+_loaded: set[str] = set()
 
 
 def register(name: str, *, paper: str, section: str, summary: str,
@@ -166,12 +168,13 @@ def register_coarsener(name: str, *, paper: str, section: str, summary: str,
     return deco
 
 
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for pkg_name in ("celeritas_cli.algorithms", "celeritas_cli.coarsening"):
+def _load(*packages: str) -> None:
+    """Import the modules of *packages* (default: both), which register
+    themselves; each package once (``placer coarsen`` needs no placer)."""
+    for pkg_name in packages or (_ALGORITHMS_PKG, _COARSENERS_PKG):
+        if pkg_name in _loaded:
+            continue
+        _loaded.add(pkg_name)
         pkg = importlib.import_module(pkg_name)
         for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
             if not info.name.startswith("_"):
@@ -180,12 +183,33 @@ def _load() -> None:
 
 def names() -> list[str]:
     """Registered placement algorithm names, sorted."""
-    _load()
+    _load(_ALGORITHMS_PKG)
     return sorted(_ALGORITHMS)
 
 
+def _load_one(name: str) -> None:
+    """Import the module named after algorithm *name* (one module per
+    algorithm: ``m-etf`` -> ``m_etf``, ``random`` -> ``random_placement``),
+    so looking one algorithm up does not import every placer; the full
+    package is loaded when that does not register it."""
+    if name in _ALGORITHMS or _ALGORITHMS_PKG in _loaded:
+        return
+    module = f"{_ALGORITHMS_PKG}.{_MODULE_OF.get(name, name.replace('-', '_'))}"
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:  # the module exists but misses a dependency: say so as before
+            raise
+
+
+#: algorithm names whose module is not the name with '-' -> '_'
+_MODULE_OF = {"random": "random_placement"}
+
+
 def get(name: str) -> Entry:
-    _load()
+    _load_one(name)
+    if name not in _ALGORITHMS:
+        _load(_ALGORITHMS_PKG)
     try:
         return _ALGORITHMS[name]
     except KeyError:
@@ -193,17 +217,17 @@ def get(name: str) -> Entry:
 
 
 def entries() -> list[Entry]:
-    _load()
+    _load(_ALGORITHMS_PKG)
     return [_ALGORITHMS[n] for n in sorted(_ALGORITHMS)]
 
 
 def coarsener_names() -> list[str]:
-    _load()
+    _load(_COARSENERS_PKG)
     return sorted(_COARSENERS)
 
 
 def get_coarsener(name: str) -> Entry:
-    _load()
+    _load(_COARSENERS_PKG)
     try:
         return _COARSENERS[name]
     except KeyError:

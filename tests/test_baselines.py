@@ -10,7 +10,11 @@ from __future__ import annotations
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.algorithms.m_sct import greedy_favorites, lp_favorite_values, round_favorites
+from celeritas_cli.algorithms.m_sct import (
+    greedy_favorites,
+    lp_favorite_values,
+    round_favorites,
+)
 from celeritas_cli.model.cluster import Cluster, uniform
 from celeritas_cli.model.costs import CostModel
 from celeritas_cli.model.graph import build

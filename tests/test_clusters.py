@@ -10,7 +10,12 @@ from celeritas_cli import place, simulate
 from celeritas_cli.cli import main
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import Cluster
-from celeritas_cli.model.io import bundled_cluster, bundled_cluster_names, load_cluster, load_graph
+from celeritas_cli.model.io import (
+    bundled_cluster,
+    bundled_cluster_names,
+    load_cluster,
+    load_graph,
+)
 
 from .conftest import SAMPLES
 

@@ -9,7 +9,12 @@ import pytest
 from celeritas_cli import registry
 from celeritas_cli.coarsening.baechi import baechi_clusters
 from celeritas_cli.coarsening.contract import is_acyclic
-from celeritas_cli.coarsening.fusion import DEFAULT_RULES, fusion_clusters, matches, parse_rules
+from celeritas_cli.coarsening.fusion import (
+    DEFAULT_RULES,
+    fusion_clusters,
+    matches,
+    parse_rules,
+)
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.generate import layered

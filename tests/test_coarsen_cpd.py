@@ -8,7 +8,13 @@ import pytest
 
 from celeritas_cli import registry
 from celeritas_cli.coarsening.contract import is_acyclic
-from celeritas_cli.coarsening.cpd import cpd, cpd_clusters, memory_cap, optimal_bp
+from celeritas_cli.coarsening.cpd import (
+    cpd,
+    cpd_clusters,
+    default_parameters,
+    memory_cap,
+    optimal_bp,
+)
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import GiB, uniform
 from celeritas_cli.model.costs import CostModel
@@ -163,26 +169,56 @@ def test_deterministic():
 
 def test_bad_parameters():
     g = layered(50)
-    with pytest.raises(InvalidInput):
-        registry.coarsen(g, uniform(2), "cpd", params={"R": "0"})
+    with pytest.raises(InvalidInput, match="R: must be >= 0"):
+        registry.coarsen(g, uniform(2), "cpd", params={"R": "-1"})
     with pytest.raises(InvalidInput):
         registry.coarsen(g, uniform(2), "cpd", params={"R": "x"})
-    with pytest.raises(InvalidInput):
-        registry.coarsen(g, uniform(2), "cpd", params={"M": "0"})
+    with pytest.raises(InvalidInput, match="parameter M"):
+        registry.coarsen(g, uniform(2), "cpd", params={"M": "-0.5"})
 
 
 def test_registered():
     assert "cpd" in registry.coarsener_names()
     entry = registry.get_coarsener("cpd")
-    assert entry.params["R"].default == 200 and entry.params["M"].default == 0.25
+    assert entry.params["R"].default == 0 and entry.params["M"].default == 0  # 0 = default_parameters
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_tiny_graphs(n):
     g = build("t", [node(f"v{i}") for i in range(n)],
               [edge(f"v{i}", f"v{i + 1}") for i in range(n - 1)])
-    cg = cpd(g, uniform(2))
+    cg = cpd(g, uniform(2), R=200)
     assert cg.n == 1 and cg.members[0] == g.ids
+    assert cpd(g, uniform(2)).n == n  # the default R keeps a few nodes per device: nothing to merge
+
+
+def test_default_parameters_rule():
+    # R = min(200, ceil(n / 3k)); M = 0.25 unless the packing bound is lower
+    assert default_parameters(layered(36000), uniform(4)) == (200, 0.25)
+    assert default_parameters(layered(60), uniform(4)) == (5, 0.25)
+    assert default_parameters(layered(60), uniform(2)) == (10, 0.25)
+    g = layered(300, seed=2)
+    total = g.total_memory()
+    tight = uniform(2, memory=int(total * 0.55))  # slack 10% of the graph: bound 0.05 T per device
+    R, M = default_parameters(g, tight)
+    assert R == 50 and M == pytest.approx((2 * int(total * 0.55) - total) // 2 / int(total * 0.55))
+    assert M < 0.25
+    # explicit R / M still override the defaults, R = 0 / M = 0 take them
+    cg = cpd(g, uniform(4), R=0, M=0)
+    assert cg.meta["cpd"]["R"] == default_parameters(g, uniform(4))[0]
+    assert cpd(g, uniform(4), R=7).meta["cpd"]["R"] == 7
+
+
+@pytest.mark.parametrize("path", ["layered_300.json", "zoo/tensor_holography.json.gz", "zoo/resnet50.json.gz"])
+def test_default_keeps_a_few_coarse_nodes_per_device(path):
+    from celeritas_cli.model.io import load_cluster, load_graph
+
+    from .conftest import SAMPLES
+
+    g = load_graph(SAMPLES / path)
+    cl = load_cluster("4xV100-pcie")
+    cg = cpd(g, cl)
+    assert 3 * cl.k <= cg.n <= g.n
 
 
 def test_all_sink_follower_case():

@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.algorithms.fd_dps import est_lst, fd_dps, fd_dps_schedule, node_priority
+from celeritas_cli.algorithms.fd_dps import (
+    est_lst,
+    fd_dps,
+    fd_dps_schedule,
+    node_priority,
+)
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.costs import CostModel
@@ -143,3 +148,26 @@ def test_fd_dps_split_guard_keeps_unsplit_when_worse():
     p = fd_dps(g, cl, split=True)
     assert p.split_graph is None
     assert simulate(g, cl, p)["makespan_s"] == pytest.approx(10.2)
+
+
+def test_fd_dps_split_comparison_uses_its_congestion_rule():
+    """The split/unsplit comparison simulates under the ``congestion`` it
+    was asked for (it used the default ``channel`` for every rule).  A 10 s
+    conv split in three on 3 devices at 350 B/s: the 3000 B input goes to two
+    other devices and comes back.  Under ``channel`` those transfers use
+    different channels and the split wins (9.25 s < 10.2 s; the same
+    schedule takes 12.1 s under ``port``); under ``port`` the transfers
+    queue on gpu0's uplink and the concat's downlink, FD-DPS's split
+    schedule takes 11.63 s, so it must keep the unsplit 10.2 s one."""
+    g = build("dom", [node("in", 0.1), node("conv", 10.0, splittable=["batch"]), node("out", 0.1)],
+              [edge("in", "conv", 3000, tensor="out"), edge("conv", "out", 3000, tensor="out")])
+    cl = uniform(3, bandwidth=350.0, latency=0.0)
+    by_channel = fd_dps(g, cl, split=True, congestion="channel")
+    assert by_channel.split_graph is not None
+    assert simulate(g, cl, by_channel)["makespan_s"] == pytest.approx(9.2476, rel=1e-4)
+    assert simulate(g, cl, by_channel, congestion="port")["makespan_s"] > 12
+    by_port = fd_dps(g, cl, split=True, congestion="port")
+    assert by_port.split_graph is None
+    assert by_port.estimate["unsplit_simulated_s"] == pytest.approx(10.2)
+    assert by_port.estimate["split_simulated_s"] == pytest.approx(11.6286, rel=1e-4)
+    assert simulate(g, cl, by_port, congestion="port")["makespan_s"] == pytest.approx(10.2)

@@ -12,7 +12,14 @@ from celeritas_cli.cli import main
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.graph import build
 from celeritas_cli.model.placement import Placement
-from celeritas_cli.sim.gantt import OTHER_OPS, PALETTE, gantt_svg, legend_entries, op_colours, write_gantt
+from celeritas_cli.sim.gantt import (
+    OTHER_OPS,
+    PALETTE,
+    gantt_svg,
+    legend_entries,
+    op_colours,
+    write_gantt,
+)
 from celeritas_cli.sim.simulator import lower_bound, simulate
 
 from .conftest import SAMPLES, edge, node

@@ -11,7 +11,12 @@ import random
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.algorithms.milp import auto_resolution, build_model, identical_classes, solve
+from celeritas_cli.algorithms.milp import (
+    auto_resolution,
+    build_model,
+    identical_classes,
+    solve,
+)
 from celeritas_cli.errors import Infeasible, InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.generate import layered

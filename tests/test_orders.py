@@ -11,7 +11,13 @@ from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.costs import CostModel
 from celeritas_cli.model.generate import layered
 from celeritas_cli.model.graph import build
-from celeritas_cli.scheduling.orders import cpd_topo, cut_edges, dfs_topo, m_topo, tlevel_blevel
+from celeritas_cli.scheduling.orders import (
+    cpd_topo,
+    cut_edges,
+    dfs_topo,
+    m_topo,
+    tlevel_blevel,
+)
 
 from .conftest import edge, node
 

@@ -244,8 +244,8 @@ def test_every_parameter_declares_what_it_accepts():
 
 
 def test_coarsen_parameter_ranges():
-    with pytest.raises(InvalidInput, match="'cpd' parameter R: must be >= 1"):
-        registry.get_coarsener("cpd").coerce({"R": 0})
+    with pytest.raises(InvalidInput, match="'cpd' parameter R: must be >= 0"):
+        registry.get_coarsener("cpd").coerce({"R": -1})
     with pytest.raises(InvalidInput, match="'cpd' parameter M: must be a finite number"):
         registry.get_coarsener("cpd").coerce({"M": "nan"})
 

@@ -1,12 +1,16 @@
-"""Celeritas' Adjusting Placement (section 5.2, Algorithm 2).
+"""Celeritas' Adjusting Placement (section 5.2, Algorithm 2), with the data
+transmission of section 6.1 as tasks on the links.
 
 Nodes are visited in CPD-TOPO order.  Each one stays on the device of the
 previous node, ``d_k``, unless another device's earliest start time (EST,
 Eq. 7, with insertion into idle slots) is earlier by more than
 ``back_cost`` (Eq. 8, the longest transfer of its outputs back to ``d_k``)
-- condition Eq. 9.  A device without room for the node has EST = +inf;
-when every device is full, the device with the lowest memory usage takes
-it (best effort).  Run it on the coarse graph of ``placer coarsen``.
+- condition Eq. 9.  The EST counts the queueing of the node's input
+transfers on the links under the congestion rule (Celeritas 6.1: "we treat
+the data transmission process as an additional task"), so Algorithm 2's
+schedule is the simulator's.  A device without room for the node has EST =
++inf; when every device is full, the device with the lowest memory usage
+takes it (best effort).  Run it on the coarse graph of ``placer coarsen``.
 """
 
 from __future__ import annotations
@@ -20,50 +24,76 @@ from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.memory import DeviceMemory
 from ..scheduling.orders import cpd_topo
-from ..scheduling.timeline import Timeline
+from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION
+from ..sim.partial import PartialSchedule
 from .order_place import placement_estimate
 
 INF = math.inf
 
 
-@register("adjusting", paper="Celeritas", section="5.2, Algorithm 2 (Eq. 7-9)",
+@register("adjusting", paper="Celeritas", section="5.2, Algorithm 2 (Eq. 7-9); 6.1 (transfers as tasks)",
           summary="CPD-TOPO order; stay on the previous node's device unless another starts it earlier "
                   "by more than the cost of sending results back (run on a coarse graph).",
           params={"insertion": Param(bool, True, "insert into idle slots when computing EST (Eq. 7)"),
-                  "order": Param(bool, False, "also write each device's execution order (the EST schedule)")})
+                  "order": Param(bool, False, "also write each device's execution order (the EST schedule)"),
+                  "congestion": Param(str, DEFAULT_CONGESTION, "link rule of the EST's transfers (6.1): channel / "
+                                      "port queue them as the simulator does; none = the literal Eq. 7",
+                                      choices=CONGESTION_RULES)})
 def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, insertion: bool = True,
-              order: bool = False) -> Placement:
+              order: bool = False, congestion: str = DEFAULT_CONGESTION) -> Placement:
     """Adjusting Placement (Celeritas Algorithm 2).
 
     For node ``v_i`` of the CPD-TOPO sequence and each device ``d``:
-    ``pre_t = max over in-edges (p, v_i) of Fin_t[p] + c_{p,i}`` (no
-    transfer when ``p`` is on ``d``) and ``EST(d) = max(pre_t, d_ava[d])``
-    where ``d_ava`` is the start of the first idle slot of ``d`` after
-    ``pre_t`` long enough for ``v_i`` (:class:`~celeritas_cli.scheduling.timeline.Timeline`,
-    Eq. 7).  With ``d_k`` the device of ``v_{i-1}`` and ``d_1`` the device
-    with the smallest EST (ties: lowest index), ``v_i`` goes to ``d_1`` if
-    ``EST(d_k) - EST(d_1) > back_cost`` (Eq. 9), else to ``d_k`` if it has
-    room, else (every device full) to the device with the lowest memory
-    usage (best effort).
+    ``pre_t`` = the time every input of ``v_i`` is on ``d`` and ``EST(d) =
+    max(pre_t, d_ava[d])`` where ``d_ava`` is the start of the first idle
+    slot of ``d`` after ``pre_t`` long enough for ``v_i`` (Eq. 7,
+    :meth:`~celeritas_cli.scheduling.timeline.Timeline.slot`).  With ``d_k``
+    the device of ``v_{i-1}`` and ``d_1`` the device with the smallest EST
+    (ties: lowest index), ``v_i`` goes to ``d_1`` if ``EST(d_k) - EST(d_1) >
+    back_cost`` (Eq. 9), else to ``d_k`` if it has room, else (every device
+    full) to the device with the lowest memory usage (best effort).
 
-    Readings where the paper is silent: ``c_{p,i}`` is the real transfer
-    time of the edge over the link ``dev(p) -> d`` (CostModel.comm);
-    ``back_cost = max over out-edges of c`` over the link ``d_1 -> d_k``;
-    the first node has no ``d_k`` and takes ``d_1``.  The paper writes
-    ``argmin Ava_m`` for the best-effort device but says "the device with the
-    lowest memory usage"; the text is followed (fewest bytes used).
-    Colocation: a group is a unit - its first node in the sequence reserves
-    the whole group's memory on the device chosen for it (EST is +inf where
-    the group does not fit), later members go to that device (Celeritas 6.1
-    "first member decides", as in Baechi).  Transfers are not serialised
-    here (the paper's model); the estimate's ``makespan_s`` is the
-    simulator's, ``schedule_makespan_s`` Algorithm 2's own.
+    Transfers as tasks (6.1).  An input from another device is a transfer
+    task on the links of the congestion rule
+    (:class:`~celeritas_cli.sim.links.LinkTimeline`): it becomes ready when
+    its producer finishes, a tensor crosses to a device once, and with
+    ``congestion="channel"`` (default, the simulator's) or ``"port"`` it
+    waits in the simulator's first-in first-out order for the links, in an
+    idle gap when one is long enough; ``pre_t`` is the end of the last
+    input transfer (or the finish of a local producer).  With
+    ``congestion="none"`` a transfer never waits: ``pre_t = max Fin_t[p] +
+    I(d_p) c_{p,i}``, the literal Eq. 7.  Either way Algorithm 2's schedule
+    is the one the simulator runs under that rule: placed nodes keep their
+    per-device order and their times are the simulator's, so with
+    ``order=True`` the estimate's ``schedule_makespan_s`` equals the
+    simulated makespan.
+
+    Readings and deviations where the paper is silent or differs:
+
+    * ``c_{p,i}`` is the transfer time of the tensor over the link
+      ``dev(p) -> d`` (``CostModel.tensor_comm``); ``back_cost = max over
+      out-edges of c`` over the link ``d_1 -> d_k`` (Eq. 8, no queueing);
+      the first node has no ``d_k`` and takes ``d_1``.
+    * The paper fixes ``Fin_t`` of a placed node once.  A transfer that
+      became ready before transfers already queued on its link but is
+      planned after them (its consumer comes later in CPD-TOPO order) goes
+      first in the simulator and delays them; then the placed part is
+      re-timed by the simulator (counted in the estimate's ``retimes``),
+      so ``Fin_t`` stays the real finish time.  The EST of the node being
+      placed does not include such delays of other transfers.
+    * The paper writes ``argmin Ava_m`` for the best-effort device but says
+      "the device with the lowest memory usage"; the text is followed
+      (fewest bytes used).
+    * Colocation: a group is a unit - its first node in the sequence
+      reserves the whole group's memory on the device chosen for it (EST is
+      +inf where the group does not fit), later members go to that device
+      (Celeritas 6.1 "first member decides", as in Baechi).
 
     Parameters
     ----------
     graph : Graph
         Usually a coarse graph; any graph works (O(k (V + E)) plus the slot
-        search of the timeline).
+        searches, plus one simulation of the placed part per re-time).
     cluster : Cluster
     seed : int
         Unused (deterministic).
@@ -71,8 +101,12 @@ def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel
         Insertion-based EST (the paper's rule); False appends only.
     order : bool
         Write the per-device order of the EST schedule into the placement
-        (the simulator then follows it strictly).  Default off: the paper's
-        output is a device per node.
+        (the simulator then follows it strictly and its makespan is
+        ``schedule_makespan_s``).  Default off: the paper's output is a
+        device per node (the simulator then orders by upward rank).
+    congestion : {"channel", "port", "none"}
+        Link rule of the transfers in the EST (default: the simulator's
+        default).  The estimate's ``makespan_s`` is simulated under it.
 
     Returns
     -------
@@ -81,7 +115,7 @@ def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel
 
     References
     ----------
-    Celeritas 5.2, Eq. 7-9, Algorithm 2; 6.1 (colocation).
+    Celeritas 5.2, Eq. 7-9, Algorithm 2; 6.1 (colocation, transfers as tasks).
 
     Example
     -------
@@ -90,51 +124,39 @@ def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel
     >>> nd = lambda i: {"id": i, "compute_s": 1.0, "memory_bytes": 0}
     >>> g = build("fork", [nd("r"), nd("a"), nd("b")],
     ...           [{"src": "r", "dst": "a", "bytes": 10}, {"src": "r", "dst": "b", "bytes": 10}])
-    >>> p = adjusting(g, uniform(2, bandwidth=100.0, latency=0.0))
+    >>> p = adjusting(g, uniform(2, bandwidth=100.0, latency=0.0), order=True)
     >>> sorted(set(p.assignment.values()))   # b moves: 1.1 start beats 2.0 by > 0
     ['gpu0', 'gpu1']
+    >>> p.estimate["schedule_makespan_s"] == p.estimate["makespan_s"] == 2.1
+    True
     """
     costs = cost_model(graph, cluster, costs)
-    k, n = cluster.k, graph.n
+    k = cluster.k
     seq = cpd_topo(graph, costs)
-    time = costs.time
     comm = costs.comm
-    src = graph.edge_src
-    in_edges, out_edges = graph.in_edges, graph.out_edges
+    out_edges = graph.out_edges
     mem = DeviceMemory(graph, cluster)
-    tl = Timeline(k)
-    fin = [0.0] * n
-    dev = [-1] * n
-    start_of = [0.0] * n
+    sch = PartialSchedule(graph, cluster, costs, congestion, insertion)
     dk = -1
     moves = 0
     best_effort = 0
-
-    def est_on(v: int, d: int) -> float:
-        pre = 0.0
-        for e in in_edges[v]:
-            p = src[e]
-            t = fin[p] if dev[p] == d else fin[p] + comm(e, dev[p], d)
-            if t > pre:
-                pre = t
-        return tl.earliest_start(d, pre, time[v][d], insertion)
-
     for v in seq:
         forced = mem.pinned_device(v)
         if forced >= 0:
             d = forced
-            s = est_on(v, d)
+            s, pos, plan = sch.est(v, d)
         else:
-            est = [est_on(v, d) if mem.fits(v, d) else INF for d in range(k)]
-            d1 = min(range(k), key=lambda x: (est[x], x))
+            ests = [sch.est(v, x) if mem.fits(v, x) else (INF, 0, []) for x in range(k)]
+            d1 = min(range(k), key=lambda x: (ests[x][0], x))
             if dk < 0:
                 dk = d1
-            if est[d1] == INF:  # all devices are out of memory: best effort, lowest usage
+            if ests[d1][0] == INF:  # all devices are out of memory: best effort, lowest usage
                 d = mem.fallback(v, rule="least_used")
-                s = est_on(v, d)
+                s, pos, plan = sch.est(v, d)
                 best_effort += 1
-            elif est[dk] == INF:  # d_k full: earliest device with room (Eq. 9 with EST(d_k) = inf)
-                d, s = d1, est[d1]
+            elif ests[dk][0] == INF:  # d_k full: earliest device with room (Eq. 9 with EST(d_k) = inf)
+                d = d1
+                s, pos, plan = ests[d1]
             else:
                 back = 0.0
                 if d1 != dk:
@@ -142,23 +164,19 @@ def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel
                         c = comm(e, d1, dk)
                         if c > back:
                             back = c
-                if est[dk] - est[d1] > back:  # Eq. 9
-                    d, s = d1, est[d1]
-                else:
-                    d, s = dk, est[dk]
+                d = d1 if ests[dk][0] - ests[d1][0] > back else dk  # Eq. 9
+                s, pos, plan = ests[d]
             if d != dk:
                 moves += 1
             mem.place(v, d)
-        f = s + time[v][d]
-        tl.reserve(d, s, f, v)
-        dev[v] = d
-        fin[v] = f
-        start_of[v] = s
+        sch.commit(v, d, s, pos, plan)
         dk = d
-    sched_ms = max(fin) if n else 0.0
-    per_dev = [tl.order(d) for d in range(k)] if order else None
-    est_doc = placement_estimate(graph, cluster, dev, costs, mem.load,
+    sched_ms = sch.makespan
+    per_dev = sch.order() if order else None
+    est_doc = placement_estimate(graph, cluster, sch.dev, costs, mem.load,
                                  {"schedule_makespan_s": sched_ms, "device_changes": moves,
-                                  "best_effort_nodes": best_effort}, order=per_dev)
-    return Placement.from_indices(graph, cluster, dev, algorithm="adjusting", seed=seed, order=per_dev,
-                                  params={"insertion": insertion, "order": order}, estimate=est_doc)
+                                  "best_effort_nodes": best_effort, "retimes": sch.retimes,
+                                  "congestion": congestion}, order=per_dev, congestion=congestion)
+    return Placement.from_indices(graph, cluster, sch.dev, algorithm="adjusting", seed=seed, order=per_dev,
+                                  params={"insertion": insertion, "order": order, "congestion": congestion},
+                                  estimate=est_doc)

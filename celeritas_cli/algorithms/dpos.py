@@ -22,6 +22,7 @@ from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.memory import DeviceMemory
 from ..scheduling.timeline import Timeline
+from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION, InputArrivals
 
 
 @dataclass
@@ -45,85 +46,6 @@ class DposResult:
     oom: bool
 
 
-class Links:
-    """Arrival times of a node's inputs on a candidate device, shared by the
-    list schedulers here (DPOS, FD-DPS).
-
-    ``congestion="none"`` is the papers' model: an input from device ``a``
-    arrives ``ĉ = latency + bytes / bandwidth`` after its producer finishes
-    (0 on the same device).  ``congestion="channel"`` also models the
-    simulator's rule that a directed link carries one transfer at a time:
-    each link keeps the time it becomes free, a node's remote inputs are
-    queued on their links in order of readiness (ties by tensor id), a
-    tensor already sent to the device is not sent again, and the
-    reservations are committed when the node is placed.  Reservations are
-    appended in placement order, so this is an estimate of the simulator's
-    FIFO queues, not an exact replay.
-    """
-
-    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, congestion: str = "channel"):
-        self.graph = graph
-        self.costs = costs
-        self.channel = congestion == "channel"
-        k = cluster.k
-        self.free = [[0.0] * k for _ in range(k)]
-        self.sent: dict[tuple[int, int], float] = {}
-
-    def ready(self, v: int, d: int, finish: list[float], device_of: list[int]) -> tuple[float, list]:
-        """(time all inputs of *v* are on device *d*, reservations to commit)."""
-        g = self.graph
-        r = 0.0
-        if not self.channel:
-            comm = self.costs.comm
-            for e in g.in_edges[v]:
-                p = g.edge_src[e]
-                dp = device_of[p]
-                t = finish[p] if dp == d else finish[p] + comm(e, dp, d)
-                if t > r:
-                    r = t
-            return r, []
-        items = []
-        sent = self.sent
-        for e in g.in_edges[v]:
-            p = g.edge_src[e]
-            dp = device_of[p]
-            if dp == d:
-                if finish[p] > r:
-                    r = finish[p]
-                continue
-            t = g.edge_tensor[e]
-            got = sent.get((t, d))
-            if got is not None:
-                if got > r:
-                    r = got
-                continue
-            items.append((finish[p], t, dp, e))
-        if not items:
-            return r, []
-        items.sort()
-        local: dict[int, float] = {}
-        plan = []
-        seen: set[int] = set()
-        comm = self.costs.comm
-        for fp, t, a, e in items:
-            if t in seen:
-                continue
-            seen.add(t)
-            cf = local.get(a, self.free[a][d])
-            end = (fp if fp > cf else cf) + comm(e, a, d)
-            local[a] = end
-            plan.append((t, a, end))
-            if end > r:
-                r = end
-        return r, plan
-
-    def commit(self, d: int, plan: list) -> None:
-        for t, a, end in plan:
-            self.sent[(t, d)] = end
-            if end > self.free[a][d]:
-                self.free[a][d] = end
-
-
 def critical_path_by_rank(graph: Graph, rank: list[float]) -> list[int]:
     """FastT 5.1: start from the entry operation of largest rank, then
     repeatedly take the successor of largest rank (ties by topological
@@ -140,7 +62,7 @@ def critical_path_by_rank(graph: Graph, rank: list[float]) -> list[int]:
 
 
 def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None,
-                  insertion: bool = True, congestion: str = "channel") -> DposResult:
+                  insertion: bool = True, congestion: str = DEFAULT_CONGESTION) -> DposResult:
     """Run DPOS (FastT Algorithm 1) on *graph*.
 
     Steps, with the paper's line numbers:
@@ -166,9 +88,9 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
       devices with enough free memory (line 13: EFT = +inf otherwise),
       ties by device index.  ``EST(o, d) = max(avail, max_pred FT(p) +
       ĉ(p, o, d))`` with the actual transfer time ``ĉ`` (0 on the same
-      device; with ``congestion="channel"`` it includes waiting for a busy
-      link, :class:`Links`) and ``avail`` the first idle slot that fits
-      (insertion).
+      device; with ``congestion="channel"`` or ``"port"`` it includes
+      waiting for busy links, :class:`~celeritas_cli.sim.links.InputArrivals`)
+      and ``avail`` the first idle slot that fits (insertion).
     * colocation: a group is placed as a whole; once one member has a
       device, every other member goes there (for a CP member this
       overrides nothing because CP groups are fixed in line 5).
@@ -187,7 +109,8 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
     insertion : bool
         Insert into idle slots (the paper) or only append.
     congestion : str
-        ``"channel"`` or ``"none"``, see :class:`Links`.
+        ``"channel"``, ``"port"`` or ``"none"``, see
+        :class:`~celeritas_cli.sim.links.InputArrivals`.
 
     Returns
     -------
@@ -265,7 +188,7 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
     device_of = [-1] * n
     start = [0.0] * n
     finish = [0.0] * n
-    links = Links(graph, cluster, costs, congestion)
+    links = InputArrivals(graph, costs, congestion)
     for v in order:
         if cp_dev[v] != -1:
             cands = [cp_dev[v]]
@@ -295,12 +218,13 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
 @register("dpos", paper="FastT (Yi et al., CoNEXT 2020)", section="5.1, Algorithm 1",
           summary="DPOS: max-cost rank_u list scheduling, critical-path device, min-EFT insertion, "
                   "execution order.",
-          params={"congestion": Param(str, "channel", "link model of EST: 'none' = the paper's "
-                                      "(transfer = latency + bytes/bandwidth), 'channel' = also queue on busy links",
-                                      choices=("channel", "none")),
+          params={"congestion": Param(str, DEFAULT_CONGESTION, "link model of EST: 'none' = the paper's "
+                                      "(transfer = latency + bytes/bandwidth), 'channel' / 'port' = also queue on "
+                                      "busy links (the simulator's rules)",
+                                      choices=CONGESTION_RULES),
                   "insertion": Param(bool, True, "insert into idle slots (the paper) or only append")})
-def dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, congestion: str = "channel",
-         insertion: bool = True) -> Placement:
+def dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+         congestion: str = DEFAULT_CONGESTION, insertion: bool = True) -> Placement:
     """FastT's DPOS placement and execution order (see :func:`dpos_schedule`).
 
     Deterministic; *seed* is unused (ties are broken by topological index
@@ -313,9 +237,9 @@ def dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         Unused.
     congestion : str
         ``"none"``: the paper's EST, ``FT(p) + ĉ`` with ĉ the link's latency
-        + bytes / bandwidth.  ``"channel"`` (default): ĉ also waits for the
-        link to be free, as the simulator's default congestion rule does
-        (see :class:`Links`); FastT's cost model is the *measured* transfer
+        + bytes / bandwidth.  ``"channel"`` (default) / ``"port"``: ĉ also
+        waits for the links to be free, as the simulator's rule of that name
+        does (:class:`~celeritas_cli.sim.links.InputArrivals`); FastT's cost model is the *measured* transfer
         time, which includes that queueing, and on graphs with a CCR of 20
         the congestion-free estimate spreads nodes over devices whose links
         then saturate.
@@ -327,6 +251,30 @@ def dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     Placement
         With ``order`` (per-device execution order) and ``estimate``
         (DPOS's FT of the exit operation; status ``FEASIBLE`` or ``OOM``).
+
+    Notes
+    -----
+    Judge DPOS under the congestion rule it planned for.  Random layered
+    DAGs with CCR 30 on 4xV100-pcie, simulated makespans (s), judged under
+    ``channel`` / ``none``:
+
+    ===========================  ===========  ===========  ===========  ===========
+    placement                    500 channel  500 none     8k channel   8k none
+    ===========================  ===========  ===========  ===========  ===========
+    dpos (default ``channel``)   0.90         0.37         10.5         3.49
+    dpos ``congestion=none``     1.07         0.22         14.3         2.01
+    heft (contention-free plan)  1.80         0.24         14.6         2.01
+    ===========================  ===========  ===========  ===========  ===========
+
+    Judged without congestion the default DPOS is 1.5-1.9x slower than HEFT
+    (the report "DPOS is 5-6x worse than HEFT on layered graphs with CCR
+    30"): it budgets for queueing that judge does not charge and keeps 40%
+    of the nodes on its critical-path device.  Planned for the judge's rule
+    it matches or beats HEFT (0.22 vs 0.24 s, 2.01 vs 2.01 s), so neither the
+    critical-path device nor the max-cost ranks of FastT 5.1 cause the gap;
+    under the simulator's default rule DPOS is 1.4-2x faster than HEFT,
+    whose contention-free plan saturates the links
+    (``tests/test_fastt.py::test_dpos_versus_heft_depends_on_the_judges_congestion_rule``).
 
     Example
     -------
@@ -341,7 +289,7 @@ def dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     FastT (Yi et al., "Optimizing distributed training deployment in
     heterogeneous GPU clusters", CoNEXT 2020), section 5.1, Algorithm 1.
     """
-    res = dpos_schedule(graph, cluster, insertion=insertion, congestion=congestion)
+    res = dpos_schedule(graph, cluster, costs, insertion=insertion, congestion=congestion)
     return Placement.from_indices(graph, cluster, res.device_of, algorithm="dpos", order=res.order, seed=seed,
                                   estimate={"makespan_s": res.makespan,
                                             "status": "OOM" if res.oom else "FEASIBLE"})

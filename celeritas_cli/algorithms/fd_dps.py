@@ -25,8 +25,8 @@ from ..scheduling.memory import DeviceMemory
 from ..scheduling.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
 from ..scheduling.splitting import split_operation
 from ..scheduling.timeline import Timeline
+from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION, InputArrivals
 from ..sim.simulator import makespan_of
-from .dpos import Links
 
 DEFAULT_EPS = 1.0e-9
 
@@ -101,7 +101,8 @@ def node_priority(est: float, lst: float, eps: float = DEFAULT_EPS) -> float:
 
 
 def fd_dps_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None, *,
-                    eps: float = DEFAULT_EPS, fallback: str = "lowest-priority", congestion: str = "channel"):
+                    eps: float = DEFAULT_EPS, fallback: str = "lowest-priority",
+                    congestion: str = DEFAULT_CONGESTION):
     """Schedule *graph* by FD-DPS; returns ``(device_of, order, finish,
     makespan, oom, n_critical)`` at index level.  See :func:`fd_dps`."""
     costs = cost_model(graph, cluster, costs)
@@ -113,7 +114,7 @@ def fd_dps_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = No
     b = upward_rank(graph, lambda v: wbar[v], lambda e: cbar[e])
     topo = graph.topo_index()
     in_edges, out_edges, esrc, edst = graph.in_edges, graph.out_edges, graph.edge_src, graph.edge_dst
-    links = Links(graph, cluster, costs, congestion)
+    links = InputArrivals(graph, costs, congestion)
 
     mem = DeviceMemory(graph, cluster)  # budget = device memory; best effort "most_free"
 
@@ -227,9 +228,10 @@ def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int
           params={"eps": Param(float, DEFAULT_EPS, "the non-zero constant of NP = 1/(LST-EST+eps) (s)", gt=0),
                   "fallback": Param(str, "lowest-priority", "device when none lets the node start by its LST",
                                     choices=("lowest-priority", "eft")),
-                  "congestion": Param(str, "channel", "link model of Find_Slot's EST: 'none' = transfer = "
-                                      "latency + bytes/bandwidth, 'channel' = also queue on busy links",
-                                      choices=("channel", "none")),
+                  "congestion": Param(str, DEFAULT_CONGESTION, "link model of Find_Slot's EST and of the "
+                                      "split/unsplit comparison: 'none' = transfer = latency + bytes/bandwidth, "
+                                      "'channel' / 'port' = also queue on busy links (the simulator's rules)",
+                                      choices=CONGESTION_RULES),
                   "split": Param(bool, False, "split critical splittable operators first (section 4.1)"),
                   "split_parts": Param(int, 0, "parts per split operator (0 = number of devices)", min=0, max=1024,
                                        check=lambda v: "must be 0 or >= 2" if v == 1 else None),
@@ -238,7 +240,7 @@ def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int
                                       max=TIME_MAX)},
           quick_params={})
 def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, eps: float = DEFAULT_EPS,
-           fallback: str = "lowest-priority", congestion: str = "channel", split: bool = False,
+           fallback: str = "lowest-priority", congestion: str = DEFAULT_CONGESTION, split: bool = False,
            split_parts: int = 0, max_splits: int = 8, overhead_s: float = DEFAULT_OVERHEAD_S) -> Placement:
     """FD-DPS placement and execution order.
 
@@ -271,9 +273,10 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
       the node's EST is recomputed with zero communication from parents on
       that device, and the slot is the first gap between placed nodes that
       fits (:class:`~celeritas_cli.scheduling.timeline.Timeline` insertion).  With
-      ``congestion="channel"`` (default) a remote input's arrival also
-      waits for its link to be free (:class:`~.dpos.Links`, the simulator's
-      default rule); ``"none"`` is the congestion-free reading.  A placed
+      ``congestion="channel"`` (default) or ``"port"`` a remote input's
+      arrival also waits for its links to be free
+      (:class:`~celeritas_cli.sim.links.InputArrivals`, the simulator's
+      rules); ``"none"`` is the congestion-free reading.  A placed
       node's start is fixed ("the scheduling process cannot affect the
       execution of scheduled nodes"), so its LST is its start and Formula
       11's "time < LST(next) - EFT(prev)" is the timeline's gap test.  A
@@ -299,9 +302,9 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
       :func:`~celeritas_cli.scheduling.splitting.split_operation` (the
       split cost model of :mod:`celeritas_cli.scheduling.split_cost`, shared
       with OS-DPOS and data parallelism); both graphs are scheduled and the
-      one with the smaller simulated makespan is kept (the split graph
-      travels in ``Placement.split_graph``, its recipe in
-      ``Placement.derivation``).
+      one with the smaller simulated makespan (under *congestion*, the rule
+      the schedules were planned for) is kept (the split graph travels in
+      ``Placement.split_graph``, its recipe in ``Placement.derivation``).
 
     Complexity: O((V + E)·k + V log V) plus the timeline's gap search.
 
@@ -341,8 +344,8 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
             c2 = costs.for_graph(g_split)
             d2, o2, _, ms2, oom2, nc2 = fd_dps_schedule(g_split, cluster, c2, eps=eps, fallback=fallback,
                                                              congestion=congestion)
-            sim1 = makespan_of(graph, cluster, device_of, order, costs=costs)
-            sim2 = makespan_of(g_split, cluster, d2, o2, costs=c2)
+            sim1 = makespan_of(graph, cluster, device_of, order, congestion=congestion, costs=costs)
+            sim2 = makespan_of(g_split, cluster, d2, o2, congestion=congestion, costs=c2)
             estimate["unsplit_simulated_s"] = sim1
             estimate["split_simulated_s"] = sim2
             if sim2 < sim1:

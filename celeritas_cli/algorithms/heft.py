@@ -13,8 +13,9 @@ The classic list scheduler the device-placement papers compare against
    rank, ties by topological index (so a predecessor always comes first).
 2. **Device selection** (Eq. 3-6): for each device, the data-ready time is
    the latest input arrival (``finish(p) + comm`` for a remote producer,
-   ``finish(p)`` for a local one; HEFT's contention-free model, so a tensor
-   sent to a device once serves its other consumers there), and the
+   ``finish(p)`` for a local one; HEFT's contention-free model, the
+   ``none`` rule of :class:`~celeritas_cli.sim.links.InputArrivals`, so a
+   tensor sent to a device once serves its other consumers there), and the
    earliest start is the first idle slot of the device's timeline that
    holds the node (insertion-based policy, :class:`~celeritas_cli.scheduling.timeline.Timeline`).
    The node goes to the device with the smallest earliest *finish* time,
@@ -40,6 +41,7 @@ from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.memory import DeviceMemory
 from ..scheduling.timeline import Timeline
+from ..sim.links import InputArrivals
 
 
 @register("heft", paper="Topcuoglu et al., IEEE TPDS 2002", section="4.1 (Eq. 3-8)",
@@ -88,18 +90,13 @@ def heft(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     tl = Timeline(k)
     dev_of = [-1] * n
     finish = [0.0] * n
-    in_tensors = [sorted({graph.edge_tensor[e] for e in graph.in_edges[v]}) for v in range(n)]
+    inputs = InputArrivals(graph, costs, "none")  # HEFT's contention-free links
     for v in prio:
         best = (math.inf, k, 0.0)
         for d in range(k):
             if not mem.allowed(v, d):
                 continue
-            ready = 0.0
-            for t in in_tensors[v]:
-                p = graph.tensor_src[t]
-                arr = finish[p] + costs.tensor_comm(t, dev_of[p], d)
-                if arr > ready:
-                    ready = arr
+            ready = inputs.ready(v, d, finish, dev_of)[0]
             dur = costs.time[v][d]
             s = tl.earliest_start(d, ready, dur, insertion=insertion)
             if (s + dur, d) < best[:2]:

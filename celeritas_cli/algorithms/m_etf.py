@@ -18,7 +18,8 @@ predecessors have *finished* (as in Baechi's event loop).
 
 Communication is estimated the way the simulator runs it: a tensor crosses
 to a given device once (later consumers there reuse it) and each directed
-channel carries one transfer at a time (the simulator's ``channel`` rule).
+channel carries one transfer at a time (the simulator's ``channel`` rule,
+:class:`~celeritas_cli.sim.links.InputArrivals`).
 Memory is checked per device (Baechi's "m-"): a node is proposed only by
 devices whose load plus its memory fits; a colocation group is charged in
 full and pinned when its first member is placed (Baechi's and Celeritas
@@ -47,7 +48,10 @@ from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import register
-from ..scheduling.memory import DeviceMemory  # importers of ``.m_etf.DeviceMemory`` keep working
+from ..scheduling.memory import (
+    DeviceMemory,  # importers of ``.m_etf.DeviceMemory`` keep working
+)
+from ..sim.links import InputArrivals
 
 
 @dataclass
@@ -84,8 +88,7 @@ def etf_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None,
     time = costs.time
     ti = graph.topo_index()
     mem = DeviceMemory(graph, cluster)
-    in_tensors = [sorted({graph.edge_tensor[e] for e in graph.in_edges[v]}) for v in range(n)]
-    tensor_src = graph.tensor_src
+    inputs = InputArrivals(graph, costs, "channel")
 
     dev_of = [-1] * n
     start = [math.nan] * n
@@ -93,8 +96,6 @@ def etf_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None,
     free_at = [0.0] * k
     last = [-1] * k
     order: list[list[int]] = [[] for _ in range(k)]
-    chan_free = [[0.0] * k for _ in range(k)]
-    arrival: dict[tuple[int, int], float] = {}
     # dr[v][d]: time v's inputs can be on d (NaN = stale); only for ready v
     dr: list[list[float] | None] = [None] * n
     need = [len(graph.pred[v]) for v in range(n)]
@@ -111,35 +112,9 @@ def etf_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None,
         if need[v] == 0:
             add_ready(v)
 
-    def data_ready(v: int, d: int, commit: bool = False) -> float:
-        """When all of v's input tensors can be on d (reserving channels
-        and recording arrivals when *commit*)."""
-        t_ready = 0.0
-        pending: dict[int, list[tuple[float, int, int]]] = {}
-        for t in in_tensors[v]:
-            p = tensor_src[t]
-            a = dev_of[p]
-            if a == d:
-                if finish[p] > t_ready:
-                    t_ready = finish[p]
-                continue
-            arr = arrival.get((t, d))
-            if arr is not None:
-                if arr > t_ready:
-                    t_ready = arr
-                continue
-            pending.setdefault(a, []).append((finish[p], p, t))
-        for a in sorted(pending):
-            cur = chan_free[a][d]
-            for fin, _p, t in sorted(pending[a]):
-                cur = max(cur, fin) + costs.tensor_comm(t, a, d)
-                if commit:
-                    arrival[(t, d)] = cur
-            if commit:
-                chan_free[a][d] = cur
-            if cur > t_ready:
-                t_ready = cur
-        return t_ready
+    def data_ready(v: int, d: int) -> float:
+        """When all of v's input tensors can be on d (the channels' queues as reserved so far)."""
+        return inputs.ready(v, d, finish, dev_of)[0]
 
     def get_dr(v: int, d: int) -> float:
         row = dr[v]
@@ -151,8 +126,9 @@ def etf_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None,
 
     def commit(v: int, d: int, now: float) -> None:
         nonlocal done
-        remote = any(dev_of[tensor_src[t]] != d and (t, d) not in arrival for t in in_tensors[v])
-        ready_t = data_ready(v, d, commit=True)
+        ready_t, plan = inputs.ready(v, d, finish, dev_of)
+        inputs.commit(d, plan)
+        remote = bool(plan)
         s = max(now, free_at[d], ready_t)
         f = s + time[v][d]
         dev_of[v] = d
@@ -261,7 +237,8 @@ def etf_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None,
     return EtfResult(dev_of, order, start, finish, makespan, mem.status())
 
 
-@register("m-etf", paper="Baechi (Jeon et al., SoCC 2020)", section="m-ETF (released placer/m_etf.py); Celeritas Table 3",
+@register("m-etf", paper="Baechi (Jeon et al., SoCC 2020)",
+          section="m-ETF (released placer/m_etf.py); Celeritas Table 3",
           summary="Memory-constrained Earliest Task First list scheduling (emits per-device order).")
 def m_etf(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None) -> Placement:
     """Place and order *graph* with Baechi's m-ETF (module docstring).

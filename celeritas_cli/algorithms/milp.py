@@ -71,7 +71,14 @@ from ..model.graph import Graph
 from ..model.limits import TIME_MAX
 from ..model.placement import Placement
 from ..registry import Param, register
-from ..sim.simulator import CONGESTION_RULES, Schedule, check_colocation, lower_bound, run_schedule
+from ..sim.links import LinkState
+from ..sim.simulator import (
+    CONGESTION_RULES,
+    Schedule,
+    check_colocation,
+    lower_bound,
+    run_schedule,
+)
 
 HINT_CHAIN = ("adjusting", "heft", "single-device")
 TOO_LARGE = 5000      # nodes: above this the model is not built (return the hint)
@@ -511,9 +518,7 @@ def _integer_schedule(graph: Graph, hint: _Hint, dur: list[list[int]], comm: lis
     tstart: dict[tuple[int, int], int] = {}
     tend: dict[tuple[int, int], int] = {}
     dev_free = [0] * k
-    chan_free: dict[tuple[int, int], int] = {}
-    up_free: dict[int, int] = {}
-    down_free: dict[int, int] = {}
+    send = LinkState(k, congestion, zero=0).send
     for _, _, _, kind, ident in tasks:
         if kind == 0:
             v = ident
@@ -532,18 +537,9 @@ def _integer_schedule(graph: Graph, hint: _Hint, dur: list[list[int]], comm: lis
             t, b = ident
             p = graph.tensor_src[t]
             a = dev[p]
-            s = iend[p]
-            if congestion == "channel":
-                s = max(s, chan_free.get((a, b), 0))
-            elif congestion == "port":
-                s = max(s, up_free.get(a, 0), down_free.get(b, 0))
-            f = s + comm[t][a][b]
-            if congestion == "channel":
-                chan_free[(a, b)] = f
-            elif congestion == "port":
-                up_free[a] = down_free[b] = f
+            s = send(a, b, iend[p], comm[t][a][b])
             tstart[(t, b)] = s
-            tend[(t, b)] = f
+            tend[(t, b)] = s + comm[t][a][b]
     return ist, tstart, max(iend, default=0)
 
 

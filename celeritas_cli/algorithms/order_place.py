@@ -15,6 +15,7 @@ from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.memory import DeviceMemory
 from ..scheduling.orders import cpd_topo
+from ..sim.links import DEFAULT_CONGESTION
 from ..sim.simulator import lower_bound, run_schedule
 
 #: graphs up to this many nodes get a simulated makespan in the estimate
@@ -22,15 +23,17 @@ SIMULATE_MAX_NODES = 50_000
 
 
 def placement_estimate(graph: Graph, cluster: Cluster, device_of: list[int], costs: CostModel,
-                       used: list[int], extra: dict | None = None, order=None) -> dict:
+                       used: list[int], extra: dict | None = None, order=None,
+                       congestion: str = DEFAULT_CONGESTION) -> dict:
     """The estimate block shared by Order-Place and Adjusting Placement:
-    memory status, the simulated makespan of *device_of* on *graph* (the
-    simulator's default channel congestion; skipped on huge graphs) and the
-    lower bound."""
+    memory status, the simulated makespan of *device_of* on *graph* (under
+    *congestion*, by default the simulator's default; skipped on huge
+    graphs) and the lower bound."""
     ok = all(used[d] <= cluster.devices[d].memory for d in range(cluster.k))
     est: dict = {"status": "FEASIBLE" if ok else "OOM"}
     if graph.n <= SIMULATE_MAX_NODES:
-        est["makespan_s"] = run_schedule(graph, cluster, device_of, order, costs=costs).makespan
+        est["makespan_s"] = run_schedule(graph, cluster, device_of, order, congestion=congestion,
+                                         costs=costs).makespan
         est["lower_bound_s"] = lower_bound(graph, cluster, costs)
     est["memory_bytes"] = {cluster.ids[d]: used[d] for d in range(cluster.k)}
     if extra:

@@ -29,6 +29,7 @@ from ..scheduling.derivation import attach, data_parallel_step, split_step
 from ..scheduling.replicate import data_parallel_graph
 from ..scheduling.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
 from ..scheduling.splitting import split_operation
+from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION
 from ..sim.simulator import critical_path, run_schedule
 from .data_parallel import replica_devices
 from .dpos import dpos_schedule
@@ -74,16 +75,16 @@ def start_graph(graph: Graph, cluster: Cluster, start: str, overhead_s: float) -
           params={"max_ops": Param(int, 8, "critical-path operations tried at most (0 = all)", min=0),
                   "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)", min=0,
                                       max=TIME_MAX),
-                  "congestion": Param(str, "channel", "congestion rule of DPOS's link model and of the scoring "
-                                      "simulation",
-                                      choices=("channel", "port", "none")),
+                  "congestion": Param(str, DEFAULT_CONGESTION, "congestion rule of DPOS's link model and of the "
+                                      "scoring simulation",
+                                      choices=CONGESTION_RULES),
                   "start": Param(str, "auto", "input graph: auto = the data-parallel graph when the model fits one "
                                  "device (FastT 5.2), else the DAG; dag; data-parallel; best = run from both and "
                                  "keep the faster (not in the paper)", choices=STARTS),
                   "verbose": Param(bool, False, "log each trial to stderr")},
           quick_params={"max_ops": 2})
 def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, max_ops: int = 8,
-            overhead_s: float = DEFAULT_OVERHEAD_S, congestion: str = "channel", start: str = "auto",
+            overhead_s: float = DEFAULT_OVERHEAD_S, congestion: str = DEFAULT_CONGESTION, start: str = "auto",
             verbose: bool = False) -> Placement:
     """FastT Algorithm 2 (OS-DPOS).
 
@@ -148,9 +149,8 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
         Sub-operation overhead of the split cost model
         (:mod:`celeritas_cli.scheduling.splitting`).
     congestion : str
-        Congestion rule of the scoring simulation; DPOS's own link model
-        (:class:`~.dpos.Links`) is ``"none"`` for ``"none"`` and
-        ``"channel"`` otherwise.
+        Congestion rule of the scoring simulation and of DPOS's own link
+        model (:class:`~celeritas_cli.sim.links.InputArrivals`).
     start : str
         ``auto``, ``dag``, ``data-parallel`` or ``best`` (see above).
     verbose : bool
@@ -184,10 +184,9 @@ def _search(graph: Graph, cluster: Cluster, costs: CostModel, start: str, max_op
     """Algorithm 2 from the input graph *start* chooses (:func:`os_dpos`);
     returns the final graph, its plan, the recipe steps and the estimate."""
     k = cluster.k
-    model = "none" if congestion == "none" else "channel"
     g0, steps = start_graph(graph, cluster, start, overhead_s)
     c0 = costs.for_graph(g0)
-    r0 = dpos_schedule(g0, cluster, c0, congestion=model)
+    r0 = dpos_schedule(g0, cluster, c0, congestion=congestion)
     plan = _Plan(r0.device_of, r0.order, r0.makespan, r0.oom)
     best_ms, sched = _score(g0, cluster, plan, c0, congestion)
     estimate: dict = {"input": "data-parallel" if steps else "dag", "start": "dpos"}
@@ -217,7 +216,7 @@ def _search(graph: Graph, cluster: Cluster, costs: CostModel, start: str, max_op
             for parts in range(2, k + 1):
                 g_new = split_operation(g_cur, nid, dim, parts, overhead_s=overhead_s)
                 c_new = costs.for_graph(g_new)
-                r_new = dpos_schedule(g_new, cluster, c_new, congestion=model)
+                r_new = dpos_schedule(g_new, cluster, c_new, congestion=congestion)
                 ms, _ = _score(g_new, cluster, r_new, c_new, congestion)
                 if verbose:
                     print(f"os-dpos: {nid} {dim} x{parts}: {ms:.6g} s (current {best_ms:.6g} s)", file=sys.stderr)

@@ -11,7 +11,14 @@ from .. import registry
 from ..log import warn
 from ..model.costs import cost_model
 from ..model.io import load_graph
-from .common import cluster_option, emit, get_cluster, output_option, parse_params, stdin_is_tty
+from .common import (
+    cluster_option,
+    emit,
+    get_cluster,
+    output_option,
+    parse_params,
+    stdin_is_tty,
+)
 
 
 class _MethodChoice(click.Choice):
@@ -39,10 +46,12 @@ def _fmt_bytes(b: float) -> str:
 @click.option("--method", "-m", type=_MethodChoice(), default="cpd", show_default=True,
               help="Coarsening method (from the registry).")
 @click.option("--R", "R", type=int, default=None, metavar="N",
-              help="cpd: exploration range, max nodes per cluster (Celeritas Eq. 6; default 200).")
+              help="cpd: exploration range, max nodes per cluster (Celeritas Eq. 6; default: the paper's 200, "
+                   "lowered so the coarse graph keeps at least 3 nodes per device).")
 @click.option("--M", "M", type=float, default=None, metavar="X",
               help="cpd: memory cap per cluster, a fraction of the smallest device memory if <= 1, "
-                   "else bytes (default 0.25).")
+                   "else bytes (default 0.25; never above the packing bound that keeps a graph that fits "
+                   "the devices placeable).")
 @cluster_option
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Method parameter, repeatable (for methods other than cpd, or to set cpd's).")
@@ -88,4 +97,9 @@ def coarsen(graph_path, method, R, M, cluster_path, params, output):
          f"nodes {graph.n} -> {coarse.n} ({factor:.1f}x fewer), edges {graph.m} -> {coarse.m}, "
          f"CCR {ccr0:.3f} -> {ccr1:.3f}, largest node {_fmt_bytes(max(coarse.memory, default=0))}, "
          f"{dt:.3f} s")
+    info = coarse.meta.get("cpd") if method == "cpd" else None
+    if info:
+        chosen = " (chosen from the graph; --R / --M override)" if R is None and M is None and not params else ""
+        split = f", {info['split_units']} colocation units split to stay placeable" if info.get("split_units") else ""
+        warn(f"placer: cpd R={info['R']}, memory cap {_fmt_bytes(info['M_bytes'])} per cluster{chosen}{split}")
     emit(coarse.to_dict(), output)

@@ -7,7 +7,13 @@ from __future__ import annotations
 import click
 
 from .. import registry
-from ..compare import FORMATS, NOT_BY_DEFAULT, CompareOptions, default_algorithms, run_compare
+from ..compare import (
+    FORMATS,
+    NOT_BY_DEFAULT,
+    CompareOptions,
+    default_algorithms,
+    run_compare,
+)
 from ..compare.formats import CSV_DIGITS
 from ..log import warn
 from ..model.io import load_cluster

@@ -8,7 +8,12 @@ import click
 
 from ..model.jsonio import write_bytes
 from .common import stderr_console
-from .run_cmd import check_exportable, load_inputs, parse_device_map, placed_step_options
+from .run_cmd import (
+    check_exportable,
+    load_inputs,
+    parse_device_map,
+    placed_step_options,
+)
 
 
 @click.command("export", context_settings={"max_content_width": 100})

@@ -7,6 +7,7 @@ import time
 import click
 
 from .. import registry
+from ..errors import InvalidInput
 from ..log import warn
 from ..model.costs import cost_model
 from ..model.io import load_graph
@@ -83,9 +84,11 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate,
     if list_algos:
         _list_algorithms()
         return
-    if algo not in registry.names():
+    try:
+        registry.get(algo)  # imports only that algorithm's module when it exists
+    except InvalidInput:
         raise click.BadParameter(f"unknown algorithm '{algo}' (one of: {', '.join(registry.names())})",
-                                 param_hint="--algo")
+                                 param_hint="--algo") from None
     if graph_path is None:
         if stdin_is_tty():
             raise click.UsageError("no GRAPH given and stdin is a terminal (use a file or pipe one in, e.g. "

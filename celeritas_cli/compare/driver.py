@@ -144,7 +144,13 @@ class _Progress:
         self.bar = None
         self.pid = None
         if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             # no auto-refresh thread: worker processes are forked from this one
             self.bar = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),

@@ -86,7 +86,7 @@ class CostModel:
 
     def _bind(self, graph: Graph) -> None:
         self.graph = graph
-        for name in ("fastest_time", "mean_time", "max_time", "_pair_stats"):
+        for name in ("fastest_time", "mean_time", "max_time", "_pair_stats", "mean_comms"):
             self.__dict__.pop(name, None)
         self.time: list[list[float]] = [self.node_row(v) for v in range(graph.n)]
 
@@ -179,6 +179,15 @@ class CostModel:
         mlat, minv, _, _ = self._pair_stats
         return mlat + self.graph.edge_bytes[e] * minv
 
+    @cached_property
+    def mean_comms(self) -> list[float]:
+        """:meth:`mean_comm` of every edge (cached: the coarsener, CPD-TOPO and
+        CCR read all of them)."""
+        if self.cluster.k < 2 or not self._default_links:
+            return [self.mean_comm(e) for e in range(self.graph.m)]
+        mlat, minv, _, _ = self._pair_stats
+        return [mlat + b * minv for b in self.graph.edge_bytes]
+
     def max_comm(self, e: int) -> float:
         """Worst-case transfer time of edge *e* over device pairs (FastT's
         maximal communication cost, section 5)."""
@@ -193,9 +202,8 @@ class CostModel:
         """Communication-to-computing ratio, Celeritas Eq. 1:
         CCR = sum over edges of c_ij / sum over nodes of w_i, with c_ij the
         mean transfer time over device pairs and w_i the mean node time."""
-        g = self.graph
         comp = math.fsum(self.mean_time)
-        comm = math.fsum(self.mean_comm(e) for e in range(g.m))
+        comm = math.fsum(self.mean_comms)
         if comp == 0:
             return math.inf if comm else 0.0
         return comm / comp

@@ -13,6 +13,7 @@ also the simulator's tie-break order for transfers of one producer.
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ class Graph:
     node_extra: list[dict | None] = field(default_factory=list)
     _topo: list[int] | None = field(default=None, repr=False)
     _topo_index: list[int] | None = field(default=None, repr=False)
+    _consumers: list[list[int]] | None = field(default=None, repr=False, compare=False)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -128,6 +130,24 @@ class Graph:
         assert self._topo_index is not None
         return self._topo_index
 
+    def tensor_consumers(self) -> list[list[int]]:
+        """Distinct consumer nodes of each tensor, in edge order (cached;
+        the simulator's fan-out of a finished node)."""
+        if self._consumers is None:
+            dst = self.edge_dst
+            cons = []
+            for es in self.tensor_edges:
+                if len(es) == 1:
+                    cons.append([dst[es[0]]])
+                    continue
+                seen: list[int] = []
+                for e in es:
+                    if dst[e] not in seen:
+                        seen.append(dst[e])
+                cons.append(seen)
+            self._consumers = cons
+        return self._consumers
+
     def sources(self) -> list[int]:
         return [v for v in range(self.n) if not self.pred[v]]
 
@@ -172,6 +192,18 @@ class Graph:
             The graph has a cycle (the message names one).
         """
         validate(doc, GRAPH_SCHEMA, label)
+        # building allocates a few lists per node and edge; the cyclic collector would rescan them
+        # all many times over (a third of the time on a 36k-node graph) and there are no cycles to find
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return cls._build(doc, label)
+        finally:
+            if paused:
+                gc.enable()
+
+    @classmethod
+    def _build(cls, doc: dict, label: str) -> "Graph":
         nodes = doc["nodes"]
         edges = doc["edges"]
         name = doc.get("name") or (label.rsplit("/", 1)[-1].removesuffix(".json") if label != "<stdin>" else "graph")
@@ -204,22 +236,25 @@ class Graph:
             coloc.append(nd.get("colocation"))
             split.append(list(nd["splittable"]) if nd.get("splittable") else None)
             members.append(list(nd["members"]) if "members" in nd else None)
-            ex = {k: v for k, v in nd.items() if k not in known}
-            for k, val in ex.items():
-                check_depth(val, label, f"node '{nid}' field {k}")
-            extra.append(ex or None)
+            if nd.keys() <= known:
+                extra.append(None)
+            else:
+                ex = {k: v for k, v in nd.items() if k not in known}
+                for k, val in ex.items():
+                    check_depth(val, label, f"node '{nid}' field {k}")
+                extra.append(ex)
         esrc, edst, ebytes, etensor, ecomm = [], [], [], [], []
         tensor_ids: dict[tuple[int, str], int] = {}
         tsrc, tbytes, tname, tedges = [], [], [], []
         for k, ed in enumerate(edges):
             s, d = ed["src"], ed["dst"]
-            if s not in index:
+            si, di = index.get(s), index.get(d)
+            if si is None:
                 raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): unknown source node '{s}'")
-            if d not in index:
+            if di is None:
                 raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): unknown destination node '{d}'")
-            if s == d:
+            if si == di:
                 raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): self-loop on node '{s}'")
-            si, di = index[s], index[d]
             b = int(ed["bytes"])
             tkey = ed.get("tensor")
             key = (si, tkey if tkey is not None else f"\x00edge{k}")
@@ -271,28 +306,30 @@ class Graph:
 
     def _link(self) -> None:
         n = self.n
-        self.out_edges = [[] for _ in range(n)]
-        self.in_edges = [[] for _ in range(n)]
-        self.succ = [[] for _ in range(n)]
-        self.pred = [[] for _ in range(n)]
+        out_edges: list[list[int]] = [[] for _ in range(n)]
+        in_edges: list[list[int]] = [[] for _ in range(n)]
+        succ: list[list[int]] = [[] for _ in range(n)]
+        pred: list[list[int]] = [[] for _ in range(n)]
+        big: dict[tuple[int, int], set[int]] = {}  # sets for the neighbour lists of high-degree nodes
         for e, (s, d) in enumerate(zip(self.edge_src, self.edge_dst)):
-            self.out_edges[s].append(e)
-            self.in_edges[d].append(e)
-        for v in range(n):
-            seen: set[int] = set()
-            for e in self.out_edges[v]:
-                d = self.edge_dst[e]
-                if d not in seen:
-                    seen.add(d)
-                    self.succ[v].append(d)
-            seen = set()
-            for e in self.in_edges[v]:
-                s = self.edge_src[e]
-                if s not in seen:
-                    seen.add(s)
-                    self.pred[v].append(s)
+            out_edges[s].append(e)
+            in_edges[d].append(e)
+            lst = succ[s]
+            if len(lst) < 16:
+                if d not in lst:
+                    lst.append(d)
+            elif _add_new(big, (0, s), lst, d):
+                lst.append(d)
+            lst = pred[d]
+            if len(lst) < 16:
+                if s not in lst:
+                    lst.append(s)
+            elif _add_new(big, (1, d), lst, s):
+                lst.append(s)
+        self.out_edges, self.in_edges, self.succ, self.pred = out_edges, in_edges, succ, pred
         self._topo = None
         self._topo_index = None
+        self._consumers = None
 
     def to_dict(self) -> dict:
         """The ``placer.graph/v1`` document for this graph."""
@@ -342,6 +379,17 @@ def build(
     """
     doc = {"schema": GRAPH_SCHEMA, "name": name, "meta": meta or {}, "nodes": list(nodes), "edges": list(edges)}
     return Graph.from_dict(doc, label=name)
+
+
+def _add_new(big: dict, key: tuple, lst: list, w: int) -> bool:
+    """True (and remember *w*) when *w* is not in the long list *lst* yet."""
+    seen = big.get(key)
+    if seen is None:
+        seen = big[key] = set(lst)
+    if w in seen:
+        return False
+    seen.add(w)
+    return True
 
 
 def describe_cycle(g: Graph) -> str:

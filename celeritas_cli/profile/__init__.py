@@ -21,7 +21,13 @@ from typing import Callable
 from ..errors import InvalidInput
 from ..log import stdout_to_stderr
 from ..model.generate import layered_doc
-from .regression import check_measurements, deviation, extrapolate, leave_one_out, measurements_from_graphs
+from .regression import (
+    check_measurements,
+    deviation,
+    extrapolate,
+    leave_one_out,
+    measurements_from_graphs,
+)
 
 __all__ = ["synthetic", "capture_model", "standard_evaluation", "from_measurements"]
 

@@ -50,7 +50,7 @@ def node_edge_costs(graph: Graph, costs=None) -> tuple[list[float], list[float]]
     if isinstance(costs, (tuple, list)):
         w, c = costs
         return list(w), list(c)
-    return list(costs.mean_time), [costs.mean_comm(e) for e in range(graph.m)]
+    return list(costs.mean_time), list(costs.mean_comms)
 
 
 def tlevel_blevel(graph: Graph, costs=None) -> tuple[list[float], list[float]]:

@@ -76,7 +76,13 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
-from .split_cost import COPY_BANDWIDTH_BPS, DEFAULT_OVERHEAD_S, BatchProfile, batch_profile, part_times
+from .split_cost import (
+    COPY_BANDWIDTH_BPS,
+    DEFAULT_OVERHEAD_S,
+    BatchProfile,
+    batch_profile,
+    part_times,
+)
 from .splitting import edge_dicts, fresh_namer
 
 SCALINGS = ("strong", "weak")

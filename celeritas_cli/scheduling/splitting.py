@@ -100,7 +100,13 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
-from .split_cost import COPY_BANDWIDTH_BPS, DEFAULT_OVERHEAD_S, batch_profile, part_times, splittable_dims
+from .split_cost import (
+    COPY_BANDWIDTH_BPS,
+    DEFAULT_OVERHEAD_S,
+    batch_profile,
+    part_times,
+    splittable_dims,
+)
 
 DIMENSIONS = ("batch", "channel")
 __all__ = ["COPY_BANDWIDTH_BPS", "DEFAULT_OVERHEAD_S", "DIMENSIONS", "activation_bytes", "split_operation",

@@ -51,6 +51,38 @@ class Timeline:
             prev_end = ends[j]
         return max(ready, prev_end)
 
+    def slot(self, d: int, ready: float, dur: float, insertion: bool = True) -> tuple[float, int]:
+        """Like :meth:`earliest_start`, also returning the position of the
+        slot in the device's order (for :meth:`insert`): with zero-length
+        tasks several positions share a start time, and only the slot's own
+        position keeps the order the times say.
+
+        >>> tl = Timeline(1)
+        >>> tl.reserve(0, 1.0, 1.0, "z"); tl.reserve(0, 1.0, 2.0, "a")
+        >>> tl.slot(0, 0.0, 0.5), tl.slot(0, 1.0, 0.0), tl.slot(0, 1.0, 1.0)
+        ((0.0, 0), (1.0, 1), (2.0, 2))
+        """
+        starts, ends = self.starts[d], self.ends[d]
+        if not starts:
+            return ready, 0
+        if not insertion or ready >= ends[-1]:
+            return max(ready, ends[-1]), len(starts)
+        i = bisect_right(ends, ready)
+        prev_end = ends[i - 1] if i > 0 else 0.0
+        for j in range(i, len(starts)):
+            s = max(ready, prev_end)
+            if s + dur <= starts[j]:
+                return s, j
+            prev_end = ends[j]
+        return max(ready, prev_end), len(starts)
+
+    def insert(self, d: int, pos: int, start: float, end: float, task=None) -> None:
+        """Put [start, end) at position *pos* of device *d*'s order (a
+        :meth:`slot` position)."""
+        self.starts[d].insert(pos, start)
+        self.ends[d].insert(pos, end)
+        self.tasks[d].insert(pos, task)
+
     def reserve(self, d: int, start: float, end: float, task=None) -> None:
         """Mark [start, end) busy on device *d* (kept sorted by start)."""
         starts = self.starts[d]

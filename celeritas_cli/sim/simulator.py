@@ -46,16 +46,18 @@ from typing import Sequence
 
 from ..errors import ColocationError, InvalidInput
 from ..model.cluster import Cluster
-from ..model.costs import CostModel, cost_model, upward_rank
+from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement, finite_or_none
 from ..scheduling.derivation import rebuild
+from .links import CONGESTION_RULES, DEFAULT_CONGESTION, LinkState, check_congestion
 
-CONGESTION_RULES = ("channel", "port", "none")
+__all__ = ["CONGESTION_RULES", "Schedule", "Transfer", "build_report", "check_colocation", "critical_path",
+           "lower_bound", "makespan_of", "run_schedule", "simulate"]
 REPORT_SCHEMA = "placer.report/v1"
 
 
-@dataclass
+@dataclass(slots=True)
 class Transfer:
     tensor: int
     src_dev: int
@@ -94,13 +96,21 @@ def check_colocation(graph: Graph, cluster: Cluster, device_of: Sequence[int], l
 
 
 def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
-                 order: Sequence[Sequence[int]] | None = None, *, congestion: str = "channel",
+                 order: Sequence[Sequence[int]] | None = None, *, congestion: str = DEFAULT_CONGESTION,
                  costs: CostModel | None = None, label: str = "placement") -> Schedule:
     """Simulate *graph* on *cluster* with ``device_of[v]`` and optional strict
     per-device ``order`` (node indices); see the module docstring.
 
     This index-level entry point is what algorithms use to score candidate
-    placements; :func:`simulate` wraps it for placement files.
+    placements; :func:`simulate` wraps it for placement files.  Link
+    occupancy is :class:`~celeritas_cli.sim.links.LinkState` (transfers are
+    issued in the FIFO order of :func:`~celeritas_cli.sim.links.fifo_key`).
+
+    With an *order*, ``device_of[v] = -1`` marks a node that is not placed
+    yet: it does not run, and no transfer is made for it (a list scheduler
+    re-timing the part of the graph it has placed, e.g. Adjusting
+    Placement; the placed nodes must be closed under predecessors).  Its
+    ``start`` / ``finish`` stay NaN.
 
     Raises
     ------
@@ -108,21 +118,21 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
         Unknown congestion rule, or a strict order that cannot be followed
         (it deadlocks against the graph's dependencies).
     """
-    if congestion not in CONGESTION_RULES:
-        raise InvalidInput(f"unknown congestion rule '{congestion}' (use channel, port or none)")
+    check_congestion(congestion)
     costs = cost_model(graph, cluster, costs)
     n, k = graph.n, cluster.k
     time = costs.time
+    tensor_comm = costs.tensor_comm
+    tensor_src = graph.tensor_src
+    tensor_bytes = graph.tensor_bytes
     dev = list(device_of)
-    e_dst = graph.edge_dst
-    t_edges = graph.tensor_edges
-    # consumers of each tensor, grouped by destination device (deduplicated)
+    cons = graph.tensor_consumers()
     out_tensors: list[list[int]] = [[] for _ in range(n)]
-    for t, p in enumerate(graph.tensor_src):
-        out_tensors[p].append(t)
     need = [0] * n
-    for v in range(n):
-        need[v] = len({graph.edge_tensor[e] for e in graph.in_edges[v]})
+    for t, p in enumerate(tensor_src):
+        out_tensors[p].append(t)
+        for c in cons[t]:
+            need[c] += 1
     topo_idx = graph.topo_index()
 
     strict = order is not None
@@ -131,10 +141,11 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
         queue_of = [list(seq) for seq in order]
         ptr = [0] * k
         ready_flag = [False] * n
+        n_run = sum(len(q) for q in queue_of)
     else:
-        rank = upward_rank(graph, lambda v: time[v][dev[v]],
-                           lambda e: costs.comm(e, dev[graph.edge_src[e]], dev[e_dst[e]]))
+        rank = _placement_rank(graph, costs, dev)
         ready_heap: list[list[tuple[float, int, int]]] = [[] for _ in range(k)]
+        n_run = n
 
     start = [math.nan] * n
     finish = [math.nan] * n
@@ -145,11 +156,10 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
     dev_free = [0.0] * k
     dev_last = [-1] * k
     device_order: list[list[int]] = [[] for _ in range(k)]
-    chan_free = [[0.0] * k for _ in range(k)]
-    up_free = [0.0] * k
-    down_free = [0.0] * k
+    send = LinkState(k, congestion).send
     transfers: list[Transfer] = []
     events: list[tuple[float, int, int, int]] = []  # (time, kind 0=arrival/1=finish, a, b)
+    push, pop = heapq.heappush, heapq.heappop
     done = 0
 
     def make_ready(v: int, t: float, src: int) -> None:
@@ -161,7 +171,7 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
             if strict:
                 ready_flag[v] = True
             else:
-                heapq.heappush(ready_heap[dev[v]], (-rank[v], topo_idx[v], v))
+                push(ready_heap[dev[v]], (-rank[v], topo_idx[v], v))
 
     for v in range(n):
         if need[v] == 0:
@@ -183,7 +193,7 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
             else:
                 if not ready_heap[d]:
                     continue
-                v = heapq.heappop(ready_heap[d])[2]
+                v = pop(ready_heap[d])[2]
             start[v] = now
             finish[v] = now + time[v][d]
             if dev_last[d] != -1 and dev_free[d] >= last_in_time[v] and dev_free[d] == now:
@@ -192,22 +202,19 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
                 binding[v] = last_in_src[v]
             running[d] = v
             device_order[d].append(v)
-            heapq.heappush(events, (finish[v], 1, v, d))
+            push(events, (finish[v], 1, v, d))
         if not events:
             break
         now = events[0][0]
         batch_fin: list[int] = []
         while events and events[0][0] == now:
-            _, kind, a, b = heapq.heappop(events)
+            _, kind, a, b = pop(events)
             if kind == 1:
                 batch_fin.append(a)
             else:  # arrival of tensor a on device b
-                p = graph.tensor_src[a]
-                seen = set()
-                for e in t_edges[a]:
-                    c = e_dst[e]
-                    if dev[c] == b and c not in seen:
-                        seen.add(c)
+                p = tensor_src[a]
+                for c in cons[a]:
+                    if dev[c] == b:
                         make_ready(c, now, p)
         batch_fin.sort()
         for p in batch_fin:
@@ -218,35 +225,48 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
             done += 1
             for t in out_tensors[p]:
                 remote: list[int] = []
-                seen = set()
-                for e in t_edges[t]:
-                    c = e_dst[e]
-                    if c in seen:
-                        continue
-                    seen.add(c)
-                    if dev[c] == a:
+                for c in cons[t]:
+                    dc = dev[c]
+                    if dc == a:
                         make_ready(c, now, p)
-                    elif dev[c] not in remote:
-                        remote.append(dev[c])
-                remote.sort()
-                for b in remote:
-                    dur = costs.tensor_comm(t, a, b)
-                    if congestion == "channel":
-                        s = max(now, chan_free[a][b])
-                        chan_free[a][b] = s + dur
-                    elif congestion == "port":
-                        s = max(now, up_free[a], down_free[b])
-                        up_free[a] = down_free[b] = s + dur
-                    else:
-                        s = now
-                    transfers.append(Transfer(t, a, b, now, s, s + dur, graph.tensor_bytes[t]))
-                    heapq.heappush(events, (s + dur, 0, t, b))
-    if done != n:
+                    elif dc >= 0 and dc not in remote:
+                        remote.append(dc)
+                if remote:
+                    remote.sort()
+                    for b in remote:
+                        dur = tensor_comm(t, a, b)
+                        s = send(a, b, now, dur)
+                        transfers.append(Transfer(t, a, b, now, s, s + dur, tensor_bytes[t]))
+                        push(events, (s + dur, 0, t, b))
+    if done != n_run:
         raise InvalidInput(_deadlock_message(graph, cluster, dev, queue_of if strict else None,
                                              ptr if strict else None, finish, label))
-    makespan = max(finish) if n else 0.0
+    if n_run == n:
+        makespan = max(finish, default=0.0)
+    else:  # a partial placement: unplaced nodes keep NaN
+        makespan = max((f for f in finish if f == f), default=0.0)
     return Schedule(device_of=dev, start=start, finish=finish, transfers=transfers, binding=binding,
                     makespan=makespan, device_order=device_order, graph=graph)
+
+
+def _placement_rank(graph: Graph, costs: CostModel, dev: Sequence[int]) -> list[float]:
+    """Upward rank with this placement's real costs (rule 4's priority):
+    ``rank(v) = time(v, dev v) + max over out-edges e=(v, c) of comm(e) + rank(c)``
+    (:func:`~celeritas_cli.model.costs.upward_rank` with the loop inlined:
+    this is the simulator's hot path)."""
+    rank = [0.0] * graph.n
+    out_edges, e_dst, time, comm = graph.out_edges, graph.edge_dst, costs.time, costs.comm
+    for v in reversed(graph.topo_order()):
+        dv = dev[v]
+        best = 0.0
+        for e in out_edges[v]:
+            c = e_dst[e]
+            dc = dev[c]
+            r = rank[c] if dc == dv else comm(e, dv, dc) + rank[c]
+            if r > best:
+                best = r
+        rank[v] = time[v][dv] + best
+    return rank
 
 
 def _deadlock_message(graph, cluster, dev, queue_of, ptr, finish, label) -> str:

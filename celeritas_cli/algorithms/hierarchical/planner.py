@@ -421,7 +421,13 @@ def _train(torch, hm, graph, feats, unit_of, n_units, M, k, iterations, S, time_
     done = 0
     bar = task = None
     if progress and chatty():  # placer compare runs cells quietly unless -v
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         from ...log import stderr_console
 
