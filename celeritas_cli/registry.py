@@ -168,7 +168,9 @@ def get_coarsener(name: str) -> Entry:
 def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | None = None, costs=None):
     """Run registered algorithm *algo* and return its :class:`Placement`,
     with ``algorithm``, ``params``, ``seed`` and ``placement_time_s`` filled in
-    (wall time of the algorithm itself, like Celeritas Table 4).
+    (wall time of the algorithm itself, like Celeritas Table 4).  A result
+    that carries a ``split_graph`` gets an estimate said to hold for that
+    graph (``estimate.graph == "split"``).
 
     *costs* is the cost model to place under (default: the file's costs,
     :func:`celeritas_cli.model.costs.cost_model`); it is built once here and
@@ -187,6 +189,8 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     t0 = time.perf_counter()
     result = entry.func(graph, cluster, seed=seed, costs=cost_model(graph, cluster, costs), **kwargs)
     result.placement_time_s = time.perf_counter() - t0
+    if result.split_graph is not None and result.estimate.graph != "split":
+        result.estimate = result.estimate.with_graph("split", len(result.split_graph.get("nodes", ())))
     result.algorithm = algo
     result.params = {**kwargs, **result.params}
     result.seed = seed

@@ -133,7 +133,8 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
         splits.append({"node": nid, "dim": dim, "n": parts})
     p = Placement.from_indices(g_cur, cluster, res_cur.device_of, algorithm="os-dpos", order=res_cur.order,
                                seed=seed,
-                               estimate={"makespan_s": best_ms, "dpos_makespan_s": res_cur.makespan,
+                               estimate={"makespan_s": best_ms, "makespan_by": "simulator",
+                                         "dpos_makespan_s": res_cur.makespan,
                                          "unsplit_makespan_s": initial, "splits": splits,
                                          "status": "OOM" if res_cur.oom else "FEASIBLE"})
     if splits:

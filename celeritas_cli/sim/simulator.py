@@ -391,7 +391,7 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: Sc
         "links": link_rows,
         "transfers": {"count": len(sched.transfers), "bytes": sum(tr.nbytes for tr in sched.transfers)},
         "critical_path": cp_ids,
-        "estimate": placement.estimate,
+        "estimate": placement.estimate.to_dict(),
         "placement_time_s": placement.placement_time_s,
     }
 
