@@ -199,7 +199,11 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
 
 def coarsen(graph, cluster, method: str, *, params: dict[str, Any] | None = None, costs=None):
     """Run registered coarsening *method*; returns the coarse :class:`Graph`
-    (*costs* as in :func:`place`)."""
+    (*costs* as in :func:`place`), whose ``origin`` is the original graph
+    (so algorithms can judge their candidates on it)."""
     entry = get_coarsener(method)
     kwargs = entry.coerce(params or {})
-    return entry.func(graph, cluster, costs=cost_model(graph, cluster, costs), **kwargs)
+    coarse = entry.func(graph, cluster, costs=cost_model(graph, cluster, costs), **kwargs)
+    if coarse is not graph and coarse.is_coarse and coarse.origin is None:
+        coarse.origin = graph.origin if graph.is_coarse else graph
+    return coarse
