@@ -339,7 +339,7 @@ def test_never_worse_than_its_warm_start_on_the_original_graph():
     assert simulate(g, c, p)["makespan_s"] == pytest.approx(3.5) == e["original_makespan_s"]
     assert e["solver_original_makespan_s"] == pytest.approx(4.0)
     assert e.makespan_s == pytest.approx(4.5) and e.status == "FEASIBLE" and e.graph == "coarse"
-    assert "original graph" in e["note"]
+    assert "original graph" in e["note"] and e["caveat"].startswith("the warm start 'metis'")
     # without the original graph the coarse graph is the judge
     cg.origin = None
     q = run(cg, c, hint="metis")
@@ -365,6 +365,7 @@ def test_a_model_too_large_for_the_time_limit_is_not_built(capsys):
     g, c = layered(300, seed=1), uniform(4)
     p = solve(g, c, time_limit=1.0, quiet=True)
     assert p.estimate["status"] == "UNKNOWN" and p.estimate["source"] == "hint"
+    assert p.estimate["caveat"].endswith("not a solver solution (model too large for the time limit)")
     err = capsys.readouterr().err
     assert "too large to solve within --time-limit 1 s" in err and "placer coarsen" in err
     with pytest.raises(Exception, match="coarsen first"):

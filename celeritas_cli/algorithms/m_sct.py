@@ -163,7 +163,8 @@ def greedy_favorites(graph: Graph) -> list[int]:
     return fav
 
 
-@register("m-sct", paper="Baechi (Jeon et al., SoCC 2020)", section="m-SCT (released placer/m_sct.py); Celeritas Table 3; Moirai IV",
+@register("m-sct", paper="Baechi (Jeon et al., SoCC 2020)",
+          section="m-SCT (released placer/m_sct.py); Celeritas Table 3; Moirai IV",
           summary="m-ETF plus LP-chosen favourite children kept on their parent's device (GLOP).",
           params={"threshold": Param(float, 0.5, "round x_uv <= threshold to 'favourite child'"),
                   "lp_max_nodes": Param(int, 5000, "above this many nodes use greedy favourites, not the LP")})
@@ -186,7 +187,9 @@ def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
     Placement
         With ``order``; ``estimate`` has the scheduler's makespan, status,
         the LP's relaxed makespan (``lp_makespan_s``) and how favourites
-        were chosen (``favorites``: ``lp`` or ``greedy``).
+        were chosen (``favorites``: ``lp`` or ``greedy``); with greedy
+        favourites a ``caveat`` says the result is not Baechi's m-SCT as
+        published (``compare`` marks the cell and lists it under the table).
 
     Raises
     ------
@@ -215,6 +218,7 @@ def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
         if graph.m > 0:
             warn(f"m-sct: graph '{graph.name}' has {graph.n} nodes > lp_max_nodes={lp_max_nodes}; "
                  f"using greedy favourite children (heaviest out-edge) instead of the LP")
+            estimate["caveat"] = f"greedy favourite children (more than lp_max_nodes={lp_max_nodes} nodes), not Baechi's LP"
         fav = greedy_favorites(graph)
         how = "greedy"
     res = etf_schedule(graph, cluster, costs, favorite=fav)

@@ -855,7 +855,7 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     base_est = {"congestion": congestion, "lower_bound_s": lower_bound(graph, cluster, costs),
                 "makespan_by": "simulator"}
 
-    def from_hint(status: str, note: str, extra: dict | None = None) -> Placement:
+    def from_hint(status: str, why: str, note: str, extra: dict | None = None) -> Placement:
         assert fallback is not None
         est = {**base_est, "status": status, "makespan_s": fallback.makespan, "source": "hint",
                "hint": fallback.name, "hint_makespan_s": fallback.makespan, "note": note,
@@ -864,6 +864,7 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
             est["original_makespan_s"] = fb_orig
         est.update(extra or {})
         est["source"] = "hint"
+        est["caveat"] = f"the warm start '{fallback.name}', not a solver solution ({why})"
         return Placement.from_indices(graph, cluster, fallback.device_of, algorithm="milp",
                                       order=fallback.order, params=params, seed=seed, estimate=est)
 
@@ -877,7 +878,8 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
         console.print(msg)
         if fallback is None:
             raise SolverError(msg)
-        return from_hint("UNKNOWN", f"model not built ({n} nodes, {size} intervals); returned hint '{fallback.name}'")
+        return from_hint("UNKNOWN", "model too large for the time limit",
+                         f"model not built ({n} nodes, {size} intervals); returned hint '{fallback.name}'")
     if n > LARGE:
         console.print(f"milp: {n} nodes is large for CP-SAT; expect no optimality proof within {time_limit:g} s "
                       f"(consider `placer coarsen` first)")
@@ -904,7 +906,8 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
         console.print(msg)
         if fallback is None:
             raise SolverError(msg)
-        return from_hint("UNKNOWN", f"no time left to search; returned hint '{fallback.name}'", {"repeatable": False})
+        return from_hint("UNKNOWN", "no time left to search",
+                         f"no time left to search; returned hint '{fallback.name}'", {"repeatable": False})
     solver, status, wall_cut = _search(cp_model, model, deterministic=deterministic, workers=workers,
                                        det_budget=det_budget, cap=cap, seed=seed, res=res, console=console,
                                        quiet=quiet)
@@ -926,7 +929,8 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
         console.print(msg)
         if fallback is None:
             raise SolverError(msg)
-        return from_hint(status_name, f"no solver solution; returned hint '{fallback.name}'", search)
+        return from_hint(status_name, "no solution within the budget",
+                         f"no solver solution; returned hint '{fallback.name}'", search)
     return _result(graph, cluster, mv, solver, status == cp_model.OPTIMAL, status_name, best, fallback, fb_orig,
                    {**base_est, **search}, params, seed, congestion, costs, console, quiet)
 
@@ -970,6 +974,7 @@ def _result(graph: Graph, cluster: Cluster, mv: MilpVars, solver, optimal: bool,
         if sim_orig is not None:
             est["solver_original_makespan_s"] = sim_orig
         est["makespan_s"] = fallback.makespan
+        est["caveat"] = f"the warm start '{fallback.name}': the solver's placement simulated slower {on}".strip()
         if fb_orig is not None:
             est["original_makespan_s"] = fb_orig
         return Placement.from_indices(graph, cluster, fallback.device_of, algorithm="milp", order=fallback.order,

@@ -74,7 +74,7 @@ FAILED_STATUSES = ("error", "timeout")
 CSV_FIELDS = ("graph", "graph_file", "nodes", "edges", "cluster", "devices", "algorithm", "coarsen",
               "coarse_nodes", "seed", "status", "makespan_s", "lower_bound_s", "makespan_over_lb",
               "utilisation", "transfers", "transfer_bytes", "placement_time_s", "coarsen_time_s",
-              "simulate_time_s", "estimate_status", "estimate_makespan_s", "error")
+              "simulate_time_s", "estimate_status", "estimate_makespan_s", "caveat", "error")
 
 # extra name -> module whose presence makes the extra importable
 _EXTRA_MODULES = {"plot": "matplotlib", "torch": "torch", "ray": "ray", "test": "pytest"}
@@ -281,7 +281,7 @@ def _base_row(task: Task) -> dict:
             "params": task.params, "status": None, "makespan_s": None, "lower_bound_s": None,
             "makespan_over_lb": None, "utilisation": None, "transfers": None, "transfer_bytes": None,
             "placement_time_s": None, "coarsen_time_s": None, "simulate_time_s": None,
-            "estimate_status": None, "estimate_makespan_s": None, "error": None}
+            "estimate_status": None, "estimate_makespan_s": None, "caveat": None, "error": None}
 
 
 def run_cell(task: Task, phase: Callable[[str], None] | None = None,
@@ -350,9 +350,11 @@ def _run_cell(task: Task, row: dict, phase, graph_bytes) -> dict:
             phase("place")
         placement = registry.place(work, cluster, task.algorithm, seed=task.seed, params=task.params)
         row["placement_time_s"] = placement.placement_time_s
-        row["estimate_status"] = placement.estimate.get("status")
-        est = placement.estimate.get("makespan_s")
+        # the algorithm's own status, with the graph it holds for ("OPTIMAL (coarse graph)")
+        row["estimate_status"] = placement.estimate.label()
+        est = placement.estimate.makespan_s
         row["estimate_makespan_s"] = est if isinstance(est, (int, float)) and math.isfinite(est) else None
+        row["caveat"] = placement.estimate.get("caveat")
         step = "simulate"
         if phase:
             phase("simulate")
@@ -712,14 +714,31 @@ def _cell_text(r: dict | None, metric: str) -> str:
         return "timeout"
     if st == "error":
         return "error"
+    mark = CAVEAT_MARK if r.get("caveat") else ""
     if metric == "makespan_s" and st == "OOM":
-        return "OOM"
+        return "OOM" + mark
     if metric == "total_time_s":
         t = r.get("placement_time_s")
         if t is None:
             return "-"
-        return _fmt_num(t + (r.get("coarsen_time_s") or 0.0))
-    return _fmt_num(r.get(metric))
+        return _fmt_num(t + (r.get("coarsen_time_s") or 0.0)) + mark
+    return _fmt_num(r.get(metric)) + mark
+
+
+CAVEAT_MARK = "†"
+"""Marks a cell whose algorithm did not run as its paper describes (the
+row's ``caveat``: a smoke budget, a greedy fallback, a returned warm start);
+every table lists the caveats under it."""
+
+
+def caveat_lines(rows: list[dict], algorithms: list[str] | None = None) -> list[str]:
+    """``"† ALGO on GRAPH: CAVEAT"`` for every row with a caveat (the same
+    caveat of one algorithm once, with its graphs)."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for r in sort_rows(rows, algorithms):
+        if r.get("caveat") and r.get("status") in OK_STATUSES:
+            seen.setdefault((str(r.get("algorithm")), str(r["caveat"])), []).append(str(r.get("graph")))
+    return [f"{CAVEAT_MARK} {a} on {', '.join(dict.fromkeys(gs))}: {c}" for (a, c), gs in seen.items()]
 
 
 def matrix(rows: list[dict], metric: str = "makespan_s", algorithms: list[str] | None = None) -> dict:
@@ -814,6 +833,8 @@ def format_table(rows: list[dict], algorithms: list[str] | None = None, *, color
             last = [_speedup_text(mr)] if metric == "makespan_s" else []
             t.add_row(*first, *cells, *last)
         console.print(t)
+        for line in caveat_lines(rows, algorithms):
+            console.print(line, markup=False, highlight=False)
         console.print()
     errors = [r for r in sort_rows(rows, algorithms) if r.get("status") in FAILED_STATUSES]
     for r in errors:
@@ -844,6 +865,9 @@ def format_markdown(rows: list[dict], algorithms: list[str] | None = None,
             last = [_speedup_text(mr)] if metric == "makespan_s" else []
             out.append("| " + " | ".join(_md_escape(x) for x in first + cells + last) + " |")
         out.append("")
+        notes = caveat_lines(rows, algorithms)
+        if notes:
+            out += [_md_escape(x) + "  " for x in notes] + [""]
     errors = [r for r in sort_rows(rows, algorithms) if r.get("status") in FAILED_STATUSES]
     if errors:
         out.append("Failed cells:\n")
