@@ -50,6 +50,7 @@ class Entry:
     extra: str | None = None  # optional dependency group, e.g. "torch"
     kind: str = "placement"
     quick_params: dict[str, Any] = field(default_factory=dict)  # for tests / smoke runs
+    uses_origin: bool = False  # judges its candidates on a coarse graph's original when known
 
     def coerce(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Validate and convert user parameters (strings from ``-p k=v``)
@@ -92,19 +93,22 @@ _loaded = False
 
 def register(name: str, *, paper: str, section: str, summary: str,
              params: dict[str, Param] | None = None, extra: str | None = None,
-             quick_params: dict[str, Any] | None = None):
+             quick_params: dict[str, Any] | None = None, uses_origin: bool = False):
     """Decorator registering a placement algorithm under *name*.
 
     *extra* names the optional dependency group it needs (``"torch"``);
     *quick_params* are parameters for a quick run (tests, smoke compares),
-    e.g. a short time limit for the MILP.
+    e.g. a short time limit for the MILP; *uses_origin* says that it judges
+    its candidates on a coarse graph's original (``Graph.origin``), so
+    ``placer place`` loads the original for it when the coarse graph names a
+    readable file.
     """
 
     def deco(func: Callable) -> Callable:
         if name in _ALGORITHMS and _ALGORITHMS[name].func is not func:
             raise RuntimeError(f"placement algorithm {name!r} registered twice")
         _ALGORITHMS[name] = Entry(name, func, paper, section, summary, dict(params or {}), extra,
-                                  quick_params=dict(quick_params or {}))
+                                  quick_params=dict(quick_params or {}), uses_origin=uses_origin)
         return func
 
     return deco

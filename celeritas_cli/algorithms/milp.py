@@ -1000,7 +1000,7 @@ def _result(graph: Graph, cluster: Cluster, mv: MilpVars, solver, optimal: bool,
               "det_time": Param(float, 0.0, "deterministic budget in CP-SAT deterministic-time units "
                                             f"(0 = {DET_PER_SECOND:g} x time_limit)"),
           },
-          quick_params={"time_limit": 5})
+          quick_params={"time_limit": 5}, uses_origin=True)
 def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
          time_limit: float = 60.0, workers: int = 8,
          resolution: float = 0.0, congestion: str = "channel", hint: str = "auto",
