@@ -86,7 +86,7 @@ def test_adjacency_truncated_to_width():
 def test_units_follow_colocation():
     g = build("u", [node("a", colocation="w"), node("b"), node("c", colocation="w"), node("d", colocation="z")],
               [edge("a", "b"), edge("b", "c"), edge("c", "d")])
-    unit_of, count = H._units(g)
+    unit_of, count = H.units(g)
     assert unit_of == [0, 1, 0, 2] and count == 3
     assert H.default_groups(g) == 3
     assert H.default_groups(layered(1000)) == 256
@@ -226,7 +226,7 @@ def test_trivial_inputs(chain3):
 
 def test_bad_params(chain3, two_dev):
     with pytest.raises(InvalidInput, match="iterations"):
-        H.hierarchical(chain3, two_dev, **{**QUICK, "iterations": 0})
+        H.hierarchical(chain3, two_dev, **{**QUICK, "iterations": -1})
     with pytest.raises(InvalidInput, match="groups"):
         H.hierarchical(chain3, two_dev, **{**QUICK, "groups": -1})
 
