@@ -173,11 +173,15 @@ def test_oom_samples_penalised_feasible_preferred():
 def test_all_oom_reported_as_oom():
     g = build("big", [node("a", 1.0, mem=100), node("b", 1.0, mem=100)], [edge("a", "b", 100)])
     cl = uniform(2, memory=50, bandwidth=100.0, latency=0.0)
-    p = H.hierarchical(g, cl, seed=0, **QUICK)
+    p = H.hierarchical(g, cl, seed=0, **QUICK, oom_mode="fixed")
     assert p.estimate["status"] == "OOM"
     assert simulate(g, cl, p)["status"] == "OOM"
     assert set(p.assignment) == {"a", "b"}
     assert p.estimate["makespan_s"] == pytest.approx(2.0)  # best OOM sample: both on one device
+    # the memory mask samples the best effort only: each node on its own device
+    p = H.hierarchical(g, cl, seed=0, **QUICK)
+    assert p.estimate["status"] == "OOM" and p.assignment["a"] != p.assignment["b"]
+    assert p.estimate["makespan_s"] == pytest.approx(3.0)
 
 
 def test_colocation_never_split_and_coarse_expansion():

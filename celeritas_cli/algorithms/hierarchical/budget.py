@@ -13,7 +13,12 @@ machine is much slower than the model assumes; the planner then says so.
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
 
+NOISE_FRACTION = 0.75
+"""Exploration noise during the first 75 % of the iterations (``stop_noise_step``
+750 of 1000 in the released controller)."""
 PAPER_ITERATIONS = 1000
 """HRL section 3: "All results are after 1000 iterations"."""
 SECONDS_PER_GROUP = 6e-3
@@ -59,3 +64,53 @@ def auto_iterations(n: int, m: int, groups: int, samples: int, time_limit: float
         return PAPER_ITERATIONS
     fit = TIME_SHARE * max(0.0, time_limit - STARTUP_S) / iteration_cost_s(n, m, groups, samples)
     return max(1, min(PAPER_ITERATIONS, math.floor(fit)))
+
+
+@dataclass
+class TrainingBudget:
+    """Counted iterations, capped by the wall clock from ``t0`` (the call's
+    start, torch's import included) to ``t0 + time_limit``."""
+
+    iterations: int
+    samples: int
+    time_limit: float
+    t0: float
+    done: int = 0
+    n_samples: int = 0
+    horizon: int = 0          # iterations the noise schedule is laid over
+    clock_cut: bool = False   # the wall clock changed the run (stopped it or shortened the schedule)
+    _t1: float = 0.0          # end of the first iteration (its warm-up is not typical)
+
+    def __post_init__(self) -> None:
+        self.horizon = self.iterations
+
+    def noisy(self, it: int) -> bool:
+        """Exploration noise during the first ``NOISE_FRACTION`` of the
+        schedule (``stop_noise_step`` 750 of 1000 in the released code)."""
+        return it < NOISE_FRACTION * self.horizon
+
+    def may_start(self, it: int) -> bool:
+        """Whether iteration *it* may start.  Without a time limit, always;
+        with one, the first always and none past the deadline; from the
+        third iteration on the mean iteration time
+        predicts how many fit before the deadline (one kept in reserve for
+        the final decode): when fewer than the budget, the noise schedule
+        is laid over the predicted count and ``clock_cut`` is set; an
+        iteration that would end past the deadline does not start."""
+        now = time.perf_counter()
+        if it == 1:
+            self._t1 = now
+        if not self.time_limit or it == 0:
+            return True
+        if now >= self.t0 + self.time_limit:
+            self.clock_cut = True
+            return False
+        if it < 2:
+            return True
+        mean = (now - self._t1) / (it - 1)
+        left = self.t0 + self.time_limit - now - mean  # keep one for the final decode
+        fit = it + math.floor(left / mean) if mean > 0 else self.iterations
+        if fit < self.iterations:
+            self.clock_cut = True
+            self.horizon = min(self.horizon, max(fit, it))
+        return fit > it

@@ -32,9 +32,10 @@ wall clock, from the call's start, only caps training (stderr says when).
 Use a coarse graph (``placer coarsen``) of a few hundred nodes; the paper's
 policy needed hours on real hardware (Celeritas Table 4 charges HRL 5 hours),
 and a budget under 100 iterations is reported as a smoke budget (the
-estimate's ``caveat``).  Under memory pressure OOM samples are charged by
-how far they overflow (:mod:`.reward`, a deviation; ``oom_mode=fixed`` is the
-paper's rule).
+estimate's ``caveat``).  Under memory pressure groups and devices a unit
+no longer fits in are not sampled, and what still overflows is charged by
+how far (:mod:`.reward`, a deviation; ``oom_mode=fixed`` is the paper's
+rule).
 
 Example
 -------
@@ -46,7 +47,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 
 from ... import log
 from ...errors import InvalidInput, MissingDependency
@@ -55,10 +55,10 @@ from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...model.placement import Placement
 from ...registry import Param, register
-from ...sim.simulator import CONGESTION_RULES, lower_bound, run_schedule
-from .budget import PAPER_ITERATIONS, auto_iterations
+from ...sim.simulator import CONGESTION_RULES, lower_bound
+from .budget import PAPER_ITERATIONS, TrainingBudget, auto_iterations
 from .features import ADJ_DIM, MAX_OUTPUTS, SIZE_DIM, TYPE_DIM, default_groups, op_features, units
-from .reward import OOM_MODES, oom_runtime, oom_signal, overflow_fraction
+from .reward import OOM_MODES, RewardEnv, oom_runtime
 
 __all__ = ["hierarchical", "op_features", "default_groups", "oom_runtime", "units", "ADJ_DIM", "MAX_OUTPUTS",
            "SIZE_DIM", "TYPE_DIM"]
@@ -69,113 +69,9 @@ GRAD_BOUND = 1.0
 """Global gradient-norm clip (``grad_bound``)."""
 LOGITS_NOISE = 0.5
 """Exploration noise on the logits (``logits_std_noise``), relative to their RMS."""
-NOISE_FRACTION = 0.75
-"""Noise is applied during the first 75 % of the iterations (``stop_noise_step``
-750 of 1000)."""
-
-
 SHORT_BUDGET = 100
 """Fewer iterations than this are a smoke budget, not the paper's planner
 (the estimate's ``caveat`` says so, and ``compare`` marks the cell)."""
-
-
-@dataclass
-class _Env:
-    """The reward side: memory check, overflow and simulated makespan of a
-    unit->device map (memoised)."""
-
-    graph: Graph
-    cluster: Cluster
-    costs: CostModel
-    congestion: str
-    unit_of: list[int]
-    unit_mem: list[int]
-    fail_r: float = 0.0
-    oom_mode: str = "graded"
-    cache: dict = field(default_factory=dict)
-
-    def loads(self, dev_unit: list[int]) -> list[int]:
-        loads = [0] * self.cluster.k
-        for u, d in enumerate(dev_unit):
-            loads[d] += self.unit_mem[u]
-        return loads
-
-    def fits(self, dev_unit: list[int]) -> bool:
-        return all(ld <= dv.memory for ld, dv in zip(self.loads(dev_unit), self.cluster.devices))
-
-    def makespan(self, dev_unit: list[int]) -> float:
-        key = bytes(dev_unit) if self.cluster.k < 256 else repr(dev_unit).encode()
-        ms = self.cache.get(key)
-        if ms is None:
-            device_of = [dev_unit[self.unit_of[v]] for v in range(self.graph.n)]
-            ms = run_schedule(self.graph, self.cluster, device_of, congestion=self.congestion,
-                              costs=self.costs).makespan
-            self.cache[key] = ms
-        return ms
-
-    def overflow(self, dev_unit: list[int]) -> float:
-        return overflow_fraction(self.loads(dev_unit), [dv.memory for dv in self.cluster.devices],
-                                 sum(self.unit_mem))
-
-    def runtime(self, dev_unit: list[int]) -> tuple[float, bool]:
-        """``(r, fits)``: the simulated makespan, or the OOM signal
-        (:func:`~.reward.oom_signal`) when the placement does not fit."""
-        loads = self.loads(dev_unit)
-        caps = [dv.memory for dv in self.cluster.devices]
-        if all(ld <= cap for ld, cap in zip(loads, caps)):
-            return self.makespan(dev_unit), True
-        over = overflow_fraction(loads, caps, sum(self.unit_mem))
-        return oom_signal(self.fail_r, over, self.oom_mode), False
-
-
-@dataclass
-class _Budget:
-    """Counted iterations, capped by the wall clock from ``t0`` (the call's
-    start, torch's import included) to ``t0 + time_limit``."""
-
-    iterations: int
-    samples: int
-    time_limit: float
-    t0: float
-    done: int = 0
-    n_samples: int = 0
-    horizon: int = 0          # iterations the noise schedule is laid over
-    clock_cut: bool = False   # the wall clock changed the run (stopped it or shortened the schedule)
-    _t1: float = 0.0          # end of the first iteration (its warm-up is not typical)
-
-    def __post_init__(self) -> None:
-        self.horizon = self.iterations
-
-    def noisy(self, it: int) -> bool:
-        """Exploration noise during the first ``NOISE_FRACTION`` of the
-        schedule (``stop_noise_step`` 750 of 1000 in the released code)."""
-        return it < NOISE_FRACTION * self.horizon
-
-    def may_start(self, it: int) -> bool:
-        """Whether iteration *it* may start.  Without a time limit, always;
-        with one, the first always and none past the deadline; from the
-        third iteration on the mean iteration time
-        predicts how many fit before the deadline (one kept in reserve for
-        the final decode): when fewer than the budget, the noise schedule
-        is laid over the predicted count and ``clock_cut`` is set; an
-        iteration that would end past the deadline does not start."""
-        now = time.perf_counter()
-        if it == 1:
-            self._t1 = now
-        if not self.time_limit or it == 0:
-            return True
-        if now >= self.t0 + self.time_limit:
-            self.clock_cut = True
-            return False
-        if it < 2:
-            return True
-        mean = (now - self._t1) / (it - 1)
-        left = self.t0 + self.time_limit - now - mean  # keep one for the final decode
-        fit = it + math.floor(left / mean) if mean > 0 else self.iterations
-        if fit < self.iterations:
-            self.clock_cut = True
-            self.horizon = min(self.horizon, max(fit, it))
-        return fit > it
 
 
 def _caveat(done: int, samples: int) -> str | None:
@@ -190,8 +86,8 @@ def _caveat(done: int, samples: int) -> str | None:
 @register(
     "hierarchical", paper="Hierarchical Planner (HRL)", section="section 2, Figure 1",
     summary="Learned Grouper (feed-forward) + seq2seq Placer (LSTM + attention) trained with REINFORCE "
-            "on R=-sqrt(simulated runtime); OOM samples penalised by how far they overflow (or the paper's "
-            "fixed penalty).",
+            "on R=-sqrt(simulated runtime); memory-masked sampling, residual OOM penalised by how far it "
+            "overflows (oom_mode=fixed: the paper's fixed penalty).",
     params={
         "groups": Param(int, 0, "number of groups M; 0 = min(256, colocation units)"),
         "iterations": Param(int, 0, "policy updates, the deterministic budget (0 = as many as fit in time_limit "
@@ -201,8 +97,10 @@ def _caveat(done: int, samples: int) -> str | None:
         "lr": Param(float, 0.05, "Adam learning rate"),
         "hidden": Param(int, 64, "hidden width of the Grouper and the Placer LSTMs"),
         "oom_penalty": Param(float, 2.0, "OOM runtime as a multiple of an upper bound on any makespan"),
-        "oom_mode": Param(str, "graded", "graded: the OOM runtime grows with the bytes over capacity "
-                                         "(deviation); fixed: the paper's fixed penalty", choices=OOM_MODES),
+        "oom_mode": Param(str, "mask", "mask: groups and devices a unit no longer fits in are not sampled, "
+                                       "residual OOM graded (deviation); graded: the OOM runtime grows with the "
+                                       "bytes over capacity (deviation); fixed: the paper's fixed penalty",
+                          choices=OOM_MODES),
         "congestion": Param(str, "channel", "simulator congestion rule for the reward",
                             choices=CONGESTION_RULES),
         "progress": Param(bool, True, "show best simulated runtime on stderr"),
@@ -214,7 +112,7 @@ def _caveat(done: int, samples: int) -> str | None:
 def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
                  groups: int = 0, iterations: int = 0,
                  samples_per_iteration: int = 8, time_limit: float = 60.0, lr: float = 0.05, hidden: int = 64,
-                 oom_penalty: float = 2.0, oom_mode: str = "graded", congestion: str = "channel",
+                 oom_penalty: float = 2.0, oom_mode: str = "mask", congestion: str = "channel",
                  progress: bool = True, history: list | None = None) -> Placement:
     """Train the Hierarchical Planner's policy on *graph* and return the best
     placement it sampled.
@@ -239,7 +137,7 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
         Joint samples per update.
     time_limit : float
         Seconds, counted from the call's start (torch's import included):
-        a cap, checked before every iteration (see ``_Budget.may_start``);
+        a cap, checked before every iteration (see ``TrainingBudget.may_start``);
         when it stops or reschedules training, a line on stderr says the
         result may differ between runs (``estimate.repeatable`` false).
         0: no limit.
@@ -247,8 +145,8 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
         Adam learning rate; network width.
     oom_penalty : float
         See :func:`~.reward.oom_runtime`.
-    oom_mode : {"graded", "fixed"}
-        See :func:`~.reward.oom_signal`.
+    oom_mode : {"mask", "graded", "fixed"}
+        How memory is handled (:mod:`.reward`; *Notes*).
     congestion : str
         Simulator congestion rule used for the reward.
     progress : bool
@@ -291,15 +189,23 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
       colocation group, or a lone node): a unit's logits are the mean of its
       nodes' logits and it contributes one log-probability term.  Groups map
       to one device each, so no placement ever splits a colocation group.
-    * OOM (deviation, ``oom_mode="graded"``): HRL's released controller
-      gives a failed (ResourceExhausted) placement a fixed runtime
-      ``failing_signal`` (100 s); Celeritas section 2 ("HRL albeit sets a
-      large penalty for OOM occurrences, it provides no solution").  With a
-      fixed penalty a batch of OOM samples has zero advantage and teaches
-      nothing, which is how the planner collapsed under memory pressure.
-      Graded: ``oom_runtime x (1 + bytes over capacity / graph bytes)``
-      (:mod:`.reward`), still above every feasible makespan, so the policy
-      learns towards fitting; ``oom_mode="fixed"`` is the paper's rule.
+    * OOM (deviation, ``oom_mode="mask"`` by default): HRL's released
+      controller gives a failed (ResourceExhausted) placement a fixed
+      runtime ``failing_signal`` (100 s); Celeritas section 2 ("HRL albeit
+      sets a large penalty for OOM occurrences, it provides no solution").
+      With a fixed penalty a batch of OOM samples has zero advantage and
+      teaches nothing, which is how the planner collapsed under memory
+      pressure (``oom_mode="fixed"`` keeps the paper's rule).  ``graded``
+      charges ``oom_runtime x (1 + bytes over capacity / graph bytes)``,
+      still above every feasible makespan - but measured, that alone does
+      not stop the drift into overflow (the Grouper's softmax sharpens and
+      piles units into few groups).  ``mask`` also samples under memory
+      constraints: units in index order never join a group that would
+      outgrow the largest device, and the Placer never sends a group to a
+      device it no longer fits on (action masking; when nothing fits, the
+      lightest group / the device with the most free memory); log-
+      probabilities are those of the masked distributions, so REINFORCE
+      stays unbiased for the masked policy, and a residual OOM is graded.
     * Reward scale: ``R = -sqrt(r / T)`` with ``T`` the total mean compute
       time, a constant factor ``1/sqrt(T)`` on HRL's ``-sqrt(r)`` so the
       learning rate does not depend on the graph's time unit.
@@ -364,9 +270,9 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
     unit_mem = [0] * n_units
     for v in range(n):
         unit_mem[unit_of[v]] += graph.memory[v]
-    env = _Env(graph, cluster, costs, congestion, unit_of, unit_mem, oom_mode=oom_mode)
+    env = RewardEnv(graph, cluster, costs, congestion, unit_of, unit_mem, oom_mode=oom_mode)
     M = groups or default_groups(graph)
-    budget = _Budget(iterations or auto_iterations(n, graph.m, M, samples_per_iteration, time_limit),
+    budget = TrainingBudget(iterations or auto_iterations(n, graph.m, M, samples_per_iteration, time_limit),
                      samples_per_iteration, time_limit, t0)
     params_used = {"groups": M, "iterations": budget.iterations}
 
@@ -408,7 +314,7 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
     return result(dev_unit, ms, not oom, extra)
 
 
-def _train(torch, hm, env: _Env, feats: dict, M: int, hidden: int, lr: float, gen, budget: _Budget,
+def _train(torch, hm, env: RewardEnv, feats: dict, M: int, hidden: int, lr: float, gen, budget: TrainingBudget,
            progress: bool, history: list | None = None):
     """The REINFORCE loop; returns ``best = ((oom, makespan, iteration,
     sample), unit->device list)`` and fills *budget*'s counters."""
@@ -423,6 +329,8 @@ def _train(torch, hm, env: _Env, feats: dict, M: int, hidden: int, lr: float, ge
     e_dst = torch.tensor(graph.edge_dst, dtype=torch.long)
     e_w = torch.tensor([b / bmax for b in graph.edge_bytes], dtype=torch.float32)
     T_ref = math.fsum(env.costs.mean_time) or 1.0
+    unit_mem_t = torch.tensor(env.unit_mem, dtype=torch.float64).unsqueeze(0)
+    capacity_t = torch.tensor([float(d.memory) for d in env.cluster.devices], dtype=torch.float64)
 
     grouper = hm.Grouper(len(feats["types"]), TYPE_DIM, node_x.shape[1], hidden, M)
     placer = hm.Placer(TYPE_DIM + size_t.shape[1] + 1 + 2 * M, hidden, k)
@@ -431,13 +339,22 @@ def _train(torch, hm, env: _Env, feats: dict, M: int, hidden: int, lr: float, ge
 
     def policy(samples: int, greedy: bool, noise: float = 0.0):
         logp_unit = grouper(type_idx, node_x, unit_t, n_units, noise=noise, generator=gen)  # [U, M]
-        if greedy:
+        if env.oom_mode == "mask":
+            g_unit, lp_group = hm.masked_groups(logp_unit, unit_mem_t[0], float(capacity_t.max()),
+                                              1 if greedy else samples, greedy, gen)
+        elif greedy:
             g_unit = logp_unit.argmax(dim=1).unsqueeze(0)  # [1, U]
+            lp_group = logp_unit.gather(1, g_unit.t()).sum(dim=0)
         else:
             g_unit = torch.multinomial(logp_unit.exp(), samples, replacement=True, generator=gen).t()  # [S, U]
-        lp_group = logp_unit.gather(1, g_unit.t()).sum(dim=0)  # [S]
+            lp_group = logp_unit.gather(1, g_unit.t()).sum(dim=0)  # [S]
         emb = hm.group_embeddings(g_unit[:, unit_t], grouper.type_emb(type_idx), size_t, e_src, e_dst, e_w, M)
-        dev_group, lp_place = placer(emb, generator=gen, greedy=greedy, noise=noise)  # [S, M]
+        group_mem = None
+        if env.oom_mode == "mask":  # bytes per group of every sample, for the Placer's memory mask
+            group_mem = torch.zeros(g_unit.shape[0], M, dtype=torch.float64).scatter_add(
+                1, g_unit, unit_mem_t.expand(g_unit.shape[0], -1))
+        dev_group, lp_place = placer(emb, generator=gen, greedy=greedy, noise=noise, group_mem=group_mem,
+                                     capacity=capacity_t)  # [S, M]
         return torch.gather(dev_group, 1, g_unit), lp_group + lp_place  # [S, U]
 
     best: tuple | None = None
