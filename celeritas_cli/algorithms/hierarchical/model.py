@@ -144,34 +144,54 @@ def masked_groups(logp_unit, unit_mem, cap: float, samples: int, greedy: bool, g
     """Sample (or take the argmax of) a group per unit from the Grouper's
     ``logp_unit`` ``[U, M]``, units in index order, never putting a unit in
     a group it would make larger than the largest device (``oom_mode="mask"``;
-    when no group has room, the lightest group).  Units without memory
-    cannot make a group overflow and are drawn together, unmasked.  Returns
-    ``(g_unit [S, U], log_prob [S])``, the log-probability of the masked
-    draws."""
+    when no group has room, the lightest group).  Returns ``(g_unit [S, U],
+    log_prob [S])``, the log-probability of the masked draws (differentiable
+    with respect to ``logp_unit``).
+
+    The draws run in numpy (inverse CDF of ``torch.rand`` numbers from
+    *gen*, so a seed repeats); only units with memory are drawn one after
+    the other, then the masked log-probabilities are one tensor operation.
+    """
+    import numpy as np
+
     U, M = logp_unit.shape
-    g_unit = torch.zeros(samples, U, dtype=torch.long)
-    lp = torch.zeros(samples, dtype=logp_unit.dtype)
-    free = [u for u in range(U) if float(unit_mem[u]) <= 0.0]
-    if free:
-        rows = logp_unit[free]  # [F, M]
-        pick = (rows.argmax(dim=1).unsqueeze(0) if greedy else
-                torch.multinomial(rows.exp(), samples, replacement=True, generator=gen).t())  # [S, F]
-        g_unit[:, free] = pick
-        lp = lp + rows.gather(1, pick.t()).sum(dim=0)
-    load = torch.zeros(samples, M, dtype=torch.float64)
+    S = samples
+    probs = logp_unit.detach().exp().to(torch.float64).numpy()  # [U, M]
+    draws = torch.rand(S, U, generator=gen, dtype=torch.float64).numpy()
+    mem = [float(x) for x in unit_mem]
+    g_unit = np.zeros((S, U), dtype=np.int64)
+    mask = np.ones((S, U, M), dtype=bool)
+    free = [u for u in range(U) if mem[u] <= 0.0]
+    if free:  # no memory: cannot make a group overflow, drawn together
+        if greedy:
+            g_unit[:, free] = probs[free].argmax(axis=1)[None, :]
+        else:
+            cdf = np.cumsum(probs[free], axis=1)  # [F, M]
+            thr = draws[:, free, None] * cdf[None, :, -1:]  # [S, F, 1]
+            g_unit[:, free] = np.minimum((cdf[None, :, :] <= thr).sum(axis=2), M - 1)
+    load = np.zeros((S, M))
+    rows = np.arange(S)
     for u in range(U):
-        mem = float(unit_mem[u])
-        if mem <= 0.0:
+        if mem[u] <= 0.0:
             continue
-        room = load + mem <= cap
-        lightest = torch.nn.functional.one_hot(load.argmin(dim=1), M).bool()
-        room = torch.where(room.any(dim=1, keepdim=True), room, lightest)
-        row = torch.log_softmax(logp_unit[u].expand(samples, M).masked_fill(~room, float("-inf")), dim=1)
-        a = row.argmax(dim=1) if greedy else torch.multinomial(row.exp(), 1, generator=gen).squeeze(1)
-        lp = lp + row.gather(1, a.unsqueeze(1)).squeeze(1)
+        room = load + mem[u] <= cap  # [S, M]
+        none = ~room.any(axis=1)
+        if none.any():
+            room[none] = False
+            room[none, load[none].argmin(axis=1)] = True
+        mask[:, u] = room
+        p = probs[u][None, :] * room
+        if greedy:
+            a = p.argmax(axis=1)
+        else:
+            cdf = np.cumsum(p, axis=1)
+            a = np.minimum((cdf <= draws[:, u:u + 1] * cdf[:, -1:]).sum(axis=1), M - 1)
         g_unit[:, u] = a
-        load = load + mem * torch.nn.functional.one_hot(a, M).to(torch.float64)
-    return g_unit, lp
+        load[rows, a] += mem[u]
+    g = torch.from_numpy(g_unit)
+    masked = logp_unit.unsqueeze(0).expand(S, U, M).masked_fill(~torch.from_numpy(mask), float("-inf"))
+    lp = torch.log_softmax(masked, dim=2).gather(2, g.unsqueeze(2)).squeeze(2).sum(dim=1)
+    return g, lp
 
 
 class Placer(_Module):

@@ -330,6 +330,8 @@ def _train(torch, hm, env: RewardEnv, feats: dict, M: int, hidden: int, lr: floa
     e_w = torch.tensor([b / bmax for b in graph.edge_bytes], dtype=torch.float32)
     T_ref = math.fsum(env.costs.mean_time) or 1.0
     unit_mem_t = torch.tensor(env.unit_mem, dtype=torch.float64).unsqueeze(0)
+    # the masks change nothing when the whole graph fits on every device: keep the paper's draws then
+    masked = env.oom_mode == "mask" and sum(env.unit_mem) > min(d.memory for d in env.cluster.devices)
     capacity_t = torch.tensor([float(d.memory) for d in env.cluster.devices], dtype=torch.float64)
 
     grouper = hm.Grouper(len(feats["types"]), TYPE_DIM, node_x.shape[1], hidden, M)
@@ -339,7 +341,7 @@ def _train(torch, hm, env: RewardEnv, feats: dict, M: int, hidden: int, lr: floa
 
     def policy(samples: int, greedy: bool, noise: float = 0.0):
         logp_unit = grouper(type_idx, node_x, unit_t, n_units, noise=noise, generator=gen)  # [U, M]
-        if env.oom_mode == "mask":
+        if masked:
             g_unit, lp_group = hm.masked_groups(logp_unit, unit_mem_t[0], float(capacity_t.max()),
                                               1 if greedy else samples, greedy, gen)
         elif greedy:
@@ -350,7 +352,7 @@ def _train(torch, hm, env: RewardEnv, feats: dict, M: int, hidden: int, lr: floa
             lp_group = logp_unit.gather(1, g_unit.t()).sum(dim=0)  # [S]
         emb = hm.group_embeddings(g_unit[:, unit_t], grouper.type_emb(type_idx), size_t, e_src, e_dst, e_w, M)
         group_mem = None
-        if env.oom_mode == "mask":  # bytes per group of every sample, for the Placer's memory mask
+        if masked:  # bytes per group of every sample, for the Placer's memory mask
             group_mem = torch.zeros(g_unit.shape[0], M, dtype=torch.float64).scatter_add(
                 1, g_unit, unit_mem_t.expand(g_unit.shape[0], -1))
         dev_group, lp_place = placer(emb, generator=gen, greedy=greedy, noise=noise, group_mem=group_mem,
