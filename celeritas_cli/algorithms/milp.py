@@ -898,8 +898,10 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     model, mv = build_model(graph, cluster, resolution=res, congestion=congestion, horizon=horizon, costs=costs)
     if best is not None:
         _add_hint(model, graph, mv, best, replay, k)
-    # the result needs a simulation of the graph solved and one of the original
-    reserve = 2.0 * (best.sim_s if best is not None else 0.0) + 2.0 * orig_s + 0.02 * time_limit
+    # the result needs a simulation of the graph solved and one of the original; the
+    # caller needs a moment to write it and exit (placer place: limit + 10 % + 1 s in all)
+    reserve = 2.0 * (best.sim_s if best is not None else 0.0) + 2.0 * orig_s + 0.02 * time_limit \
+        + min(0.5, 0.05 * time_limit)
     cap = t0 + time_limit - reserve - time.perf_counter()
     if cap <= 0.0:
         msg = f"milp: no time left for the search within --time-limit {time_limit:g} s; coarsen first or raise it"

@@ -29,14 +29,19 @@ SECONDS_PER_ELEMENT = 5e-5
 simulation, plus the group embeddings)."""
 SECONDS_PER_ITERATION = 0.01
 """Cost model: fixed overhead of an iteration (Grouper, optimiser step)."""
-TIME_SHARE = 0.6
+TIME_SHARE = 0.5
 """Share of the time left after :data:`STARTUP_S` that the auto budget is
 sized to use, so the clock rarely cuts it.  The cost model was fitted on a
 loaded 2-core machine (per-iteration times of 0.05-2.2 s on 22- to 1,000-node
-graphs, M = 13-256, 2 or 8 samples), overestimating most of them."""
-STARTUP_S = 3.0
+graphs, M = 13-256, 2 or 8 samples), overestimating most of them; under a
+heavier load iterations took up to twice as long."""
+STARTUP_S = 5.0
 """Seconds of the time limit set aside for importing torch and building the
-networks (measured 1-3 s on a loaded machine)."""
+networks (``import torch`` measured 1-5 s on a loaded machine)."""
+MARGIN_S = 1.0
+"""Seconds before the end of the time limit at which training stops at the
+latest, left for writing the result and the interpreter's exit (``placer
+place`` keeps the whole call within the limit + 10 % + 1 s)."""
 
 
 def iteration_cost_s(n: int, m: int, groups: int, samples: int) -> float:
@@ -58,7 +63,7 @@ def auto_iterations(n: int, m: int, groups: int, samples: int, time_limit: float
     Example
     -------
     >>> auto_iterations(1000, 1600, 256, 8, 60.0), auto_iterations(60, 92, 52, 8, 0.0)
-    (13, 1000)
+    (10, 1000)
     """
     if not time_limit:
         return PAPER_ITERATIONS
@@ -102,13 +107,14 @@ class TrainingBudget:
             self._t1 = now
         if not self.time_limit or it == 0:
             return True
-        if now >= self.t0 + self.time_limit:
+        deadline = self.t0 + self.time_limit - min(MARGIN_S, 0.1 * self.time_limit)
+        if now >= deadline:
             self.clock_cut = True
             return False
         if it < 2:
             return True
         mean = (now - self._t1) / (it - 1)
-        left = self.t0 + self.time_limit - now - mean  # keep one for the final decode
+        left = deadline - now - mean  # keep one for the final decode
         fit = it + math.floor(left / mean) if mean > 0 else self.iterations
         if fit < self.iterations:
             self.clock_cut = True
