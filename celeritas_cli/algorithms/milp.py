@@ -792,7 +792,8 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
         on a coarse graph ``estimate.graph`` is ``"coarse"`` (labelled
         "OPTIMAL (coarse graph)"), and when the original graph is known
         (``graph.origin``) ``original_makespan_s`` is the returned
-        placement's makespan on it.
+        placement's makespan on it (``hint_original_makespan_s`` the warm
+        start's).
 
     Raises
     ------
@@ -854,6 +855,8 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     orig_s = time.perf_counter() - t_orig if graph.origin is not None else 0.0
     base_est = {"congestion": congestion, "lower_bound_s": lower_bound(graph, cluster, costs),
                 "makespan_by": "simulator"}
+    if fb_orig is not None:
+        base_est["hint_original_makespan_s"] = fb_orig
 
     def from_hint(status: str, why: str, note: str, extra: dict | None = None) -> Placement:
         assert fallback is not None
