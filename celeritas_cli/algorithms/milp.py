@@ -728,6 +728,35 @@ def _solution(graph: Graph, k: int, mv: MilpVars, solver) -> tuple[list[int], li
     return device_of, order
 
 
+def _too_large(graph: Graph, k: int, time_limit: float) -> str | None:
+    """The message saying the model is too large for *time_limit* (more than
+    ``TOO_LARGE`` nodes, or more than ``INTERVALS_PER_SECOND`` optional
+    intervals per second), or None."""
+    n, size = graph.n, model_size(graph, k)
+    if n <= TOO_LARGE and size <= INTERVALS_PER_SECOND * time_limit:
+        return None
+    need = "" if n > TOO_LARGE else f" (it needs about {size / INTERVALS_PER_SECOND:.0f} s)"
+    return (f"milp: graph '{graph.name}' ({n} nodes) makes a model of up to {size} intervals, too large to "
+            f"solve within --time-limit {time_limit:g} s{need}; coarsen first "
+            f"(`placer coarsen G | placer place - --algo milp`)" + ("" if n > TOO_LARGE else " or raise --time-limit"))
+
+
+def _hinted_model(graph: Graph, cluster: Cluster, best: _Hint | None, feasible: bool, res: float, congestion: str,
+                  costs: CostModel):
+    """:func:`build_model`, its horizon bounded by a memory-feasible warm
+    start's integer replay, every variable hinted with that replay."""
+    horizon = replay = None
+    if best is not None:
+        dur, comm = integer_durations(graph, cluster, res, costs)
+        replay = _integer_schedule(graph, best, dur, comm, congestion, cluster.k)
+        if feasible:
+            horizon = replay[2]  # a memory-feasible hint bounds the optimum
+    model, mv = build_model(graph, cluster, resolution=res, congestion=congestion, horizon=horizon, costs=costs)
+    if best is not None:
+        _add_hint(model, graph, mv, best, replay, cluster.k)
+    return model, mv
+
+
 def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: int = 8, seed: int = 0,
           resolution: float = 0.0, congestion: str = "channel", hint: str = "auto",
           quiet: bool = False, deterministic: bool = True, det_time: float = 0.0,
@@ -871,36 +900,22 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
         return Placement.from_indices(graph, cluster, fallback.device_of, algorithm="milp",
                                       order=fallback.order, params=params, seed=seed, estimate=est)
 
-    size = model_size(graph, k)
-    if n > TOO_LARGE or size > INTERVALS_PER_SECOND * time_limit:
-        need = "" if n > TOO_LARGE else f" (it needs about {size / INTERVALS_PER_SECOND:.0f} s)"
-        msg = (f"milp: graph '{graph.name}' ({n} nodes) makes a model of up to {size} intervals, too large to "
-               f"solve within --time-limit {time_limit:g} s{need}; coarsen first "
-               f"(`placer coarsen G | placer place - --algo milp`)"
-               + ("" if n > TOO_LARGE else " or raise --time-limit"))
+    msg = _too_large(graph, k, time_limit)
+    if msg:
         console.print(msg)
         if fallback is None:
             raise SolverError(msg)
         return from_hint("UNKNOWN", "model too large for the time limit",
-                         f"model not built ({n} nodes, {size} intervals); returned hint '{fallback.name}'")
+                         f"model not built ({n} nodes, {model_size(graph, k)} intervals); "
+                         f"returned hint '{fallback.name}'")
     if n > LARGE:
         console.print(f"milp: {n} nodes is large for CP-SAT; expect no optimality proof within {time_limit:g} s "
                       f"(consider `placer coarsen` first)")
-
     res = float(resolution)
     if res <= 0:
         res = auto_resolution(best.makespan if best is not None else sum(costs.max_time))
     params["resolution"] = res
-    horizon = None
-    replay = None
-    if best is not None:
-        dur, comm = integer_durations(graph, cluster, res, costs)
-        replay = _integer_schedule(graph, best, dur, comm, congestion, k)
-        if fallback is not None:
-            horizon = replay[2]  # a memory-feasible hint bounds the optimum
-    model, mv = build_model(graph, cluster, resolution=res, congestion=congestion, horizon=horizon, costs=costs)
-    if best is not None:
-        _add_hint(model, graph, mv, best, replay, k)
+    model, mv = _hinted_model(graph, cluster, best, fallback is not None, res, congestion, costs)
     # the result needs a simulation of the graph solved and one of the original; the
     # caller needs a moment to write it and exit (placer place: limit + 10 % + 1 s in all)
     reserve = 2.0 * (best.sim_s if best is not None else 0.0) + 2.0 * orig_s + 0.02 * time_limit \

@@ -314,6 +314,16 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
     return result(dev_unit, ms, not oom, extra)
 
 
+def _progress_bar(total: int):
+    """A started rich progress bar on stderr and its task."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("hierarchical"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), console=log.stderr_console(), transient=False)
+    bar.start()
+    return bar, bar.add_task("best -", total=total)
+
+
 def _train(torch, hm, env: RewardEnv, feats: dict, M: int, hidden: int, lr: float, gen, budget: TrainingBudget,
            progress: bool, history: list | None = None):
     """The REINFORCE loop; returns ``best = ((oom, makespan, iteration,
@@ -361,14 +371,7 @@ def _train(torch, hm, env: RewardEnv, feats: dict, M: int, hidden: int, lr: floa
 
     best: tuple | None = None
     baseline: float | None = None
-    bar = task = None
-    if progress:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        bar = Progress(TextColumn("hierarchical"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TextColumn("{task.description}"), console=log.stderr_console(), transient=False)
-        bar.start()
-        task = bar.add_task("best -", total=budget.iterations)
+    bar, task = _progress_bar(budget.iterations) if progress else (None, None)
 
     def consider(key, dev_unit):
         nonlocal best
