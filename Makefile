@@ -1,12 +1,13 @@
 # placer — the two commands a new user needs:
-#   make demo   set up, then coarsen | place | simulate a bundled sample graph and print the result table
+#   make demo   set up, then place (auto, the default optimizer) | simulate a bundled sample graph and print
+#               the result table
 #   make test   set up, then run the test suite
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 GRAPH   ?= sample_graphs/zoo/transformer.json.gz
 CLUSTER ?= sample_graphs/clusters/4xV100-pcie.json
-ALGO    ?= adjusting
+ALGO    ?= auto
 
 .PHONY: install install-torch demo test test-all bench samples clean
 
@@ -29,8 +30,7 @@ install-torch: $(VENV)/.torch
 
 demo: install
 	@mkdir -p out
-	$(BIN)/placer coarsen $(GRAPH) --method cpd --cluster $(CLUSTER) \
-	  | $(BIN)/placer place - --algo $(ALGO) --cluster $(CLUSTER) -o out/demo_placement.json
+	$(BIN)/placer place $(GRAPH) --algo $(ALGO) --cluster $(CLUSTER) -o out/demo_placement.json
 	$(BIN)/placer simulate $(GRAPH) --cluster $(CLUSTER) --placement out/demo_placement.json \
 	  --format table --gantt out/demo_gantt.svg -o out/demo_report.json
 	@echo "placement: out/demo_placement.json  report: out/demo_report.json  Gantt chart: out/demo_gantt.svg"

@@ -10,11 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 from celeritas_cli import registry
+from celeritas_cli.coarsening.contract import contract
 from celeritas_cli.model.cluster import Cluster, uniform
 from celeritas_cli.model.generate import layered
 from celeritas_cli.model.graph import build
 from celeritas_cli.model.io import load_cluster, load_graph
-from celeritas_cli.sim.simulator import run_schedule, simulate
+from celeritas_cli.model.placement import Placement
+from celeritas_cli.sim.simulator import simulate
 
 from .conftest import SAMPLES, edge, node
 
@@ -164,12 +166,22 @@ def test_counter_example_fine_graph_with_channel_congestion():
 
 # ------------------------------------------------------------ invariants
 def test_estimate_is_the_simulated_coarse_makespan():
-    g = layered(600, seed=8)
-    cl = uniform(4, bandwidth=1e12, latency=1e-6)
+    """The estimate is the makespan of the placement on the graph it was made
+    for - a coarse graph here - checked against a hand-computed value.
+    Coarse node {a, b} (3 s, 60 B) feeds {c} (3 s, 60 B) over a 1 s
+    transfer; 100 B per device puts them on two devices: 3 + 1 + 3 = 7 s.
+    On the original graph the same placement takes 5 s (c needs only a:
+    a [0, 1), transfer [1, 2), c [2, 5)), so an estimate taken there would
+    fail, and so would a simulator that dropped the transfer (6 s)."""
+    g = build("ab_c", [node("a", 1, 60), node("b", 2), node("c", 3, 60)], [edge("a", "c")])
+    cg = contract(g, [0, 0, 1], method="test")
+    cl = uniform(2, memory=100, bandwidth=100.0, latency=0.0)
     for algo in ("adjusting", "order-place"):
-        p = registry.place(g, cl, algo)
-        dev, _ = p.resolve(g, cl)
-        assert p.estimate["makespan_s"] == pytest.approx(run_schedule(g, cl, dev).makespan)
+        p = registry.place(cg, cl, algo)
+        assert p.assignment == {"a": "gpu0", "b": "gpu0", "c": "gpu1"}, algo
+        assert p.estimate["makespan_s"] == 7.0, algo
+        assert simulate(cg, cl, Placement.from_dict(p.to_dict()))["makespan_s"] == 7.0
+        assert simulate(g, cl, p)["makespan_s"] == 5.0
         assert p.estimate["lower_bound_s"] <= p.estimate["makespan_s"]
 
 
@@ -217,15 +229,9 @@ def test_cli_coarsen_pipe_place(tmp_path: Path):
     coarse = json.loads(r1.stdout)
     assert coarse["meta"]["coarsening"] == "cpd" and coarse["meta"]["cpd"]["R"] == 30
     assert "CCR" in r1.stderr and "nodes 300 ->" in r1.stderr
-    place_cmd = Path(__file__).resolve().parent.parent / "celeritas_cli" / "cli" / "place_cmd.py"
-    if place_cmd.exists():
-        r2 = runner.invoke(main, ["place", "-", "--algo", "adjusting"], input=r1.stdout)
-        assert r2.exit_code == 0, r2.output
-        pdoc = json.loads(r2.stdout)
-    else:  # pragma: no cover - before the lead's place command exists
-        from celeritas_cli.model.graph import Graph
-
-        pdoc = registry.place(Graph.from_dict(coarse), load_cluster(None), "adjusting").to_dict()
+    r2 = runner.invoke(main, ["place", "-", "--algo", "adjusting"], input=r1.stdout)
+    assert r2.exit_code == 0, r2.output
+    pdoc = json.loads(r2.stdout)
     g = load_graph(gpath)
     assert set(pdoc["assignment"]) == set(g.ids)
 

@@ -87,7 +87,6 @@ def test_bad_input_one_line_exit_1_no_output_file(tmp_path):
 
 def test_usage_errors_exit_2():
     assert CliRunner().invoke(main, ["place", G60, "--algo", "nope"]).exit_code == 2
-    assert CliRunner().invoke(main, ["place", G60]).exit_code == 2
     assert CliRunner().invoke(main, ["simulate", "-", "-P", "-"]).exit_code == 2
     assert CliRunner().invoke(main, ["place", G60, "--algo", "random", "-p", "oops"]).exit_code == 2
 

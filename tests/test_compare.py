@@ -1,5 +1,5 @@
 """`placer compare`: cells equal the simulator, failures stay in their cell,
-resume, formats, executors, exit codes (celeritas_cli/compare.py)."""
+resume, formats, executors, exit codes (celeritas_cli/compare/)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from click.testing import CliRunner
 from celeritas_cli import compare as lib
 from celeritas_cli import registry
 from celeritas_cli.cli import main
+from celeritas_cli.errors import InvalidInput
+from celeritas_cli.log import chatty, warn
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.graph import build
 from celeritas_cli.model.jsonio import write_json
@@ -37,10 +39,25 @@ def _hang(graph, cluster, *, seed=0, costs=None, time_limit=None):
     time.sleep(60)
 
 
+def _interrupt(graph, cluster, *, seed=0, costs=None):
+    raise KeyboardInterrupt  # what Ctrl-C raises in the running cell
+
+
+def _chatty(graph, cluster, *, seed=0, costs=None):
+    """Prints progress only when chatty, a warning always, and a stray print."""
+    if chatty():
+        warn("test-chatty: progress line")
+    warn("test-chatty: warning about the result")
+    print("stray print")
+    return Placement.from_indices(graph, cluster, [0] * graph.n, algorithm="test-chatty")
+
+
 DUMMIES = {
     "test-split": (_split, {}),
     "test-boom": (_boom, {}),
     "test-hang": (_hang, {"time_limit": registry.Param(float, None, "s")}),
+    "test-interrupt": (_interrupt, {}),
+    "test-chatty": (_chatty, {}),
 }
 
 
@@ -280,7 +297,7 @@ def test_discover_gz_and_skip_non_graphs(files, tmp_path):
     assert [f.rsplit("/", 1)[-1] for f in found] == ["chain.json.gz"]
     rows = lib.compare([d], [files["cluster"]], ["single-device"])
     assert rows[0]["graph"] == "chain3" and rows[0]["makespan_s"] == 6.0
-    with pytest.raises(lib.InvalidInput):
+    with pytest.raises(InvalidInput):
         lib.discover_graphs([tmp_path / "nowhere"])
 
 
@@ -303,6 +320,139 @@ def test_plot_gantt_of_a_split_placement_draws_the_split_graph(tmp_path):
     split_ids = [n["id"] for n in orjson.loads(orjson.dumps(
         registry.place(g, uniform(2, bandwidth=1e6, latency=0.0), "os-dpos").split_graph))["nodes"]]
     assert len(split_ids) > 3 and all(f"<title>{i} (" in svg for i in split_ids)
+
+
+def test_run_compare_is_the_command_as_a_library_call(files, tmp_path):
+    """The library entry streams NDJSON, resumes and reports failures
+    exactly as the command does (the command is a thin layer over it)."""
+    out = tmp_path / "runs.ndjson"
+    opts = lib.CompareOptions(fmt="json", output=str(out), progress=False)
+    res = lib.run_compare([files["dir"]], [files["cluster"]], ["single-device", "test-boom"], opts)
+    assert [(r["graph"], r["algorithm"], r["status"]) for r in res.rows] == [
+        ("chain3", "single-device", "OK"), ("chain3", "test-boom", "error"),
+        ("fork", "single-device", "OOM"), ("fork", "test-boom", "error")]
+    assert [r["algorithm"] for r in res.failed] == ["test-boom", "test-boom"]
+    assert [orjson.loads(x)["algorithm"] for x in out.read_bytes().splitlines()].count("single-device") == 2
+    CALLS.clear()
+    again = lib.run_compare([files["dir"]], [files["cluster"]], ["single-device", "test-boom", "test-split"],
+                            lib.CompareOptions(fmt="json", output=str(out), resume=str(out), progress=False))
+    assert sorted(CALLS) == ["chain3", "fork"]  # only the new algorithm ran
+    assert len(again.rows) == 6 and len(out.read_bytes().splitlines()) == 6
+    with pytest.raises(InvalidInput, match="both named 'tiny2'"):
+        lib.run_compare([files["dir"]], [files["cluster"], files["cluster"]], ["single-device"],
+                        lib.CompareOptions(progress=False))
+
+
+def test_coarse_columns_name_the_method_and_the_algorithm(files):
+    rows = lib.compare([files["dir"] / "chain3.json"], [files["cluster"]], ["single-device", "test-split"],
+                       coarsen="cpd")
+    assert [r["algorithm"] for r in rows] == ["single-device", "test-split"]  # the row fields keep their meaning
+    assert all(r["coarsen"] == "cpd" for r in rows)
+    m = lib.matrix(rows, "makespan_s", ["single-device", "test-split"])
+    assert m["columns"] == ["cpd+single-device", "cpd+test-split"]
+    assert m["rows"][0]["best"] == "cpd+single-device"
+    words = " ".join(lib.format_table(rows, ["single-device", "test-split"]).split())  # rich wraps captions
+    assert "cpd+test-split" in words and "cpd+X: X placed on the cpd coarse graph" in words
+    # rows of a resumed run on the original graph share the table row, in their own columns
+    plain = lib.compare([files["dir"] / "chain3.json"], [files["cluster"]], ["test-split"])
+    m = lib.matrix(rows + plain, "makespan_s", ["single-device", "test-split"])
+    assert m["columns"] == ["test-split", "cpd+single-device", "cpd+test-split"]
+    assert len(m["rows"]) == 1 and m["rows"][0]["cells"]["test-split"] == "8"
+
+
+def test_csv_floats_have_six_significant_digits(files):
+    assert lib.formats.csv_value(0.0008122929999999998) == "0.000812293"
+    assert lib.formats.csv_value(1 / 3) == "0.333333" and lib.formats.csv_value(123456789.0) == "123457000.0"
+    assert lib.formats.csv_value(47101732) == 47101732  # integers stay exact
+    rows = lib.compare([files["dir"]], [files["cluster"]], ["single-device", "random"])
+    rows[0]["placement_time_s"] = 0.0008122929999999998
+    recs = list(csv.DictReader(io.StringIO(lib.format_csv(rows, ["single-device", "random"]))))
+    assert recs[0]["placement_time_s"] == "0.000812293"
+    for rec in recs:
+        for key in ("makespan_s", "lower_bound_s", "utilisation", "simulate_time_s"):
+            digits = rec[key].replace(".", "").replace("-", "").split("e")[0].lstrip("0")
+            assert len(digits.rstrip("0")) <= 6, (key, rec[key])
+
+
+def test_plot_axes_legends_and_order(files, tmp_path):
+    """Round y ticks that end at the tallest bar's tick (bars of 5 s: an axis
+    to 5, not 10), a labelled lower-bound line, an algorithm legend in a
+    palette of its own, and Gantt charts in the order of the bar panels
+    (g2 before g10, as the tables sort file names)."""
+    from celeritas_cli.compare import plots
+    from celeritas_cli.sim.gantt import PALETTE, nice_ticks
+
+    assert nice_ticks(5.0, 5)[-1] == 5.0 and nice_ticks(5.2, 5) == [0.0, 2.0, 4.0, 6.0]
+    assert nice_ticks(0.9795) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert not set(plots.ALGO_PALETTE) & set(PALETTE)
+    g = build("g", [{"id": "a", "compute_s": 5, "memory_bytes": 0}], [])
+    for name in ("g2", "g10"):
+        write_json({**g.to_dict(), "name": name}, tmp_path / f"{name}.json")
+    out = tmp_path / "p.svg"
+    res = CliRunner().invoke(main, ["compare", str(tmp_path / "g10.json"), str(tmp_path / "g2.json"),
+                                    "--cluster", str(files["cluster_file"]), "--no-progress",
+                                    "--algos", "single-device,test-split", "--plot", str(out)])
+    assert res.exit_code == 0, res.output
+    svg = out.read_text()
+    assert svg.index("g2 on tiny2: best") < svg.index("g10 on tiny2: best")
+    assert svg.index(">g2</text>") < svg.index(">g10</text>")  # bar panels, same order
+    ticks = [t for t in ("0", "1", "2", "3", "4", "5", "10") if f'text-anchor="end" font-size="9">{t}</text>' in svg]
+    assert ticks == ["0", "1", "2", "3", "4", "5"]
+    assert ">LB</text>" in svg and ">lower bound (LB)</text>" in svg
+    colour = plots.algorithm_colours([], ["single-device", "test-split"])
+    assert f'fill="{colour["test-split"]}"/><text x="17" y="11">test-split</text>' in svg
+    assert ">time (s)</text>" in svg and ">makespan (s)</text>" in svg
+
+
+def test_plot_png(files, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "p.png"
+    res = CliRunner().invoke(main, ["compare", str(files["dir"]), "--cluster", str(files["cluster_file"]),
+                                    "--no-progress", "--algos", ",".join(ALGOS), "--plot", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_ctrl_c_says_what_was_kept_and_how_to_resume(files, tmp_path):
+    out = tmp_path / "runs.ndjson"
+    base = ["compare", str(files["dir"]), "--cluster", str(files["cluster_file"]), "--no-progress",
+            "--format", "json", "-o", str(out)]
+    res = CliRunner().invoke(main, base + ["--algos", "single-device,test-interrupt"])
+    assert res.exit_code == 130
+    assert "interrupted after 1 of 4 cells" in res.stderr and f"--resume {out}" in res.stderr
+    assert [orjson.loads(x)["algorithm"] for x in out.read_bytes().splitlines()] == ["single-device"]
+    res = CliRunner().invoke(main, base + ["--algos", "single-device", "--resume", str(out)])
+    assert res.exit_code == 0 and len(out.read_bytes().splitlines()) == 2
+    res = CliRunner().invoke(main, base[:-4] + ["--algos", "single-device,test-interrupt"])
+    assert res.exit_code == 130 and "nothing was written" in res.stderr and "--format json -o FILE" in res.stderr
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_cells_are_quiet_unless_verbose(files, jobs):
+    """Progress lines only with -v; warnings always; all of it on stderr,
+    after the cell, prefixed by it (so it cannot break the progress bar);
+    stdout keeps only the table."""
+    base = ["compare", str(files["dir"] / "chain3.json"), "--cluster", str(files["cluster_file"]), "--no-progress",
+            "--algos", "test-chatty", "-j", jobs]
+    quiet = CliRunner().invoke(main, base)
+    loud = CliRunner().invoke(main, base + ["-v"])
+    assert quiet.exit_code == loud.exit_code == 0
+    cell = "chain3.json / tiny2 / test-chatty: "
+    assert f"{cell}warning about the result" in quiet.stderr and "progress line" not in quiet.stderr
+    assert f"{cell}warning about the result" in loud.stderr and f"{cell}progress line" in loud.stderr
+    assert f"{cell}stray print" in quiet.stderr
+    assert "stray print" not in quiet.stdout + loud.stdout and "test-chatty" in quiet.stdout
+
+
+def test_milp_progress_lines_follow_chatty(files, capsys):
+    from celeritas_cli.log import quiet
+
+    params = {"time_limit": "2", "workers": "1"}
+    registry.place(files["chain"], files["cluster"], "milp", params=params)
+    assert "milp: hint" in capsys.readouterr().err
+    with quiet():
+        registry.place(files["chain"], files["cluster"], "milp", params=params)
+    assert "milp: hint" not in capsys.readouterr().err
 
 
 def test_coarse_milp_status_is_labelled_and_judged_on_the_original():

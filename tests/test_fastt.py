@@ -109,8 +109,10 @@ def test_os_dpos_splits_dominant_conv_on_two_devices():
     cl = uniform(2, bandwidth=1e6, latency=0.0)
     base = simulate(g, cl, dpos(g, cl))["makespan_s"]
     assert base == pytest.approx(10.2)
-    p = registry.place(g, cl, "os-dpos")
-    assert p.split_graph is not None
+    p = registry.place(g, cl, "os-dpos", params={"start": "dag"})
+    assert p.split_graph is not None and p.estimate["input"] == "dag"
+    assert p.derivation == {"steps": [{"transform": "split", "node": "conv", "dim": "batch", "n": 2,
+                                       "overhead_s": 2e-6}]}
     assert p.estimate["splits"] == [{"node": "conv", "dim": "batch", "n": 2}]
     split = Graph.from_dict(p.split_graph)
     assert {p.assignment["conv/part0"], p.assignment["conv/part1"]} == {"gpu0", "gpu1"}
@@ -124,8 +126,8 @@ def test_os_dpos_splits_dominant_conv_on_two_devices():
 def test_os_dpos_keeps_the_unsplit_graph_when_splitting_does_not_pay():
     g = dominant_conv()
     cl = uniform(2, bandwidth=100.0, latency=0.0)  # a 500-byte slice takes 5 s
-    p = registry.place(g, cl, "os-dpos")
-    assert p.split_graph is None and p.estimate["splits"] == []
+    p = registry.place(g, cl, "os-dpos", params={"start": "dag"})
+    assert p.split_graph is None and p.derivation is None and p.estimate["splits"] == []
     assert simulate(g, cl, p)["makespan_s"] == pytest.approx(10.2)
 
 
@@ -133,7 +135,7 @@ def test_os_dpos_on_layered_never_worse_than_dpos():
     g = layered(120, seed=4)
     cl = uniform(4, bandwidth=1e11)  # cheap links so that splits can pay off
     d = simulate(g, cl, dpos(g, cl))["makespan_s"]
-    p = registry.place(g, cl, "os-dpos", params={"max_ops": 3})
+    p = registry.place(g, cl, "os-dpos", params={"max_ops": 3, "start": "dag"})
     rep = simulate(g, cl, p)
     assert rep["makespan_s"] <= d + 1e-12
     assert rep["makespan_s"] == pytest.approx(p.estimate["makespan_s"])
@@ -141,7 +143,50 @@ def test_os_dpos_on_layered_never_worse_than_dpos():
         assert isinstance(p, Placement) and p.estimate["splits"]
 
 
+def _training_model():
+    """A model that fits one device: x -> f (params) -> b (backward, gradient) -> u (update)."""
+    return build("tm", [node("x", 0.4, 400), node("f", 8.0, 500, colocation="p", splittable=["batch"],
+                                                   batch_independent={"memory_bytes": 100, "state_bytes": 100}),
+                        node("b", 8.0, 100, op="aten.mm", splittable=["batch"]),
+                        node("u", 1.0, 200, op="optim.sgd", colocation="p")],
+                 [edge("x", "f", 400, tensor="x:0"), edge("f", "b", 400, tensor="f:0"),
+                  edge("b", "u", 100, tensor="b:0")], meta={"phase": "training", "batch_size": 8})
+
+
+def test_os_dpos_starts_from_the_data_parallel_graph_when_the_model_fits():
+    """FastT 5.2: the input to Algorithm 2 is the data-parallel graph when the
+    model fits one device, the DAG otherwise."""
+    g = _training_model()
+    cl = uniform(4, bandwidth=1000.0, latency=0.0, memory=10_000)
+    p = registry.place(g, cl, "os-dpos")
+    assert p.estimate["input"] == "data-parallel"
+    assert p.derivation["steps"][0] == {"transform": "data-parallel", "replicas": 4, "scaling": "strong",
+                                        "overhead_s": 2e-6}
+    sg = Graph.from_dict(p.split_graph)
+    assert {sg.node_extra[v]["origin"] for v in range(sg.n) if "origin" in (sg.node_extra[v] or {})} == set(g.ids)
+    dp = registry.place(g, cl, "data-parallel")
+    ms = simulate(g, cl, p)["makespan_s"]
+    assert ms == pytest.approx(p.estimate["makespan_s"])
+    assert ms <= simulate(g, cl, dp)["makespan_s"] + 1e-12  # data parallelism is the starting strategy
+    assert p.estimate["data_parallel_makespan_s"] == pytest.approx(dp.estimate["makespan_s"])
+    # too large for one device (1100 B > 1000 B): the model's DAG
+    small = uniform(4, bandwidth=1000.0, latency=0.0, memory=1000)
+    q = registry.place(g, small, "os-dpos")
+    assert q.estimate["input"] == "dag" and (q.derivation is None or q.derivation["steps"][0]["transform"] == "split")
+    assert registry.place(g, small, "os-dpos", params={"start": "data-parallel"}).estimate["input"] == "data-parallel"
+
+
+def test_os_dpos_best_start_keeps_the_faster_input():
+    g = layered(60, seed=1)
+    cl = uniform(4)
+    runs = {s: simulate(g, cl, registry.place(g, cl, "os-dpos", params={"start": s, "max_ops": 2}))["makespan_s"]
+            for s in ("dag", "data-parallel")}
+    p = registry.place(g, cl, "os-dpos", params={"start": "best", "max_ops": 2})
+    assert simulate(g, cl, p)["makespan_s"] == pytest.approx(min(runs.values()))
+    assert p.estimate["inputs_tried"] == pytest.approx(runs)
+
+
 def test_registered():
     names = registry.names()
-    assert {"dpos", "os-dpos", "fd-dps"} <= set(names)
+    assert {"dpos", "os-dpos", "fd-dps", "data-parallel"} <= set(names)
     assert registry.get("os-dpos").quick_params

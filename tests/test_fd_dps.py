@@ -64,11 +64,23 @@ def test_fd_dps_schedule_on_the_small_dag(dag):
     assert p.estimate["status"] == "FEASIBLE"
 
 
-def test_fd_dps_fallbacks_and_eps_are_parameters(dag):
+def test_fd_dps_fallbacks_and_eps_are_parameters():
+    """Independent a(3), b(2), c(2), d(2) on two devices.  a -> gpu0 [0, 3)
+    (DCPL 3), b -> gpu1 [0, 2) (LST 1).  c (LST 1) and d (LST 2) cannot start
+    by their LST anywhere, so rule (4) picks their device; c goes to gpu1
+    [2, 4) under both rules.  For d (gpu0 free at 3, gpu1 at 4):
+    lowest-priority takes gpu1, whose last node c has NP 1/(1 + eps) below
+    a's 1/eps: d [4, 6), 6 s; eft takes gpu0 (EFT 5 < 6): d [3, 5), 5 s.
+    An eps of 1e20 makes both NPs 1e-20 (equal in floating point), so
+    lowest-priority falls to its EFT tie-break: 5 s."""
+    g = build("four", [node("a", 3), node("b", 2), node("c", 2), node("d", 2)], [])
     cl = uniform(2, bandwidth=1.0, latency=0.0)
-    for fb in ("lowest-priority", "eft"):
-        p = registry.place(dag, cl, "fd-dps", params={"fallback": fb, "eps": "1e-6"})
-        assert simulate(dag, cl, p)["makespan_s"] == pytest.approx(8.0)
+    cases = [({}, "gpu1", 6.0), ({"fallback": "lowest-priority"}, "gpu1", 6.0), ({"fallback": "eft"}, "gpu0", 5.0),
+             ({"fallback": "lowest-priority", "eps": "1e20"}, "gpu0", 5.0)]
+    for params, d_device, makespan in cases:
+        p = registry.place(g, cl, "fd-dps", params=params)
+        assert p.assignment == {"a": "gpu0", "b": "gpu1", "c": "gpu1", "d": d_device}, params
+        assert simulate(g, cl, p)["makespan_s"] == makespan == p.estimate["makespan_s"], params
 
 
 def test_fd_dps_find_slot_uses_idle_gap():

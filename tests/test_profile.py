@@ -249,3 +249,16 @@ def test_package_import_does_not_import_torch():
             "celeritas_cli.profile.capture, celeritas_cli.cli.profile_cmd; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_standard_evaluation_records_each_nodes_lines():
+    m = {"schema": "placer.measurements/v1", "name": "m", "batch_sizes": [2, 4, 8],
+         "nodes": [{"id": "a", "memory_bytes": [10, 18, 34], "compute_s": [1.0, 1.5, 2.5],
+                    "compute_by_type": {"T4": [2.0, 3.0, 5.0]}},
+                   {"id": "u", "memory_bytes": 64, "compute_s": 0.25}], "edges": []}
+    g, _, _ = from_measurements(m, 16)
+    a, u = g["nodes"]
+    assert a["batch_line"] == {"batch": 16, "compute_s": [0.5, 0.25], "memory_bytes": [2.0, 4.0],
+                               "compute_by_type": {"T4": [1.0, 0.5]}}
+    assert a["compute_s"] == pytest.approx(0.5 + 0.25 * 16)
+    assert u["batch_line"] == {"batch": 16, "compute_s": [0.25, 0.0], "memory_bytes": [64.0, 0.0]}

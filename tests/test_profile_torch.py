@@ -95,6 +95,35 @@ def test_tiny_mlp_training_graph_nodes_edges_bytes():
     assert g.n == 19 and doc["meta"]["parameters"] == 8 * 16 + 16 + 16 * 4 + 4
 
 
+def test_batch_independent_fields_agree_with_the_standard_evaluation_lines():
+    f32 = 4
+    doc = profile_model(SPEC, 32)
+    assert doc["name"] == "tinymlp_b32"
+    n = by_id(doc)
+    l1 = (8 * 16 + 16) * f32
+    assert n["addmm"]["batch_independent"] == {"memory_bytes": l1, "state_bytes": l1, "bytes_moved": l1}
+    assert n["addmm_1"]["batch_independent"]["state_tensors"] == ["addmm_1:l2.weight"]   # read by the backward mm
+    assert n["mm_2"]["batch_independent"]["memory_bytes"] == 16 * 8 * f32                # the kept gradient
+    assert n["adam.l1.weight"]["batch_independent"]["memory_bytes"] == 2 * 16 * 8 * f32
+    assert "batch_independent" not in n["relu"] and "batch_independent" not in n["input_0"]
+    # an independent path: the intercept of each node's memory line against the batch size
+    docs = [profile_model(SPEC, b) for b in (2, 4, 8)]
+    est = extrapolate(measurements_from_graphs(docs, [2, 4, 8]), 32)
+    for nd in est["nodes"]:
+        intercept = nd["batch_line"]["memory_bytes"][0]
+        # the loss node's two scalar outputs (loss, total weight) do not grow with the batch: the one-batch
+        # capture counts them as activations, the lines see 8 constant bytes
+        extra = 2 * f32 if nd["id"] == "nll_loss_forward" else 0
+        assert intercept == pytest.approx(nd.get("batch_independent", {}).get("memory_bytes", 0) + extra,
+                                          abs=1e-6), nd["id"]
+    # data parallelism reduces exactly the parameters' gradients
+    from celeritas_cli.scheduling.replicate import data_parallel_graph
+
+    dp = data_parallel_graph(Graph.from_dict(doc), 2)
+    assert dp.meta["data_parallel"]["gradients"] == 4
+    assert dp.meta["data_parallel"]["gradient_bytes"] == doc["meta"]["parameter_bytes"]
+
+
 def test_inference_phase_has_no_backward():
     doc = profile_model(SPEC, 4, phase="inference")
     assert [n["op"] for n in doc["nodes"]] == ["placeholder", "aten.addmm", "aten.relu", "aten.addmm"]

@@ -86,11 +86,10 @@ def test_congestion_channel_vs_none_vs_port():
     assert simulate(g2, c, P(g2, c, same))["makespan_s"] == 4.0
     big = build("big", [node("a", 1), node("b", 0.0), node("c", 1)], [edge("a", "c", 300), edge("b", "c", 300)])
     both = {"a": "gpu0", "b": "gpu0", "c": "gpu1"}
-    # b (0 s) runs first? no: ranks -> both ready at 0; b has equal rank path? compute explicitly:
-    # channel: transfers serialise: total 6 s of transfer after the first producer finishes
-    ch = simulate(big, c, P(big, c, both))["makespan_s"]
-    free = simulate(big, c, P(big, c, both), congestion="none")["makespan_s"]
-    assert ch - free == pytest.approx(3.0)
+    # ranks a 1 + 3 + 1 = 5, b 0 + 3 + 1 = 4: a [0, 1], b [1, 1]; 3 s transfers.
+    # channel: [1, 4] then [4, 7], c [7, 8]; none: both [1, 4], c [4, 5]
+    assert simulate(big, c, P(big, c, both))["makespan_s"] == 8.0
+    assert simulate(big, c, P(big, c, both), congestion="none")["makespan_s"] == 5.0
 
 
 def test_shared_tensor_sent_once_per_device():
@@ -221,12 +220,19 @@ def test_rank_order_prefers_longer_tail():
 
 
 def test_simultaneous_events_processed_before_dispatch():
-    # x (rank 1) becomes ready at t=1 when w finishes; y (rank 2 via z) was ready since 0 but
-    # gpu0 is busy with w until 1: at t=1 both compete and y wins by rank
-    g = build("t", [node("w", 1), node("x", 1), node("y", 1), node("z", 1)],
-              [edge("w", "x", 0), edge("y", "z", 0)])
-    s = run_schedule(g, uniform(1), [0, 0, 0, 0])
-    assert s.makespan == 4.0
+    """gpu0 runs w [0, 1) first (rank 7 over y's 1).  At t=1 one event both
+    frees gpu0 and makes x ready; x (rank 6: it feeds t, 5 s on gpu1) must
+    win over y, which has waited since 0: x [1, 2), t [2, 7), y [2, 3): 7 s.
+    Dispatching when gpu0 frees, before x is ready, would run y first and
+    delay t to [3, 8); a ready queue in index order would too (y is listed
+    first)."""
+    g = build("t", [node("y", 1), node("w", 1), node("x", 1), node("t", 5)],
+              [edge("w", "x", 0), edge("x", "t", 0)])
+    s = run_schedule(g, uniform(2, bandwidth=1.0, latency=0.0), [0, 0, 0, 1])
+    y, w, x, t = range(4)
+    assert s.device_order == [[w, x, y], [t]]
+    assert (s.start[x], s.start[t], s.start[y]) == (1.0, 2.0, 2.0)
+    assert s.makespan == 7.0
 
 
 def test_coarse_graph_placement_expands():

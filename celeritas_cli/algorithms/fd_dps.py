@@ -19,8 +19,10 @@ from ..model.costs import CostModel, cost_model, downward_rank, upward_rank
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
+from ..scheduling.derivation import attach, split_step
 from ..scheduling.memory import DeviceMemory
-from ..scheduling.splitting import DEFAULT_OVERHEAD_S, split_operation
+from ..scheduling.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
+from ..scheduling.splitting import split_operation
 from ..scheduling.timeline import Timeline
 from ..sim.simulator import makespan_of
 from .dpos import Links
@@ -199,20 +201,23 @@ def fd_dps_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = No
 
 
 def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int, max_splits: int,
-                    overhead_s: float) -> Graph:
+                    overhead_s: float) -> tuple[Graph, list[dict]]:
     """Split the splittable critical nodes (Definition 10 on the unscheduled
-    graph), heaviest first, at most *max_splits*, along their first listed
-    dimension into *parts* parts."""
+    graph), heaviest first, at most *max_splits*, along their first allowed
+    dimension (:func:`~celeritas_cli.scheduling.split_cost.splittable_dims`)
+    into *parts* parts; returns the split graph and its recipe steps."""
     _, _, _, crit = est_lst(graph, costs)
     topo = graph.topo_index()
-    cands = sorted((v for v in range(graph.n) if crit[v] and graph.splittable[v]),
+    cands = sorted((v for v in range(graph.n) if crit[v] and splittable_dims(graph, v)),
                    key=lambda v: (-costs.mean_time[v], topo[v]))
     if max_splits > 0:
         cands = cands[:max_splits]
     g = graph
+    steps = []
     for v in cands:
-        g = split_operation(g, graph.ids[v], graph.splittable[v][0], parts, overhead_s=overhead_s)
-    return g
+        steps.append(split_step(graph.ids[v], splittable_dims(graph, v)[0], parts, overhead_s))
+        g = split_operation(g, graph.ids[v], steps[-1]["dim"], parts, overhead_s=overhead_s)
+    return g, steps
 
 
 @register("fd-dps", paper="FD-DPS (2023)", section="4.2-4.3, Definitions 8-12, Algorithms 1-2",
@@ -286,11 +291,14 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
       free memory, and the estimate says ``OOM``.
     * ``split=True`` (section 4.1): the splittable critical nodes of the
       unscheduled graph (Definition 10), heaviest first, at most
-      *max_splits*, are split along their first listed dimension into
+      *max_splits*, are split along their first allowed dimension into
       *split_parts* parts (0 = number of devices) by
-      :func:`~celeritas_cli.scheduling.splitting.split_operation`; both graphs are
-      scheduled and the one with the smaller simulated makespan is kept
-      (the split graph travels in ``Placement.split_graph``).
+      :func:`~celeritas_cli.scheduling.splitting.split_operation` (the
+      split cost model of :mod:`celeritas_cli.scheduling.split_cost`, shared
+      with OS-DPOS and data parallelism); both graphs are scheduled and the
+      one with the smaller simulated makespan is kept (the split graph
+      travels in ``Placement.split_graph``, its recipe in
+      ``Placement.derivation``).
 
     Complexity: O((V + E)·k + V log V) plus the timeline's gap search.
 
@@ -321,10 +329,11 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
     device_of, order, _, ms, oom, ncrit = fd_dps_schedule(graph, cluster, costs, eps=eps, fallback=fallback,
                                                         congestion=congestion)
     g_used = graph
+    steps: list[dict] = []
     estimate = {"makespan_s": ms, "critical_nodes": ncrit, "status": "OOM" if oom else "FEASIBLE"}
     if split and cluster.k > 1:
         parts = split_parts or cluster.k
-        g_split = _split_critical(graph, cluster, costs, parts, max_splits, overhead_s)
+        g_split, steps = _split_critical(graph, cluster, costs, parts, max_splits, overhead_s)
         if g_split is not graph:
             c2 = costs.for_graph(g_split)
             d2, o2, _, ms2, oom2, nc2 = fd_dps_schedule(g_split, cluster, c2, eps=eps, fallback=fallback,
@@ -340,7 +349,5 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
                                             for r in g_split.meta.get("splits", [])]})
     p = Placement.from_indices(g_used, cluster, device_of, algorithm="fd-dps", order=order, seed=seed,
                                estimate=estimate)
-    if g_used is not graph:
-        p.split_graph = g_used.to_dict()
-    p.graph = graph.original_name
+    attach(p, graph, g_used, steps if g_used is not graph else [])
     return p

@@ -10,6 +10,7 @@ from ..model.graph import Graph
 from ..model.io import load_placement
 from ..model.placement import Placement
 from ..registry import Param, register
+from ..scheduling.derivation import rebuild
 
 
 @register("given", paper="baseline", section="HRL Table 1 (human experts)",
@@ -19,7 +20,11 @@ def given(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
           file: str | None = None) -> Placement:
     """Load placement *file*, check it against *graph* and *cluster*, and
     return it (its order, if any, kept), so ``compare`` and ``simulate``
-    judge it like any algorithm's output.
+    judge it like any algorithm's output.  A placement of a derived graph
+    (``derivation``: operation splits, data parallelism) is checked against
+    the derived graph rebuilt from *graph*
+    (:func:`~celeritas_cli.scheduling.derivation.rebuild`) and keeps its
+    recipe.
 
     Raises
     ------
@@ -29,6 +34,12 @@ def given(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
     if not file:
         raise InvalidInput("algorithm 'given' needs the placement file: -p file=PLACEMENT.json")
     src = load_placement(file)
-    device_of, order = src.resolve(graph, cluster, label=file)
-    return Placement.from_indices(graph, cluster, device_of, order=order, algorithm="given", seed=seed,
-                                  params={"file": file}, estimate=dict(src.estimate))
+    target = graph
+    if src.derivation is not None or src.split_graph is not None:
+        target = rebuild(graph, src.derivation, src.split_graph, label=file)
+    device_of, order = src.resolve(target, cluster, label=file)
+    p = Placement.from_indices(target, cluster, device_of, order=order, algorithm="given", seed=seed,
+                               params={"file": file}, estimate=dict(src.estimate))
+    if target is not graph:
+        p.derivation, p.split_graph, p.graph = src.derivation, target.to_dict(), graph.original_name
+    return p

@@ -218,7 +218,8 @@ def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
         if graph.m > 0:
             warn(f"m-sct: graph '{graph.name}' has {graph.n} nodes > lp_max_nodes={lp_max_nodes}; "
                  f"using greedy favourite children (heaviest out-edge) instead of the LP")
-            estimate["caveat"] = f"greedy favourite children (more than lp_max_nodes={lp_max_nodes} nodes), not Baechi's LP"
+            estimate["caveat"] = (f"greedy favourite children (more than lp_max_nodes={lp_max_nodes} nodes), "
+                                  f"not Baechi's LP")
         fav = greedy_favorites(graph)
         how = "greedy"
     res = etf_schedule(graph, cluster, costs, favorite=fav)

@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..errors import Infeasible, InvalidInput, MissingDependency, SolverError
+from ..log import chatty
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model, downward_rank, upward_rank
 from ..model.graph import Graph
@@ -849,6 +850,7 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     t0 = time.perf_counter()
     cp_model = _cp()  # the import (about a second) counts against the limit
     console = _console()
+    quiet = quiet or not chatty()  # placer compare runs cells quietly unless -v
     if congestion not in CONGESTION_RULES:
         raise InvalidInput(f"milp: unknown congestion rule '{congestion}' (use channel, port or none)")
     if not time_limit > 0:

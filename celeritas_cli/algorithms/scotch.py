@@ -24,6 +24,7 @@ import contextlib
 import io
 
 from ..errors import MissingDependency, SolverError
+from ..log import chatty
 from ..model.cluster import Cluster
 from ..model.costs import CostModel
 from ..model.graph import Graph
@@ -32,9 +33,17 @@ from ..registry import Param, register
 from ..scheduling.partition import partition_inputs, placement_from_parts
 
 
+@contextlib.contextmanager
+def _banner_hidden():
+    """pyscotch reports its library when it loads it (on import or first use): keep stdout clean
+    for the JSON document, and stderr too when quiet (placer compare without -v)."""
+    banner = contextlib.nullcontext() if chatty() else contextlib.redirect_stderr(io.StringIO())
+    with contextlib.redirect_stdout(io.StringIO()), banner:
+        yield
+
+
 def _import_pyscotch():
-    # pyscotch reports its library on import; keep stdout clean for the JSON document
-    with contextlib.redirect_stdout(io.StringIO()):
+    with _banner_hidden():
         try:
             import pyscotch
         except ImportError:
@@ -94,7 +103,7 @@ def scotch(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
     share = [d.speed for d in cluster.devices] if weights == "compute" else [d.memory for d in cluster.devices]
     top = max(share)
     term = np.array([max(1, round(s / top * 1000)) for s in share], dtype=np.int64)
-    with contextlib.redirect_stdout(io.StringIO()):
+    with _banner_hidden():
         try:
             g = pyscotch.Graph()
             g.build(np.array(xadj, dtype=np.int64), np.array(adjncy, dtype=np.int64),

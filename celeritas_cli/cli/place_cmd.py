@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import time
+
 import click
 
 from .. import registry
 from ..log import warn
 from ..model.costs import cost_model
 from ..model.io import load_graph
+from ..optimize.search import clock_origin
 from ..sim.judge import attach_origin
 from ..sim.simulator import simulate
 from .common import cluster_option, emit, get_cluster, output_option, parse_params, seed_option, stdin_is_tty
+
+#: the algorithm of ``placer place`` without ``--algo``
+DEFAULT_ALGO = "auto"
 
 
 def _list_algorithms() -> None:
@@ -29,13 +35,15 @@ def _list_algorithms() -> None:
 
 @click.command(context_settings={"max_content_width": 100})
 @click.argument("graph_path", metavar="[GRAPH|-]", required=False)
-@click.option("--algo", "-a", metavar="NAME", help="Placement algorithm (see --list).")
+@click.option("--algo", "-a", metavar="NAME", default=DEFAULT_ALGO, show_default=True,
+              help="Placement algorithm (see --list); the default, auto, is placer's own optimizer.")
 @cluster_option
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Algorithm parameter, repeatable (see --list for each algorithm's).")
 @seed_option
 @click.option("--time-limit", type=float, default=None, metavar="S",
-              help="Time limit in seconds for algorithms that take one (milp, hierarchical, ...).")
+              help="Time limit in seconds for algorithms that take one (auto: 10 s by default; milp, "
+                   "hierarchical, ...).")
 @click.option("--simulate/--no-simulate", "do_simulate", default=False,
               help="Also simulate the result and print makespan / LB to stderr (on a coarse graph: labelled so, "
                    "plus the original graph's when meta.coarsened_from_file is readable).")
@@ -47,28 +55,33 @@ def _list_algorithms() -> None:
 def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate, timings, list_algos, output):
     """Place GRAPH (a graph or coarse graph file, - for stdin) on a cluster.
 
-    A placement made on a coarse graph is written over the original node ids.
+    Without --algo, auto searches for the best placement it can confirm with
+    the simulator within --time-limit (10 s): a portfolio of the fast
+    algorithms, then refinement; give it the original graph (it coarsens by
+    itself). A placement made on a coarse graph is written over the original
+    node ids.
 
     \b
     Examples:
+      placer place g.json > p.json                 # auto, the default
+      placer place g.json --time-limit 60 --no-timings -o p.json
       placer coarsen g.json | placer place --algo adjusting > p.json
       placer place g.json --algo heft --cluster moirai-intra-server -o p.json
       placer place coarse.json --algo milp --time-limit 30 -p congestion=port
       placer place g.json --algo m-sct --seed 3 --no-timings   # byte-identical reruns
       placer place --list
     """
+    started = time.perf_counter()
     if list_algos:
         _list_algorithms()
         return
-    if not algo:
-        raise click.UsageError(f"missing --algo NAME (one of: {', '.join(registry.names())})")
     if algo not in registry.names():
         raise click.BadParameter(f"unknown algorithm '{algo}' (one of: {', '.join(registry.names())})",
                                  param_hint="--algo")
     if graph_path is None:
         if stdin_is_tty():
             raise click.UsageError("no GRAPH given and stdin is a terminal (use a file or pipe one in, e.g. "
-                                   "`placer coarsen g.json | placer place --algo adjusting`)")
+                                   "`placer place g.json` or `placer coarsen g.json | placer place --algo adjusting`)")
         graph_path = "-"
     raw = parse_params(params)
     entry = registry.get(algo)
@@ -82,7 +95,8 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate,
     if graph.is_coarse and (do_simulate or entry.uses_origin):
         attach_origin(graph)  # meta.coarsened_from_file, when readable
     costs = cost_model(graph, cluster)
-    result = registry.place(graph, cluster, algo, seed=seed, params=raw, costs=costs)
+    with clock_origin(started):  # auto's --time-limit bounds the whole command, loading included
+        result = registry.place(graph, cluster, algo, seed=seed, params=raw, costs=costs)
     if do_simulate:
         _report(graph, cluster, algo, result, costs)
     emit(result.to_dict(timings=timings), output)

@@ -13,7 +13,8 @@ typed record :class:`Estimate` carries, next to ``makespan_s`` and
 * ``graph`` - the graph that ``makespan_s``, ``status`` and any bound hold
   for: ``"original"`` (the graph the user gave), ``"coarse"`` (a coarse
   graph made from it: its optimum is not the original graph's) or
-  ``"split"`` (a graph with split operations, carried by the placement);
+  ``"split"`` (a graph derived from it - split operations, data-parallel
+  replicas - carried by the placement as ``split_graph``);
   ``graph_nodes`` its node count when it is not the original.
 
 Everything else an algorithm reports (solver bound, gap, iterations, ...)

@@ -7,7 +7,9 @@ gradient op per forward op, edges reversed, plus the saved activation edge
 forward op -> its gradient op), and an optimizer update per parameterised
 op, colocated with it (``colocation = "w:<op>"``, as TensorFlow colocates a
 variable's ops).  Heavy ops (conv / matmul) have log-normally skewed times
-and hold parameters; light ops (bn, relu, add) are short.  Tensor sizes are
+and hold parameters (``batch_independent``: the weights, gradients and Adam
+moments a heavy op holds, :mod:`celeritas_cli.scheduling.split_cost`); light
+ops (bn, relu, add) are short.  Tensor sizes are
 chosen so the CCR (Celeritas Eq. 1) on 4xV100 over PCIe is in the 20-50
 range the paper's Table 2 reports for real models.  The same ``(n, seed)``
 always gives the same graph.
@@ -54,6 +56,7 @@ def layered_doc(n: int, seed: int = 0, *, training: bool = True, name: str | Non
                       "memory_bytes": mem})
         if heavy:
             nodes[-1]["splittable"] = ["batch", "channel"] if op == "aten.convolution" else ["batch"]
+            nodes[-1]["batch_independent"] = {"memory_bytes": mem - act, "state_bytes": params}
         out_bytes.append(act)
         is_param.append(heavy)
         return i

@@ -1,6 +1,30 @@
 """Placements (``placer.placement/v1``): which device runs each node, and
 optionally in what order.
 
+Fields: ``graph``, ``cluster``, ``algorithm``, ``params``, ``seed``,
+``assignment`` (node id -> device id), ``order`` (optional, device id -> node
+ids), ``estimate`` (the algorithm's own prediction), ``placement_time_s``,
+and, when the algorithm placed a graph it derived from the input:
+
+* ``derivation``: the recipe, ``{"steps": [...], "base": {...}}``.  Steps in
+  order: ``{"transform": "data-parallel", "replicas": k, "scaling":
+  "strong"|"weak", "overhead_s": s}`` (the data-parallel graph: ``k``
+  replicas, ring all-reduce of the gradients,
+  :mod:`celeritas_cli.scheduling.replicate`) and ``{"transform": "split",
+  "node": id, "dim": "batch"|"channel", "n": n, "overhead_s": s}`` (one
+  operation split, :mod:`celeritas_cli.scheduling.splitting`).  ``base``
+  (``{"graph": name, "members": [[ids], ...]}``) is present when the
+  algorithm's input was a coarse graph: its nodes' members, in order.
+* ``split_graph``: the derived graph document the assignment and order
+  refer to.  Its nodes say what they are: replicas carry ``replica`` and
+  ``origin``, ring all-reduce nodes ``allreduce`` (producer, tensor, phase,
+  step, chunk), split parts ``split_of`` and ``part``.
+
+The simulator rebuilds the derived graph from the graph it is given and the
+recipe and rejects a ``split_graph`` that differs
+(:func:`celeritas_cli.scheduling.derivation.rebuild`); a ``split_graph``
+without a ``derivation`` is rejected.
+
 Algorithms work on node and device indices and build their result with
 :meth:`Placement.from_indices`, which expands a coarse graph's ``members`` so
 the written placement always names the original node ids (DESIGN.md).  A
@@ -32,7 +56,9 @@ class Placement:
     :class:`~celeritas_cli.model.estimate.Estimate` saying whose makespan it
     is and on which graph (a dict given here is converted);
     ``split_graph`` (optional) is the graph document the placement refers
-    to when the algorithm transformed the graph (FastT/FD-DPS splitting)."""
+    to when the algorithm transformed the graph (FastT/FD-DPS splitting,
+    data parallelism) and ``derivation`` the recipe that made it (module
+    docstring)."""
 
     graph: str
     cluster: str
@@ -44,6 +70,7 @@ class Placement:
     estimate: Estimate = field(default_factory=Estimate)
     placement_time_s: float = 0.0
     split_graph: dict | None = None
+    derivation: dict | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.estimate, Estimate):
@@ -113,6 +140,8 @@ class Placement:
             doc["order"] = self.order
         doc["estimate"] = estimate
         doc["placement_time_s"] = self.placement_time_s if timings else 0.0
+        if self.derivation is not None:
+            doc["derivation"] = self.derivation
         if self.split_graph is not None:
             doc["split_graph"] = self.split_graph
         return doc
@@ -126,7 +155,7 @@ class Placement:
                    params=dict(doc.get("params") or {}), seed=doc.get("seed"),
                    estimate=Estimate.from_dict(doc.get("estimate"), f"{label}: estimate"),
                    placement_time_s=float(doc.get("placement_time_s", 0.0)),
-                   split_graph=doc.get("split_graph"))
+                   split_graph=doc.get("split_graph"), derivation=doc.get("derivation"))
 
     # ---------------------------------------------------------- resolution
     def resolve(self, graph: Graph, cluster: Cluster, label: str = "placement"

@@ -45,6 +45,15 @@ How a model becomes a graph (Celeritas 4.2.1 and 6.1; FastT section 4):
    :mod:`.devices` for every device type (``compute_by_type``);
    ``compute_s`` is the V100 time.  Extra node fields ``flops``,
    ``bytes_moved`` and ``output_bytes`` keep the raw numbers.
+7. What does not scale with the batch (for the split cost model,
+   :mod:`celeritas_cli.scheduling.split_cost`): node field
+   ``batch_independent`` = ``memory_bytes`` (owned parameters/buffers,
+   kept gradients, optimizer state; all of a node not reached from a model
+   input), ``state_bytes`` (owned parameters/buffers), ``bytes_moved``
+   (parameter reads and gradient writes) and ``state_tensors`` (the tensors
+   carrying the node's parameters to later readers).  ``splittable``
+   (convolution: batch and channel; its backward and matmuls: batch) is
+   only set on nodes reached from a model input.
 """
 
 from __future__ import annotations
@@ -73,7 +82,7 @@ FACTORY_OPS = frozenset("""
 zeros ones full empty empty_like zeros_like ones_like full_like new_zeros new_ones new_empty new_full arange
 scalar_tensor empty_strided rand randn randint rand_like randn_like tensor _tensor_constant linspace eye
 """.split())
-SPLITTABLE = {"convolution": ["batch", "channel"], "convolution_backward": ["batch", "channel"],
+SPLITTABLE = {"convolution": ["batch", "channel"], "convolution_backward": ["batch"],
               "mm": ["batch"], "addmm": ["batch"], "bmm": ["batch"], "baddbmm": ["batch"]}
 
 
@@ -423,16 +432,30 @@ def trace_to_doc(tr: Trace, *, name: str, meta: dict, optimizer: str = "adam") -
     for v in opt_nodes:
         for (u, k) in in_refs[v]:
             kept_grad.setdefault(u, set()).add(k)
+    # batch-dependent nodes: reached from a model input (state and constants do not depend on the batch)
+    batch_dep = [False] * len(nodes)
+    for v in range(len(nodes)):
+        if v in opt_nodes:
+            continue
+        batch_dep[v] = fx_of[v] is not None and fx_of[v].op == "placeholder" or any(
+            batch_dep[u] for (u, _) in in_refs[v])
+    state_readers: dict[int, list[str]] = {}
+    for v in range(len(nodes)):
+        for (u, st) in state_edges[v]:
+            tname = f"{nodes[u]['id']}:{state_names[st]}"
+            if tname not in state_readers.setdefault(u, []):
+                state_readers[u].append(tname)
     for v, nd in enumerate(nodes):
         fxn = fx_of[v]
+        grads_kept = sum(out_bytes[v][k] for k in sorted(kept_grad.get(v, ())))
         if backward_from <= v and v not in opt_nodes:
             # backward outputs are transient, except parameter gradients (kept until the update)
-            mem = sum(out_bytes[v][k] for k in sorted(kept_grad.get(v, ())))
+            mem = grads_kept
         else:
             mem = sum(out_bytes[v])
-        for s in state_refs[v]:
-            if owner.get(s) == v:
-                mem += state_bytes[s]
+        owned = sum(state_bytes[s] for s in state_refs[v] if owner.get(s) == v)
+        read = sum(state_bytes[s] for s in state_refs[v])  # own and others' parameters this node reads
+        mem += owned
         if v in opt_nodes:
             p = opt_nodes[v]
             moments = 2 if optimizer == "adam" else 0
@@ -456,11 +479,18 @@ def trace_to_doc(tr: Trace, *, name: str, meta: dict, optimizer: str = "adam") -
         if v in colocation:
             nd["colocation"] = colocation[v]
         split = SPLITTABLE.get(short(nd["op"]))
-        if split:
+        if split and batch_dep[v]:
             nd["splittable"] = split
         nd["flops"] = int(flops)
         nd["bytes_moved"] = int(moved)
         nd["output_bytes"] = int(sum(out_bytes[v]))
+        fixed = {"memory_bytes": int(mem if not batch_dep[v] else owned + grads_kept),
+                 "state_bytes": int(owned),
+                 "bytes_moved": int(moved if not batch_dep[v] else min(moved, read + grads_kept))}
+        if state_readers.get(v):
+            fixed["state_tensors"] = state_readers[v]
+        if any(fixed.values()):
+            nd["batch_independent"] = fixed
 
     edges = []
     for v in range(len(nodes)):

@@ -215,7 +215,12 @@ def extrapolate(meas: dict, target: int, *, name: str | None = None, sizes_used:
 
     Returns
     -------
-    dict, a graph document; ``meta.standard_evaluation`` records the fit.
+    dict, a graph document; ``meta.standard_evaluation`` records the fit,
+    and every node's ``batch_line`` = ``{"batch": target, "compute_s": [a,
+    b], "compute_by_type": {type: [a, b]}, "memory_bytes": [a, b]}`` the
+    fitted lines ``y = a + b * batch`` (a constant is ``[y, 0]``), which the
+    split cost model uses to time the node on part of the batch
+    (:mod:`celeritas_cli.scheduling.split_cost`).
 
     References
     ----------
@@ -232,17 +237,29 @@ def extrapolate(meas: dict, target: int, *, name: str | None = None, sizes_used:
         ys = _series(value, k, where)
         return predict(xs, [ys[i] for i in keep], float(target), integer=field in INT_FIELDS)
 
+    def line(value: Any, where: str) -> list[float]:
+        ys = _series(value, k, where)
+        ys = [ys[i] for i in keep]
+        if all(y == ys[0] for y in ys):
+            return [ys[0], 0.0]
+        return list(fit_line(xs, ys))
+
     nodes = []
     for nd in meas["nodes"]:
         out: dict[str, Any] = {}
+        lines: dict[str, Any] = {"batch": target}
         for key, v in nd.items():
             where = f"node '{nd['id']}' field {key}"
             if key in NODE_FITTED:
                 out[key] = fit(v, key, where)
+                if key in ("compute_s", "memory_bytes"):
+                    lines[key] = line(v, where)
             elif key == "compute_by_type":
                 out[key] = {t: fit(tv, "compute_s", where) for t, tv in v.items()}
-            else:
+                lines[key] = {t: line(tv, where) for t, tv in v.items()}
+            elif key != "batch_line":
                 out[key] = v
+        out["batch_line"] = lines
         nodes.append(out)
     edges = []
     for ed in meas["edges"]:

@@ -15,56 +15,68 @@ exactly what was planned.
 Structure (FastT Algorithm 2, lines 16-30)
 ------------------------------------------
 * ``op/part{i}`` for ``i = 0..n-1``: the sub-operations ``s_i``.
-* ``op/split{j}``: one split node per distinct input tensor of ``op``
-  (the paper adds one per predecessor; a predecessor normally sends one
-  tensor, and one per tensor keeps the simulator's one-transfer-per-tensor
-  rule).  It receives the whole tensor (same tensor identity as before, so a
-  producer feeding several consumers still sends it once per device) and
-  sends slice ``i`` to ``s_i``.  Only for ``batch`` splits: a ``channel``
-  split needs the whole input in every part, so the producer feeds every
-  ``s_i`` directly with its original tensor (sent once per device).
-* ``op/concat{j}``: one concat node per distinct output tensor (the paper
-  adds one per successor; they would all compute the same concatenation,
-  so one per tensor is shared by the successors).  ``s_i`` sends it its
-  slice; it sends the whole tensor, under its old name, to every consumer.
-* ``op/weights`` (only when ``op`` holds parameters, see below): a
-  zero-cost source node standing for the parameter variables' home.  It
-  inherits ``op``'s ``colocation`` (so the variables stay with their
-  update op) and sends the parameters to every part: the same tensor for
-  a batch split (a broadcast, sent once per device, FastT 6.4 "to avoid
-  overhead of broadcasting parameters to all replicas"), slice ``i`` for a
-  channel split.  The parts themselves carry no colocation, which is what
-  lets them run on different devices.
+* ``op/split{j}``: one split node per distinct batch-dependent input tensor
+  of ``op`` (the paper adds one per predecessor; a predecessor normally
+  sends one tensor, and one per tensor keeps the simulator's
+  one-transfer-per-tensor rule).  It receives the whole tensor (same
+  tensor identity as before, so a producer feeding several consumers still
+  sends it once per device) and sends slice ``i`` to ``s_i``.  Only for
+  ``batch`` splits, and only for tensors that scale with the batch: a
+  batch-independent input (a parameter read, see
+  :mod:`~celeritas_cli.scheduling.split_cost`) and every input of a
+  ``channel`` split go whole to every ``s_i`` (sent once per device).
+* ``op/concat{j}``: one concat node per distinct output tensor that is
+  sliced by the split (the paper adds one per successor; they would all
+  compute the same concatenation, so one per tensor is shared by the
+  successors).  ``s_i`` sends it its slice; it sends the whole tensor,
+  under its old name, to every consumer.
+* ``op/sum{j}`` (batch splits of an op that produces gradients, e.g. a
+  ``convolution_backward``): each ``s_i`` computes the weight gradient of
+  its shard of samples, a *full-size partial* gradient, and sends all of it
+  to the sum node, which adds the ``n`` partials and sends the gradient,
+  under its old name, to the update.  (A concatenation of ``n`` slices
+  would model ``1/n`` of the bytes and no reduction.)
+* ``op/weights`` (when ``op`` holds parameters or other batch-independent
+  memory): a zero-cost source node standing for the variables' home.  It
+  inherits ``op``'s ``colocation`` (so the variables stay with their update
+  op), holds the batch-independent memory (batch split: once, however many
+  parts share a device) and sends the parameters to every part: the same
+  tensor for a batch split (a broadcast, sent once per device, FastT 6.4
+  "to avoid overhead of broadcasting parameters to all replicas"), slice
+  ``i`` for a channel split.  It also forwards ``op``'s parameter reads
+  (``batch_independent.state_tensors``) to their consumers.  The parts
+  themselves carry no colocation, which is what lets them run on different
+  devices.
 
-Cost model
-----------
-With ``act`` = activation bytes of ``op`` (its ``output_bytes`` field when
-present, else its largest output tensor, at most ``memory_bytes``) and
-``state = memory_bytes - act`` (parameters, gradients, optimiser state):
+Cost model (:mod:`~celeritas_cli.scheduling.split_cost`)
+--------------------------------------------------------
+With ``fixed`` = the node's batch-independent memory (parameters,
+gradients, optimizer state), ``act = memory_bytes - fixed`` and ``params``
+the parameter bytes a part needs:
 
-* sub-op time = ``time / n + overhead_s`` on every device type (``compute_s``
-  and each ``compute_by_type`` entry), ``overhead_s`` (default
-  :data:`DEFAULT_OVERHEAD_S` = 2 µs) being one extra kernel launch.
-* sub-op memory: batch split replicates the state and divides activations,
-  ``state + ceil(act / n)``; channel split divides both,
-  ``ceil(state / n) + ceil(act / n)``.
+* sub-op time, batch split: :func:`~.split_cost.part_times` at ``1/n`` of
+  the batch (Standard Evaluation line, else roofline at the smaller shape,
+  else ``time / n + overhead_s``; never better than linear).  Channel
+  split: ``time / n + overhead_s`` (the line is against the batch).
+* sub-op memory, batch split: ``ceil(act / n)``; the sum nodes hold their
+  gradient (kept until the update) and ``op/weights`` the rest of
+  ``fixed``.  Channel split divides both: ``ceil(fixed / n) + ceil(act / n)``.
 * tensor bytes: the slices sent to and from the parts are ``ceil(b / n)``
-  of each tensor ``b`` (channel-split inputs excepted, see above).
-* parameters sent by ``op/weights``: ``state / 4`` in a training graph
-  (``meta.phase == "training"``: weights, gradients and two Adam moments,
-  the generator's rule) and ``state`` otherwise; whole for batch, divided
-  for channel.  Gradient all-reduce of batch replicas is not modelled.
-* split and concat nodes: memory-bound copies, ``compute_s = 2 · bytes /
-  9e11`` (read + write at V100 HBM bandwidth, the generator's light-op
-  rule), memory 0 (the tensors they produce are the parts' / op's
-  activations, already counted).
+  of each tensor ``b``; partial gradients are whole.
+* split, concat and sum nodes: memory-bound copies, ``compute_s = 2 · bytes
+  / 9e11`` (read + write at V100 HBM bandwidth, the generator's light-op
+  rule; a sum reads ``n`` partials: ``(n + 1) · bytes / 9e11``), memory 0
+  except the sum's kept gradient.
 
-Sub-operations are not splittable again (``splittable`` is dropped).
+Sub-operations are not splittable again (``splittable`` is dropped).  A
+split must be one :func:`~.split_cost.splittable_dims` allows: no batch
+split of a batch-independent op (an optimizer update), no channel split of
+an op that produces gradients (its input gradient would be a sum).
 
 Coarse graphs
 -------------
 Unsplit nodes keep their ``members``, so a placement still expands to
-original ids.  The new nodes (parts, split, concat, weights) carry no
+original ids.  The new nodes (parts, split, concat, sum, weights) carry no
 ``members``: one original operator now runs on several devices, so it cannot
 be expanded back; the split node's members are recorded in
 ``meta.splits[*].members`` and its placement is written over the new ids.
@@ -72,7 +84,8 @@ be expanded back; the split node's members are recorded in
 ``meta`` of the result: the input's meta plus ``split_from`` (the name of
 the graph that was first split) and ``splits`` (one record per split:
 ``node``, ``dim``, ``n``, ``parts``, ``members``), appended to when a split
-graph is split again.
+graph is split again.  New nodes say what they are: ``split_of`` (the split
+node's id) and, on parts, ``part`` (``i``).
 
 References
 ----------
@@ -87,10 +100,11 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
+from .split_cost import COPY_BANDWIDTH_BPS, DEFAULT_OVERHEAD_S, batch_profile, part_times, splittable_dims
 
-DEFAULT_OVERHEAD_S = 2.0e-6
-COPY_BANDWIDTH_BPS = 9.0e11
 DIMENSIONS = ("batch", "channel")
+__all__ = ["COPY_BANDWIDTH_BPS", "DEFAULT_OVERHEAD_S", "DIMENSIONS", "activation_bytes", "split_operation",
+           "split_many", "is_split_graph"]
 
 
 def _ceil_div(a: int, n: int) -> int:
@@ -98,17 +112,12 @@ def _ceil_div(a: int, n: int) -> int:
 
 
 def activation_bytes(graph: Graph, v: int) -> int:
-    """Activation bytes of node *v*: its ``output_bytes`` field, else its
-    largest output tensor, capped at ``memory_bytes``."""
-    extra = graph.node_extra[v] if graph.node_extra else None
-    if extra and isinstance(extra.get("output_bytes"), int):
-        act = extra["output_bytes"]
-    else:
-        act = max((graph.edge_bytes[e] for e in graph.out_edges[v]), default=0)
-    return max(0, min(int(act), graph.memory[v]))
+    """Bytes of node *v*'s memory that scale with the batch
+    (:class:`~.split_cost.BatchProfile`)."""
+    return batch_profile(graph).activation(graph, v)
 
 
-def _edge_dicts(graph: Graph) -> list[dict]:
+def edge_dicts(graph: Graph) -> list[dict]:
     """Edge dicts of *graph*, always with an explicit tensor name."""
     out = []
     ids = graph.ids
@@ -121,44 +130,23 @@ def _edge_dicts(graph: Graph) -> list[dict]:
     return out
 
 
-def split_operation(graph: Graph, node: int | str, dim: str, n: int, *,
-                    overhead_s: float = DEFAULT_OVERHEAD_S) -> Graph:
-    """Split *node* of *graph* along *dim* into *n* sub-operations.
+def fresh_namer(graph: Graph):
+    """A function returning ids not used by *graph* (nor by its members)."""
+    taken = set(graph.ids)
+    for mb in graph.members:
+        if mb:
+            taken.update(mb)
 
-    Parameters
-    ----------
-    graph : Graph
-        Any graph (fine, coarse or already split).
-    node : int or str
-        Node index or id; it must list *dim* in ``splittable``.
-    dim : str
-        ``"batch"`` or ``"channel"`` (see the module docstring for the cost
-        model of each).
-    n : int
-        Number of parts, ``n >= 2``.
-    overhead_s : float
-        Extra time of each sub-operation (one kernel launch).
+    def fresh(name: str) -> str:
+        while name in taken:
+            name += "~"
+        taken.add(name)
+        return name
 
-    Returns
-    -------
-    Graph
-        A new validated graph; *graph* is unchanged.
+    return fresh
 
-    Raises
-    ------
-    InvalidInput
-        Unknown node, a dimension the node does not list, ``n < 2``.
 
-    Example
-    -------
-    >>> from celeritas_cli.model.graph import build
-    >>> g = build("g", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
-    ...                 {"id": "c", "compute_s": 4, "memory_bytes": 0, "splittable": ["batch"]}],
-    ...           [{"src": "a", "dst": "c", "bytes": 100}])
-    >>> s = split_operation(g, "c", "batch", 2, overhead_s=0.0)
-    >>> [s.ids[v] for v in range(s.n)], s.compute[2]
-    (['a', 'c/split0', 'c/part0', 'c/part1'], 2.0)
-    """
+def _resolve(graph: Graph, node: int | str, dim: str, n: int) -> int:
     if isinstance(node, str):
         if node not in graph.index:
             raise InvalidInput(f"split: graph '{graph.name}' has no node '{node}'")
@@ -172,61 +160,114 @@ def split_operation(graph: Graph, node: int | str, dim: str, n: int, *,
                            f"(its splittable field lists {dims or 'nothing'})")
     if dim not in DIMENSIONS:
         raise InvalidInput(f"split: node '{vid}': unknown dimension '{dim}' (known: {', '.join(DIMENSIONS)})")
-    n = int(n)
-    if n < 2:
+    if dim not in splittable_dims(graph, v):
+        why = ("it does not depend on the batch" if dim == "batch"
+               else "it produces gradients, whose channel split would need a sum of partial input gradients")
+        raise InvalidInput(f"split: node '{vid}' cannot be split along '{dim}': {why}")
+    if int(n) < 2:
         raise InvalidInput(f"split: node '{vid}': the number of parts must be at least 2, got {n}")
+    return v
 
-    taken = set(graph.ids)
-    for mb in graph.members:
-        if mb:
-            taken.update(mb)
 
-    def fresh(name: str) -> str:
-        while name in taken:
-            name += "~"
-        taken.add(name)
-        return name
+def split_operation(graph: Graph, node: int | str, dim: str, n: int, *,
+                    overhead_s: float = DEFAULT_OVERHEAD_S) -> Graph:
+    """Split *node* of *graph* along *dim* into *n* sub-operations.
 
+    Parameters
+    ----------
+    graph : Graph
+        Any graph (fine, coarse, data-parallel or already split).
+    node : int or str
+        Node index or id; it must list *dim* in ``splittable`` and
+        :func:`~.split_cost.splittable_dims` must allow it.
+    dim : str
+        ``"batch"`` or ``"channel"`` (see the module docstring for the cost
+        model of each).
+    n : int
+        Number of parts, ``n >= 2``.
+    overhead_s : float
+        Extra time of each sub-operation where the time is linear (one
+        kernel launch).
+
+    Returns
+    -------
+    Graph
+        A new validated graph; *graph* is unchanged.
+
+    Raises
+    ------
+    InvalidInput
+        Unknown node, a dimension the node does not list or may not be split
+        along, ``n < 2``.
+
+    Example
+    -------
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("g", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "c", "compute_s": 4, "memory_bytes": 0, "splittable": ["batch"]}],
+    ...           [{"src": "a", "dst": "c", "bytes": 100}])
+    >>> s = split_operation(g, "c", "batch", 2, overhead_s=0.0)
+    >>> [s.ids[v] for v in range(s.n)], s.compute[2]
+    (['a', 'c/split0', 'c/part0', 'c/part1'], 2.0)
+    """
+    v = _resolve(graph, node, dim, n)
+    n = int(n)
+    vid = graph.ids[v]
+    fresh = fresh_namer(graph)
+    prof = batch_profile(graph)
     doc = graph.to_dict()
     nodes = doc["nodes"]
     batch = dim == "batch"
-    act = activation_bytes(graph, v)
-    state = graph.memory[v] - act
-    training = graph.meta.get("phase") == "training"
-    param_bytes = state // 4 if training else state
+    fixed = prof.fixed_memory[v]
+    act = graph.memory[v] - fixed
+    params = prof.param_bytes[v]
     base = nodes[v]
-    by = graph.compute_by_type[v]
+    edicts = edge_dicts(graph)
 
     parts = [fresh(f"{vid}/part{i}") for i in range(n)]
-    part_mem = (state if batch else _ceil_div(state, n)) + _ceil_div(act, n)
+    out_groups: dict[int, list[int]] = {}
+    for e in graph.out_edges[v]:
+        out_groups.setdefault(graph.edge_tensor[e], []).append(e)
+    grads = [t for t in out_groups if batch and prof.gradient[t]]
+    states = [t for t in out_groups if batch and t in prof.state_out[v]]
+    # batch-independent memory: the sums keep their gradients, the weights node the rest (held once)
+    sum_mem: dict[int, int] = {}
+    rest = fixed
+    for t in grads:
+        sum_mem[t] = min(graph.tensor_bytes[t], rest)
+        rest -= sum_mem[t]
+    part_mem = _ceil_div(act, n) if batch else _ceil_div(fixed, n) + _ceil_div(act, n)
     new_nodes: list[dict] = []
     new_edges: list[dict] = []
     weights = None
-    if param_bytes > 0:
+    if params > 0 or states or (batch and rest > 0):
         weights = fresh(f"{vid}/weights")
-        wn: dict[str, Any] = {"id": weights, "op": "weights", "compute_s": 0.0, "memory_bytes": 0}
+        wn: dict[str, Any] = {"id": weights, "op": "weights", "compute_s": 0.0,
+                              "memory_bytes": int(rest) if batch else 0, "split_of": vid}
         if graph.colocation[v] is not None:
             wn["colocation"] = graph.colocation[v]
         new_nodes.append(wn)
         for i, pid in enumerate(parts):
+            if params <= 0:
+                break
             if batch:
-                new_edges.append({"src": weights, "dst": pid, "bytes": int(param_bytes), "tensor": "params"})
+                new_edges.append({"src": weights, "dst": pid, "bytes": int(params), "tensor": "params"})
             else:
-                new_edges.append({"src": weights, "dst": pid, "bytes": _ceil_div(param_bytes, n),
-                                  "tensor": f"params{i}"})
+                new_edges.append({"src": weights, "dst": pid, "bytes": _ceil_div(params, n), "tensor": f"params{i}"})
 
     # inputs: group v's in-edges by tensor id, in edge order
-    edicts = _edge_dicts(graph)
     in_groups: dict[int, list[int]] = {}
     for e in graph.in_edges[v]:
         in_groups.setdefault(graph.edge_tensor[e], []).append(e)
-    for j, (t, es) in enumerate(in_groups.items()):
+    j = 0
+    for t, es in in_groups.items():
         e0 = es[0]
         tb = graph.tensor_bytes[t]
-        if batch:
+        if batch and not prof.fixed_tensor[t]:
             sp = fresh(f"{vid}/split{j}")
+            j += 1
             new_nodes.append({"id": sp, "op": "split", "compute_s": 2.0 * tb / COPY_BANDWIDTH_BPS,
-                              "memory_bytes": 0})
+                              "memory_bytes": 0, "split_of": vid})
             ed = dict(edicts[e0])
             ed["dst"] = sp
             new_edges.append(ed)
@@ -238,27 +279,40 @@ def split_operation(graph: Graph, node: int | str, dim: str, n: int, *,
                 ed["dst"] = pid
                 new_edges.append(ed)
 
+    if batch:
+        c_s, c_by = part_times(graph, v, 1.0 / n, overhead_s=overhead_s)
+    else:
+        c_s = graph.compute[v] / n + overhead_s
+        by = graph.compute_by_type[v]
+        c_by = {k: val / n + overhead_s for k, val in sorted(by.items())} if by else None
     for i, pid in enumerate(parts):
-        pn: dict[str, Any] = {"id": pid, "op": base.get("op", "op"),
-                              "compute_s": graph.compute[v] / n + overhead_s, "memory_bytes": int(part_mem)}
-        if by:
-            pn["compute_by_type"] = {k: val / n + overhead_s for k, val in sorted(by.items())}
+        pn: dict[str, Any] = {"id": pid, "op": base.get("op", "op"), "compute_s": c_s, "memory_bytes": int(part_mem)}
+        if c_by:
+            pn["compute_by_type"] = c_by
+        pn["split_of"] = vid
+        pn["part"] = i
         new_nodes.append(pn)
 
-    # outputs: one concat node per distinct output tensor
-    out_groups: dict[int, list[int]] = {}
-    for e in graph.out_edges[v]:
-        out_groups.setdefault(graph.edge_tensor[e], []).append(e)
+    # outputs: parameter reads from the weights node, gradients summed, the rest concatenated
     for j, (t, es) in enumerate(out_groups.items()):
         tb = graph.tensor_bytes[t]
-        con = fresh(f"{vid}/concat{j}")
-        new_nodes.append({"id": con, "op": "concat", "compute_s": 2.0 * tb / COPY_BANDWIDTH_BPS,
-                          "memory_bytes": 0})
-        for pid in parts:
-            new_edges.append({"src": pid, "dst": con, "bytes": _ceil_div(tb, n), "tensor": f"out{j}"})
+        if t in states:
+            src = weights
+        elif t in grads:
+            src = fresh(f"{vid}/sum{j}")
+            new_nodes.append({"id": src, "op": "sum", "compute_s": (n + 1) * tb / COPY_BANDWIDTH_BPS,
+                              "memory_bytes": int(sum_mem[t]), "split_of": vid})
+            for pid in parts:
+                new_edges.append({"src": pid, "dst": src, "bytes": tb, "tensor": f"partial{j}"})
+        else:
+            src = fresh(f"{vid}/concat{j}")
+            new_nodes.append({"id": src, "op": "concat", "compute_s": 2.0 * tb / COPY_BANDWIDTH_BPS,
+                              "memory_bytes": 0, "split_of": vid})
+            for pid in parts:
+                new_edges.append({"src": pid, "dst": src, "bytes": _ceil_div(tb, n), "tensor": f"out{j}"})
         for e in es:
             ed = dict(edicts[e])
-            ed["src"] = con
+            ed["src"] = src
             new_edges.append(ed)
 
     touching = set(graph.in_edges[v]) | set(graph.out_edges[v])

@@ -3,26 +3,58 @@ JSON (chrome://tracing, Perfetto) of a simulated schedule.
 
 The SVG is written by hand (no plotting dependency): one row per device for
 compute and one row per used directed link for transfers, time on the x
-axis, each node a rectangle with a ``<title>`` tooltip (id, op, start, end).
+axis (round ticks, titled), each node a rectangle with a ``<title>`` tooltip
+(id, op, start, end).  Compute is coloured by operation type: the types
+that take the most device time get a colour each, the rest share "other
+ops", and a legend under the chart says which is which (with each type's
+share of the busy time).
 """
 
 from __future__ import annotations
 
 import html
+import math
 import os
-import zlib
 
 from ..errors import InvalidInput, MissingDependency
 from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.jsonio import write_bytes, write_json
 
+#: colours of operation types (Tableau 10), busiest type first
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")
+OTHER_OPS = "#dcdcdc"
+TRANSFER = "#7f7f7f"
+LEGEND_COLUMNS = 4
 
 
-def _colour(op: str) -> str:
-    return PALETTE[zlib.crc32(op.encode()) % len(PALETTE)]
+def nice_ticks(vmax: float, max_intervals: int = 6) -> list[float]:
+    """Round tick values ``0, s, 2s, ...`` up to the first one >= *vmax*,
+    the step ``s`` being the smallest of 1, 2, 2.5, 5 x 10^k that needs at
+    most *max_intervals* intervals.
+
+    Example
+    -------
+    >>> nice_ticks(0.9795)
+    [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    >>> nice_ticks(5.0), nice_ticks(5.2)[-1]
+    ([0.0, 1.0, 2.0, 3.0, 4.0, 5.0], 6.0)
+    """
+    if not (vmax > 0 and math.isfinite(vmax)):
+        return [0.0, 1.0]
+    mag = 10.0 ** math.floor(math.log10(vmax / max_intervals))
+    for m in (1, 2, 2.5, 5, 10, 20, 25, 50):
+        step = m * mag
+        n = math.ceil(vmax / step * (1 - 1e-9))
+        if n <= max_intervals:
+            return [float(f"{i * step:.12g}") for i in range(n + 1)]
+    return [0.0, vmax]  # not reached: 50 x mag >= vmax / max_intervals * 10
+
+
+def tick_label(t: float) -> str:
+    """A tick value without float noise: ``0.30000000000000004`` -> ``0.3``."""
+    return f"{t:.6g}"
 
 
 def _rows(graph: Graph, cluster: Cluster, sched) -> list[tuple[str, list[tuple[float, float, str, str]]]]:
@@ -39,35 +71,102 @@ def _rows(graph: Graph, cluster: Cluster, sched) -> list[tuple[str, list[tuple[f
     return rows
 
 
+def legend_entries(graph: Graph, sched) -> list[tuple[str, str]]:
+    """``(label, colour)`` of the chart's legend: the busiest operation types
+    (each with its share of the device busy time), "other ops" when more
+    types than colours, and "transfer" when the schedule has transfers."""
+    colours, busy = op_colours(graph, sched)
+    total = sum(busy.values()) or 1.0
+    out = [(f"{_short(op)} {_percent(busy[op] / total)}", c) for op, c in colours.items() if c != OTHER_OPS]
+    rest = sum(t for op, t in busy.items() if colours[op] == OTHER_OPS)
+    if any(c == OTHER_OPS for c in colours.values()):
+        out.append((f"other ops {_percent(rest / total)}", OTHER_OPS))
+    if sched.transfers:
+        out.append(("transfer", TRANSFER))
+    return out
+
+
+def _percent(share: float) -> str:
+    return "<1%" if 0 < share < 0.005 else f"{100 * share:.0f}%"
+
+
+def _short(op: str, limit: int = 32) -> str:
+    return op if len(op) <= limit else op[:limit - 1] + "…"
+
+
+def op_colours(graph: Graph, sched) -> tuple[dict[str, str], dict[str, float]]:
+    """Colour per operation type, by decreasing busy time in *sched* (ties
+    by name): the first ``len(PALETTE) - 1`` get a palette colour, the rest
+    :data:`OTHER_OPS`.  Also returns the busy seconds per type."""
+    busy: dict[str, float] = {}
+    for seq in sched.device_order:
+        for v in seq:
+            busy[graph.op[v]] = busy.get(graph.op[v], 0.0) + (sched.finish[v] - sched.start[v])
+    ranked = sorted(busy, key=lambda op: (-busy[op], op))
+    keep = len(PALETTE) - 1 if len(ranked) > len(PALETTE) - 1 else len(ranked)
+    return {op: (PALETTE[i] if i < keep else OTHER_OPS) for i, op in enumerate(ranked)}, busy
+
+
 def gantt_svg(graph: Graph, cluster: Cluster, sched, title: str = "") -> str:
     """An SVG Gantt chart of *sched* (a :class:`~celeritas_cli.sim.simulator.Schedule`)."""
     rows = _rows(graph, cluster, sched)
-    width, left, row_h, top = 1200, 150, 22, 40
-    span = sched.makespan or 1.0
-    scale = (width - left - 20) / span
-    height = top + row_h * len(rows) + 40
+    colours, _ = op_colours(graph, sched)
+    legend = legend_entries(graph, sched)
+    width, left, right, row_h, top = 1200, 150, 40, 22, 40
+    ticks = nice_ticks(sched.makespan)
+    scale = (width - left - right) / ticks[-1]
+    axis_y = top + row_h * len(rows)
+    legend_y = axis_y + 50
+    height = legend_y + 20 * ((len(legend) + LEGEND_COLUMNS - 1) // LEGEND_COLUMNS) + 10
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'font-family="sans-serif" font-size="11">',
            f'<text x="10" y="20" font-size="14">{html.escape(title or graph.name)} — makespan '
-           f'{sched.makespan:.6g} s</text>']
+           f'{sched.makespan:.6g} s</text>',
+           f'<text x="10" y="{top - 4}" font-size="10" fill="#555">device / link</text>']
     for i, (label, items) in enumerate(rows):
         y = top + i * row_h
         out.append(f'<text x="10" y="{y + 15}">{html.escape(label)}</text>')
-        out.append(f'<rect x="{left}" y="{y}" width="{width - left - 20}" height="{row_h - 4}" fill="#f4f4f4"/>')
+        out.append(f'<rect x="{left}" y="{y}" width="{width - left - right}" height="{row_h - 4}" fill="#f4f4f4"/>')
         for s, e, name, op in items:
             x = left + s * scale
             w = max((e - s) * scale, 0.5)
-            colour = "#999999" if op == "transfer" else _colour(op)
+            colour = TRANSFER if op == "transfer" else colours[op]
             out.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row_h - 4}" fill="{colour}">'
                        f'<title>{html.escape(name)} ({html.escape(op)}) {s:.6g}–{e:.6g} s</title></rect>')
-    y = top + len(rows) * row_h + 15
-    for j in range(6):
-        t = span * j / 5
+    for t in ticks:
         x = left + t * scale
-        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{y - 10}" stroke="#ccc"/>')
-        out.append(f'<text x="{x:.1f}" y="{y + 5}" text-anchor="middle">{t:.4g}s</text>')
+        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{axis_y + 4}" stroke="#ccc"/>')
+        out.append(f'<text x="{x:.1f}" y="{axis_y + 16}" text-anchor="middle">{tick_label(t)}</text>')
+    out.append(f'<text x="{left + (width - left - right) / 2:.0f}" y="{axis_y + 32}" text-anchor="middle">'
+               f'time (s)</text>')
+    for i, (label, colour) in enumerate(legend):
+        x, y = left + (i % LEGEND_COLUMNS) * 250, legend_y + (i // LEGEND_COLUMNS) * 20
+        out.append(f'<rect x="{x}" y="{y - 10}" width="12" height="12" fill="{colour}"/>'
+                   f'<text x="{x + 16}" y="{y}">{html.escape(label)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def draw_gantt(ax, graph: Graph, cluster: Cluster, sched, title: str = "") -> None:
+    """Draw the Gantt chart of *sched* on a matplotlib axis: the same rows,
+    colours, round ticks and legend as :func:`gantt_svg`."""
+    from matplotlib.patches import Patch
+
+    rows = _rows(graph, cluster, sched)
+    colours, _ = op_colours(graph, sched)
+    for i, (_label, items) in enumerate(rows):
+        ax.broken_barh([(s, e - s) for s, e, _, _ in items], (i - 0.4, 0.8),
+                       facecolors=[TRANSFER if op == "transfer" else colours[op] for *_, op in items])
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ticks = nice_ticks(sched.makespan)
+    ax.set_xticks(ticks, [tick_label(t) for t in ticks])
+    ax.set_xlim(0, ticks[-1])
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("device / link")
+    ax.set_title(f"{title or graph.name} — makespan {sched.makespan:.6g} s", fontsize=10)
+    ax.legend(handles=[Patch(color=c, label=lbl) for lbl, c in legend_entries(graph, sched)],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
 
 
 def write_gantt(graph: Graph, cluster: Cluster, sched, path: str, title: str = "") -> None:
@@ -89,16 +188,10 @@ def write_gantt(graph: Graph, cluster: Cluster, sched, path: str, title: str = "
                                 f"use a .svg file instead") from None
     rows = _rows(graph, cluster, sched)
     fig, ax = plt.subplots(figsize=(12, 0.4 * len(rows) + 1.5))
-    for i, (_label, items) in enumerate(rows):
-        ax.broken_barh([(s, e - s) for s, e, _, _ in items], (i - 0.4, 0.8),
-                       facecolors=["#999999" if op == "transfer" else _colour(op) for *_, op in items])
-    ax.set_yticks(range(len(rows)), [r[0] for r in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("time (s)")
-    ax.set_title(f"{title or graph.name} — makespan {sched.makespan:.6g} s")
+    draw_gantt(ax, graph, cluster, sched, title)
     fig.tight_layout()
     tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=120)
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
     os.replace(tmp, path)
 

@@ -54,6 +54,7 @@ from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model, upward_rank
 from ..model.graph import Graph
 from ..model.placement import Placement, finite_or_none
+from ..scheduling.derivation import rebuild
 from .bounds import lower_bounds
 
 CONGESTION_RULES = ("channel", "port", "none")
@@ -312,8 +313,11 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     ``placer.report/v1`` document (see the module docstring).
 
     *graph* may be the original graph or a coarse graph of it.  When the
-    placement carries a ``split_graph`` (FastT / FD-DPS operation splitting),
-    that graph is simulated instead: it is exactly what was planned.  When
+    placement was made on a derived graph (FastT / FD-DPS operation
+    splitting, data parallelism: ``derivation`` and ``split_graph``), the
+    derived graph is rebuilt from *graph* and the recipe and simulated; a
+    carried ``split_graph`` that differs from it is rejected
+    (:func:`~celeritas_cli.scheduling.derivation.rebuild`).  When
     *schedule_out* is a list, the :class:`Schedule` is appended to it (for
     ``--gantt`` / ``--trace``).  *costs* is the cost model to judge under
     (default: the file's costs; re-bound to a split graph when there is one).
@@ -322,7 +326,8 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     ------
     InvalidInput
         The placement misses or invents nodes, names unknown devices, or its
-        order cannot be followed.
+        order cannot be followed; its ``split_graph`` does not derive from
+        *graph* by its ``derivation``.
     ColocationError
         A colocation group is split across devices.
 
@@ -338,8 +343,8 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     >>> simulate(g, c, p)["makespan_s"]
     4.0
     """
-    if placement.split_graph is not None:
-        graph = Graph.from_dict(placement.split_graph, f"{label} (split_graph)")
+    if placement.split_graph is not None or placement.derivation is not None:
+        graph = rebuild(graph, placement.derivation, placement.split_graph, label)
     device_of, order = placement.resolve(graph, cluster, label)
     check_colocation(graph, cluster, device_of, label)
     costs = cost_model(graph, cluster, costs)

@@ -371,7 +371,8 @@ def _train(torch, hm, env: RewardEnv, feats: dict, M: int, hidden: int, lr: floa
 
     best: tuple | None = None
     baseline: float | None = None
-    bar, task = _progress_bar(budget.iterations) if progress else (None, None)
+    # placer compare runs cells quietly unless -v
+    bar, task = _progress_bar(budget.iterations) if progress and log.chatty() else (None, None)
 
     def consider(key, dev_unit):
         nonlocal best

@@ -1,0 +1,150 @@
+"""``auto``: placer's own optimizer, the default of ``placer place``.
+
+No single placement algorithm wins everywhere (issue 13: on real profiled
+graphs the best of Celeritas, Moirai, FastT, Baechi, HEFT and METIS changed
+from graph to graph), so ``auto`` runs the fast ones as a portfolio - on the
+graph and on ``cpd`` coarse graphs of several granularities - and then
+refines the best candidates with the simulator in the loop: colocation units
+are moved and swapped between devices along the realised critical path,
+coarse units first and then their members, multilevel as in METIS'
+uncoarsening refinement but with the simulated makespan of the original
+graph as the objective.  Every candidate is judged by the simulator on the
+graph it is given (a coarse graph's own makespan is never the user's
+number), so the answer is never worse than the best starting candidate and
+is memory-feasible whenever any candidate is.
+
+Deterministic for a seed: the budget is counted in simulations
+(``evaluations``; by default derived from ``time_limit`` and the graph's size),
+and the wall clock only caps it - the result says so on stderr and in
+``estimate.clock_cut``.  The machinery lives in :mod:`celeritas_cli.optimize`.
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidInput
+from ..log import chatty, warn
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, cost_model
+from ..model.graph import Graph
+from ..model.placement import Placement, finite_or_none
+from ..optimize.search import Search
+from ..registry import Param, register
+from ..registry import names as registered
+from ..sim.simulator import CONGESTION_RULES
+
+
+@register("auto", paper="placer", section="portfolio + simulator-in-the-loop multilevel refinement",
+          summary="placer's optimizer (the default): the fast placers on the graph and on cpd coarse graphs, "
+                  "then critical-path moves and swaps of colocation units judged by the simulator; never worse "
+                  "than its best start.",
+          params={"time_limit": Param(float, 10.0, "wall-clock cap of the whole search (s)"),
+                  "evaluations": Param(int, 0, "simulations the search may make (0 = from time_limit and the "
+                                              "graph size, so the clock normally never decides)"),
+                  "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice)"),
+                  "congestion": Param(str, "channel", "congestion rule the simulator judges with",
+                                      choices=CONGESTION_RULES),
+                  "quiet": Param(bool, False, "no progress lines on stderr")},
+          quick_params={"evaluations": 150, "quiet": True})
+def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, time_limit: float = 10.0,
+         evaluations: int = 0, algos: str = "", congestion: str = "channel", quiet: bool = False) -> Placement:
+    """Search for the best placement the simulator can confirm (module docstring).
+
+    Parameters
+    ----------
+    graph : Graph
+        Preferably the original graph: ``auto`` coarsens by itself, and
+        judges on the graph it gets.
+    cluster : Cluster
+    seed : int
+        Seeds METIS / Scotch and the multilevel matching.
+    costs : CostModel, optional
+        The cost model every candidate is placed and judged under.
+    time_limit : float
+        Wall-clock cap in seconds for the whole search, portfolio included.
+    evaluations : int
+        Simulation budget; 0 derives it from *time_limit* and the graph size
+        (:func:`~celeritas_cli.optimize.search.default_evaluations`).
+    algos : str
+        Comma-separated registered algorithms to use as the portfolio.
+    congestion : {"channel", "port", "none"}
+        The simulator's congestion rule for every judgement.
+    quiet : bool
+        No progress lines (for library use; also off inside
+        :func:`celeritas_cli.log.quiet`, as ``compare`` runs its cells).
+        The line saying the wall clock cut the search is always printed.
+
+    Returns
+    -------
+    Placement
+        ``estimate`` records the judge, the winner and what refinement gained
+        (``makespan_s`` is the simulator's on the graph given).
+
+    Raises
+    ------
+    InvalidInput
+        A non-positive time limit, a negative budget or an unknown algorithm in *algos*.
+
+    References
+    ----------
+    Karypis & Kumar, SIAM J. Sci. Comput. 20(1), 1998 (multilevel refinement);
+    Celeritas 5.1 (CPD coarsening), 6.1 (the simulator's transfer model).
+
+    Example
+    -------
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> p = auto(layered(60, seed=1), uniform(2), evaluations=50, quiet=True)
+    >>> p.estimate["judge"], p.estimate["makespan_s"] <= p.estimate["start_makespan_s"]
+    ('simulator', True)
+    """
+    if not time_limit > 0:
+        raise InvalidInput(f"'auto' parameter time_limit: must be positive, got {time_limit}")
+    if evaluations < 0:
+        raise InvalidInput(f"'auto' parameter evaluations: must be >= 0, got {evaluations}")
+    names = [a.strip() for a in algos.split(",") if a.strip()] or None
+    if names:
+        unknown = [a for a in names if a not in registered() or a == "auto"]
+        if unknown:
+            raise InvalidInput(f"'auto' parameter algos: unknown or not allowed: {', '.join(unknown)}")
+    costs = cost_model(graph, cluster, costs)
+    search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
+                    congestion=congestion, algos=names, log=warn if chatty() and not quiet else None)
+    out = search.run()
+    if out.clock_cut:
+        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({search.budget.spent:.0f} of "
+             f"{search.budget.limit:.0f} evaluations spent), so another run may differ; raise --time-limit or "
+             f"lower -p evaluations for a repeatable result")
+    winner = out.winner.spec.name if out.winner is not None else None
+    start = out.start_score.makespan if out.start_score is not None else out.score.makespan
+    estimate = {
+        "makespan_s": out.score.makespan,
+        "makespan_by": "simulator",
+        "status": "FEASIBLE" if out.score.feasible else "OOM",
+        "judge": "simulator",
+        "judged_on": "derived graph (split_graph)" if out.graph is not graph else
+                     ("coarse input graph" if graph.is_coarse else "original graph"),
+        "congestion": congestion,
+        "lower_bound_s": out.lower_bound,
+        "makespan_over_lb": finite_or_none(out.score.makespan / out.lower_bound) if out.lower_bound > 0 else None,
+        "winner": winner,
+        "refined": out.refined_from is not None,
+        "start_makespan_s": start,
+        "refinement_gain": finite_or_none(1.0 - out.score.makespan / start) if start > 0 else 0.0,
+        "evaluations": out.evaluations,
+        "evaluation_budget": search.budget.limit,
+        "evaluations_spent": round(search.budget.spent, 3),
+        "clock_cut": out.clock_cut,
+        "candidates": out.candidates,
+    }
+    p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", order=out.order, seed=seed,
+                               estimate=estimate)
+    if out.graph is not graph:  # a derived graph (splits, data parallelism): carry it and its recipe
+        for attr in ("split_graph", "derivation"):
+            if getattr(out.winner.placement, attr, None) is not None:
+                setattr(p, attr, getattr(out.winner.placement, attr))
+        p.graph = graph.original_name
+    if chatty() and not quiet:
+        warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
+             f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), "
+             f"{out.evaluations} evaluations")
+    return p

@@ -1,0 +1,155 @@
+"""Data parallelism: FastT's "DP" baseline (FastT 6.2, Tables 1-2), the
+strategy every placement should be compared against.
+
+The model is replicated on ``k`` devices, each replica runs its share of the
+batch, and the gradients are reduced by a ring all-reduce (reduce-scatter +
+all-gather, explicit transfers on the links) before each replica's optimizer
+update: :func:`~celeritas_cli.scheduling.replicate.data_parallel_graph`
+builds that graph with the split cost model of
+:mod:`~celeritas_cli.scheduling.split_cost`; replica ``r`` and its ring
+nodes go to the ``r``-th chosen device.  Per-device memory = parameters +
+gradients + optimizer state + the replica's share of the activations; a
+device over capacity makes the placement ``OOM``, reported like any other.
+
+Execution order: none is given, so every device follows the simulator's own
+rule (the ready node of largest upward rank).  A ring step's transfer starts
+as soon as its chunk is ready, but the reduce-scatter adds wait for a free
+device, and backward ops outrank them: most of the all-reduce runs after the
+backward pass, with only its first step overlapped.  Collective libraries
+(NCCL under DDP or Horovod) reduce on a separate stream concurrently with
+the backward pass, so this is a conservative estimate of data parallelism;
+``benchmarks/bench_data_parallel.py`` reports the exposed part.  (Ordering
+ring nodes first by boosting their rank also boosts every ancestor, which
+measured slower: 1.694 s against 1.682 s on the zoo transformer.)
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidInput
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, cost_model
+from ..model.graph import Graph
+from ..model.placement import Placement
+from ..registry import Param, register
+from ..scheduling.derivation import attach, data_parallel_step
+from ..scheduling.replicate import SCALINGS, data_parallel_graph
+from ..scheduling.split_cost import DEFAULT_OVERHEAD_S
+from ..sim.simulator import run_schedule
+
+
+def choose_devices(cluster: Cluster, devices: str | int | None) -> list[int]:
+    """Device indices for the replicas: all (``""``/``None``/``0``), the
+    first ``N`` of the cluster (an integer), or a comma-separated list of ids.
+
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> c = uniform(4)
+    >>> choose_devices(c, ""), choose_devices(c, "2"), choose_devices(c, "gpu3,gpu1")
+    ([0, 1, 2, 3], [0, 1], [3, 1])
+    """
+    text = "" if devices is None else str(devices).strip()
+    if text in ("", "0", "all"):
+        return list(range(cluster.k))
+    if text.isdigit():
+        count = int(text)
+        if count > cluster.k:
+            raise InvalidInput(f"data-parallel parameter devices: {count} replicas but cluster '{cluster.name}' has "
+                               f"{cluster.k} devices")
+        return list(range(count))
+    out = []
+    for did in (x.strip() for x in text.split(",")):
+        if did not in cluster.index:
+            raise InvalidInput(f"data-parallel parameter devices: unknown device '{did}' (cluster '{cluster.name}' "
+                               f"has {', '.join(cluster.ids)})")
+        if cluster.index[did] in out:
+            raise InvalidInput(f"data-parallel parameter devices: device '{did}' listed twice")
+        out.append(cluster.index[did])
+    return out
+
+
+def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
+    """``device_of`` of a data-parallel graph: replica ``r`` on ``devs[r]``."""
+    return [devs[int((graph.node_extra[v] or {})["replica"])] for v in range(graph.n)]
+
+
+@register("data-parallel", paper="FastT (Yi et al., CoNEXT 2020)", section="6.2 (DP baseline, Tables 1-2), 5.2",
+          summary="Data parallelism: the model replicated on k devices, each on 1/k of the batch, gradients "
+                  "reduced by a ring all-reduce on the links before each optimizer update.",
+          params={"devices": Param(str, "", "replica devices: empty = all, N = the first N, or ids like gpu0,gpu2"),
+                  "scaling": Param(str, "strong", "strong: the graph's batch is the global batch (each replica "
+                                   "runs 1/k); weak: each replica runs the graph's batch", choices=SCALINGS),
+                  "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of a replica op whose time is "
+                                      "scaled linearly (s)")},
+          quick_params={})
+def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+                  devices: str = "", scaling: str = "strong", overhead_s: float = DEFAULT_OVERHEAD_S) -> Placement:
+    """Data-parallel placement of *graph* (FastT's DP baseline).
+
+    Parameters
+    ----------
+    graph, cluster : the problem (a coarse graph is replicated coarse node by
+        coarse node).
+    seed : int
+        Unused (deterministic).
+    costs : CostModel, optional
+        Cost model of *graph* (re-bound to the data-parallel graph).
+    devices : str
+        Replica devices (:func:`choose_devices`); default all.
+    scaling : str
+        ``strong`` (default: the graph's batch is the global batch, every
+        replica runs ``1/k`` of it) or ``weak`` (every replica runs the
+        graph's batch: the step processes ``k`` times as many samples, so
+        compare samples per second, not step times, with other placements).
+    overhead_s : float
+        Split cost model's linear-case overhead (:func:`~.split_cost.part_times`).
+
+    Returns
+    -------
+    Placement
+        Over the data-parallel graph (``split_graph``, with ``derivation``
+        ``[{"transform": "data-parallel", ...}]``), without an order, and
+        an ``estimate`` holding the simulated makespan (channel congestion),
+        ``status`` (``OOM`` when a device is over capacity), ``replicas``,
+        ``devices``, ``scaling``, ``gradient_bytes``,
+        ``allreduce_bytes_per_device`` and ``max_memory_bytes``.
+
+    Raises
+    ------
+    InvalidInput
+        Unknown devices or more replicas than devices.
+
+    Example
+    -------
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> p = data_parallel(layered(40, seed=1), uniform(2))
+    >>> p.estimate["replicas"], sorted(set(p.assignment.values()))
+    (2, ['gpu0', 'gpu1'])
+
+    References
+    ----------
+    FastT (Yi et al., CoNEXT 2020) 6.2 (DP baseline, strong and weak
+    scaling) and 5.2 (the data-parallel graph); Li et al., "PyTorch
+    Distributed", VLDB 2020.
+    """
+    devs = choose_devices(cluster, devices)
+    costs = cost_model(graph, cluster, costs)
+    g2 = data_parallel_graph(graph, len(devs), scaling=scaling, overhead_s=overhead_s)
+    c2 = costs.for_graph(g2)
+    device_of = replica_devices(g2, devs)
+    sched = run_schedule(g2, cluster, device_of, None, costs=c2)
+    loads = [0] * cluster.k
+    for v, d in enumerate(device_of):
+        loads[d] += g2.memory[v]
+    oom = [cluster.ids[d] for d in range(cluster.k) if loads[d] > cluster.devices[d].memory]
+    info = g2.meta["data_parallel"]
+    estimate = {"makespan_s": sched.makespan, "makespan_by": "simulator", "status": "OOM" if oom else "FEASIBLE",
+                "replicas": len(devs), "devices": [cluster.ids[d] for d in devs], "scaling": scaling,
+                "gradient_bytes": info["gradient_bytes"],
+                "allreduce_bytes_per_device": info["allreduce_bytes_per_device"], "max_memory_bytes": max(loads)}
+    if "global_batch" in info:
+        estimate["global_batch"] = info["global_batch"]
+    if oom:
+        estimate["oom_devices"] = oom
+    p = Placement.from_indices(g2, cluster, device_of, algorithm="data-parallel", seed=seed, estimate=estimate)
+    attach(p, graph, g2, [data_parallel_step(len(devs), scaling, overhead_s)])
+    return p

@@ -1,0 +1,199 @@
+"""Judging candidate placements of :mod:`celeritas_cli.optimize`: the
+simulator on the original graph, with an evaluation budget.
+
+Every candidate the optimizer considers - a portfolio member or a refinement
+move - is scored by :func:`celeritas_cli.sim.simulator.run_schedule` on the
+ORIGINAL graph under one cost model (built once), so the number the search
+minimises is exactly what ``placer simulate`` reports.  The score is the
+pair ``(overflow, makespan)`` compared lexicographically: ``overflow`` is
+the number of bytes over device memory summed over devices (0 for a
+feasible placement), so any feasible placement beats any infeasible one and
+among infeasible ones the one closer to fitting wins.
+
+The budget is counted in evaluations (deterministic); the wall clock only
+caps it (:class:`Budget` records when it did, so the caller can say so).
+Assignments already judged are looked up, not simulated again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, cost_model
+from ..model.graph import Graph
+from ..sim.simulator import Schedule, run_schedule
+
+
+@dataclass(frozen=True)
+class Score:
+    """What a placement is judged by: bytes over memory (summed over
+    devices), then the simulated makespan.  Lower is better."""
+
+    overflow: int
+    makespan: float
+
+    @property
+    def feasible(self) -> bool:
+        return self.overflow == 0
+
+    def better(self, other: "Score | None", rel: float = 1e-9) -> bool:
+        """Strictly better than *other* (makespans closer than *rel* count as equal)."""
+        if other is None:
+            return True
+        if self.overflow != other.overflow:
+            return self.overflow < other.overflow
+        return self.makespan < other.makespan * (1.0 - rel)
+
+
+class Budget:
+    """An evaluation budget capped by a wall-clock deadline.
+
+    ``used`` counts simulations; ``charged`` is other work counted in
+    simulation equivalents (the portfolio's placers, by estimate).
+    ``take()`` spends one simulation and answers whether it may be made;
+    ``clock_cut`` becomes True when the deadline, not the count, said no.
+
+    >>> b = Budget(3, None)
+    >>> b.take(), b.charge(1.0), b.take(), b.take()
+    (True, None, True, False)
+    """
+
+    def __init__(self, evaluations: float, deadline: float | None):
+        self.limit = max(0.0, float(evaluations))
+        self.used = 0
+        self.charged = 0.0
+        self.deadline = deadline
+        self.clock_cut = False
+        self.sim_seconds = 0.0  # wall time of the simulations made (for clock decisions only)
+
+    @property
+    def spent(self) -> float:
+        return self.used + self.charged
+
+    def remaining_time(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.perf_counter()
+
+    def out_of_time(self) -> bool:
+        if self.remaining_time() <= 0:
+            self.clock_cut = True
+            return True
+        return False
+
+    def exhausted(self) -> bool:
+        return self.spent + 1 > self.limit or self.out_of_time()
+
+    def take(self, weight: float = 1.0) -> bool:
+        """Spend one simulation; one of a graph *weight* times the input
+        graph's size also charges ``weight - 1``."""
+        if self.exhausted() or (weight > 1 and self.spent + weight > self.limit):
+            return False
+        self.used += 1
+        self.charged += max(0.0, weight - 1.0)
+        return True
+
+    def charge(self, amount: float) -> None:
+        self.charged += amount
+
+    def affordable(self, amount: float) -> bool:
+        """Whether work of *amount* simulations (plus one to judge it) fits
+        in the time left, at the measured speed of simulations; False sets
+        ``clock_cut``."""
+        if self.deadline is None or not self.used:
+            return True
+        if self.remaining_time() < (amount + 1) * self.sim_seconds / self.used:
+            self.clock_cut = True
+            return False
+        return True
+
+
+class Evaluator:
+    """Scores index-level placements of *graph* on *cluster*:
+    ``evaluate(device_of, order=None) -> (Score, Schedule)``, or None when
+    *budget* is spent.
+
+    Each simulation spends one evaluation of *budget*; an assignment judged
+    before is answered from a cache of scores (keyed by a digest of the
+    assignment and order) without spending one, as long as its schedule is
+    still among the last few kept.
+
+    Parameters
+    ----------
+    graph, cluster : Graph, Cluster
+        The graph judged (the original graph, or a derived one a candidate carries).
+    costs : CostModel, optional
+        Built once (:func:`~celeritas_cli.model.costs.cost_model`) and used
+        for every simulation.
+    congestion : str
+        The simulator's congestion rule.
+    budget : Budget, optional
+        Shared by every evaluator of one search (default: unlimited).
+    weight : float
+        Size of *graph* relative to the input graph of the search (a derived
+        graph, e.g. data-parallel replicas, costs more per simulation).
+    """
+
+    KEEP_SCHEDULES = 8
+
+    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel | None = None, congestion: str = "channel",
+                 budget: Budget | None = None, weight: float = 1.0):
+        self.graph = graph
+        self.cluster = cluster
+        self.costs = cost_model(graph, cluster, costs)
+        self.congestion = congestion
+        self.budget = budget if budget is not None else Budget(1 << 62, None)
+        self.weight = weight
+        self.capacity = [d.memory for d in cluster.devices]
+        self.scores: dict[bytes, Score] = {}
+        self._schedules: OrderedDict[bytes, Schedule] = OrderedDict()
+
+    def loads(self, device_of: Sequence[int]) -> list[int]:
+        """Memory per device of ``device_of``."""
+        load = [0] * self.cluster.k
+        for v, d in enumerate(device_of):
+            load[d] += self.graph.memory[v]
+        return load
+
+    def overflow(self, load: Sequence[int]) -> int:
+        """Bytes over capacity, summed over devices."""
+        return sum(max(0, x - c) for x, c in zip(load, self.capacity))
+
+    @staticmethod
+    def key(device_of: Sequence[int], order: Sequence[Sequence[int]] | None = None) -> bytes:
+        h = hashlib.blake2b(array("i", device_of).tobytes(), digest_size=16)
+        if order is not None:
+            for seq in order:
+                h.update(array("i", seq).tobytes())
+                h.update(b"|")
+        return h.digest()
+
+    def seen(self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None = None) -> Score | None:
+        """The score of an assignment judged before, else None."""
+        return self.scores.get(self.key(device_of, order))
+
+    def evaluate(self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None = None
+                 ) -> tuple[Score, Schedule] | None:
+        """Simulate ``device_of`` (with the strict per-device *order* when
+        given) on the graph; None when the budget is spent."""
+        key = self.key(device_of, order)
+        sched = self._schedules.get(key)
+        if sched is not None:
+            self._schedules.move_to_end(key)
+            return self.scores[key], sched
+        if not self.budget.take(self.weight):
+            return None
+        t0 = time.perf_counter()
+        sched = run_schedule(self.graph, self.cluster, device_of, order, congestion=self.congestion,
+                             costs=self.costs)
+        self.budget.sim_seconds += time.perf_counter() - t0
+        score = Score(self.overflow(self.loads(device_of)), sched.makespan)
+        self.scores[key] = score
+        self._schedules[key] = sched
+        if len(self._schedules) > self.KEEP_SCHEDULES:
+            self._schedules.popitem(last=False)
+        return score, sched

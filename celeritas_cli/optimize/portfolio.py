@@ -1,0 +1,241 @@
+"""The starting candidates of ``auto``: registered placers run on the graph
+and on ``cpd`` coarse graphs of several granularities, each judged by the
+simulator on the original graph.
+
+A portfolio member is a :class:`Spec`: an algorithm name from the registry,
+its parameters, and the graph it runs on (the input graph, or a coarse graph
+``cpd`` makes with a given ``R``).  Any registered algorithm plugs in by
+name; one that is not registered (or needs a missing extra) is skipped.
+Which members run is decided from the graph's size and the time limit alone
+(:func:`plan`), never from the clock, so a seed gives one portfolio:
+
+* every member has a cost class (:data:`COST`, rough seconds per 100,000
+  nodes + edges on one core); a member runs when its estimate is at most
+  :data:`MEMBER_SHARE` of the time limit and the estimates of the members so
+  far stay within :data:`PORTFOLIO_SHARE` of it;
+* coarse graphs aim at about ``4 k``, ``16 k`` and ``64 k`` coarse nodes for
+  ``k`` devices (``R = ceil(n / target)``, ``M`` at its default), the range of
+  Celeritas' Table 2 for a handful of devices; a granularity is skipped when
+  the graph is not much larger than the target;
+* ``milp`` (Moirai's exact model) joins only for tiny problems with tight
+  memory (:func:`wants_milp`), where exact packing can be the only feasible
+  answer.
+
+A placement that carries a derived graph (``split_graph``: FastT / FD-DPS
+operation splitting, data parallelism) is judged on that graph, as
+``placer simulate`` does, and refined there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .. import registry
+from ..errors import PlacerError
+from ..log import chatty, quiet, warn
+from ..model.cluster import Cluster
+from ..model.costs import CostModel
+from ..model.graph import Graph
+from ..model.placement import Placement
+
+#: rough cost of a member in simulations of the graph it runs on (measured on one core)
+COST = {"metis": 1.5, "scotch": 2.0, "m-topo": 0.3, "single-device": 0.2, "data-parallel": 2.0, "heft": 5.0,
+        "dpos": 5.0, "adjusting": 7.0, "m-etf": 10.0, "order-place": 2.0, "fd-dps": 4.0, "m-sct": 8.0,
+        "os-dpos": 60.0}
+#: cost of building one cpd coarse graph, in simulations of the input graph
+CPD_COST = 5.0
+#: at most this share of the evaluation budget for one member, and for the whole portfolio
+MEMBER_SHARE = 0.1
+PORTFOLIO_SHARE = 0.3
+#: members run on each coarse graph, in this order
+COARSE = ("metis", "m-etf", "adjusting", "heft", "dpos", "order-place")
+#: target coarse nodes per device of the coarse granularities
+GRANULARITY = (4, 16, 64)
+#: the order members are offered in: an algorithm on the input graph, or ``16`` for the coarse graph of
+#: about 16 nodes per device (all of :data:`COARSE` on it).  Partitioners, data parallelism (when
+#: registered) and list schedulers on coarse graphs first (cheap, strong starts), then list schedulers on
+#: the input graph, then the rest.
+PRIORITY = ("metis", "data-parallel", 16, "dpos", "heft", "adjusting", 4, 64, "scotch", "m-etf",
+            "single-device", "fd-dps", "m-topo", "order-place", "m-sct", "os-dpos")
+MILP_MAX_NODES = 40
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One portfolio member: ``algo`` with ``params`` on the input graph
+    (``R = None``) or on its ``cpd`` coarse graph of range ``R``."""
+
+    algo: str
+    params: tuple = ()
+    R: int | None = None
+
+    @property
+    def name(self) -> str:
+        label = self.algo
+        if self.params:
+            label += "(" + ",".join(f"{k}={v}" for k, v in self.params) + ")"
+        return label if self.R is None else f"{label}@cpd(R={self.R})"
+
+
+@dataclass
+class Candidate:
+    """A portfolio member's result: its placement and how the simulator
+    judged it (``device_of`` / ``order`` over the nodes of the graph it is
+    simulated on - the input graph, or the derived graph it carries)."""
+
+    spec: Spec
+    placement: Placement
+    graph: Graph
+    device_of: list[int]
+    order: list[list[int]] | None
+    derived: bool = False
+    score: object = None
+    extra: dict = field(default_factory=dict)
+
+
+def _available(name: str) -> bool:
+    if name not in registry.names():
+        return False
+    return registry.get(name).extra is None
+
+
+def granularities(graph: Graph, cluster: Cluster) -> dict[int, int]:
+    """``cpd`` range R of the coarse graph of about *t* nodes per device, for
+    each *t* of :data:`GRANULARITY` where the graph is much larger."""
+    out = {}
+    for per_device in GRANULARITY:
+        target = per_device * cluster.k
+        if graph.n >= 3 * target:
+            out[per_device] = math.ceil(graph.n / target)
+    return out
+
+
+def wants_milp(graph: Graph, cluster: Cluster, coarse_sizes: dict[int, int], feasible: bool) -> int | None:
+    """Where ``milp`` joins: ``0`` for the input graph, ``R`` for a coarse
+    graph, None for not at all.  Only for tiny problems (at most
+    :data:`MILP_MAX_NODES` nodes) whose memory is tight: no other candidate
+    fits, or the graph needs more than 70 % of the cluster's memory - where
+    packing exactly can be the only way to fit."""
+    if not _available("milp") or cluster.k < 2:
+        return None
+    if feasible and graph.total_memory() <= 0.7 * cluster.total_memory():
+        return None
+    if graph.n <= MILP_MAX_NODES:
+        return 0
+    small = [R for R, n in coarse_sizes.items() if n <= MILP_MAX_NODES]
+    return min(small) if small else None
+
+
+def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None = None) -> list[tuple[Spec, float]]:
+    """The portfolio for *graph* and an evaluation *budget* (module
+    docstring): ``(spec, charge)`` pairs in the order they run, *charge* the
+    member's estimated cost in simulations of the input graph (its own
+    judgement not included; the first member of a coarse graph also pays for
+    building it).  Members are offered in :data:`PRIORITY` order; one over
+    :data:`MEMBER_SHARE` of the budget, or one that would take the portfolio
+    over :data:`PORTFOLIO_SHARE`, is left out.  *names* restricts it to those
+    algorithms, and then every one of them runs, whatever its cost."""
+    size = max(1, graph.n + graph.m)
+    per_node = (graph.n + graph.m) / graph.n if graph.n else 1.0
+    coarse_R = granularities(graph, cluster)
+    offers: list[list[tuple[Spec, float]]] = []
+    for item in PRIORITY:
+        if isinstance(item, str):
+            offers.append([(Spec(item), COST.get(item, 10.0))])
+            if item == "metis" and graph.total_memory() > 0.5 * cluster.total_memory():
+                offers.append([(Spec("metis", (("weights", "memory"),)), COST["metis"])])
+        elif item in coarse_R:
+            R = coarse_R[item]
+            shrink = min(1.0, per_node * math.ceil(graph.n / R) / size)
+            offers.append([(Spec(algo, (), R), COST.get(algo, 10.0) * shrink) for algo in COARSE])
+    out: list[tuple[Spec, float]] = []
+    spent = 0.0
+    for members in offers:
+        built = False
+        for spec, charge in members:
+            if (names and spec.algo not in names) or not _available(spec.algo):
+                continue
+            if spec.R is not None and not built:
+                charge += CPD_COST
+            over = charge + 1 > MEMBER_SHARE * budget or spent + charge + 1 > PORTFOLIO_SHARE * budget
+            if over and not names:
+                continue
+            built = built or spec.R is not None
+            spent += charge + 1
+            out.append((spec, charge))
+    return out
+
+
+class Runner:
+    """Runs portfolio members on the input graph and its cpd coarse graphs
+    (built once each), under one cost model."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, seed: int = 0):
+        self.graph = graph
+        self.cluster = cluster
+        self.costs = costs
+        self.seed = seed
+        self.coarse: dict[int, Graph] = {}
+
+    def coarse_graph(self, R: int) -> Graph:
+        if R not in self.coarse:
+            self.coarse[R] = registry.coarsen(self.graph, self.cluster, "cpd", params={"R": R}, costs=self.costs)
+        return self.coarse[R]
+
+    def run(self, spec: Spec, params: dict | None = None) -> Candidate:
+        """Place with *spec* and map the result onto the graph it is judged on.
+
+        Raises
+        ------
+        PlacerError
+            The algorithm failed (the caller skips the member).
+        """
+        g = self.graph if spec.R is None else self.coarse_graph(spec.R)
+        said = io.StringIO()
+        try:  # a member's own lines are not auto's: shown (prefixed) only when chatty
+            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said), quiet():
+                p = registry.place(g, self.cluster, spec.algo, seed=self.seed,
+                                   params={**dict(spec.params), **(params or {})}, costs=self.costs.for_graph(g))
+        finally:
+            if chatty():
+                for line in said.getvalue().splitlines():
+                    warn(f"auto: {spec.name}: {line}")
+        if p.split_graph is not None:
+            judged = Graph.from_dict(p.split_graph, f"{spec.name} (split_graph)")
+            device_of, order = p.resolve(judged, self.cluster, spec.name)
+            return Candidate(spec, p, judged, device_of, order, derived=True)
+        device_of, order = p.resolve(self.graph, self.cluster, spec.name)
+        return Candidate(spec, p, self.graph, device_of, order)
+
+
+def run_portfolio(runner: Runner, specs: list[tuple[Spec, float]], judge: Callable[[Candidate], bool],
+                  budget, params: Callable[[Spec], dict] | None = None,
+                  on_error: Callable[[Spec, Exception], None] | None = None) -> list[Candidate]:
+    """Run *specs* in order, charging each its estimated cost to *budget*
+    (:class:`~celeritas_cli.optimize.evaluator.Budget`); *judge* scores each
+    candidate (False when the budget is spent).  A member the time left
+    cannot pay for is skipped (the budget records that the clock decided)."""
+    out: list[Candidate] = []
+    for spec, charge in specs:
+        if budget.exhausted():
+            break
+        if not budget.affordable(charge):
+            continue
+        budget.charge(charge)
+        try:
+            cand = runner.run(spec, params(spec) if params else None)
+        except PlacerError as exc:
+            if on_error is not None:
+                on_error(spec, exc)
+            continue
+        except Exception as exc:  # a bug in one member must not cost the user the answer; say it
+            warn(f"auto: candidate {spec.name} failed ({type(exc).__name__}: {exc}); skipped - please report it")
+            continue
+        if not judge(cand):
+            break
+        out.append(cand)
+    return out

@@ -1,0 +1,283 @@
+"""The data-parallel graph: the model replicated ``k`` times, each replica on
+its share of the batch, gradients reduced by a ring all-reduce before each
+optimizer update (FastT section 5.2's "data parallel graph based on the
+model DAG ... replicated as many times as the number of devices"; the DP
+baseline of its Tables 1-2; PyTorch DDP / Horovod semantics).
+
+:func:`data_parallel_graph` returns a new validated
+:class:`~celeritas_cli.model.graph.Graph`; ``data-parallel`` places replica
+``r`` on the ``r``-th chosen device, and ``os-dpos`` starts from this graph
+when the model fits one device.
+
+Structure
+---------
+* ``<id>/rep<r>`` for every node and replica ``r = 0..k-1``, with extra
+  fields ``replica`` (``r``) and ``origin`` (the original id), and the
+  colocation group ``<group>/rep<r>`` (each replica has its own variables
+  and its own optimizer update, as in DDP).  Replicas of a coarse node
+  carry no ``members`` (one node on ``k`` devices cannot be expanded back).
+* Time and memory of a replica node (:mod:`~celeritas_cli.scheduling.split_cost`):
+  a batch-dependent node runs on ``f = 1/k`` of the batch (strong scaling,
+  the default: the global batch stays the graph's) or the whole of it
+  (``scaling="weak"``: every replica runs the graph's batch, the global
+  batch is ``k`` times larger), with :func:`~.split_cost.part_times`;
+  memory = batch-independent memory (parameters, gradients, optimizer
+  state, held in full by every replica) + ``ceil(f * activations)``.
+  Optimizer updates and batch-independent nodes run in full in every
+  replica.  ``flops``, ``bytes_moved``, ``output_bytes`` and ``batch_line``
+  are rescaled the same way, so a replica node can be split again.
+* Edges inside a replica: the same tensors; bytes ``ceil(f * b)`` for
+  tensors that scale with the batch, whole for batch-independent ones.
+  Measured ``comm_s_by_pair`` entries are kept only on tensors whose size
+  does not change.
+* Gradients (tensors consumed by an update, :func:`~.split_cost.batch_profile`):
+  for each gradient tensor of ``G`` bytes produced by ``p``, a ring
+  all-reduce over the replicas in order ``0 -> 1 -> ... -> k-1 -> 0``, in
+  ``k`` chunks (``G // k`` bytes, the first ``G % k`` one byte more):
+
+  - reduce-scatter, steps ``s = 0..k-2``: ``<p>/allreduce<j>/rs<s>/rep<q>``
+    on replica ``q`` receives from replica ``q-1`` its partial sum of chunk
+    ``c = (q-1-s) mod k`` (its raw chunk when ``s = 0``), adds its own
+    chunk ``c`` (``compute_s = 3·chunk / 9e11``: read two, write one);
+    after step ``k-2`` replica ``q`` holds the reduced chunk ``(q+1) mod k``;
+  - all-gather, steps ``s = 0..k-2``: ``<p>/allreduce<j>/ag<s>/rep<q>``
+    (zero cost) receives from replica ``q-1`` the reduced chunk
+    ``(q-s) mod k`` and forwards it at the next step;
+  - ``<p>/allreduce<j>/rep<q>`` (zero cost): the reduced gradient on
+    replica ``q``; it feeds every consumer of the gradient there.
+
+  Every ring transfer is an edge between adjacent replicas, so it crosses a
+  link and the simulator's congestion rule applies; each replica sends
+  ``2·(k-1)`` chunks, ``2·(k-1)/k · G`` bytes.  Every ring node has an
+  ``allreduce`` field (``of``: producer id, ``tensor``, ``phase``:
+  ``reduce-scatter`` / ``all-gather`` / ``result``, ``step``, ``chunk``,
+  ``bytes``) and ``replica``.  Gradients are reduced one tensor at a time
+  (no DDP bucketing).  A graph without update nodes (inference, or a graph
+  that does not model the optimizer) has nothing to reduce: the replicas
+  are independent.
+* ``meta.data_parallel``: ``replicas``, ``scaling``, ``batch_fraction``,
+  ``global_batch`` / ``replica_batch`` (when ``meta.batch_size`` is known),
+  ``gradients`` (count), ``gradient_bytes`` and
+  ``allreduce_bytes_per_device`` (the sum over gradients of ``2·(k-1)·G //
+  k``; with uneven chunks a replica's bytes differ by a byte per chunk).
+
+References
+----------
+FastT (Yi et al., CoNEXT 2020), 5.2 and 6.2 (DP baseline, strong and weak
+scaling); Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
+clusters of workstations", JPDC 2009 (the ring: ``2(k-1)/k`` of the data per
+node); Li et al., "PyTorch Distributed", VLDB 2020 (DDP: replicated
+optimizer, local BatchNorm statistics).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import InvalidInput
+from ..model.graph import GRAPH_SCHEMA, Graph
+from .split_cost import COPY_BANDWIDTH_BPS, DEFAULT_OVERHEAD_S, BatchProfile, batch_profile, part_times
+from .splitting import edge_dicts, fresh_namer
+
+SCALINGS = ("strong", "weak")
+
+
+def _ceil_frac(x: int, k: int, strong: bool) -> int:
+    return -(-int(x) // k) if strong else int(x)
+
+
+def chunk_sizes(nbytes: int, k: int) -> list[int]:
+    """Bytes of the ``k`` ring chunks of an ``nbytes`` tensor.
+
+    >>> chunk_sizes(10, 4)
+    [3, 3, 2, 2]
+    """
+    return [nbytes // k + (1 if c < nbytes % k else 0) for c in range(k)]
+
+
+def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: bool, overhead_s: float,
+                      fixed_out: int) -> dict:
+    """Node document of one replica of node *v* (without id and colocation);
+    *fixed_out* = bytes of its batch-independent output tensors."""
+    frac = 1.0 / k if strong else 1.0
+    scales = strong and k > 1 and not prof.fixed_node[v]
+    fixed = prof.fixed_memory[v]
+    out: dict[str, Any] = {"op": graph.op[v]}
+    if scales:
+        c, by = part_times(graph, v, frac, overhead_s=overhead_s)
+    else:
+        c, by = graph.compute[v], (dict(graph.compute_by_type[v]) if graph.compute_by_type[v] else None)
+    out["compute_s"] = c
+    if by:
+        out["compute_by_type"] = by
+    act = graph.memory[v] - fixed
+    out["memory_bytes"] = fixed + (_ceil_frac(act, k, True) if scales else act)
+    if graph.splittable[v]:
+        out["splittable"] = list(graph.splittable[v])
+    extra = dict(graph.node_extra[v] or {}) if graph.node_extra else {}
+    extra.pop("replica", None)
+    extra.pop("origin", None)
+    if scales:
+        bi = extra.get("batch_independent") if isinstance(extra.get("batch_independent"), dict) else {}
+        if isinstance(extra.get("flops"), (int, float)):
+            extra["flops"] = int(round(extra["flops"] * frac))
+        if isinstance(extra.get("bytes_moved"), (int, float)):
+            mf = bi.get("bytes_moved", 0)
+            extra["bytes_moved"] = int(round(mf + (extra["bytes_moved"] - mf) * frac))
+        if isinstance(extra.get("output_bytes"), int):
+            rest = max(0, extra["output_bytes"] - fixed_out)
+            extra["output_bytes"] = fixed_out + _ceil_frac(rest, k, True)
+        line = extra.get("batch_line")
+        if isinstance(line, dict) and isinstance(line.get("batch"), (int, float)):
+            extra["batch_line"] = {**line, "batch": line["batch"] * frac}
+    out.update(extra)
+    return out
+
+
+def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
+                        overhead_s: float = DEFAULT_OVERHEAD_S) -> Graph:
+    """The data-parallel graph of *graph* with *replicas* replicas (see the
+    module docstring).
+
+    Parameters
+    ----------
+    graph : Graph
+        The model's graph (fine or coarse).
+    replicas : int
+        ``k >= 1``.
+    scaling : str
+        ``"strong"`` (the global batch is the graph's; every replica runs
+        ``1/k`` of it) or ``"weak"`` (every replica runs the graph's batch).
+    overhead_s : float
+        Extra time of a replica node whose time is scaled linearly
+        (:func:`~.split_cost.part_times`).
+
+    Returns
+    -------
+    Graph
+
+    Raises
+    ------
+    InvalidInput
+        ``replicas < 1`` or an unknown scaling.
+
+    Example
+    -------
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("m", [{"id": "x", "compute_s": 4.0, "memory_bytes": 400},
+    ...                 {"id": "w", "compute_s": 8.0, "memory_bytes": 500, "colocation": "p",
+    ...                  "batch_independent": {"memory_bytes": 100, "state_bytes": 100}},
+    ...                 {"id": "g", "compute_s": 8.0, "memory_bytes": 100},
+    ...                 {"id": "u", "op": "optim.sgd", "compute_s": 1.0, "memory_bytes": 0, "colocation": "p"}],
+    ...           [{"src": "x", "dst": "w", "bytes": 400}, {"src": "w", "dst": "g", "bytes": 400},
+    ...            {"src": "g", "dst": "u", "bytes": 100}])
+    >>> d = data_parallel_graph(g, 2, overhead_s=0.0)
+    >>> d.compute[d.index["w/rep1"]], d.memory[d.index["w/rep1"]], d.compute[d.index["u/rep1"]]
+    (4.0, 300, 1.0)
+    >>> d.meta["data_parallel"]["allreduce_bytes_per_device"]
+    100
+    """
+    k = int(replicas)
+    if k < 1:
+        raise InvalidInput(f"data-parallel: the number of replicas must be at least 1, got {replicas}")
+    if scaling not in SCALINGS:
+        raise InvalidInput(f"data-parallel: unknown scaling '{scaling}' (use strong or weak)")
+    strong = scaling == "strong"
+    prof = batch_profile(graph)
+    fresh = fresh_namer(graph)
+    n = graph.n
+    fixed_out = [0] * n
+    for t, p in enumerate(graph.tensor_src):
+        if prof.fixed_tensor[t]:
+            fixed_out[p] += graph.tensor_bytes[t]
+    templates = [_replica_template(graph, v, prof, k, strong, overhead_s, fixed_out[v]) for v in range(n)]
+    rep_id = [[fresh(f"{graph.ids[v]}/rep{r}") for v in range(n)] for r in range(k)]
+    nodes: list[dict] = []
+    for r in range(k):
+        for v in range(n):
+            nd = {"id": rep_id[r][v], **templates[v], "replica": r, "origin": graph.ids[v]}
+            if graph.colocation[v] is not None:
+                nd["colocation"] = f"{graph.colocation[v]}/rep{r}"
+            nodes.append(nd)
+    reduce = k > 1
+    edges: list[dict] = []
+    for r in range(k):
+        for e, ed in enumerate(edge_dicts(graph)):
+            t = graph.edge_tensor[e]
+            if reduce and prof.gradient[t]:
+                continue
+            out = {**ed, "src": rep_id[r][graph.edge_src[e]], "dst": rep_id[r][graph.edge_dst[e]]}
+            if strong and not prof.fixed_tensor[t]:
+                out["bytes"] = _ceil_frac(ed["bytes"], k, True)
+                if out["bytes"] != ed["bytes"]:
+                    out.pop("comm_s_by_pair", None)
+            edges.append(out)
+    grads = [t for t in range(len(graph.tensor_src)) if prof.gradient[t]] if reduce else []
+    index_of_producer: dict[int, int] = {}
+    for t in grads:
+        p = graph.tensor_src[t]
+        j = index_of_producer.get(p, 0)
+        index_of_producer[p] = j + 1
+        _ring(graph, t, j, k, rep_id, fresh, nodes, edges)
+    gbytes = sum(graph.tensor_bytes[t] for t in grads)
+    meta = dict(graph.meta)
+    frac = 1.0 / k if strong else 1.0
+    info: dict[str, Any] = {"from": graph.name, "replicas": k, "scaling": scaling, "batch_fraction": frac,
+                            "gradients": len(grads), "gradient_bytes": gbytes,
+                            "allreduce_bytes_per_device": sum(2 * (k - 1) * sum(chunk_sizes(graph.tensor_bytes[t], k))
+                                                              // k for t in grads) if reduce else 0}
+    b = graph.meta.get("batch_size")
+    if isinstance(b, (int, float)) and not isinstance(b, bool):
+        info["global_batch"] = b if strong else b * k
+        info["replica_batch"] = b / k if strong else b
+    meta["data_parallel"] = info
+    name = f"{graph.name}+dp{k}"
+    return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
+                           label=name)
+
+
+def _ring(graph: Graph, t: int, j: int, k: int, rep_id: list[list[str]], fresh, nodes: list[dict],
+          edges: list[dict]) -> None:
+    """Append the ring all-reduce of gradient tensor *t* (module docstring)."""
+    p = graph.tensor_src[t]
+    pid = graph.ids[p]
+    tname = graph.tensor_name[t]
+    size = graph.tensor_bytes[t]
+    chunks = chunk_sizes(size, k)
+    prefix = f"{pid}/allreduce{j}"
+
+    def ring_node(nid: str, phase: str, q: int, step: int | None, chunk: int | None, cost: float) -> str:
+        info: dict[str, Any] = {"of": pid, "tensor": tname, "phase": phase, "bytes": size}
+        if step is not None:
+            info["step"] = step
+        if chunk is not None:
+            info["chunk"] = chunk
+        nodes.append({"id": nid, "op": f"allreduce.{phase}", "compute_s": cost, "memory_bytes": 0,
+                      "replica": q, "allreduce": info})
+        return nid
+
+    rs = [[""] * k for _ in range(k - 1)]
+    for s in range(k - 1):
+        for q in range(k):
+            c = (q - 1 - s) % k
+            rs[s][q] = ring_node(fresh(f"{prefix}/rs{s}/rep{q}"), "reduce-scatter", q, s, c,
+                                 3.0 * chunks[c] / COPY_BANDWIDTH_BPS)
+            src = rep_id[(q - 1) % k][p] if s == 0 else rs[s - 1][(q - 1) % k]
+            edges.append({"src": src, "dst": rs[s][q], "bytes": chunks[c],
+                          "tensor": f"{tname}/chunk{c}" if s == 0 else "partial"})
+            edges.append({"src": rep_id[q][p], "dst": rs[s][q], "bytes": chunks[c], "tensor": f"{tname}/chunk{c}"})
+    ag = [[""] * k for _ in range(k - 1)]
+    for s in range(k - 1):
+        for q in range(k):
+            c = (q - s) % k
+            ag[s][q] = ring_node(fresh(f"{prefix}/ag{s}/rep{q}"), "all-gather", q, s, c, 0.0)
+            src = rs[k - 2][(q - 1) % k] if s == 0 else ag[s - 1][(q - 1) % k]
+            edges.append({"src": src, "dst": ag[s][q], "bytes": chunks[c], "tensor": "reduced"})
+    consumers = [graph.edge_dst[e] for e in graph.tensor_edges[t]]
+    for q in range(k):
+        res = ring_node(fresh(f"{prefix}/rep{q}"), "result", q, None, None, 0.0)
+        edges.append({"src": rs[k - 2][q], "dst": res, "bytes": chunks[(q + 1) % k], "tensor": "reduced"})
+        for s in range(k - 1):
+            edges.append({"src": ag[s][q], "dst": res, "bytes": chunks[(q - s) % k], "tensor": "reduced"})
+        for d in dict.fromkeys(consumers):
+            edges.append({"src": res, "dst": rep_id[q][d], "bytes": size, "tensor": tname})

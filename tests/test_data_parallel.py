@@ -1,0 +1,222 @@
+"""Data parallelism (FastT's DP baseline) and the split cost model, checked
+by hand on tiny models and through the simulator."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from celeritas_cli import registry
+from celeritas_cli.cli import main
+from celeritas_cli.coarsening.contract import contract
+from celeritas_cli.errors import InvalidInput
+from celeritas_cli.model.cluster import uniform
+from celeritas_cli.model.generate import layered
+from celeritas_cli.model.graph import Graph, build
+from celeritas_cli.profile.devices import roofline_time
+from celeritas_cli.scheduling.replicate import chunk_sizes, data_parallel_graph
+from celeritas_cli.scheduling.split_cost import COPY_BANDWIDTH_BPS, batch_profile, is_update, part_times
+from celeritas_cli.sim.simulator import simulate
+
+from .conftest import edge, node
+
+ADD = 3 * 250 / COPY_BANDWIDTH_BPS  # one reduce-scatter add of a 250-byte chunk
+
+
+def tiny(grad_bytes: int = 1000, phase: str = "training") -> Graph:
+    """x (0.4 s, 400 B activation) -> f (8 s; 400 B activation + 100 B parameters)
+    -> b (8 s backward; keeps its 100 B gradient... sends a grad_bytes gradient) -> u (SGD with
+    200 B of state, colocated with f's parameters)."""
+    nodes = [node("x", 0.4, 400), node("f", 8.0, 500, colocation="p", splittable=["batch"],
+                                         batch_independent={"memory_bytes": 100, "state_bytes": 100}),
+             node("b", 8.0, 100, op="aten.mm", splittable=["batch"], batch_independent={"memory_bytes": 100})]
+    edges = [edge("x", "f", 400, tensor="x:0"), edge("f", "b", 400, tensor="f:0")]
+    if phase == "training":
+        nodes.append(node("u", 1.0, 200, op="optim.sgd", colocation="p"))
+        edges.append(edge("b", "u", grad_bytes, tensor="b:0"))
+    return build("tiny", nodes, edges, meta={"phase": phase, "batch_size": 8})
+
+
+def test_ring_allreduce_bytes_memory_and_makespan_by_hand():
+    g = tiny()
+    cl = uniform(4, bandwidth=1000.0, latency=0.0, memory=10_000)
+    p = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0})
+    rep = simulate(g, cl, p)
+    # ring of 4: each device sends 2 (k-1) = 6 chunks of 250 B = 2 (k-1)/k of the 1000-byte gradient
+    assert p.estimate["allreduce_bytes_per_device"] == 2 * 3 * 1000 // 4 == 1500
+    assert [(ln["src"], ln["dst"], ln["bytes"], ln["transfers"]) for ln in rep["links"]] == [
+        ("gpu0", "gpu1", 1500, 6), ("gpu1", "gpu2", 1500, 6), ("gpu2", "gpu3", 1500, 6), ("gpu3", "gpu0", 1500, 6)]
+    # per device: x 400/4 + f (100 parameters + 400/4) + b's 100 B gradient + u's 200 B optimizer state
+    assert [d["memory_bytes"] for d in rep["devices"]] == [100 + 200 + 100 + 200] * 4
+    # x 0.1 + f 2 + b 2 (linear at 1/4), 3 reduce-scatter + 3 all-gather hops of 0.25 s (3 adds), then u 1 s
+    expected = 0.1 + 2 + 2 + 6 * 0.25 + 3 * ADD + 1.0
+    assert rep["makespan_s"] == pytest.approx(expected, rel=1e-12)
+    assert p.estimate["makespan_s"] == pytest.approx(expected, rel=1e-12)
+    assert rep["status"] == "OK" and p.estimate["status"] == "FEASIBLE"
+
+
+def test_two_replicas_by_hand():
+    g = tiny(grad_bytes=100)
+    cl = uniform(2, bandwidth=100.0, latency=0.0)
+    p = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0})
+    # x 0.2, f 4, b 4; chunk 50 B: reduce-scatter 0.5 s, add, all-gather 0.5 s; u 1 s
+    assert simulate(g, cl, p)["makespan_s"] == pytest.approx(0.2 + 4 + 4 + 0.5 + 3 * 50 / COPY_BANDWIDTH_BPS
+                                                             + 0.5 + 1.0, rel=1e-12)
+    assert p.estimate["allreduce_bytes_per_device"] == 100
+
+
+def test_ring_structure_is_self_describing():
+    d = data_parallel_graph(tiny(), 4, overhead_s=0.0)
+    extra = {d.ids[v]: d.node_extra[v] for v in range(d.n)}
+    assert extra["f/rep2"]["replica"] == 2 and extra["f/rep2"]["origin"] == "f"
+    assert d.colocation[d.index["u/rep3"]] == "p/rep3" == d.colocation[d.index["f/rep3"]]
+    ring = [nid for nid, ex in extra.items() if ex and "allreduce" in ex]
+    assert len(ring) == 4 * 3 * 2 + 4  # reduce-scatter and all-gather nodes per step and replica, and results
+    rs = extra["b/allreduce0/rs1/rep2"]["allreduce"]
+    assert rs == {"of": "b", "tensor": "b:0", "phase": "reduce-scatter", "bytes": 1000, "step": 1, "chunk": 0}
+    # the update of replica q reads the reduced gradient on q, under the gradient's name
+    (e,) = d.in_edges[d.index["u/rep1"]]
+    assert d.ids[d.edge_src[e]] == "b/allreduce0/rep1" and d.edge_bytes[e] == 1000
+    assert d.meta["data_parallel"]["gradients"] == 1
+
+
+def test_chunks_of_an_uneven_gradient():
+    assert chunk_sizes(1002, 4) == [251, 251, 250, 250]
+    d = data_parallel_graph(tiny(grad_bytes=1002), 4)
+    assert d.meta["data_parallel"]["allreduce_bytes_per_device"] == 2 * 3 * 1002 // 4
+
+
+def test_inference_graph_has_nothing_to_all_reduce():
+    g = tiny(phase="inference")
+    cl = uniform(4, bandwidth=1000.0, latency=0.0)
+    p = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0})
+    rep = simulate(g, cl, p)
+    assert rep["links"] == [] and p.estimate["gradient_bytes"] == 0
+    assert rep["makespan_s"] == pytest.approx(0.1 + 2 + 2)
+
+
+def test_oom_is_reported_like_any_placement():
+    g = tiny()
+    cl = uniform(4, bandwidth=1000.0, latency=0.0, memory=500)
+    p = registry.place(g, cl, "data-parallel")
+    assert p.estimate["status"] == "OOM" and p.estimate["oom_devices"] == cl.ids
+    assert simulate(g, cl, p)["status"] == "OOM"
+
+
+def test_devices_and_weak_scaling():
+    g = tiny()
+    cl = uniform(4, bandwidth=1000.0, latency=0.0)
+    p = registry.place(g, cl, "data-parallel", params={"devices": "gpu3,gpu1", "overhead_s": 0.0})
+    assert sorted(set(p.assignment.values())) == ["gpu1", "gpu3"] and p.estimate["replicas"] == 2
+    assert registry.place(g, cl, "data-parallel", params={"devices": "3"}).estimate["devices"] == ["gpu0", "gpu1",
+                                                                                                    "gpu2"]
+    with pytest.raises(InvalidInput, match="unknown device 'gpu9'"):
+        registry.place(g, cl, "data-parallel", params={"devices": "gpu9"})
+    with pytest.raises(InvalidInput, match="5 replicas but cluster"):
+        registry.place(g, cl, "data-parallel", params={"devices": "5"})
+    w = registry.place(g, cl, "data-parallel", params={"scaling": "weak", "overhead_s": 0.0})
+    assert w.estimate["global_batch"] == 32
+    # every replica runs the whole batch: 0.4 + 8 + 8, the ring, the update
+    assert simulate(g, cl, w)["makespan_s"] == pytest.approx(16.4 + 1.5 + 3 * ADD + 1.0)
+
+
+def test_layered_graph_updates_are_recognised_and_reduced():
+    g = layered(200, seed=3)
+    updates = [v for v in range(g.n) if is_update(g, v)]
+    prof = batch_profile(g)
+    assert updates and sum(prof.gradient) == len(updates)
+    cl = uniform(4)
+    p = registry.place(g, cl, "data-parallel")
+    rep = simulate(g, cl, p)
+    assert rep["makespan_s"] == pytest.approx(p.estimate["makespan_s"])
+    assert p.estimate["gradient_bytes"] == sum(g.tensor_bytes[t] for t in range(len(g.tensor_src)) if prof.gradient[t])
+    # only the ring crosses devices: every link of the ring carries 2 (k-1)/k of the gradient bytes
+    ring = [(f"gpu{i}", f"gpu{(i + 1) % 4}") for i in range(4)]
+    assert [(ln["src"], ln["dst"]) for ln in rep["links"]] == sorted(ring)
+    per_device = p.estimate["allreduce_bytes_per_device"]  # 2 (k-1)/k G, up to a byte per uneven chunk
+    assert all(abs(ln["bytes"] - per_device) <= 2 * len(updates) for ln in rep["links"])
+    # each of the 2 (k-1) steps moves every chunk once: 2 (k-1) G over all links
+    assert sum(ln["bytes"] for ln in rep["links"]) == 2 * 3 * p.estimate["gradient_bytes"]
+    assert rep["makespan_s"] >= p.estimate["allreduce_bytes_per_device"] / 1.0e10
+
+
+def test_coarse_graph_replicated_and_simulated_on_the_original():
+    g = tiny()
+    cg = contract(g, [0, 0, 1, 2], method="test")
+    cl = uniform(2, bandwidth=100.0, latency=0.0)
+    p = registry.place(cg, cl, "data-parallel")
+    assert p.derivation["base"]["members"] == [["x", "f"], ["b"], ["u"]]
+    assert simulate(g, cl, p)["makespan_s"] == pytest.approx(simulate(cg, cl, p)["makespan_s"])
+    assert simulate(g, cl, p)["makespan_s"] == pytest.approx(p.estimate["makespan_s"])
+
+
+def test_forged_data_parallel_graph_is_rejected():
+    g = tiny()
+    cl = uniform(4, bandwidth=1000.0, latency=0.0, memory=500)
+    p = registry.place(g, cl, "data-parallel")
+    forged = copy.deepcopy(p.split_graph)
+    for nd in forged["nodes"]:
+        nd["memory_bytes"] //= 4  # hide the OOM
+    p.split_graph = forged
+    with pytest.raises(InvalidInput, match="split_graph node 'x/rep0' does not derive from graph 'tiny': "
+                                           "memory_bytes is 25, the derivation gives 100"):
+        simulate(g, cl, p)
+
+
+def test_cli_place_simulate_and_a_forged_file(tmp_path):
+    gpath = tmp_path / "tiny.json"
+    gpath.write_text(json.dumps(tiny().to_dict()))
+    r = CliRunner().invoke(main, ["place", str(gpath), "--algo", "data-parallel", "--no-timings"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["derivation"]["steps"][0]["transform"] == "data-parallel"
+    ppath = tmp_path / "p.json"
+    ppath.write_text(r.stdout)
+    ok = CliRunner().invoke(main, ["simulate", str(gpath), "-P", str(ppath)])
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["makespan_s"] == pytest.approx(doc["estimate"]["makespan_s"])
+    for nd in doc["split_graph"]["nodes"]:
+        nd["compute_s"] *= 0.001
+    ppath.write_text(json.dumps(doc))
+    bad = CliRunner().invoke(main, ["simulate", str(gpath), "-P", str(ppath)])
+    assert bad.exit_code == 1 and bad.stdout == ""
+    assert "does not derive from graph 'tiny'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+# ------------------------------------------------------------ split cost model
+def test_part_time_from_the_standard_evaluation_line_never_beats_linear():
+    g = build("l", [node("a", 8.0, batch_line={"batch": 8, "compute_s": [4.0, 0.5]}),
+                    node("b", 8.0, batch_line={"batch": 8, "compute_s": [-8.0, 2.0]}),
+                    node("c", 8.0)], [])
+    assert part_times(g, 0, 0.25)[0] == pytest.approx(5.0)        # 4 + 0.5 * 2
+    assert part_times(g, 1, 0.25)[0] == pytest.approx(2.0)        # the line says -4: clamped to linear
+    assert part_times(g, 2, 0.25, overhead_s=0.5)[0] == pytest.approx(2.5)  # linear + one launch
+    assert part_times(g, 2, 1.0)[0] == 8.0
+
+
+def test_part_time_from_the_roofline_at_the_smaller_shape():
+    flops, moved, fixed = 4.0e12, 2.0e9, 1.0e9
+    t = roofline_time(flops, moved, "V100")                        # compute bound: 4e12 / 14e12
+    mem_bound = roofline_time(1.0e9, moved, "V100")
+    meta = {"cost_model": "roofline on V100 (celeritas_cli.profile.devices)"}
+    g = build("r", [node("a", t, flops=int(flops), bytes_moved=int(moved),
+                         batch_independent={"bytes_moved": int(fixed)}),
+                    node("m", mem_bound, flops=int(1e9), bytes_moved=int(moved),
+                         batch_independent={"bytes_moved": int(fixed)})], [], meta=meta)
+    assert part_times(g, 0, 0.25)[0] == pytest.approx(roofline_time(flops / 4, fixed + (moved - fixed) / 4, "V100"))
+    # memory bound: the parameter bytes do not shrink with the batch
+    assert part_times(g, 1, 0.25)[0] == pytest.approx(roofline_time(1e9 / 4, fixed + (moved - fixed) / 4, "V100"))
+    assert part_times(g, 1, 0.25)[0] > mem_bound / 4
+
+
+def test_given_re_evaluates_a_data_parallel_placement(tmp_path):
+    g = tiny()
+    cl = uniform(4, bandwidth=1000.0, latency=0.0)
+    p = registry.place(g, cl, "data-parallel")
+    path = tmp_path / "dp.json"
+    path.write_text(json.dumps(p.to_dict()))
+    q = registry.place(g, cl, "given", params={"file": str(path)})
+    assert q.derivation == p.derivation and q.assignment == p.assignment
+    assert simulate(g, cl, q)["makespan_s"] == pytest.approx(simulate(g, cl, p)["makespan_s"])
