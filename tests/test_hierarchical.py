@@ -214,11 +214,13 @@ def test_deterministic_for_a_seed_and_state_restored():
     assert torch.equal(torch.random.get_rng_state(), rng)
 
 
-def test_time_limit_stops_training():
+def test_time_limit_stops_training(capsys):
     g = layered(60, seed=3)
-    p = H.hierarchical(g, uniform(2), seed=0, **{**QUICK, "iterations": 1000, "time_limit": 1e-9})
-    assert p.estimate["iterations"] == 1
-    assert p.estimate["samples"] == QUICK["samples_per_iteration"] + 1  # + the final greedy decode
+    p = H.hierarchical(g, uniform(2), seed=0, **{**QUICK, "iterations": 1000, "time_limit": 1.0})
+    done = p.estimate["iterations"]
+    assert 1 <= done < 1000 and p.estimate["repeatable"] is False
+    assert p.estimate["samples"] == done * QUICK["samples_per_iteration"] + 1  # + the final greedy decode
+    assert "the wall clock (--time-limit 1 s) cut training" in capsys.readouterr().err
 
 
 def test_trivial_inputs(chain3):
@@ -330,3 +332,10 @@ def test_auto_budget_and_smoke_caveat():
     p = registry.place(layered(20, seed=1), uniform(2), "hierarchical",
                        params=registry.get("hierarchical").quick_params)
     assert p.estimate["caveat"].startswith("smoke budget: 5 iterations x 2 samples, not the paper's planner")
+
+
+def test_a_graph_too_large_for_the_time_limit_fails_early():
+    from celeritas_cli.errors import SolverError
+
+    with pytest.raises(SolverError, match=r"too long for --time-limit 1 s; coarsen first"):
+        H.hierarchical(layered(1000, seed=0), uniform(4), seed=0, time_limit=1.0, progress=False)

@@ -49,14 +49,14 @@ import math
 import time
 
 from ... import log
-from ...errors import InvalidInput, MissingDependency
+from ...errors import InvalidInput, MissingDependency, SolverError
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...model.placement import Placement
 from ...registry import Param, register
 from ...sim.simulator import CONGESTION_RULES, lower_bound
-from .budget import PAPER_ITERATIONS, TrainingBudget, auto_iterations
+from .budget import PAPER_ITERATIONS, TrainingBudget, auto_iterations, iteration_cost_s
 from .features import ADJ_DIM, MAX_OUTPUTS, SIZE_DIM, TYPE_DIM, default_groups, op_features, units
 from .reward import OOM_MODES, RewardEnv, oom_runtime
 
@@ -179,6 +179,9 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
     InvalidInput
         A negative iteration count or groups, a non-positive sample or
         hidden count.
+    SolverError
+        One iteration would take more than half of *time_limit* by the cost
+        model (it cannot be interrupted): coarsen first.
 
     Notes
     -----
@@ -272,8 +275,14 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
         unit_mem[unit_of[v]] += graph.memory[v]
     env = RewardEnv(graph, cluster, costs, congestion, unit_of, unit_mem, oom_mode=oom_mode)
     M = groups or default_groups(graph)
+    one = iteration_cost_s(n, graph.m, M, samples_per_iteration)
+    if time_limit and k > 1 and one > 0.5 * time_limit:  # one iteration cannot be interrupted
+        raise SolverError(f"hierarchical: one training iteration on graph '{graph.name}' ({n} nodes, {M} groups) "
+                          f"takes about {one:.2g} s, too long for --time-limit {time_limit:g} s; coarsen first "
+                          f"(`placer coarsen G | placer place - --algo hierarchical`) or raise --time-limit to "
+                          f"{2 * one + 1:.0f} s or more")
     budget = TrainingBudget(iterations or auto_iterations(n, graph.m, M, samples_per_iteration, time_limit),
-                     samples_per_iteration, time_limit, t0)
+                            samples_per_iteration, time_limit, t0)
     params_used = {"groups": M, "iterations": budget.iterations}
 
     def result(dev_unit: list[int], ms: float, ok: bool, extra: dict) -> Placement:
