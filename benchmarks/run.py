@@ -16,7 +16,7 @@ table laid out like Celeritas Table 3.
 The machine is shared and noisy, so placement times are reported as ratios
 to a reference measured in the same process: the time to load the graph file
 and simulate a one-device placement of it (absolute seconds are shown too).
-Makespans are reported as ratios to the simulator's lower bound (DESIGN.md,
+Makespans are reported as ratios to the simulator's lower bound (docs/design.md,
 simulator item 6).  Cells run one at a time in a worker process forked from
 this one, with a per-cell time limit; a failure or timeout is a note, not a
 crash.  Finally the Markdown printed by every other ``benchmarks/bench_*.py``

@@ -20,23 +20,65 @@ the algorithm function, never at module import.
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import InvalidInput
+from .log import stdout_to_stderr
 from .model.costs import cost_model
 
 
 @dataclass(frozen=True)
 class Param:
-    """One algorithm parameter: its type (int, float, bool, str), default and help."""
+    """One algorithm parameter: its type (int, float, bool, str), default,
+    help, and the values it accepts: ``choices``, or a range ``min`` <= value
+    <= ``max`` (``gt``: strictly above), or a ``check`` returning an error
+    message (None when the value is fine).  Float parameters are always
+    finite (no nan, no inf).
+
+    Example
+    -------
+    >>> Param(float, 0.5, min=0.0, max=1.0).problem(1.5)
+    'must be <= 1.0'
+    >>> Param(int, 200, gt=0).range_text()
+    '> 0'
+    """
 
     type: type
     default: Any
     help: str = ""
     choices: tuple | None = None
+    min: float | None = None
+    max: float | None = None
+    gt: float | None = None
+    check: Callable[[Any], str | None] | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with *value* (already converted to ``type``), or None."""
+        if value is None or isinstance(value, bool):
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        if isinstance(value, (int, float)):
+            if self.gt is not None and not value > self.gt:
+                return f"must be > {self.gt}"
+            if self.min is not None and value < self.min:
+                return f"must be >= {self.min}"
+            if self.max is not None and value > self.max:
+                return f"must be <= {self.max}"
+        return self.check(value) if self.check is not None else None
+
+    def range_text(self) -> str:
+        """The accepted range for help texts (``">= 1"``, ``"0..1"``), or ``""``."""
+        low = f"> {self.gt}" if self.gt is not None else (f">= {self.min}" if self.min is not None else "")
+        if self.max is None:
+            return low
+        if self.min is not None and self.gt is None:
+            return f"{self.min}..{self.max}"
+        return f"{low}, <= {self.max}" if low else f"<= {self.max}"
 
 
 @dataclass
@@ -79,10 +121,13 @@ def _convert(algo: str, key: str, value: Any, p: Param) -> Any:
             v = None
         else:
             v = p.type(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InvalidInput(f"'{algo}' parameter {key}: expected {p.type.__name__}, got {value!r}") from None
     if p.choices is not None and v not in p.choices:
         raise InvalidInput(f"'{algo}' parameter {key}: must be one of {', '.join(map(str, p.choices))}, got {v!r}")
+    problem = p.problem(v)
+    if problem:
+        raise InvalidInput(f"'{algo}' parameter {key}: {problem}, got {value!r}")
     return v
 
 
@@ -191,7 +236,9 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     entry = get(algo)
     kwargs = entry.coerce(params or {})
     t0 = time.perf_counter()
-    result = entry.func(graph, cluster, seed=seed, costs=cost_model(graph, cluster, costs), **kwargs)
+    costs = cost_model(graph, cluster, costs)
+    with stdout_to_stderr():  # C libraries (METIS) print to fd 1; stdout is for the JSON document
+        result = entry.func(graph, cluster, seed=seed, costs=costs, **kwargs)
     result.placement_time_s = time.perf_counter() - t0
     if result.split_graph is not None and result.estimate.graph != "split":
         result.estimate = result.estimate.with_graph("split", len(result.split_graph.get("nodes", ())))
@@ -207,7 +254,9 @@ def coarsen(graph, cluster, method: str, *, params: dict[str, Any] | None = None
     (so algorithms can judge their candidates on it)."""
     entry = get_coarsener(method)
     kwargs = entry.coerce(params or {})
-    coarse = entry.func(graph, cluster, costs=cost_model(graph, cluster, costs), **kwargs)
+    costs = cost_model(graph, cluster, costs)
+    with stdout_to_stderr():
+        coarse = entry.func(graph, cluster, costs=costs, **kwargs)
     if coarse is not graph and coarse.is_coarse and coarse.origin is None:
         coarse.origin = graph.origin if graph.is_coarse else graph
     return coarse

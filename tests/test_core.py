@@ -38,22 +38,26 @@ def test_schema_tag_checked():
 
 def test_missing_and_bad_fields_name_the_node():
     reject(gdoc([{"id": "a", "memory_bytes": 0}], []), r"node 'a': missing field compute_s")
-    reject(gdoc([node("a", -1.0)], []), r"node 'a' field compute_s: must be bigger than or equal to 0")
+    reject(gdoc([node("a", -1.0)], []), r"node 'a' field compute_s: must be at least 0")
     reject(gdoc([node("a", 1.0, mem=-5)], []), r"node 'a' field memory_bytes")
     reject(gdoc([node("a", 1.0, mem=1.5)], []), r"node 'a' field memory_bytes: must be integer")
     reject(gdoc([node("a"), node("b")], [{"src": "a", "dst": "b", "bytes": -1}]), r"edge a->b \(#0\) field bytes")
 
 
 def test_non_finite_numbers():
-    reject(gdoc([node("a", float("inf"))], []), "node 'a' field compute_s: must be a finite number")
+    reject(gdoc([node("a", float("nan"))], []), "node 'a' field compute_s: must be a finite number")
+    reject(gdoc([node("a", float("inf"))], []), "node 'a' field compute_s: must be at most 1e12 s")
     reject(gdoc([node("a", 1.0, compute_by_type={"V100": float("inf")})], []), "compute_by_type.V100")
 
 
-def test_nan_in_file_is_a_json_error(tmp_path):
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_non_finite_literal_in_file_names_node_and_field(tmp_path, literal):
     f = tmp_path / "g.json"
-    f.write_text('{"schema": "placer.graph/v1", "nodes": [{"id": "a", "compute_s": NaN, "memory_bytes": 0}], '
+    f.write_text('{"schema": "placer.graph/v1", "nodes": [{"id": "a", "compute_s": 1, "memory_bytes": 0},'
+                 f'{{"id": "b", "compute_s": 1, "memory_bytes": 0, "compute_by_type": {{"V100": {literal}}}}}], '
                  '"edges": []}')
-    with pytest.raises(InvalidInput, match=r"g.json: not valid JSON"):
+    with pytest.raises(InvalidInput, match=rf"g.json: node 'b' field compute_by_type.V100: {literal} is not a "
+                                           rf"finite number"):
         load_graph(f)
 
 

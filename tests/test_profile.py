@@ -156,6 +156,21 @@ def test_comm_fit_errors_and_defaults():
     assert [d["id"] for d in out["devices"]] == ["gpu0", "gpu1"] and warned
 
 
+def test_comm_fit_relative_weighting_fits_latency_on_small_transfers():
+    """100 us + 1 GB/s, the largest sample 20% slow (a busy machine): the plain least-squares line
+    takes its latency from that sample, the relative fit from the small ones."""
+    pts = [(1e3, 1.01e-4), (1e4, 1.1e-4), (1e5, 2.0e-4), (1e6, 1.1e-3), (1e8, 0.12)]
+    plain, rel = fit_link(pts, "a->b"), fit_link(pts, "a->b", weighting="relative")
+    assert rel["latency_s"] == pytest.approx(1e-4, rel=0.05)
+    assert abs(plain["latency_s"] - 1e-4) > 5e-5
+    exact = [(d, 1e-4 + d / 1e9) for d in (1e3, 1e5, 1e7)]
+    for f in (fit_link(exact, "x"), fit_link(exact, "x", weighting="relative")):
+        assert f["latency_s"] == pytest.approx(1e-4) and f["bandwidth_Bps"] == pytest.approx(1e9)
+    doc = fit_cluster(samples_doc(), weighting="relative")
+    assert doc["meta"]["weighting"] == "relative"
+    assert Cluster.from_dict(doc, "c").latency[1][0] == pytest.approx(3e-5)
+
+
 # ------------------------------------------------------------ roofline/flops
 def test_roofline_compute_and_memory_bound():
     v = DEVICES["V100"]
@@ -240,13 +255,21 @@ def test_torch_parts_raise_missing_dependency_without_torch(monkeypatch):
     assert r.exit_code == 1 and "pip install -e .[torch]" in r.output
     r = run(["profile", "--model", "transformer", "-b", "4"])
     assert r.exit_code == 1 and "torch" in r.output
+    for cmd in ("run", "export"):
+        r = run([cmd, "--model", "transformer", "-b", "4", "-P", "p.json"])
+        assert r.exit_code == 1 and "pip install -e .[torch]" in r.output
+    r = run(["profile", "--synthetic", "layered", "--processes", "2"])
+    assert r.exit_code == 2 and "--processes goes with --comm-bench" in r.output
 
 
 def test_package_import_does_not_import_torch():
     import subprocess
 
     code = ("import sys, celeritas_cli.profile, celeritas_cli.profile.regression, celeritas_cli.profile.commfit, "
-            "celeritas_cli.profile.capture, celeritas_cli.cli.profile_cmd; print('torch' in sys.modules)")
+            "celeritas_cli.profile.capture, celeritas_cli.profile.stepmap, celeritas_cli.cli.profile_cmd, "
+            "celeritas_cli.run, celeritas_cli.run.program, celeritas_cli.run.executor, celeritas_cli.run.dist, "
+            "celeritas_cli.run.report, celeritas_cli.run.export, celeritas_cli.run.commbench, "
+            "celeritas_cli.cli.run_cmd, celeritas_cli.cli.export_cmd; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

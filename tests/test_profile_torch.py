@@ -192,6 +192,37 @@ def test_measure_times_nodes_on_local_device():
     assert any("noise" in line for line in lines)
 
 
+def test_measure_threads_recorded_and_file_py_models(tmp_path):
+    from celeritas_cli.profile import capture_model
+    from celeritas_cli.profile.models import resolve_model
+
+    doc = capture_model(SPEC, 2, measure=True, threads=1)
+    assert doc["meta"]["measured"]["threads"] == 1
+    adam = [n for n in doc["nodes"] if n["op"] == "optim.adam"]
+    assert all(n["compute_by_type"]["cpu"] == n["compute_s"] > 0 for n in adam)
+    f = tmp_path / "mynet.py"
+    f.write_text("from tests.test_profile_torch import TinyMLP\n\ndef build(width=16):\n    return TinyMLP()\n")
+    factory, name = resolve_model(f"{f}:build")
+    assert name == "build" and isinstance(factory(), TinyMLP)
+    assert len(profile_model(f"{f}:build", 2)["nodes"]) == 19
+    with pytest.raises(InvalidInput, match="no such file"):
+        resolve_model(f"{tmp_path / 'nope.py'}:build")
+    with pytest.raises(InvalidInput, match="has no attribute 'missing'"):
+        resolve_model(f"{f}:missing")
+
+
+@pytest.mark.slow
+def test_comm_bench_between_two_processes_writes_a_cpu_cluster(tmp_path):
+    out = tmp_path / "cpu2.json"
+    r = CliRunner().invoke(main, ["profile", "--comm-bench", "--processes", "2", "--threads", "1", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert [(d["id"], d["type"]) for d in doc["devices"]] == [("cpu0", "cpu"), ("cpu1", "cpu")]
+    assert doc["meta"]["comm_bench"] == {"processes": 2, "dist_backend": "gloo", "threads": 1}
+    assert {(p["src"], p["dst"]) for p in doc["links"]["pairs"]} == {("cpu0", "cpu1"), ("cpu1", "cpu0")}
+    assert all(p["bandwidth_Bps"] > 0 for p in doc["links"]["pairs"])
+
+
 def test_cli_model_module_attr_and_errors():
     r = CliRunner().invoke(main, ["profile", "--model", SPEC, "-b", "4"])
     assert r.exit_code == 0, r.output

@@ -1,4 +1,4 @@
-"""Hand-computed makespans for the simulator (DESIGN.md semantics)."""
+"""Hand-computed makespans for the simulator (docs/design.md semantics)."""
 
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ from ..log import chatty, warn
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
+from ..model.limits import TIME_MAX
 from ..model.placement import Placement, finite_or_none
 from ..optimize.search import Search
 from ..registry import Param, register
@@ -37,9 +38,9 @@ from ..sim.simulator import CONGESTION_RULES
           summary="placer's optimizer (the default): the fast placers on the graph and on cpd coarse graphs, "
                   "then critical-path moves and swaps of colocation units judged by the simulator; never worse "
                   "than its best start.",
-          params={"time_limit": Param(float, 10.0, "wall-clock cap of the whole search (s)"),
+          params={"time_limit": Param(float, 10.0, "wall-clock cap of the whole search (s)", gt=0, max=TIME_MAX),
                   "evaluations": Param(int, 0, "simulations the search may make (0 = from time_limit and the "
-                                              "graph size, so the clock normally never decides)"),
+                                              "graph size, so the clock normally never decides)", min=0),
                   "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice)"),
                   "congestion": Param(str, "channel", "congestion rule the simulator judges with",
                                       choices=CONGESTION_RULES),

@@ -29,6 +29,7 @@ from ..errors import InvalidInput
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
+from ..model.limits import TIME_MAX
 from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.derivation import attach, data_parallel_step
@@ -78,7 +79,7 @@ def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
                   "scaling": Param(str, "strong", "strong: the graph's batch is the global batch (each replica "
                                    "runs 1/k); weak: each replica runs the graph's batch", choices=SCALINGS),
                   "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of a replica op whose time is "
-                                      "scaled linearly (s)")},
+                                      "scaled linearly (s)", min=0, max=TIME_MAX)},
           quick_params={})
 def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
                   devices: str = "", scaling: str = "strong", overhead_s: float = DEFAULT_OVERHEAD_S) -> Placement:

@@ -17,6 +17,7 @@ from ..errors import InvalidInput
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model, downward_rank, upward_rank
 from ..model.graph import Graph
+from ..model.limits import TIME_MAX
 from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.derivation import attach, split_step
@@ -223,16 +224,18 @@ def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int
 @register("fd-dps", paper="FD-DPS (2023)", section="4.2-4.3, Definitions 8-12, Algorithms 1-2",
           summary="Dynamic critical path scheduling: critical nodes first, then NP = 1/(LST-EST+eps); "
                   "Find_Slot with parent/child device preference; optional operator splitting.",
-          params={"eps": Param(float, DEFAULT_EPS, "the non-zero constant of NP = 1/(LST-EST+eps) (s)"),
+          params={"eps": Param(float, DEFAULT_EPS, "the non-zero constant of NP = 1/(LST-EST+eps) (s)", gt=0),
                   "fallback": Param(str, "lowest-priority", "device when none lets the node start by its LST",
                                     choices=("lowest-priority", "eft")),
                   "congestion": Param(str, "channel", "link model of Find_Slot's EST: 'none' = transfer = "
                                       "latency + bytes/bandwidth, 'channel' = also queue on busy links",
                                       choices=("channel", "none")),
                   "split": Param(bool, False, "split critical splittable operators first (section 4.1)"),
-                  "split_parts": Param(int, 0, "parts per split operator (0 = number of devices)"),
-                  "max_splits": Param(int, 8, "split at most this many operators (0 = all critical ones)"),
-                  "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)")},
+                  "split_parts": Param(int, 0, "parts per split operator (0 = number of devices)", min=0, max=1024,
+                                       check=lambda v: "must be 0 or >= 2" if v == 1 else None),
+                  "max_splits": Param(int, 8, "split at most this many operators (0 = all critical ones)", min=0),
+                  "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)", min=0,
+                                      max=TIME_MAX)},
           quick_params={})
 def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, eps: float = DEFAULT_EPS,
            fallback: str = "lowest-priority", congestion: str = "channel", split: bool = False,

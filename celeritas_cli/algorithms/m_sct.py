@@ -88,7 +88,11 @@ def lp_favorite_values(graph: Graph, costs: CostModel) -> tuple[list[tuple[int, 
     from ortools.linear_solver import pywraplp
 
     pairs, comm = _lp_edges(graph, costs)
-    p = costs.mean_time
+    # Times in units of the longest one: x is unchanged, and GLOP stays well conditioned
+    # (raw seconds from 1e-9 to 1e11 in one LP made it run for minutes).
+    scale = max([*costs.mean_time, *comm]) or 1.0
+    p = [t / scale for t in costs.mean_time]
+    comm = [c / scale for c in comm]
     solver = pywraplp.Solver.CreateSolver("GLOP")
     if solver is None:
         raise SolverError("m-sct: OR-Tools' GLOP LP solver is not available; reinstall ortools")
@@ -113,7 +117,7 @@ def lp_favorite_values(graph: Graph, costs: CostModel) -> tuple[list[tuple[int, 
     if status != pywraplp.Solver.OPTIMAL:
         raise SolverError(f"m-sct: GLOP ended with status {status} on the favourite-child LP of "
                           f"graph '{graph.name}'; try -p lp_max_nodes=0 to use the greedy favourites")
-    return pairs, [xi.solution_value() for xi in x], w.solution_value()
+    return pairs, [xi.solution_value() for xi in x], w.solution_value() * scale
 
 
 def round_favorites(n: int, pairs: list[tuple[int, int]], x: list[float], threshold: float) -> list[int]:
@@ -166,8 +170,9 @@ def greedy_favorites(graph: Graph) -> list[int]:
 @register("m-sct", paper="Baechi (Jeon et al., SoCC 2020)",
           section="m-SCT (released placer/m_sct.py); Celeritas Table 3; Moirai IV",
           summary="m-ETF plus LP-chosen favourite children kept on their parent's device (GLOP).",
-          params={"threshold": Param(float, 0.5, "round x_uv <= threshold to 'favourite child'"),
-                  "lp_max_nodes": Param(int, 5000, "above this many nodes use greedy favourites, not the LP")})
+          params={"threshold": Param(float, 0.5, "round x_uv <= threshold to 'favourite child'", min=0.0, max=1.0),
+                  "lp_max_nodes": Param(int, 5000, "above this many nodes use greedy favourites, not the LP",
+                                        min=0)})
 def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, threshold: float = 0.5,
           lp_max_nodes: int = 5000) -> Placement:
     """Place and order *graph* with Baechi's m-SCT (module docstring).

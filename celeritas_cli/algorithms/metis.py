@@ -39,7 +39,8 @@ from ..scheduling.partition import partition_inputs, placement_from_parts
 @register("metis", paper="METIS (Karypis & Kumar 1998)", section="Celeritas Table 3; HRL Table 1",
           summary="k-way min edge-cut partition (pymetis), compute- or memory-balanced; groups kept whole.",
           params={"weights": Param(str, "compute", "vertex weights: compute or memory", ("compute", "memory")),
-                  "ufactor": Param(int, 30, "allowed imbalance in per-mille (METIS ufactor)")})
+                  "ufactor": Param(int, 30, "allowed imbalance in per-mille (METIS ufactor)", min=1,
+                                   max=1_000_000)})
 def metis(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, weights: str = "compute",
           ufactor: int = 30) -> Placement:
     """Partition *graph* into ``cluster.k`` parts with METIS (module docstring).

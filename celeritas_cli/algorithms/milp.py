@@ -16,7 +16,7 @@ CP-SAT in the flexible-job-shop style:
 * ``add_no_overlap`` per device (Eq. 6, replacing Moirai's big-M pairs);
 * one linear memory constraint per device (Eq. 5);
 * one transfer per (producer, tensor, destination device), as the simulator
-  sends it (DESIGN.md rule 3): literal ``y[t,b]`` = "tensor *t* must reach
+  sends it (docs/design.md rule 3): literal ``y[t,b]`` = "tensor *t* must reach
   device *b*" (some consumer on *b*, producer elsewhere), one optional
   interval per source device *a* (present iff the producer is on *a*, Eq. 7's
   channel choice), starting after the producer ends; each consumer on *b*
@@ -52,7 +52,7 @@ graph's "bound".
 
 Reading chosen where the paper is silent: Moirai minimises inference latency
 on the coarsened graph; we minimise the simulated makespan of whatever graph
-is given (forward-only or training step), transfers follow DESIGN.md (one per
+is given (forward-only or training step), transfers follow docs/design.md (one per
 producer, tensor and destination device, not one per edge as Eq. 7's data
 flows), and a multi-hop pair is one channel as in the simulator.
 Determinism and time: by default the search is CP-SAT's one-worker search
@@ -76,6 +76,7 @@ from ..log import chatty
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model, downward_rank, upward_rank
 from ..model.graph import Graph
+from ..model.limits import TIME_MAX
 from ..model.placement import Placement
 from ..registry import Param, register
 from ..sim.judge import original_makespan
@@ -203,14 +204,22 @@ def auto_resolution(upper_s: float) -> float:
     return 10.0 ** math.floor(math.log10(upper_s / 1e5))
 
 
+#: Longest integer duration given to CP-SAT.  A longer node or transfer time is
+#: clamped to it: it is ~1e6 times any horizon built from a warm start (which
+#: sits at 1e5-1e6 units), so such an option stays infeasible, and every sum
+#: in the model stays far below CP-SAT's 2^62 (and no inf reaches int()).
+UNITS_MAX = 2**40
+
+
 def _to_units(x: float, res: float) -> int:
-    return int(math.floor(x / res + 0.5))
+    u = x / res + 0.5
+    return int(math.floor(u)) if u < UNITS_MAX else UNITS_MAX
 
 
 def integer_durations(graph: Graph, cluster: Cluster, resolution: float, costs: CostModel
                       ) -> tuple[list[list[int]], list[list[list[int]]]]:
     """Node times ``dur[v][d]`` and tensor transfer times ``comm[t][a][b]``
-    in units of *resolution* seconds, rounded to nearest."""
+    in units of *resolution* seconds, rounded to nearest, at most :data:`UNITS_MAX`."""
     k, res = cluster.k, resolution
     dur = [[_to_units(costs.time[v][d], res) for d in range(k)] for v in range(graph.n)]
     comm = [[[0 if a == b else _to_units(costs.tensor_comm(t, a, b), res) for b in range(k)] for a in range(k)]
@@ -915,7 +924,14 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
                       f"(consider `placer coarsen` first)")
     res = float(resolution)
     if res <= 0:
-        res = auto_resolution(best.makespan if best is not None else sum(costs.max_time))
+        upper = best.makespan if best is not None else sum(costs.max_time)
+        res = auto_resolution(upper)
+    longest = max([0.0, *costs.max_time, *(costs.max_comm(e) for e in range(graph.m))])
+    if longest / res >= UNITS_MAX / 2:  # CP-SAT's integers: keep every duration below 2^39 units
+        if resolution > 0:
+            raise InvalidInput(f"milp: resolution {res:g} s makes the longest time ({longest:.6g} s) more than "
+                               f"2^39 units; use -p resolution={longest / (UNITS_MAX / 2):.3g} or coarser")
+        res = 10.0 ** math.ceil(math.log10(longest / (UNITS_MAX / 2)))
     params["resolution"] = res
     model, mv = _hinted_model(graph, cluster, best, fallback is not None, res, congestion, costs)
     # the result needs a simulation of the graph solved and one of the original; the
@@ -1011,16 +1027,19 @@ def _result(graph: Graph, cluster: Cluster, mv: MilpVars, solver, optimal: bool,
 @register("milp", paper="Moirai", section="III-D, Eq. 5-8",
           summary="Exact placement + schedule by CP-SAT (Moirai's MILP), warm-started; for coarse graphs.",
           params={
-              "time_limit": Param(float, 60.0, "wall-clock limit in seconds for the whole call"),
-              "workers": Param(int, 8, "CP-SAT workers when deterministic=false (capped at the CPU count)"),
-              "resolution": Param(float, 0.0, "seconds per integer time unit (0 = automatic)"),
+              "time_limit": Param(float, 60.0, "wall-clock limit in seconds for the whole call", gt=0,
+                                  max=TIME_MAX),
+              "workers": Param(int, 8, "CP-SAT workers when deterministic=false (capped at the CPU count)", min=1,
+                               max=1024),
+              "resolution": Param(float, 0.0, "seconds per integer time unit (0 = automatic)", min=0,
+                                 max=TIME_MAX),
               "congestion": Param(str, "channel", "transfer contention rule, as the simulator",
                                   choices=("channel", "port", "none")),
               "hint": Param(str, "auto", "warm start: auto, none, or an algorithm name"),
               "deterministic": Param(bool, True, "reproducible search (one worker, deterministic-time budget); "
                                                  "false = parallel workers until the wall clock"),
               "det_time": Param(float, 0.0, "deterministic budget in CP-SAT deterministic-time units "
-                                            f"(0 = {DET_PER_SECOND:g} x time_limit)"),
+                                            f"(0 = {DET_PER_SECOND:g} x time_limit)", min=0, max=TIME_MAX),
           },
           quick_params={"time_limit": 5}, uses_origin=True)
 def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,

@@ -41,7 +41,8 @@ def placement_estimate(graph: Graph, cluster: Cluster, device_of: list[int], cos
 
 @register("order-place", paper="Celeritas", section="5.2, 6.2.3 (Order-Place)",
           summary="Fill devices one after another in CPD-TOPO order up to their memory (run on a coarse graph).",
-          params={"fill": Param(float, 1.0, "fraction of each device's memory to fill before moving on")})
+          params={"fill": Param(float, 1.0, "fraction of each device's memory to fill before moving on",
+                                gt=0, max=1.0)})
 def order_place(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
                 fill: float = 1.0) -> Placement:
     """Order-Place (Celeritas 5.2): walk the CPD-TOPO sequence and put each

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
+from ..model.limits import TIME_MAX
 from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.derivation import attach, data_parallel_step, split_step
@@ -70,8 +71,9 @@ def start_graph(graph: Graph, cluster: Cluster, start: str, overhead_s: float) -
 @register("os-dpos", paper="FastT (Yi et al., CoNEXT 2020)", section="5.2, Algorithm 2",
           summary="OS-DPOS: DPOS, then split critical-path operations (batch/channel, n=2..k) "
                   "while the simulated makespan improves.",
-          params={"max_ops": Param(int, 8, "critical-path operations tried at most (0 = all)"),
-                  "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)"),
+          params={"max_ops": Param(int, 8, "critical-path operations tried at most (0 = all)", min=0),
+                  "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)", min=0,
+                                      max=TIME_MAX),
                   "congestion": Param(str, "channel", "congestion rule of DPOS's link model and of the scoring "
                                       "simulation",
                                       choices=("channel", "port", "none")),

@@ -15,7 +15,7 @@ import click
 from .. import __version__
 from ..errors import PlacerError
 
-COMMANDS = ("profile", "coarsen", "place", "simulate", "compare")
+COMMANDS = ("profile", "coarsen", "place", "simulate", "run", "export", "compare", "clusters")
 
 
 class PlacerGroup(click.Group):
@@ -26,7 +26,7 @@ class PlacerGroup(click.Group):
             return super().invoke(ctx)
         except PlacerError as exc:
             raise click.ClickException(str(exc)) from None
-        except BrokenPipeError:  # e.g. `placer ... | head`
+        except BrokenPipeError:  # e.g. `placer ... | head`: stdout is already detached (jsonio)
             raise SystemExit(1) from None
 
     def list_commands(self, ctx):
@@ -54,6 +54,7 @@ def main() -> None:
       placer coarsen g.json | placer place --algo adjusting > p.json
       placer simulate g.json --placement p.json --format table
       placer compare sample_graphs/ --cluster 4xV100-pcie --algos adjusting,heft
+      placer clusters                      # the bundled clusters, e.g. 8xH100-nvswitch
 
     Only JSON goes to stdout; progress and warnings go to stderr.
     """

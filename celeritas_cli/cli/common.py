@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import click
@@ -12,14 +13,28 @@ from ..model.jsonio import write_json
 
 cluster_option = click.option(
     "--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
-    help=f"Cluster file, or a bundled name (4xV100-pcie, moirai-inter-server, moirai-intra-server). "
+    help=f"Cluster file, or the name of a bundled cluster (`placer clusters` lists them). "
          f"Default: {DEFAULT_CLUSTER} (4x V100-32GB over PCIe).")
 
+def _nonempty_path(ctx, param, value):
+    if value is not None and not str(value).strip():
+        raise click.BadParameter("empty file name (use - for stdout)")
+    return value
+
+
 output_option = click.option(
-    "-o", "--output", "output", metavar="FILE", default="-", show_default=True,
+    "-o", "--output", "output", metavar="FILE", default="-", show_default=True, callback=_nonempty_path,
     help="Where to write the JSON result, atomically (- = stdout).")
 
-seed_option = click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+seed_option = click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
+                           help="Random seed (0 .. 2^63-1).")
+
+
+def positive_seconds(ctx, param, value):
+    """Click callback: a finite number of seconds > 0 (``nan`` and ``inf`` are usage errors)."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"must be a finite number of seconds > 0, got {value}")
+    return value
 
 
 def get_cluster(path: str | None, *, quiet: bool = False):

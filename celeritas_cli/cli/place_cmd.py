@@ -13,7 +13,16 @@ from ..model.io import load_graph
 from ..optimize.search import clock_origin
 from ..sim.judge import attach_origin
 from ..sim.simulator import simulate
-from .common import cluster_option, emit, get_cluster, output_option, parse_params, seed_option, stdin_is_tty
+from .common import (
+    cluster_option,
+    emit,
+    get_cluster,
+    output_option,
+    parse_params,
+    positive_seconds,
+    seed_option,
+    stdin_is_tty,
+)
 
 #: the algorithm of ``placer place`` without ``--algo``
 DEFAULT_ALGO = "auto"
@@ -27,7 +36,8 @@ def _list_algorithms() -> None:
     for col in ("name", "paper", "section", "what it does", "parameters"):
         table.add_column(col, overflow="fold")
     for e in registry.entries():
-        params = ", ".join(f"{k}={p.default!r}" for k, p in e.params.items()) or "-"
+        params = ", ".join(f"{k}={p.default!r}" + (f" ({p.range_text()})" if p.range_text() else "")
+                           for k, p in e.params.items()) or "-"
         summary = e.summary + (f" [needs extra: {e.extra}]" if e.extra else "")
         table.add_row(e.name, e.paper, e.section, summary, params)
     Console(width=160).print(table)
@@ -41,7 +51,7 @@ def _list_algorithms() -> None:
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Algorithm parameter, repeatable (see --list for each algorithm's).")
 @seed_option
-@click.option("--time-limit", type=float, default=None, metavar="S",
+@click.option("--time-limit", type=float, default=None, metavar="S", callback=positive_seconds,
               help="Time limit in seconds for algorithms that take one (auto: 10 s by default; milp, "
                    "hierarchical, ...).")
 @click.option("--simulate/--no-simulate", "do_simulate", default=False,

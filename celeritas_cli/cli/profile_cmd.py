@@ -51,11 +51,11 @@ def _summary(console, doc: dict) -> None:
 
 
 @click.command("profile")
-@click.option("--model", "model", metavar="NAME|module:attr", default=None,
-              help="Zoo model (inception_v3, nmt, transformer, tensor_holography, resnet50) or module:attr, a "
-                   "callable returning an nn.Module with example_inputs(batch) -> forward args, and optionally "
-                   "example_target(batch) and loss(output, target) [needs torch].")
-@click.option("--batch-size", "-b", type=int, default=None,
+@click.option("--model", "model", metavar="NAME|module:attr|file.py:attr", default=None,
+              help="Zoo model (inception_v3, nmt, transformer, tensor_holography, resnet50), or module:attr / "
+                   "path/to/file.py:attr, a callable returning an nn.Module with example_inputs(batch) -> forward "
+                   "args, and optionally example_target(batch) and loss(output, target) [needs torch].")
+@click.option("--batch-size", "-b", type=click.IntRange(min=1), default=None,
               help="Batch size to capture (default: the paper's, e.g. transformer 256, inception_v3 512).")
 @click.option("--phase", type=click.Choice(["training", "inference"]), default="training", show_default=True,
               help="Capture forward+loss+backward+Adam update, or the forward only.")
@@ -64,24 +64,33 @@ def _summary(console, doc: dict) -> None:
 @click.option("--batch-sizes", metavar="B1,B2,...", default=None,
               help="Standard Evaluation (Celeritas 4.2.1): capture at these small batches (>= 2) and fit per-node "
                    "lines; needs --target-batch.")
-@click.option("--target-batch", type=int, default=None, help="Batch size to extrapolate the graph to.")
+@click.option("--target-batch", type=click.IntRange(min=1), default=None,
+              help="Batch size to extrapolate the graph to.")
 @click.option("--from-measurements", "measurements", metavar="FILE", default=None,
               help="Standard Evaluation from a placer.measurements/v1 JSON of per-node values at several batch "
-                   "sizes (no torch; format in celeritas_cli/profile/regression.py).")
+                   "sizes (no torch; format: docs/design.md, example: examples/measurements.json).")
 @click.option("--measure", is_flag=True, help="Time each node on the local device (CUDA if present, else CPU) "
                                               "instead of the roofline, min of 5 after 2 warm-ups.")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="torch threads while measuring (--measure, --comm-bench --processes): on CPUs, use the threads "
+                   "each `placer run --backend gloo` process gets (CPUs / processes).")
 @click.option("--comm-fit", "comm_fit", metavar="FILE", default=None,
               help="Fit t = k*d + b per device pair from placer.comm_samples/v1 (bytes, seconds) samples; "
                    "writes a placer.cluster/v1 file.")
 @click.option("--comm-bench", is_flag=True, help="Measure the samples for --comm-fit on this machine's CUDA GPUs "
                                                  "(needs two or more) and write the fitted cluster.")
+@click.option("--processes", type=click.IntRange(min=2), default=None,
+              help="With --comm-bench: measure torch.distributed transfers between this many processes instead "
+                   "(gloo on CPUs, NCCL with one GPU each when there are enough): the devices of "
+                   "`placer run --backend gloo`.")
 @click.option("--synthetic", type=click.Choice(["layered"]), default=None,
               help="Deterministic DNN-like synthetic graph instead of a model (no torch).")
-@click.option("--nodes", "-n", type=int, default=1000, show_default=True, help="Nodes of the synthetic graph.")
+@click.option("--nodes", "-n", type=click.IntRange(1, 10_000_000), default=1000, show_default=True,
+              help="Nodes of the synthetic graph.")
 @seed_option
 @output_option
-def profile(model, batch_size, phase, config, batch_sizes, target_batch, measurements, measure, comm_fit,
-            comm_bench, synthetic, nodes, seed, output):
+def profile(model, batch_size, phase, config, batch_sizes, target_batch, measurements, measure, threads, comm_fit,
+            comm_bench, processes, synthetic, nodes, seed, output):
     """Write a placer.graph/v1 file from a PyTorch model (or a synthetic
     graph), or a placer.cluster/v1 file from transfer measurements.
 
@@ -91,8 +100,11 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
       placer profile --model transformer | placer coarsen - | placer place --algo adjusting
       placer profile --model resnet50 --batch-sizes 2,4,8 --target-batch 512 -o r50_b512.json
       placer profile --model mypkg.models:build_net --config width=2 -b 64 --phase inference
+      placer profile --model examples/tiny_mlp.py:TinyMLP -b 32 -o mlp.json
       placer profile --from-measurements meas.json --target-batch 512 -o big.json
       placer profile --comm-fit samples.json -o cluster.json
+      placer profile --comm-bench --processes 2 -o cpu2.json        # devices of placer run --backend gloo
+      placer profile --model tensor_holography -b 2 --measure --threads 1 -o th.json
       placer profile --synthetic layered --nodes 36000 --seed 1 > g.json
 
     Only the JSON document goes to stdout; progress and the fit report go to stderr.
@@ -105,6 +117,8 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
         raise click.UsageError("give exactly one of --model, --from-measurements, --comm-fit, --comm-bench, "
                                f"--synthetic (got {', '.join(modes) or 'none'})")
     mode = modes[0]
+    if processes is not None and mode != "--comm-bench":
+        raise click.UsageError("--processes goes with --comm-bench")
 
     def progress(msg: str) -> None:
         console.print(f"placer profile: {msg}")
@@ -122,13 +136,20 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
         from ..profile.commfit import comm_bench as bench
         from ..profile.commfit import fit_cluster
 
-        if mode == "--comm-bench":
+        if mode == "--comm-bench" and processes is not None:
+            from ..run.commbench import bench_processes
+
+            samples = bench_processes(processes, threads=threads, progress=progress)
+            label = "comm-bench"
+        elif mode == "--comm-bench":
             samples = bench(progress=progress)
             label = "comm-bench"
         else:
             samples = read_json(comm_fit)
             label = label_of(comm_fit)
-        doc = fit_cluster(samples, label=label, warn=warn)
+        doc = fit_cluster(samples, label=label, warn=warn, weighting="relative" if processes else "none")
+        if samples.get("meta"):
+            doc["meta"]["comm_bench"] = samples["meta"]
         Cluster.from_dict(doc, label="fitted cluster")
         for pair, f in doc["meta"]["fit"].items():
             console.print(f"placer profile: {pair}: k = {f['k']:.4g} s/B (bandwidth {1 / f['k'] / 1e9:.3f} GB/s), "
@@ -153,7 +174,7 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
             from ..profile import standard_evaluation
 
             doc, table, how = standard_evaluation(model, sizes, target_batch, phase=phase, config=cfg,
-                                                  measure=measure, progress=progress)
+                                                  measure=measure, threads=threads, progress=progress)
         else:
             if target_batch is not None:
                 raise click.UsageError("--target-batch needs --batch-sizes (or --from-measurements)")
@@ -168,7 +189,8 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
                 batch_size = ZOO[model].paper_batch if model in ZOO else 32
                 progress(f"no --batch-size given, using {batch_size}")
             progress(f"capturing {model} ({phase}) at batch {batch_size}")
-            doc = capture_model(model, batch_size, phase=phase, config=cfg, measure=measure, progress=progress)
+            doc = capture_model(model, batch_size, phase=phase, config=cfg, measure=measure, threads=threads,
+                                progress=progress)
             table, how = None, ""
     if table is not None:
         print_deviation(table, title=f"Standard Evaluation fit, per-node relative deviation ({how}); "

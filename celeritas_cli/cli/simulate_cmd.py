@@ -74,6 +74,9 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
     """
     if graph_path == "-" and placement_path == "-":
         raise click.UsageError("GRAPH and --placement cannot both be stdin")
+    if trace == "-" and (output == "-" or fmt == "table"):
+        raise click.UsageError("--trace - would put the trace and the report on stdout together; "
+                               "give --trace FILE, or -o FILE for the report")
     if no_congestion:
         congestion = "none"
     placement = load_placement(placement_path)
@@ -89,7 +92,8 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
     if gantt:
         from ..sim.gantt import write_gantt
 
-        write_gantt(sim_graph, cluster, scheds[0], gantt, title=f"{report['graph']} / {report['algorithm']}")
+        write_gantt(sim_graph, cluster, scheds[0], gantt, title=f"{report['graph']} / {report['algorithm']}",
+                    lower_bound=report["lower_bound_s"])
     if trace:
         from ..sim.gantt import write_trace
 

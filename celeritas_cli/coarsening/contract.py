@@ -3,7 +3,7 @@
 Shared by every coarsening method (Celeritas CPD-TOPO + Optimal_BP, Baechi,
 Moirai fusion): given ``cluster_of[v]`` for each node, :func:`contract`
 returns the coarse :class:`Graph` whose node ``c`` stands for the members of
-cluster ``c`` (DESIGN.md: compute and memory are sums, an edge between coarse
+cluster ``c`` (docs/design.md: compute and memory are sums, an edge between coarse
 nodes carries the sum of the distinct tensors crossing it, and
 ``meta.coarsened_from`` names the original graph).  :func:`contract` does not
 check acyclicity of the quotient; :func:`is_acyclic` does, and coarsening

@@ -37,6 +37,7 @@ from ..errors import InvalidInput, SolverError
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
+from ..model.limits import BYTES_MAX
 from ..registry import Param, register_coarsener
 from ..scheduling.orders import cpd_topo
 from .contract import contract, is_acyclic
@@ -205,9 +206,9 @@ def cpd_clusters(graph: Graph, cluster: Cluster, *, R: int = 200, M: float = 0.2
 @register_coarsener(
     "cpd", paper="Celeritas", section="5.1, Algorithm 1 (Eq. 4-6)",
     summary="CPD-TOPO order, optimal breakpoints within range R and memory M; clusters become coarse nodes.",
-    params={"R": Param(int, 200, "exploration range: max nodes per cluster"),
+    params={"R": Param(int, 200, "exploration range: max nodes per cluster", min=1),
             "M": Param(float, 0.25, "memory cap per cluster: fraction of the smallest device memory "
-                                    "if <= 1, else bytes")})
+                                    "if <= 1, else bytes", gt=0, max=BYTES_MAX)})
 def cpd(graph: Graph, cluster: Cluster, *, costs: CostModel | None = None, R: int = 200, M: float = 0.25) -> Graph:
     """Optimal Operation Fusion (Celeritas Algorithm 1): the coarse graph.
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidInput
-from .jsonio import validate
+from .jsonio import check_depth, validate
 
 CLUSTER_SCHEMA = "placer.cluster/v1"
 GiB = 1024**3
@@ -80,6 +80,30 @@ class Cluster:
         vals = [self.latency[a][c] for a in range(self.k) for c in range(self.k) if a != c]
         return sum(vals) / len(vals) if vals else 0.0
 
+    def summary(self) -> dict:
+        """What the cluster is, for listings (``placer clusters``): device
+        count per type, total memory, the range of link bandwidths and
+        latencies over ordered pairs, and the file's description.
+
+        Example
+        -------
+        >>> s = uniform(2, bandwidth=100.0, latency=0.0).summary()
+        >>> s["devices"], s["types"], s["bandwidth_Bps"]
+        (2, {'V100': 2}, [100.0, 100.0])
+        """
+        types: dict[str, int] = {}
+        for d in self.devices:
+            types[d.type] = types.get(d.type, 0) + 1
+        pairs = [(a, c) for a in range(self.k) for c in range(self.k) if a != c]
+        bws = [self.bandwidth[a][c] for a, c in pairs]
+        lats = [self.latency[a][c] for a, c in pairs]
+        meta = self.doc.get("meta") if isinstance(self.doc.get("meta"), dict) else {}
+        return {"name": self.name, "devices": self.k, "types": types,
+                "memory_bytes": self.total_memory(),
+                "bandwidth_Bps": [min(bws), max(bws)] if bws else None,
+                "latency_s": [min(lats), max(lats)] if lats else None,
+                "description": str(meta.get("description") or meta.get("source") or "")}
+
     def to_dict(self) -> dict:
         if self.doc:
             return self.doc
@@ -104,9 +128,10 @@ class Cluster:
         ------
         InvalidInput
             Schema violation, duplicate device id, link to an unknown device,
-            missing bandwidth, non-finite numbers.
+            missing bandwidth, a number outside :mod:`~celeritas_cli.model.limits`.
         """
         validate(doc, CLUSTER_SCHEMA, label)
+        check_depth(doc.get("meta"), label, "field meta")
         devices: list[Device] = []
         index: dict[str, int] = {}
         for i, dd in enumerate(doc["devices"]):

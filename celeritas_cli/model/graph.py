@@ -6,7 +6,7 @@ list indexed by node (or edge) number, so algorithms run in O(V+E) on
 
 Tensors: an edge's data is identified by ``(src, tensor)``; edges with the
 same source and ``tensor`` carry the same data, so it crosses to a given
-device once (DESIGN.md).  Each distinct ``(src, tensor)`` gets an integer id
+device once (docs/design.md).  Each distinct ``(src, tensor)`` gets an integer id
 in order of first appearance in the edge list (``edge_tensor[e]``), which is
 also the simulator's tie-break order for transfers of one producer.
 """
@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from ..errors import CycleError, InvalidInput
-from .jsonio import validate
+from .jsonio import check_depth, validate
+from .limits import BYTES_MAX, TIME_MAX
 
 GRAPH_SCHEMA = "placer.graph/v1"
 
@@ -171,7 +172,9 @@ class Graph:
         ------
         InvalidInput
             Schema violation, duplicate id, unknown endpoint, self-loop,
-            non-finite number, inconsistent tensor bytes.
+            a number outside :mod:`~celeritas_cli.model.limits` (per value,
+            or the totals of memory and tensor bytes), inconsistent tensor
+            bytes, ``meta`` or an extra field nested too deeply.
         CycleError
             The graph has a cycle (the message names one).
         """
@@ -180,6 +183,7 @@ class Graph:
         edges = doc["edges"]
         name = doc.get("name") or (label.rsplit("/", 1)[-1].removesuffix(".json") if label != "<stdin>" else "graph")
         meta = dict(doc.get("meta") or {})
+        check_depth(meta, label, "field meta")
         ids: list[str] = []
         index: dict[str, int] = {}
         op, compute, memory, cbt, coloc, split, members, extra = [], [], [], [], [], [], [], []
@@ -208,6 +212,8 @@ class Graph:
             split.append(list(nd["splittable"]) if nd.get("splittable") else None)
             members.append(list(nd["members"]) if "members" in nd else None)
             ex = {k: v for k, v in nd.items() if k not in known}
+            for k, val in ex.items():
+                check_depth(val, label, f"node '{nid}' field {k}")
             extra.append(ex or None)
         esrc, edst, ebytes, etensor, ecomm = [], [], [], [], []
         tensor_ids: dict[tuple[int, str], int] = {}
@@ -248,6 +254,16 @@ class Graph:
             ebytes.append(b)
             etensor.append(t)
             ecomm.append(dict(cm) if cm else None)
+        for what, total in (("memory_bytes over all nodes", sum(memory)),
+                            ("bytes over all distinct tensors (edges)", sum(tbytes))):
+            if total > BYTES_MAX:
+                raise InvalidInput(f"{label}: the total of {what} is {total}, above 2^53-1 bytes (8 PiB), "
+                                   f"the most placer accepts")
+        # every sum of node times (a coarse node, a device's work) stays within one node's range
+        work = math.fsum(max(c, *b.values()) if b else c for c, b in zip(compute, cbt))
+        if work > TIME_MAX:
+            raise InvalidInput(f"{label}: the total compute over all nodes is {work:.12g} s (compute_s or the "
+                               f"slowest compute_by_type), above 1e12 s, the most placer accepts")
         g = cls(name=name, meta=meta, ids=ids, op=op, compute=compute, memory=memory,
                 compute_by_type=cbt, colocation=coloc, splittable=split, members=members,
                 edge_src=esrc, edge_dst=edst, edge_bytes=ebytes, edge_tensor=etensor, edge_comm=ecomm,

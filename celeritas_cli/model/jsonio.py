@@ -4,17 +4,27 @@ orjson does the parsing and writing; fastjsonschema (compiled validators, fast
 enough for 100k-node graphs) checks every document against the schema files
 in ``schemas/``.  ``-`` means stdin/stdout; files are written atomically
 (temporary file in the same directory, then :func:`os.replace`), so a failed
-run never leaves a partial output file behind.
+run never leaves a partial output file behind.  A path that is not a regular
+file (``/dev/null``, a FIFO) is written into directly, never replaced.
+
+JSON has no NaN or Infinity and placer's numbers must fit a double: a document
+with ``NaN``, ``Infinity`` or ``1e400`` is rejected with the node and field
+named.  Free-form fields (``meta``, ``params``, extra node fields) may nest at
+most :data:`MAX_DEPTH` levels, so whatever placer writes stays serialisable.
 """
 
 from __future__ import annotations
 
 import functools
 import gzip
+import io
+import json
+import math
 import os
 import re
 import sys
 import tempfile
+import zlib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -23,13 +33,23 @@ import fastjsonschema
 import orjson
 
 from ..errors import InvalidInput
+from . import limits
 
 SCHEMAS = {
     "placer.graph/v1": "graph.schema.json",
     "placer.cluster/v1": "cluster.schema.json",
     "placer.placement/v1": "placement.schema.json",
     "placer.report/v1": "report.schema.json",
+    "placer.run/v1": "run.schema.json",
+    "placer.measurements/v1": "measurements.schema.json",
+    "placer.comm_samples/v1": "comm_samples.schema.json",
 }
+
+#: Deepest nesting accepted in a free-form field (``meta``, ``params``, extra
+#: node fields): ample for real metadata, and shallow enough that a document
+#: embedding it (a coarse graph, a placement's ``split_graph``) stays within
+#: orjson's 254 levels.
+MAX_DEPTH = 64
 
 
 def label_of(path: str | os.PathLike) -> str:
@@ -47,7 +67,7 @@ def read_bytes(path: str | os.PathLike) -> bytes:
         if str(path).endswith(".gz"):
             try:
                 data = gzip.decompress(data)
-            except (OSError, EOFError) as exc:
+            except (OSError, EOFError, zlib.error) as exc:
                 raise InvalidInput(f"{path}: not a valid gzip file: {exc}") from None
         return data
     except FileNotFoundError:
@@ -65,7 +85,70 @@ def loads(data: bytes, label: str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        where = _non_finite(data)
+        if where:
+            raise InvalidInput(f"{label}: {where}") from None
         raise InvalidInput(f"{label}: not valid JSON: {exc}") from None
+
+
+class _NonFinite:
+    """Stands for a ``NaN`` / ``Infinity`` / ``1e400`` literal while locating it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _non_finite(data: bytes) -> str | None:
+    """Where orjson stopped at a number that is not finite (``NaN``,
+    ``Infinity``, ``1e400``), ``"node 'a' field compute_s: NaN is not a
+    finite number ..."``; None when that was not the problem."""
+
+    def as_float(text: str):
+        value = float(text)
+        return value if math.isfinite(value) else _NonFinite(text)
+
+    try:
+        doc = json.loads(data, parse_constant=_NonFinite, parse_float=as_float)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[Any, list]] = [(doc, [])]
+    while stack:
+        obj, steps = stack.pop()
+        if isinstance(obj, _NonFinite):
+            return (f"{_describe(doc, steps)}: {obj.text} is not a finite number (JSON has no NaN or Infinity, "
+                    f"and numbers must fit a double)")
+        if isinstance(obj, dict):
+            stack.extend((v, steps + [k]) for k, v in reversed(list(obj.items())))
+        elif isinstance(obj, list):
+            stack.extend((v, steps + [i]) for i, v in reversed(list(enumerate(obj))))
+    return None
+
+
+def depth(obj: Any) -> int:
+    """Nesting depth of *obj* (a scalar is 0, ``{}`` and ``[]`` are 1)."""
+    best = 0
+    stack = [(obj, 0)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, (dict, list)):
+            d += 1
+            best = max(best, d)
+            if d > MAX_DEPTH:  # deep enough to reject; no need to walk further
+                return d
+            stack.extend((v, d) for v in (o.values() if isinstance(o, dict) else o) if isinstance(v, (dict, list)))
+    return best
+
+
+def check_depth(obj: Any, label: str, where: str) -> None:
+    """Reject *obj* (a free-form field) nested deeper than :data:`MAX_DEPTH`.
+
+    Raises
+    ------
+    InvalidInput
+        ``"<label>: <where>: nested more than 64 levels deep"``.
+    """
+    if isinstance(obj, (dict, list)) and depth(obj) > MAX_DEPTH:
+        raise InvalidInput(f"{label}: {where}: nested more than {MAX_DEPTH} levels deep")
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -80,35 +163,27 @@ def _validator(schema_tag: str):
     return fastjsonschema.compile(orjson.loads(text))
 
 
-_PATH = re.compile(r"^data((?:\.[A-Za-z_][\w]*|\[\d+\])*)")
+_PATH = re.compile(r"^data((?:\.[^\s.[]+|\[\d+\])*)")
 
 
-def _locate(doc: dict, message: str) -> str:
-    """Turn fastjsonschema's ``data.nodes[3].compute_s must ...`` into
-    ``node 'mm_3' field compute_s: must ...`` where an id is known."""
-    m = _PATH.match(message)
-    if not m:
-        return message
-    rest = message[m.end():].strip()
-    parts = re.findall(r"\.([A-Za-z_]\w*)|\[(\d+)\]", m.group(1))
-    steps: list[str | int] = [p if p else int(i) for p, i in parts]
-    where = []
+_KINDS = {"nodes": "node", "edges": "edge", "devices": "device", "pairs": "link pair", "samples": "sample"}
+
+
+def _describe(doc: Any, steps: list) -> str:
+    """``["nodes", 3, "compute_s"]`` -> ``"node 'mm_3' field compute_s"``
+    (items of nodes/edges/devices/pairs by their id where known)."""
+    where: list[str] = []
     obj: Any = doc
     k = 0
     while k < len(steps):
         step = steps[k]
-        if (
-            isinstance(step, str)
-            and step in ("nodes", "edges", "devices", "pairs")
-            and k + 1 < len(steps)
-            and isinstance(steps[k + 1], int)
-        ):
+        if isinstance(step, str) and step in _KINDS and k + 1 < len(steps) and isinstance(steps[k + 1], int):
             idx = steps[k + 1]
             try:
                 item = obj[step][idx]
             except (KeyError, IndexError, TypeError):
                 item = None
-            kind = {"nodes": "node", "edges": "edge", "devices": "device", "pairs": "link pair"}[step]
+            kind = _KINDS[step]
             if isinstance(item, dict) and kind == "edge" and "src" in item and "dst" in item:
                 where.append(f"edge {item.get('src')}->{item.get('dst')} (#{idx})")
             elif isinstance(item, dict) and isinstance(item.get("id"), str):
@@ -122,13 +197,33 @@ def _locate(doc: dict, message: str) -> str:
             obj = obj[step]
         except (KeyError, IndexError, TypeError):
             obj = None
-        where.append(f"field {step}" if isinstance(step, str) else f"[{step}]")
+        if where and where[-1].startswith("field "):
+            where[-1] += f".{step}" if isinstance(step, str) else f"[{step}]"
+        else:
+            where.append(f"field {step}" if isinstance(step, str) else f"[{step}]")
         k += 1
-    place = " ".join(where) if where else "document"
+    return " ".join(where) if where else "document"
+
+
+def _locate(doc: dict, message: str) -> str:
+    """Turn fastjsonschema's ``data.nodes[3].compute_s must ...`` into
+    ``node 'mm_3' field compute_s: must ...`` where an id is known."""
+    m = _PATH.match(message)
+    if not m:
+        return message
+    rest = message[m.end():].strip()
+    parts = re.findall(r"\.([^\s.[]+)|\[(\d+)\]", m.group(1))
+    steps: list[str | int] = [p if p else int(i) for p, i in parts]
+    place = _describe(doc, steps)
     missing = re.fullmatch(r"must contain \[(.*)\] properties", rest)
     if missing:
         fields = [f.strip().strip("'\"") for f in missing.group(1).split(",")]
         rest = "missing field " + ", ".join(fields)
+    bound = re.fullmatch(r"must be (smaller|bigger) than (or equal to )?(\S+)", rest)
+    if bound:
+        word = ("at most" if bound.group(2) else "below") if bound.group(1) == "smaller" else (
+            "at least" if bound.group(2) else "above")
+        rest = f"must be {word} {limits.WORDS.get(bound.group(3), bound.group(3))}"
     return f"{place}: {rest}"
 
 
@@ -159,33 +254,82 @@ def dumps(doc: Any) -> bytes:
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
 
 
-def write_bytes(data: bytes, path: str | os.PathLike | None) -> None:
-    """Write *data* to *path* atomically (gzip-compressed for ``*.gz``), or
-    to stdout for ``-``/``None``."""
-    if path is None or str(path) == "-":
-        out = sys.stdout.buffer
+def _detach_stdout() -> None:
+    """After a failed write to stdout, point file descriptor 1 at /dev/null so
+    the interpreter's final flush of what is still buffered fails silently."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass
+
+
+def _write_stdout(data: bytes) -> None:
+    out = sys.stdout.buffer
+    try:
         out.write(data)
         out.flush()
+    except BrokenPipeError:  # the reader went away (`placer ... | head`): the CLI exits quietly
+        _detach_stdout()
+        raise
+    except OSError as exc:  # e.g. `> /dev/full`
+        _detach_stdout()
+        raise InvalidInput(f"<stdout>: cannot write the result: {exc.strerror or exc}") from None
+
+
+def write_bytes(data: bytes, path: str | os.PathLike | None) -> None:
+    """Write *data* to *path* atomically (gzip-compressed for ``*.gz``), or
+    to stdout for ``-``/``None``.
+
+    A path that exists and is not a regular file (``/dev/null``, a FIFO) is
+    written into directly: replacing it would destroy the device node.
+
+    Raises
+    ------
+    InvalidInput
+        Empty name, a directory, a missing directory, or the write failed
+        (permissions, a full disk); nothing is left behind.
+    """
+    if path is None or str(path) == "-":
+        _write_stdout(data)
         return
-    target = Path(path)
+    name = str(path)
+    if not name.strip():
+        raise InvalidInput("output file name is empty (use - for stdout)")
+    target = Path(name)
+    if target.is_dir():
+        raise InvalidInput(f"{name}: is a directory; give a file name")
     if target.name.endswith(".gz"):
         data = gzip.compress(data, mtime=0)  # mtime=0: byte-identical output for identical input
+    if target.exists() and not target.is_file():  # a device, FIFO or socket: write into it
+        try:
+            with open(target, "wb") as fh:
+                fh.write(data)
+        except OSError as exc:
+            raise InvalidInput(f"{name}: cannot write: {exc.strerror or exc}") from None
+        return
     directory = target.parent if str(target.parent) else Path(".")
     if not directory.is_dir():
-        raise InvalidInput(f"{path}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+        raise InvalidInput(f"{name}: directory {directory} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise InvalidInput(f"{name}: cannot create a file in {directory}: {exc.strerror or exc}") from None
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
     try:
+        os.chmod(tmp, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise InvalidInput(f"{name}: cannot write: {exc.strerror or exc}") from None
         raise
 
 

@@ -27,7 +27,7 @@ without a ``derivation`` is rejected.
 
 Algorithms work on node and device indices and build their result with
 :meth:`Placement.from_indices`, which expands a coarse graph's ``members`` so
-the written placement always names the original node ids (DESIGN.md).  A
+the written placement always names the original node ids (docs/design.md).  A
 coarse node's order entry expands to its members in their listed order; the
 coarsening methods list members in a topological order of the original
 graph, so an order valid on the coarse graph stays valid on the original.
@@ -43,7 +43,7 @@ from ..errors import InvalidInput
 from .cluster import Cluster
 from .estimate import Estimate
 from .graph import Graph
-from .jsonio import validate
+from .jsonio import check_depth, validate
 
 PLACEMENT_SCHEMA = "placer.placement/v1"
 
@@ -149,6 +149,8 @@ class Placement:
     @classmethod
     def from_dict(cls, doc: Any, label: str = "placement") -> "Placement":
         validate(doc, PLACEMENT_SCHEMA, label)
+        for key in ("params", "estimate"):
+            check_depth(doc.get(key), label, f"field {key}")
         return cls(graph=doc.get("graph", ""), cluster=doc.get("cluster", ""),
                    algorithm=doc.get("algorithm", "given"), assignment=dict(doc["assignment"]),
                    order={k: list(v) for k, v in doc["order"].items()} if doc.get("order") is not None else None,

@@ -19,10 +19,19 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import InvalidInput
+from ..log import stdout_to_stderr
 from ..model.generate import layered_doc
 from .regression import check_measurements, deviation, extrapolate, leave_one_out, measurements_from_graphs
 
 __all__ = ["synthetic", "capture_model", "standard_evaluation", "from_measurements"]
+
+
+def _check_extrapolated(doc: dict, label: str) -> None:
+    """A graph predicted at a large batch may leave the accepted ranges
+    (2^53 bytes, 1e12 s): say so, naming the node, instead of writing it."""
+    from ..model.graph import Graph
+
+    Graph.from_dict(doc, label)
 
 
 def synthetic(kind: str, nodes: int, seed: int = 0) -> dict:
@@ -41,19 +50,26 @@ def synthetic(kind: str, nodes: int, seed: int = 0) -> dict:
 
 
 def capture_model(spec: str, batch: int, *, phase: str = "training", config: dict | None = None,
-            measure: bool = False, progress: Callable[[str], None] | None = None) -> dict:
-    """Capture model *spec* (zoo name or ``module:attr``) at *batch*; optionally
-    time every node on the local device (:mod:`.measure`)."""
+                  measure: bool = False, threads: int | None = None,
+                  progress: Callable[[str], None] | None = None) -> dict:
+    """Capture model *spec* (zoo name, ``module:attr`` or ``file.py:attr``:
+    :func:`.models.resolve_model`) at *batch*; optionally time every node on
+    the local device (:mod:`.measure`) with *threads* torch threads.
+    Whatever the model prints goes to stderr, never into the graph document
+    on stdout."""
     from .capture import profile_model
 
     if not measure:
-        return profile_model(spec, batch, phase=phase, config=config)
+        with stdout_to_stderr():
+            return profile_model(spec, batch, phase=phase, config=config)
     from .measure import measure_doc
 
-    doc, tr = profile_model(spec, batch, phase=phase, config=config, keep_trace=True)
-    summary = measure_doc(doc, tr, progress=progress)
+    with stdout_to_stderr():
+        doc, tr = profile_model(spec, batch, phase=phase, config=config, keep_trace=True)
+        summary = measure_doc(doc, tr, threads=threads, progress=progress)
     if progress:
-        progress(f"measured {summary['measured']} nodes on {summary['device']} (min of {summary['repeats']} after "
+        progress(f"measured {summary['measured']} nodes on {summary['device']} with {summary['threads']} "
+                 f"thread(s) (min of {summary['repeats']} after "
                  f"{summary['warmup']} warm-up runs); noise (median-min)/min: median "
                  f"{100 * summary['noise_median']:.1f}%, p90 {100 * summary['noise_p90']:.1f}%, "
                  f"{summary['noisy']} nodes above 20%; {summary['failed']} could not run and keep roofline times")
@@ -61,7 +77,7 @@ def capture_model(spec: str, batch: int, *, phase: str = "training", config: dic
 
 
 def standard_evaluation(spec: str, batch_sizes: list[int], target: int, *, phase: str = "training",
-                        config: dict | None = None, measure: bool = False,
+                        config: dict | None = None, measure: bool = False, threads: int | None = None,
                         progress: Callable[[str], None] | None = None) -> tuple[dict, dict | None, str]:
     """Celeritas 4.2.1 step 1 on a PyTorch model: capture at small batches,
     fit per-node lines, predict the graph at *target*.
@@ -88,10 +104,12 @@ def standard_evaluation(spec: str, batch_sizes: list[int], target: int, *, phase
     for b in sizes:
         if progress:
             progress(f"capturing {spec} at batch {b}")
-        docs.append(capture_model(spec, b, phase=phase, config=config, measure=measure, progress=progress))
+        docs.append(capture_model(spec, b, phase=phase, config=config, measure=measure, threads=threads,
+                                  progress=progress))
     base = docs[0]["name"].rsplit("_b", 1)[0]
     meas = measurements_from_graphs(docs, sizes, name=base)
     est = extrapolate(meas, target)
+    _check_extrapolated(est, f"{spec} extrapolated to batch {target}")
     est["meta"]["source"] = docs[0]["meta"].get("source")
     if not measure:
         if progress:
@@ -117,7 +135,10 @@ def from_measurements(doc: dict, target: int, *, label: str = "measurements") ->
     (34, 4.0, None)
     """
     check_measurements(doc, label)
+    if target < 1:
+        raise InvalidInput(f"--target-batch must be >= 1, got {target}")
     est = extrapolate(doc, target)
+    _check_extrapolated(est, f"{label} extrapolated to batch {target}")
     loo = leave_one_out(doc)
     if loo is None:
         return est, None, "needs three batch sizes for a leave-one-out check"

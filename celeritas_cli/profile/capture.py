@@ -58,11 +58,7 @@ How a model becomes a graph (Celeritas 4.2.1 and 6.1; FastT section 4):
 
 from __future__ import annotations
 
-import importlib
 import math
-import operator
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -70,18 +66,9 @@ from ..errors import InvalidInput, MissingDependency
 from ..model.graph import GRAPH_SCHEMA
 from . import devices as dev
 from .flops import formula_flops, is_tensor_core_op, short
+from .models import resolve_model
+from .stepmap import FACTORY_OPS, VIEW_OPS, flat, map_trace, nbytes, outputs  # noqa: F401 (re-exported)
 
-#: aten ops folded into their producer (their output aliases an input).
-VIEW_OPS = frozenset("""
-view _unsafe_view reshape transpose t permute expand expand_as unsqueeze squeeze getitem detach alias
-split split_with_sizes unbind chunk select slice narrow as_strided flatten unflatten movedim swapaxes
-_reshape_alias view_as lift_fresh lift_fresh_copy contiguous unsafe_split unsafe_chunk diagonal
-""".split())
-#: ops that only need their inputs' shapes: constants, made where consumed.
-FACTORY_OPS = frozenset("""
-zeros ones full empty empty_like zeros_like ones_like full_like new_zeros new_ones new_empty new_full arange
-scalar_tensor empty_strided rand randn randint rand_like randn_like tensor _tensor_constant linspace eye
-""".split())
 SPLITTABLE = {"convolution": ["batch", "channel"], "convolution_backward": ["batch"],
               "mm": ["batch"], "addmm": ["batch"], "bmm": ["batch"], "baddbmm": ["batch"]}
 
@@ -96,51 +83,16 @@ def require_torch():
 
 
 # ------------------------------------------------------------------ models
-def resolve_model(spec: str, config: dict | None = None):
-    """Return ``(factory, name)`` for a zoo name or ``module:attr``.
-
-    ``module:attr`` names a callable returning an ``nn.Module`` (a class or
-    a factory function).  The module must define ``example_inputs(batch)``
-    returning the forward arguments; it may define ``example_target(batch)``
-    and ``loss(output, target)`` (default loss: ``output.float().mean()``).
-
-    Raises
-    ------
-    InvalidInput
-        Unknown zoo name, module not importable, attribute missing.
-    """
-    require_torch()
-    from .zoo import ZOO
-
-    config = dict(config or {})
-    if ":" in spec:
-        modname, attr = spec.split(":", 1)
-        if os.getcwd() not in sys.path:      # like gunicorn/uvicorn: module:attr resolves from the current directory
-            sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(modname)
-        except ImportError as exc:
-            raise InvalidInput(f"--model {spec}: cannot import module {modname!r}: {exc}") from None
-        factory = module
-        for part in attr.split("."):
-            if not hasattr(factory, part):
-                raise InvalidInput(f"--model {spec}: module {modname!r} has no attribute {attr!r}")
-            factory = getattr(factory, part)
-        if not callable(factory):
-            raise InvalidInput(f"--model {spec}: {attr!r} is not callable (expected an nn.Module factory)")
-        return (lambda: factory(**config)), attr.split(".")[-1].lower()
-    if spec not in ZOO:
-        raise InvalidInput(f"--model {spec!r}: unknown model; the zoo has {', '.join(ZOO)}, "
-                           f"or give module:attr for your own nn.Module factory")
-    entry = ZOO[spec]
-    return (lambda: entry.factory(**config)), spec
-
-
 def build_meta(factory: Callable):
     """Instantiate *factory* with parameters on the meta device (no storage)."""
     torch = require_torch()
-    with torch.device("meta"):
-        model = factory()
+    try:
+        with torch.device("meta"):
+            model = factory()
+    except InvalidInput:
+        raise
+    except Exception as exc:  # the user's constructor failed: one line, not a traceback
+        raise InvalidInput(f"building the model failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(model, torch.nn.Module):
         raise InvalidInput(f"the model factory returned {type(model).__name__}, expected a torch.nn.Module")
     if not hasattr(model, "example_inputs"):
@@ -216,34 +168,10 @@ def trace_step(model, batch: int, phase: str = "training") -> Trace:
                  n_inputs=len(inputs), has_target=target is not None, grad_of=trainable)
 
 
-def _nbytes(val) -> int:
-    try:
-        return int(val.numel()) * int(val.element_size())
-    except (AttributeError, RuntimeError, TypeError):
-        return 0
-
-
 def _is_tensor(val) -> bool:
     import torch
 
     return isinstance(val, torch.Tensor)
-
-
-def _outputs(val) -> list:
-    """Flat list of a node value's outputs (tensor or None), in index order."""
-    if isinstance(val, (tuple, list)):
-        return list(val)
-    return [val]
-
-
-def _op_name(node) -> str:
-    tgt = node.target
-    if tgt is operator.getitem:
-        return "getitem"
-    packet = getattr(tgt, "overloadpacket", None)
-    if packet is not None:
-        return f"aten.{packet.__name__}" if getattr(tgt, "namespace", "aten") == "aten" else str(packet)
-    return getattr(tgt, "__name__", str(tgt))
 
 
 def _flops(node, op: str) -> int:
@@ -259,8 +187,8 @@ def _flops(node, op: str) -> int:
             return int(flop_registry[packet](*args, out_val=node.meta.get("val"), **kwargs))
         except Exception:  # noqa: BLE001 - a formula that cannot read these args: fall back
             pass
-    in_shapes = [tuple(a.shape) for a in _flat(args) if _is_tensor(a)]
-    out_shapes = [tuple(o.shape) for o in _outputs(node.meta.get("val")) if _is_tensor(o)]
+    in_shapes = [tuple(a.shape) for a in flat(args) if _is_tensor(a)]
+    out_shapes = [tuple(o.shape) for o in outputs(node.meta.get("val")) if _is_tensor(o)]
     kernel = None
     if short(op) in ("max_pool2d_with_indices", "avg_pool2d", "max_pool2d_with_indices_backward",
                      "avg_pool2d_backward"):
@@ -268,20 +196,6 @@ def _flops(node, op: str) -> int:
         if isinstance(ks, (list, tuple)) and all(isinstance(k, int) for k in ks):
             kernel = tuple(ks) if len(ks) > 1 else (ks[0], ks[0])
     return formula_flops(op, in_shapes, out_shapes, kernel=kernel)
-
-
-def _flat(x) -> list:
-    out: list = []
-    stack = [x]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, (list, tuple)):
-            stack.extend(reversed(item))
-        elif isinstance(item, dict):
-            stack.extend(reversed(list(item.values())))
-        else:
-            out.append(item)
-    return out
 
 
 def _dtype_name(vals) -> str:
@@ -303,110 +217,20 @@ def trace_to_doc(tr: Trace, *, name: str, meta: dict, optimizer: str = "adam") -
     """
     import torch
 
-    gm = tr.gm
+    sm = map_trace(tr, optimizer)
     n_params, n_buffers = len(tr.param_names), len(tr.buffer_names)
-    state_names = tr.param_names + tr.buffer_names
-    # src[fx node] = ("node", graph index, output index) | ("state", state index) | ("const",)
-    src: dict[Any, tuple] = {}
-    nodes: list[dict] = []
-    fx_of: list[Any] = []                    # graph index -> fx node (None for optimizer nodes)
-    in_refs: list[list[tuple[int, int]]] = []
-    state_refs: list[list[int]] = []
-    out_bytes: list[list[int]] = []
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    expected = n_params + n_buffers + tr.n_inputs + 1          # the target (None in inference) is last
-    if len(placeholders) != expected:
-        raise InvalidInput(f"trace has {len(placeholders)} inputs, expected {expected}; the model's forward "
-                           f"arguments must be tensors")
+    state_names = sm.state_names
+    nodes = [{"id": nid, "op": op} for nid, op in zip(sm.ids, sm.ops)]
+    fx_of, in_refs, state_refs, out_bytes = sm.fx_of, sm.in_refs, sm.state_refs, sm.out_bytes
+    opt_nodes, owner, backward_from = sm.opt_param, sm.owner, sm.backward_from
+    placeholders = [n for n in tr.gm.graph.nodes if n.op == "placeholder"]
 
-    def add_node(nid: str, op: str, fx, outs: list[int]) -> int:
-        nodes.append({"id": nid, "op": op})
-        fx_of.append(fx)
-        in_refs.append([])
-        state_refs.append([])
-        out_bytes.append(outs)
-        return len(nodes) - 1
-
-    for k, ph in enumerate(placeholders):
-        if k < n_params + n_buffers:
-            src[ph] = ("state", k)
-            continue
-        j = k - n_params - n_buffers
-        if j >= tr.n_inputs and not tr.has_target:
-            src[ph] = ("const",)
-            continue
-        nid = f"input_{j}" if j < tr.n_inputs else "target"
-        v = add_node(nid, "placeholder", ph, [_nbytes(ph.meta.get("val"))])
-        src[ph] = ("node", v, 0)
-
-    output_node = None
-    for fxn in gm.graph.nodes:
-        if fxn.op == "output":
-            output_node = fxn
-            continue
-        if fxn.op != "call_function":
-            continue
-        op = _op_name(fxn)
-        base = short(op) if op != "getitem" else "getitem"
-        tensor_args = [a for a in _flat((fxn.args, fxn.kwargs)) if isinstance(a, torch.fx.Node)]
-        if base in VIEW_OPS:
-            first = tensor_args[0] if tensor_args else None
-            s = src.get(first, ("const",)) if first is not None else ("const",)
-            if base == "getitem" and s[0] == "node" and isinstance(fxn.args[1], int):
-                producer_val = fx_of[s[1]].meta.get("val") if fx_of[s[1]] is not None else None
-                if isinstance(producer_val, (tuple, list)) and first is fx_of[s[1]]:
-                    s = ("node", s[1], fxn.args[1])
-            src[fxn] = s
-            continue
-        srcs = [src.get(a, ("const",)) for a in tensor_args]
-        if base in FACTORY_OPS or all(s[0] == "const" for s in srcs):
-            # constants, and ops computed from constants only (a causal mask), are made where used
-            src[fxn] = ("const",)
-            continue
-        if not fxn.users and not any(s[0] == "node" for s in srcs):
-            # bookkeeping on state alone whose result nobody reads (BatchNorm's num_batches_tracked += 1)
-            src[fxn] = ("const",)
-            continue
-        val = fxn.meta.get("val")
-        outs = [_nbytes(o) if _is_tensor(o) else 0 for o in _outputs(val)]
-        v = add_node(fxn.name, op, fxn, outs)
-        for s in srcs:
-            if s[0] == "node" and s[1] != v and (s[1], s[2]) not in in_refs[v]:
-                in_refs[v].append((s[1], s[2]))
-            elif s[0] == "state" and s[1] not in state_refs[v]:
-                state_refs[v].append(s[1])
-        src[fxn] = ("node", v, 0)
-
-    # ---- optimizer nodes (training): one per parameter with a gradient
-    grads: list[tuple[int, tuple]] = []
-    backward_from = len(nodes)          # graph index of the first backward node
-    if output_node is not None and tr.grad_of:
-        loss_src = src.get(_flat(output_node.args)[0], ("const",))
-        if loss_src[0] == "node":
-            backward_from = loss_src[1] + 1
-        outs = _flat(output_node.args)[1:]
-        for p, g in zip(tr.grad_of, outs):
-            if isinstance(g, torch.fx.Node):
-                grads.append((p, src.get(g, ("const",))))
+    # ---- colocation of each owner with its parameters' updates (module docstring, point 4)
     state_bytes = [0] * (n_params + n_buffers)
     state_numel = [0] * (n_params + n_buffers)
     for k, ph in enumerate(placeholders[:n_params + n_buffers]):
-        state_bytes[k] = _nbytes(ph.meta.get("val"))
+        state_bytes[k] = nbytes(ph.meta.get("val"))
         state_numel[k] = int(ph.meta["val"].numel()) if _is_tensor(ph.meta.get("val")) else 0
-    opt_nodes: dict[int, int] = {}
-    for p, g in grads:
-        v = add_node(f"adam.{state_names[p]}" if optimizer == "adam" else f"sgd.{state_names[p]}",
-                     "optim.adam" if optimizer == "adam" else "optim.sgd", None, [])
-        if g[0] == "node":
-            in_refs[v].append((g[1], g[2]))
-        state_refs[v].append(p)
-        opt_nodes[v] = p
-
-    # ---- parameter ownership and colocation (module docstring, point 4)
-    owner: dict[int, int] = {}
-    for v, refs in enumerate(state_refs):
-        for st in refs:
-            owner.setdefault(st, v)
     group_of: dict[int, str] = {}            # owner node -> group name (its first owned state)
     for st in sorted(owner, key=lambda x: (owner[x], x)):
         group_of.setdefault(owner[st], "param:" + state_names[st])
@@ -468,9 +292,9 @@ def trace_to_doc(tr: Trace, *, name: str, meta: dict, optimizer: str = "adam") -
         else:
             flops = _flops(fxn, nd["op"])
             ins = [a.meta.get("val") for a in dict.fromkeys(
-                x for x in _flat((fxn.args, fxn.kwargs)) if isinstance(x, torch.fx.Node))]
-            moved = sum(_nbytes(a) for a in ins if _is_tensor(a)) + sum(out_bytes[v])
-            dtype = _dtype_name(ins + _outputs(fxn.meta.get("val")))
+                x for x in flat((fxn.args, fxn.kwargs)) if isinstance(x, torch.fx.Node))]
+            moved = sum(nbytes(a) for a in ins if _is_tensor(a)) + sum(out_bytes[v])
+            dtype = _dtype_name(ins + outputs(fxn.meta.get("val")))
             tc = is_tensor_core_op(nd["op"])
         by_type = dev.times_by_type(flops, moved, dtype=dtype, tensor_core_op=tc)
         nd["compute_s"] = by_type[dev.REFERENCE]

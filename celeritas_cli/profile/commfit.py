@@ -11,7 +11,8 @@ result as a ``placer.cluster/v1`` document (bandwidth = 1/k, latency = b);
 
 The samples file — ``placer.comm_samples/v1``
 ---------------------------------------------
-::
+JSON Schema: ``schemas/comm_samples.schema.json``; an example:
+``examples/comm_samples.json``::
 
     {"schema": "placer.comm_samples/v1",
      "name": "my-4gpu-box",                                       # optional
@@ -25,7 +26,8 @@ with a warning).
 
 Example
 -------
->>> doc = {"schema": "placer.comm_samples/v1", "devices": [{"id": "a", "memory_bytes": 1}, {"id": "b", "memory_bytes": 1}],
+>>> doc = {"schema": "placer.comm_samples/v1",
+...        "devices": [{"id": "a", "memory_bytes": 1}, {"id": "b", "memory_bytes": 1}],
 ...        "samples": [{"src": "a", "dst": "b", "bytes": 0, "seconds": 1e-5},
 ...                    {"src": "a", "dst": "b", "bytes": 1e9, "seconds": 0.10001}]}
 >>> c = fit_cluster(doc)
@@ -39,6 +41,7 @@ import math
 from typing import Any
 
 from ..errors import InvalidInput, MissingDependency
+from ..model.jsonio import validate
 from .regression import fit_line
 
 SAMPLES_SCHEMA = "placer.comm_samples/v1"
@@ -52,8 +55,36 @@ def _r2(xs: list[float], ys: list[float], a: float, b: float) -> float:
     return 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
 
 
-def fit_link(samples: list[tuple[float, float]], where: str) -> dict:
+def _fit_relative(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares on relative residuals (weights 1/y^2): ``(a, b)`` of ``y = a + b x``."""
+    w = [1.0 / (y * y) if y > 0 else 0.0 for y in ys]
+    sw = math.fsum(w)
+    sx = math.fsum(wi * x for wi, x in zip(w, xs))
+    sy = math.fsum(wi * y for wi, y in zip(w, ys))
+    sxx = math.fsum(wi * x * x for wi, x in zip(w, xs))
+    sxy = math.fsum(wi * x * y for wi, x, y in zip(w, xs, ys))
+    den = sw * sxx - sx * sx
+    if sw <= 0 or den <= 0:
+        return fit_line(xs, ys)
+    b = (sw * sxy - sx * sy) / den
+    return (sy - b * sx) / sw, b
+
+
+def fit_link(samples: list[tuple[float, float]], where: str, *, weighting: str = "none") -> dict:
     """Fit ``seconds = k * bytes + b`` to ``(bytes, seconds)`` pairs.
+
+    ``weighting="none"`` is the plain least-squares line of Celeritas 4.2.1;
+    ``"relative"`` minimises relative residuals (weights 1/t^2), so that
+    with sizes spanning several orders of magnitude the latency ``b`` is
+    fitted on the small transfers and the slope on the large ones instead
+    of both on the largest (used for ``--comm-bench --processes``).
+
+    Example
+    -------
+    >>> pts = [(1e3, 1.01e-4), (1e5, 2.0e-4), (1e6, 1.1e-3), (1e8, 0.12)]   # 100 us + 1 GB/s, last one slow
+    >>> plain, rel = fit_link(pts, "x"), fit_link(pts, "x", weighting="relative")
+    >>> round(plain["latency_s"], 6), round(rel["latency_s"], 6)
+    (2.7e-05, 9.8e-05)
 
     Returns
     -------
@@ -70,7 +101,7 @@ def fit_link(samples: list[tuple[float, float]], where: str) -> dict:
     ys = [float(t) for _, t in samples]
     if len(set(xs)) < 2:
         raise InvalidInput(f"{where}: need samples at two or more distinct byte sizes to fit t = k*d + b")
-    b, k = fit_line(xs, ys)
+    b, k = _fit_relative(xs, ys) if weighting == "relative" else fit_line(xs, ys)
     if not k > 0:
         raise InvalidInput(f"{where}: fitted slope k = {k:.3g} s/byte is not positive; the samples do not grow "
                            f"with size (measure larger transfers)")
@@ -109,16 +140,19 @@ def check_samples(doc: Any, label: str = "samples") -> dict:
             for f in ("src", "dst"):
                 if s[f] not in known:
                     raise InvalidInput(f"{label}: sample #{i}: unknown device '{s[f]}' (not in devices)")
+    validate(doc, SAMPLES_SCHEMA, label)  # ranges and types (schemas/comm_samples.schema.json)
     return doc
 
 
-def fit_cluster(doc: dict, *, label: str = "samples", name: str | None = None, warn=None) -> dict:
+def fit_cluster(doc: dict, *, label: str = "samples", name: str | None = None, warn=None,
+                weighting: str = "none") -> dict:
     """Fit every device pair of a samples document; return a cluster document.
 
     Parameters
     ----------
     doc : ``placer.comm_samples/v1`` document.
     name : cluster name (default: the document's, else ``fitted``).
+    weighting : ``none`` or ``relative`` (:func:`fit_link`).
     warn : callable taking one line, for warnings (default: silent).
 
     Returns
@@ -148,7 +182,8 @@ def fit_cluster(doc: dict, *, label: str = "samples", name: str | None = None, w
     by_pair: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for s in samples:
         by_pair.setdefault((s["src"], s["dst"]), []).append((float(s["bytes"]), float(s["seconds"])))
-    pooled = fit_link([(float(s["bytes"]), float(s["seconds"])) for s in samples], f"{label}: all samples")
+    pooled = fit_link([(float(s["bytes"]), float(s["seconds"])) for s in samples], f"{label}: all samples",
+                      weighting=weighting)
     pairs, fits = [], {}
     order = {d["id"]: i for i, d in enumerate(devices)}
     for (src, dst) in sorted(by_pair, key=lambda p: (order[p[0]], order[p[1]])):
@@ -157,13 +192,13 @@ def fit_cluster(doc: dict, *, label: str = "samples", name: str | None = None, w
             if warn:
                 warn(f"{label}: pair {src}->{dst} has samples at one size only; it uses the pooled default link")
             continue
-        f = fit_link(pts, f"{label}: pair {src}->{dst}")
+        f = fit_link(pts, f"{label}: pair {src}->{dst}", weighting=weighting)
         pairs.append({"src": src, "dst": dst, "bandwidth_Bps": f["bandwidth_Bps"], "latency_s": f["latency_s"]})
         fits[f"{src}->{dst}"] = {k: f[k] for k in ("k", "b", "r2", "n")}
     fits["default"] = {k: pooled[k] for k in ("k", "b", "r2", "n")}
     return {"schema": "placer.cluster/v1", "name": name or doc.get("name") or "fitted",
             "meta": {"source": "placer profile --comm-fit: t = k*d + b per device pair (Celeritas 4.2.1)",
-                     "fit": fits},
+                     "weighting": weighting, "fit": fits},
             "devices": devices,
             "links": {"default": {"bandwidth_Bps": pooled["bandwidth_Bps"], "latency_s": pooled["latency_s"]},
                       "pairs": pairs}}
@@ -195,8 +230,9 @@ def comm_bench(*, sizes: list[int] | None = None, repeats: int = 5, warmup: int 
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n < 2:
-        raise InvalidInput(f"--comm-bench needs a machine with two or more CUDA GPUs, this one has {n}; "
-                           f"measure elsewhere and use --comm-fit samples.json")
+        raise InvalidInput(f"--comm-bench needs a machine with two or more CUDA GPUs, this one has {n}; add "
+                           f"--processes 2 to measure transfers between processes (placer run --backend gloo), "
+                           f"or measure elsewhere and use --comm-fit samples.json")
     sizes = sizes or [1024 * 4**i for i in range(10)]
     devices = []
     for i in range(n):

@@ -10,7 +10,9 @@ computes the same numbers (plus the CDF points of Figure 5).
 
 The measurements file — ``placer.measurements/v1``
 --------------------------------------------------
-One JSON object holding the same graph measured at several batch sizes::
+One JSON object holding the same graph measured at several batch sizes
+(JSON Schema: ``schemas/measurements.schema.json``; an example:
+``examples/measurements.json``)::
 
     {"schema": "placer.measurements/v1",
      "name": "mymodel",                       # optional
@@ -44,6 +46,7 @@ from typing import Any, Iterable
 
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA
+from ..model.jsonio import validate
 
 MEASUREMENTS_SCHEMA = "placer.measurements/v1"
 NODE_FITTED = ("memory_bytes", "compute_s", "output_bytes", "flops", "bytes_moved")
@@ -152,6 +155,7 @@ def check_measurements(doc: Any, label: str = "measurements") -> dict:
         if "bytes" not in ed:
             raise InvalidInput(f"{where}: missing field bytes")
         _series(ed["bytes"], k, f"{where} field bytes")
+    validate(doc, MEASUREMENTS_SCHEMA, label)  # ranges and types (schemas/measurements.schema.json)
     return doc
 
 

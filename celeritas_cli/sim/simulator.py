@@ -1,6 +1,6 @@
 """The discrete-event simulator: the one judge of every placement.
 
-Semantics (DESIGN.md, "The simulator"):
+Semantics (docs/design.md, "The simulator"):
 
 1. Each device runs one node at a time, non-preemptively, for the node's
    time on that device (:class:`~celeritas_cli.model.costs.CostModel`).

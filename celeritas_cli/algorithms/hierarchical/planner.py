@@ -53,6 +53,7 @@ from ...errors import InvalidInput, MissingDependency, SolverError
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
+from ...model.limits import TIME_MAX
 from ...model.placement import Placement
 from ...registry import Param, register
 from ...sim.simulator import CONGESTION_RULES, lower_bound
@@ -89,14 +90,17 @@ def _caveat(done: int, samples: int) -> str | None:
             "on R=-sqrt(simulated runtime); memory-masked sampling, residual OOM penalised by how far it "
             "overflows (oom_mode=fixed: the paper's fixed penalty).",
     params={
-        "groups": Param(int, 0, "number of groups M; 0 = min(256, colocation units)"),
+        "groups": Param(int, 0, "number of groups M; 0 = min(256, colocation units)", min=0, max=65536),
         "iterations": Param(int, 0, "policy updates, the deterministic budget (0 = as many as fit in time_limit "
-                                    "by a fixed cost model; 1000, the paper's, without a limit)"),
-        "samples_per_iteration": Param(int, 8, "joint placements sampled (and simulated) per update"),
-        "time_limit": Param(float, 60.0, "wall-clock cap on the whole call in seconds (0 = no limit)"),
-        "lr": Param(float, 0.05, "Adam learning rate"),
-        "hidden": Param(int, 64, "hidden width of the Grouper and the Placer LSTMs"),
-        "oom_penalty": Param(float, 2.0, "OOM runtime as a multiple of an upper bound on any makespan"),
+                                    "by a fixed cost model; 1000, the paper's, without a limit)", min=0),
+        "samples_per_iteration": Param(int, 8, "joint placements sampled (and simulated) per update", min=1,
+                                       max=4096),
+        "time_limit": Param(float, 60.0, "wall-clock cap on the whole call in seconds (0 = no limit)", min=0,
+                            max=TIME_MAX),
+        "lr": Param(float, 0.05, "Adam learning rate", gt=0, max=10.0),
+        "hidden": Param(int, 64, "hidden width of the Grouper and the Placer LSTMs", min=2, max=4096),
+        "oom_penalty": Param(float, 2.0, "OOM runtime as a multiple of an upper bound on any makespan",
+                             min=1.0, max=1e6),
         "oom_mode": Param(str, "mask", "mask: groups and devices a unit no longer fits in are not sampled, "
                                        "residual OOM graded (deviation); graded: the OOM runtime grows with the "
                                        "bytes over capacity (deviation); fixed: the paper's fixed penalty",

@@ -1,0 +1,57 @@
+"""``placer export``: write a placement of a PyTorch training step as Python
+source (torch.fx code generation) to call in a training loop.  Thin layer
+over :mod:`celeritas_cli.run.export`."""
+
+from __future__ import annotations
+
+import click
+
+from ..model.jsonio import write_bytes
+from .common import stderr_console
+from .run_cmd import check_exportable, load_inputs, parse_device_map, placed_step_options
+
+
+@click.command("export", context_settings={"max_content_width": 100})
+@placed_step_options
+@click.option("--format", "fmt", type=click.Choice(["torch"]), default="torch", show_default=True,
+              help="torch: a Python module with placed_step() and a PlacedStep class (torch.fx code generation).")
+@click.option("-o", "--output", "output", metavar="FILE.py", default="-", show_default=True,
+              help="Where to write the source, atomically (- = stdout).")
+def export(model, batch_size, config, placement_path, graph_path, cluster_path, device_map, seed, fmt, output):
+    """Write the placed training step of a model as Python source: every
+    operator on its placed device, explicit copies between devices, the Adam
+    update of each parameter on its device. Needs torch.
+
+    \b
+    Examples:
+      placer export --graph th.json -P p.json --format torch -o placed.py
+      placer export --model tensor_holography -b 2 -P p.json --device-map gpu0=cuda:0,gpu1=cuda:1 -o placed.py
+
+    \b
+    Then, in your training loop:
+      import placed
+      step = placed.PlacedStep(model)      # moves parameters and buffers to their devices
+      loss = step(x, target=y)             # forward, backward and Adam, placed
+    """
+    from ..profile.capture import require_torch
+
+    require_torch()
+    console = stderr_console()
+
+    def say(msg: str) -> None:
+        console.print(f"placer export: {msg}")
+
+    spec, batch, cfg, placement, label, graph, glabel, cluster = load_inputs(
+        model, batch_size, config, placement_path, graph_path, cluster_path, say)
+    from ..run.api import prepare
+    from ..run.export import export_source
+
+    pre = prepare(spec, batch, placement, cluster, label=label, config=cfg, graph=graph, graph_label=glabel,
+                  device_map=parse_device_map(device_map), seed=seed, progress=say)
+    check_exportable(pre, label)
+    src = export_source(pre.prog, cluster.ids, pre.tdev, graph=pre.sim_graph.name, cluster=cluster.name,
+                        label=label, algorithm=placement.algorithm)
+    write_bytes(src.encode(), output)
+    if output != "-":
+        say(f"wrote {output}: {len(pre.prog.sequence)} nodes on {len(pre.prog.devices)} device(s), "
+            f"{len(pre.prog.transfers)} copies")

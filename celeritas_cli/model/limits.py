@@ -1,0 +1,36 @@
+"""The ranges of numbers placer accepts on load (docs/design.md, "Valid ranges").
+
+Every number in a graph, cluster or placement is checked against these when
+the document is read, so nothing later can overflow: byte counts and their
+sums stay exact in a double and below 2^63 when written, times stay far from
+``inf`` in every sum, and the integer scaling of the CP-SAT model has room.
+The JSON Schemas in ``schemas/`` carry the per-value limits; the totals are
+checked in :meth:`Graph.from_dict <celeritas_cli.model.graph.Graph.from_dict>`.
+
+Example
+-------
+>>> BYTES_MAX == 2**53 - 1, TIME_MAX
+(True, 1000000000000.0)
+"""
+
+from __future__ import annotations
+
+#: Largest byte count of one node, edge or device, and of a graph's total
+#: memory and total tensor bytes: 2^53-1 (8 PiB), exact in a double.
+BYTES_MAX = 2**53 - 1
+#: Longest time (compute_s, compute_by_type, comm_s_by_pair, latency_s): 1e12 s.
+TIME_MAX = 1e12
+#: Device speed range (relative to a speed-1.0 device).
+SPEED_MIN, SPEED_MAX = 1e-6, 1e6
+#: Link bandwidth range in bytes per second.
+BANDWIDTH_MIN, BANDWIDTH_MAX = 1.0, 1e18
+#: Most devices in one cluster (so per-step transfer totals stay below 2^63 bytes).
+DEVICES_MAX = 1024
+
+#: How the schemas' bounds read in messages (fastjsonschema prints the number).
+WORDS = {
+    str(BYTES_MAX): "2^53-1 bytes (8 PiB)",
+    "1000000000000": "1e12 s", "1000000000000.0": "1e12 s",
+    "1e-06": "1e-6", "1000000.0": "1e6", "1000000": "1e6",
+    "1e+18": "1e18 B/s", "1000000000000000000": "1e18 B/s",
+}

@@ -1,0 +1,360 @@
+"""``placer run`` as a library call: capture, check, simulate, execute, compare.
+
+:func:`run_placement` is what the command and the tests call; it returns
+the ``placer.run/v1`` report (:mod:`.report`).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import InvalidInput
+from ..model.cluster import Cluster
+from ..model.graph import Graph
+from ..model.placement import Placement
+
+BACKENDS = ("local", "gloo")
+
+
+def check_same_graph(step_doc: dict, placement: Placement, label: str, graph: Graph | None = None,
+                     graph_label: str = "graph") -> None:
+    """Refuse a placement (or graph file) made for another graph than the captured one.
+
+    Raises
+    ------
+    InvalidInput
+        One line naming the first node that differs and how to capture the right graph.
+    """
+    ids = [n["id"] for n in step_doc["nodes"]]
+    known = set(ids)
+    how = "capture with the --model, --config and --batch-size the graph file was made with"
+    if placement.split_graph is not None or placement.derivation is not None:
+        raise InvalidInput(f"{label}: the placement transforms the graph ({placement.algorithm}); placer run executes "
+                           f"placements of the captured graph and plain data parallelism")
+    extra = [nid for nid in placement.assignment if nid not in known]
+    missing = [nid for nid in ids if nid not in placement.assignment]
+    if extra or missing:
+        what = (f"it places node '{extra[0]}', which the capture does not have" if extra else
+                f"it does not place node '{missing[0]}' of the capture")
+        raise InvalidInput(f"{label} was made for graph '{placement.graph}' ({len(placement.assignment)} nodes), "
+                           f"the capture is '{step_doc['name']}' ({len(ids)} nodes): {what}; {how}")
+    if graph is not None:
+        check_graph_file(step_doc, graph, graph_label)
+
+
+def check_graph_file(step_doc: dict, graph: Graph, graph_label: str = "graph") -> None:
+    """Refuse a graph file (``--graph``) of another model, batch or phase than the capture.
+
+    Raises
+    ------
+    InvalidInput
+        One line naming the first node or edge that differs.
+    """
+    known = {n["id"] for n in step_doc["nodes"]}
+    how = "capture with the --model, --config and --batch-size the graph file was made with"
+    if (graph.meta or {}).get("phase") == "inference":
+        raise InvalidInput(f"{graph_label}: is an inference graph; placer run executes training steps (profile "
+                           f"without --phase inference)")
+    if graph.is_coarse:
+        raise InvalidInput(f"{graph_label}: is a coarse graph; give the original graph file the placement "
+                           f"was expanded to (--graph)")
+    if set(graph.ids) != known:
+        other = next(iter(set(graph.ids) ^ known))
+        raise InvalidInput(f"{graph_label}: graph '{graph.name}' differs from the captured '{step_doc['name']}': "
+                           f"node '{other}' is in only one of them; {how}")
+    mine = {(e["src"], e["dst"], e.get("tensor")) for e in step_doc["edges"]}
+    theirs = {(graph.ids[graph.edge_src[e]], graph.ids[graph.edge_dst[e]]) for e in range(graph.m)}
+    diff = {(s, d) for s, d, _ in mine} ^ theirs
+    if diff:
+        s, d = sorted(diff)[0]
+        raise InvalidInput(f"{graph_label}: graph '{graph.name}' differs from the captured '{step_doc['name']}': "
+                           f"edge {s}->{d} is in only one of them; {how}")
+
+
+def default_device_map(cluster: Cluster, used: list[int], given: dict[str, str] | None) -> dict[int, str]:
+    """Cluster device index -> torch device string: *given* (``{"gpu0": "cuda:0"}``),
+    else device *i* -> ``cuda:i`` when this machine has it, else ``cpu``.
+
+    Raises
+    ------
+    InvalidInput
+        An unknown cluster device id, a malformed torch device, a CUDA device this machine lacks.
+    """
+    import torch
+
+    given = dict(given or {})
+    for did in given:
+        if did not in cluster.index:
+            raise InvalidInput(f"--device-map names '{did}', which is not a device of cluster '{cluster.name}' "
+                               f"({', '.join(cluster.ids)})")
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    out: dict[int, str] = {}
+    for d in used:
+        did = cluster.ids[d]
+        spec = given.get(did, f"cuda:{d}" if d < n_cuda else "cpu")
+        try:
+            dev = torch.device(spec)
+        except (RuntimeError, TypeError) as exc:
+            raise InvalidInput(f"--device-map {did}={spec}: not a torch device ({exc})") from None
+        if dev.type == "cuda":
+            idx = 0 if dev.index is None else dev.index
+            if idx >= n_cuda:
+                raise InvalidInput(f"--device-map {did}={spec}: this machine has {n_cuda} CUDA device(s)")
+            spec = f"cuda:{idx}"
+        elif dev.type != "cpu":
+            raise InvalidInput(f"--device-map {did}={spec}: only cpu and cuda devices are supported")
+        out[d] = spec
+    return out
+
+
+def _sequence(step, graph: Graph, sched) -> list[int]:
+    """Graph node indices of the capture in simulated start order (ties: topological index)."""
+    topo = graph.topo_index()
+    order = sorted(range(graph.n), key=lambda v: (sched.start[v], topo[v]))
+    mine = {nid: v for v, nid in enumerate(step.sm.ids)}
+    return [mine[graph.ids[v]] for v in order]
+
+
+def default_threads(backend: str, n_ranks: int, threads: int | None, graph: Graph, cluster: Cluster) -> int:
+    """torch threads per process: *threads*, else those the graph's node times were measured
+    with (``meta.measured.threads``), else those of the cluster's ``--comm-bench --processes``,
+    else (gloo) CPUs / processes or (local) torch's default."""
+    if threads is not None:
+        if threads < 1:
+            raise InvalidInput(f"--threads must be >= 1, got {threads}")
+        return threads
+    for meta, key in (((graph.meta or {}).get("measured"), "threads"),
+                      (((cluster.doc or {}).get("meta") or {}).get("comm_bench"), "threads")):
+        if isinstance(meta, dict) and isinstance(meta.get(key), int) and meta[key] >= 1:
+            return meta[key]
+    import torch
+
+    if backend == "gloo":
+        return max(1, (os.cpu_count() or 1) // n_ranks)
+    return torch.get_num_threads()
+
+
+@dataclass
+class Prepared:
+    """A placement applied to a captured step, simulated (:func:`prepare`)."""
+
+    step: Any
+    prog: Any
+    sim: dict
+    sim_graph: Graph
+    tdev: dict[int, str]
+    graph_from_file: bool
+
+
+def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, label: str = "placement",
+            config: dict | None = None, graph: Graph | None = None, graph_label: str = "graph",
+            device_map: dict[str, str] | None = None, seed: int = 0, congestion: str = "channel",
+            progress: Callable[[str], None] | None = None, step=None):
+    """Capture *spec* at *batch* with real values (or take *step*, an earlier
+    :func:`~celeritas_cli.run.step.capture_real` of it), check that *placement*
+    (and *graph*) were made for that graph, simulate it, and build the
+    :class:`~celeritas_cli.run.program.Program` in the simulated start order.
+    A data-parallel placement gives a :class:`~celeritas_cli.run.data_parallel.DPPrepared`
+    instead of a :class:`Prepared`.
+
+    Raises
+    ------
+    InvalidInput
+        Placement or graph made for another graph, an invalid placement, a bad device map.
+    """
+    from ..sim.simulator import simulate
+    from .data_parallel import dp_recipe, prepare_dp
+    from .program import Program
+    from .step import capture_real
+
+    say = progress or (lambda msg: None)
+    recipe = dp_recipe(placement, label)
+    if recipe is not None:
+        return prepare_dp(spec, batch, placement, cluster, recipe, label=label, config=config, graph=graph,
+                          graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
+                          progress=progress, step=step)
+    if step is None:
+        say(f"capturing {spec} at batch {batch} with real parameters (seed {seed})")
+        step = capture_real(spec, batch, config=config, seed=seed)
+    check_same_graph(step.doc, placement, label, graph, graph_label)
+    sim_graph = graph if graph is not None else Graph.from_dict(step.doc, step.doc["name"])
+    scheds: list = []
+    sim = simulate(sim_graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
+    device_of = [cluster.index[placement.assignment[nid]] for nid in step.sm.ids]
+    prog = Program(step, device_of, _sequence(step, sim_graph, scheds[0]))
+    tdev = default_device_map(cluster, prog.devices, device_map)
+    return Prepared(step=step, prog=prog, sim=sim, sim_graph=sim_graph, tdev=tdev, graph_from_file=graph is not None)
+
+
+def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster, *, label: str = "placement",
+                  config: dict | None = None, graph: Graph | None = None, graph_label: str = "graph",
+                  device_map: dict[str, str] | None = None, backend: str = "local", steps: int = 5,
+                  warmup: int = 1, seed: int = 0, threads: int | None = None, congestion: str = "channel",
+                  rtol: float = 1.0e-4, atol: float = 1.0e-5, timeout: float = 1800.0,
+                  progress: Callable[[str], None] | None = None, prepared: Prepared | None = None) -> dict:
+    """Execute *placement* of the training step of model *spec* at *batch* and
+    compare it with the unplaced step and with the simulator.
+
+    Parameters
+    ----------
+    spec, batch, config, seed : the model (:func:`~celeritas_cli.run.step.capture_real`).
+    placement, label : the placement and its name in messages.
+    cluster : the cluster the placement was made for (devices, links for the simulation).
+    graph, graph_label : the graph file the placement was made for (its costs are
+        simulated); default: the captured graph (roofline costs).
+    device_map : cluster device id -> torch device (default: ``cuda:i`` if present, else ``cpu``).
+    backend : ``local`` (one process, copies between devices) or ``gloo`` (one process per device;
+        NCCL when every device is a distinct GPU).
+    steps, warmup : timed steps (median reported) and warm-up steps (>= 1; the first step is the
+        one checked against the unplaced step).
+    threads : torch intra-op threads per process (gloo default: CPUs / processes).
+    congestion : the simulator's link rule.
+    rtol, atol : tolerance of the numerics check (``torch.allclose`` semantics).
+    timeout : seconds the gloo processes may take in all.
+    progress : callable taking one line, for progress on stderr.
+    prepared : the result of :func:`prepare` when the caller already has it.
+
+    Returns
+    -------
+    dict, the ``placer.run/v1`` report (:mod:`.report`).
+
+    Raises
+    ------
+    InvalidInput
+        Placement or graph made for another graph, bad device map, a failed worker.
+
+    Example (not run: needs torch)::
+
+        report = run_placement("tensor_holography", 2, placement, cluster, backend="gloo")
+        assert report["match"]
+    """
+    import torch
+
+    from .reference import reference_step
+    from .report import build_report, compare, load_average
+
+    say = progress or (lambda msg: None)
+    if backend not in BACKENDS:
+        raise InvalidInput(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if steps < 1 or warmup < 1:
+        raise InvalidInput(f"--steps and --warmup must be >= 1, got {steps} and {warmup}")
+    pre = prepared or prepare(spec, batch, placement, cluster, label=label, config=config, graph=graph,
+                              graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
+                              progress=progress)
+    if not isinstance(pre, Prepared):
+        return _run_data_parallel(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
+                                  threads=threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
+                                  progress=progress)
+    step, prog, tdev, used = pre.step, pre.prog, pre.tdev, pre.prog.devices
+    n_threads = default_threads(backend, len(used), threads, pre.sim_graph, cluster)
+    ref_dev = tdev[used[0]]
+    load = load_average()
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(n_threads)
+    try:
+        say(f"running the unplaced step on {ref_dev} ({n_threads} thread(s))")
+        ref = reference_step(step, ref_dev, seed=seed)
+        where = ", ".join(f"{cluster.ids[d]}={tdev[d]}" for d in used)
+        if backend == "local":
+            say(f"running {len(prog.sequence)} nodes on {where} in one process: 1 checked step, "
+                f"{warmup - 1} more warm-up, {steps} timed")
+            measured = _run_local(prog, tdev, ref.rng_states, steps, warmup)
+            dist_backend = None
+        else:
+            from .dist import run_processes
+
+            job = dist_job(pre, ref.rng_states, steps=steps, warmup=warmup, threads=n_threads, timeout=timeout)
+            dist_backend = job["dist_backend"]
+            say(f"starting {len(used)} processes ({dist_backend}: {where}; {n_threads} thread(s) each): "
+                f"1 checked step, {warmup - 1} more warm-up, {steps} timed")
+            measured = _merge_ranks(run_processes(job, timeout=timeout))
+    finally:
+        torch.set_num_threads(saved_threads)
+    numerics = compare(measured["loss"], measured["params"], ref, rtol=rtol, atol=atol)
+    counts = {d: prog.device_of.count(d) for d in prog.devices}
+    return build_report(step=step, counts=counts, placement=placement, label=label, cluster=cluster, sim=pre.sim,
+                        sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=tdev, backend=backend,
+                        dist_backend=dist_backend, threads=n_threads, steps=steps, warmup=warmup,
+                        numerics=numerics, measured=measured, congestion=congestion, load=load)
+
+
+def _run_data_parallel(pre, placement, cluster, *, label, backend, steps, warmup, threads, timeout, rtol, atol,
+                       congestion, progress) -> dict:
+    from .data_parallel import run_dp
+    from .report import load_average
+
+    if backend != "gloo":
+        raise InvalidInput(f"{label}: a data-parallel placement runs with --backend gloo (one process per replica)")
+    n_threads = default_threads("gloo", pre.k, threads, pre.sim_graph, cluster)
+    report = run_dp(pre, placement, cluster, label=label, steps=steps, warmup=warmup, threads=n_threads,
+                    timeout=timeout, rtol=rtol, atol=atol, congestion=congestion, load=load_average(),
+                    progress=progress)
+    report["batch_size"] = pre.global_batch if pre.scaling == "strong" else pre.replica_batch
+    report["data_parallel"] = {"replicas": pre.k, "scaling": pre.scaling, "replica_batch": pre.replica_batch,
+                               "global_batch": pre.global_batch}
+    return report
+
+
+def dist_job(pre: Prepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float) -> dict:
+    """What every rank of ``--backend gloo`` needs (:func:`celeritas_cli.run.dist.rank_main`): the
+    model to capture, the placement as device and sequence lists, the torch device of each rank,
+    the generator states to replay.  NCCL when every device is a distinct GPU, else gloo."""
+    step, prog, tdev = pre.step, pre.prog, pre.tdev
+    used = prog.devices
+    cuda = [tdev[d] for d in used if tdev[d].startswith("cuda")]
+    backend = "nccl" if len(cuda) == len(used) and len(set(cuda)) == len(cuda) else "gloo"
+    return {"spec": step.spec, "batch": step.batch, "config": step.config, "seed": step.seed, "ids": step.sm.ids,
+            "device_of": prog.device_of, "sequence": prog.sequence, "ranks": used, "torch_devices": tdev,
+            "dist_backend": backend, "rng_states": rng_states, "steps": steps, "warmup": warmup, "threads": threads,
+            "timeout": timeout}
+
+
+def _run_local(prog, tdev: dict[int, str], rng_states: dict, steps: int, warmup: int) -> dict:
+    from .executor import LocalChannel, Runner
+
+    channel = LocalChannel(tdev)
+    runner = Runner(prog, tdev, prog.devices, channel, rng_states=rng_states)
+    first = runner.step()
+    params = {p: t.detach().cpu() for p, t in runner.params().items()}
+    link = {k: list(v) for k, v in channel.link.items()}
+    walls, busy, cpu = [], {d: [] for d in prog.devices}, {d: [] for d in prog.devices}
+    link_s: dict[tuple[int, int], list] = {}
+    for i in range(warmup - 1 + steps):
+        channel.link = {}
+        res = runner.step()
+        if i >= warmup - 1:
+            walls.append(res["wall_s"])
+            for d, b in res["busy"].items():
+                busy[d].append(b)
+                cpu[d].append(res["cpu"][d])
+            for k, row in channel.link.items():
+                link_s.setdefault(k, []).append(row[2])
+    for k, row in link.items():
+        secs = link_s.get(k)
+        row[2] = statistics.median(secs) if secs and all(s is not None for s in secs) else None
+    return {"loss": first["loss"].detach().cpu(), "params": params, "walls": walls,
+            "busy": {d: statistics.median(b) for d, b in busy.items()}, "cpu": {d: _median(c) for d, c in cpu.items()},
+            "link": link}
+
+
+def _median(values: list) -> float | None:
+    return None if not values or any(v is None for v in values) else statistics.median(values)
+
+
+def _merge_ranks(results: list[dict]) -> dict:
+    """One measurement from the ranks: step time = the slowest rank's, per step."""
+    loss = next((r["loss"] for r in results if r["loss"] is not None), None)
+    params: dict = {}
+    link: dict = {}
+    for r in results:
+        params.update(r["params"])
+        for k, row in r["link"].items():
+            link[k] = [row[0], row[1], None]
+    walls = [max(ws) for ws in zip(*(r["walls"] for r in results))]
+    busy = {r["device"]: statistics.median(r["busy"]) for r in results}
+    cpu = {r["device"]: _median(r["cpu"]) for r in results}
+    return {"loss": loss, "params": params, "walls": walls, "busy": busy, "cpu": cpu, "link": link,
+            "rank_walls": {r["device"]: r["walls"] for r in results}}

@@ -1,0 +1,270 @@
+"""``placer run`` on a data-parallel placement (``place --algo data-parallel``,
+issue 17): one process per replica with torch.distributed, gradients
+all-reduced before each replica's Adam update.
+
+Replica ``r`` runs the step captured at the replica batch (strong scaling:
+the graph's batch / k; weak: the graph's batch) on its shard of the global
+batch (rows ``r*b .. (r+1)*b`` of the inputs and target), every node on its
+device in the simulated order of replica 0 (all ranks follow one order, so
+they start their collectives in the same order).  As soon as a gradient's
+producer has run, its all-reduce starts (``async_op``, the simulator's ring
+starts when the gradient is ready); the update waits for it and divides by
+k.  The algorithm of the all-reduce is the backend's (gloo, or NCCL with one
+GPU per replica), so the bytes it puts on each link are not known: the
+report gives the simulated ring's next to ``null``.
+
+Numerics: the yardstick is the unplaced step run on each replica's shard
+with the gradients averaged, then ``torch.optim.Adam`` - data parallelism's
+own semantics (as DDP: BatchNorm statistics and dropout masks per replica),
+which differ from one step on the whole batch whenever the model has
+BatchNorm; that difference is a property of data parallelism, not of the
+execution, and the report says so.
+
+References
+----------
+FastT (Yi et al., CoNEXT 2020) 6.2 (the DP baseline); Li et al., "PyTorch
+Distributed", VLDB 2020 (DDP: bucketed all-reduce overlapping the backward
+pass, local BatchNorm statistics).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidInput
+
+
+def dp_recipe(placement, label: str) -> dict | None:
+    """The data-parallel step of *placement*'s derivation; ``None`` for a plain placement.
+
+    Raises
+    ------
+    InvalidInput
+        Another derivation (operation splitting, a coarse base): not executable.
+    """
+    d = placement.derivation
+    if d is None and placement.split_graph is None:
+        return None
+    steps = (d or {}).get("steps") or []
+    if len(steps) == 1 and steps[0].get("transform") == "data-parallel" and not (d or {}).get("base"):
+        return steps[0]
+    what = ", ".join(str(s.get("transform")) for s in steps) or "a derived graph"
+    if (d or {}).get("base"):
+        what += " of a coarse graph"
+    raise InvalidInput(f"{label}: the placement transforms the graph ({what}); placer run executes placements "
+                       f"of the captured graph and plain data parallelism")
+
+
+@dataclass
+class DPPrepared:
+    """A data-parallel placement applied to a captured step (:func:`prepare_dp`)."""
+
+    step: Any                       # RealStep at the replica batch
+    k: int
+    scaling: str
+    replica_batch: int
+    global_batch: int
+    shards: list                    # per replica: (inputs, target)
+    devices: list[int]              # cluster device of replica r
+    sequence: list[int]             # replica 0's order, as graph node indices of step
+    sim: dict
+    sim_graph: Any
+    tdev: dict[int, str]
+    graph_from_file: bool
+
+
+def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label: str, config: dict | None,
+               graph=None, graph_label: str = "graph", device_map=None, seed: int = 0, congestion: str = "channel",
+               progress=None, step=None) -> DPPrepared:
+    """Capture the step at the graph's batch (to simulate and check the placement) and at the
+    replica batch (to run), cut the global batch into shards, and find each replica's device."""
+    from ..model.graph import Graph
+    from ..sim.simulator import simulate
+    from .api import check_graph_file, default_device_map
+    from .step import capture_real, example_batch
+
+    say = progress or (lambda msg: None)
+    k, scaling = int(recipe["replicas"]), recipe.get("scaling", "strong")
+    if step is None:
+        say(f"capturing {spec} at batch {batch} (the graph's)")
+        step = capture_real(spec, batch, config=config, seed=seed)
+    if graph is not None:
+        check_graph_file(step.doc, graph, graph_label)
+    sim_graph = graph if graph is not None else Graph.from_dict(step.doc, step.doc["name"])
+    scheds: list = []
+    sim = simulate(sim_graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
+    if scaling == "strong" and batch % k:
+        raise InvalidInput(f"{label}: {k} replicas cannot share a batch of {batch} evenly; use a batch size "
+                           f"divisible by {k}")
+    b = batch // k if scaling == "strong" else batch
+    total = b * k
+    rstep = step if b == batch else capture_real(spec, b, config=config, seed=seed)
+    if rstep.sm.ids != step.sm.ids:
+        raise InvalidInput(f"{label}: at the replica batch {b} the model traces another graph than at batch {batch} "
+                           f"(use at least 2 samples per replica)")
+    inputs, target = example_batch(spec, total, config=config, seed=seed, with_target=rstep.target is not None)
+    shards = [(_rows(inputs, r, b, total, spec), None if target is None else _rows([target], r, b, total, spec)[0])
+              for r in range(k)]
+    dgraph = scheds[0].graph
+    idx = {nid: v for v, nid in enumerate(step.sm.ids)}
+    devices, order = [-1] * k, []
+    for v in sorted(range(dgraph.n), key=lambda v: (scheds[0].start[v], v)):
+        extra = dgraph.node_extra[v] or {}
+        if "allreduce" in extra or "origin" not in extra:
+            continue
+        r = int(extra["replica"])
+        devices[r] = scheds[0].device_of[v]
+        if r == 0:
+            order.append(idx[extra["origin"]])
+    if len(set(devices)) != k:
+        raise InvalidInput(f"{label}: the {k} replicas are not on {k} distinct devices")
+    tdev = default_device_map(cluster, sorted(devices), device_map)
+    return DPPrepared(step=rstep, k=k, scaling=scaling, replica_batch=b, global_batch=total, shards=shards,
+                      devices=devices, sequence=order, sim=sim, sim_graph=sim_graph, tdev=tdev,
+                      graph_from_file=graph is not None)
+
+
+def _rows(tensors: list, r: int, b: int, total: int, spec: str) -> list:
+    out = []
+    for j, t in enumerate(tensors):
+        if t.dim() == 0 or t.shape[0] != total:
+            raise InvalidInput(f"--model {spec}: input {j} has shape {tuple(t.shape)}; data parallelism cuts the "
+                               f"first dimension, which must be the batch ({total})")
+        out.append(t[r * b:(r + 1) * b].clone())
+    return out
+
+
+class GradAllReduce:
+    """Starts each gradient's all-reduce once its producer has run; hands the average to the update."""
+
+    def __init__(self, prog, k: int, stage_cpu: bool):
+        self.prog, self.k, self.stage = prog, k, stage_cpu
+        self.by_producer: dict[int, list[int]] = {}
+        for v in prog.sm.opt_param:
+            src = prog.sm.src.get(prog.sm.grad_fx[v], ("const",))
+            if src[0] == "node":
+                self.by_producer.setdefault(src[1], []).append(v)
+        self.pending: dict[int, tuple] = {}
+        self.bytes = 0
+
+    def _start(self, grad):
+        import torch.distributed as dist
+
+        buf = grad.detach().to("cpu" if self.stage else grad.device, copy=True).contiguous()
+        self.bytes += buf.numel() * buf.element_size()
+        return dist.all_reduce(buf, async_op=True), buf
+
+    def on_node(self, v: int, d: int, runner) -> None:
+        for u in self.by_producer.get(v, ()):
+            self.pending[runner.sm.opt_param[u]] = self._start(runner.value(runner.sm.grad_fx[u], d))
+
+    def hook(self, p: int, grad):
+        work, buf = self.pending.pop(p) if p in self.pending else self._start(grad)
+        work.wait()
+        buf.div_(self.k)
+        return buf.to(grad.device) if self.stage else buf
+
+
+def dp_rank_main(rank: int, job: dict) -> dict:
+    """One replica: capture at the replica batch, take shard *rank*, run ``1 + warmup - 1 + steps`` steps."""
+    import torch
+    import torch.distributed as dist
+
+    from .executor import LocalChannel, Runner
+    from .program import Program
+    from .step import capture_real
+
+    step = capture_real(job["spec"], job["batch"], config=job["config"], seed=job["seed"])
+    if step.sm.ids != job["ids"]:
+        raise InvalidInput("the model captured in a worker process differs from the parent's capture")
+    step.inputs, step.target = job["shards"][rank]
+    me = job["ranks"][rank]
+    dev = torch.device(job["torch_devices"][me])
+    prog = Program(step, [me] * len(step.sm.ids), job["sequence"])
+    ar = GradAllReduce(prog, len(job["ranks"]), stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda")
+    runner = Runner(prog, {me: dev}, [me], LocalChannel({me: dev}), rng_states=job["rng_states"][rank],
+                    grad_hook=ar.hook, node_hook=ar.on_node)
+    first = runner.step()
+    out: dict[str, Any] = {"rank": rank, "device": me, "loss": first["loss"].detach().cpu(),
+                           "params": {p: t.detach().cpu() for p, t in runner.params().items()},
+                           "allreduce_bytes": ar.bytes, "walls": [], "busy": [], "cpu": []}
+    for i in range(job["warmup"] - 1 + job["steps"]):
+        dist.barrier()
+        res = runner.step()
+        if i >= job["warmup"] - 1:
+            out["walls"].append(res["wall_s"])
+            out["busy"].append(res["busy"][me])
+            out["cpu"].append(res["cpu"][me])
+    return out
+
+
+def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmup: int, threads: int,
+           timeout: float, rtol: float, atol: float, congestion: str, load, progress=None) -> dict:
+    """Reference (per-shard unplaced steps, gradients averaged, Adam), the replicas, the report."""
+    import torch
+
+    from .executor import ADAM
+    from .launch import launch
+    from .reference import Reference, adam_reference, reference_grads
+    from .report import build_report, compare
+
+    say = progress or (lambda msg: None)
+    ref_dev = pre.tdev[pre.devices[0]]
+    say(f"running the unplaced step on each of the {pre.k} shards of {pre.replica_batch} on {ref_dev}")
+    losses, grads, states = [], {}, []
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)          # the replicas' threads: same kernels, same rounding
+    try:
+        for inputs, target in pre.shards:
+            loss, g, st = reference_grads(pre.step, ref_dev, seed=pre.step.seed, inputs=inputs, target=target)
+            losses.append(loss)
+            states.append(st)
+            for p, t in g.items():
+                grads[p] = t if p not in grads else grads[p] + t
+    finally:
+        torch.set_num_threads(saved)
+    ref = Reference(loss=(sum(losses[1:], losses[0]) / pre.k).cpu(),
+                    params=adam_reference(pre.step, {p: t / pre.k for p, t in grads.items()}, ADAM),
+                    rng_states={}, device=ref_dev)
+    ranks = pre.devices
+    cuda = [pre.tdev[d] for d in ranks if pre.tdev[d].startswith("cuda")]
+    backend = "nccl" if len(cuda) == len(ranks) and len(set(cuda)) == len(cuda) else "gloo"
+    job = {"spec": pre.step.spec, "batch": pre.replica_batch, "config": pre.step.config, "seed": pre.step.seed,
+           "ids": pre.step.sm.ids, "sequence": pre.sequence, "ranks": ranks, "torch_devices": pre.tdev,
+           "rank_devices": {r: pre.tdev[d] for r, d in enumerate(ranks)}, "dist_backend": backend,
+           "rng_states": states, "shards": pre.shards, "steps": steps, "warmup": warmup, "threads": threads,
+           "timeout": timeout}
+    say(f"starting {pre.k} replicas ({backend}, batch {pre.replica_batch} each, {threads} thread(s)): 1 checked "
+        f"step, {warmup - 1} more warm-up, {steps} timed")
+    results = launch("celeritas_cli.run.data_parallel", job, pre.k, timeout=timeout, what="placer run")
+    loss = sum(float(r["loss"]) for r in results) / pre.k
+    spread = max((float((r["params"][p] - results[0]["params"][p]).abs().max()) for r in results[1:]
+                  for p in results[0]["params"]), default=0.0)
+    numerics = compare(torch.tensor(loss), results[0]["params"], ref, rtol=rtol, atol=atol)
+    if spread > atol:
+        numerics["match"] = False
+    measured = {"walls": [max(ws) for ws in zip(*(r["walls"] for r in results))],
+                "busy": {r["device"]: statistics.median(r["busy"]) for r in results},
+                "cpu": {r["device"]: statistics.median(r["cpu"]) for r in results},
+                "link": {}, "link_bytes_unknown": True}
+    notes = [f"data parallelism: {pre.k} replicas ({pre.scaling} scaling) of batch {pre.replica_batch} "
+             f"(global batch {pre.global_batch}); the yardstick is the unplaced step on each shard with the "
+             f"gradients averaged (BatchNorm statistics and dropout per replica, as DDP); replicas' parameters "
+             f"differ by at most {spread:.3g}",
+             f"the all-reduce is torch.distributed's ({backend} picks the algorithm): "
+             f"{results[0]['allreduce_bytes']} gradient bytes per replica reduced; bytes per link are the "
+             f"simulated ring's only"]
+    counts = {d: len(pre.step.sm.ids) for d in sorted(ranks)}
+    return build_report(step=pre.step, counts=counts, placement=placement, label=label, cluster=cluster,
+                        sim=pre.sim, sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=pre.tdev,
+                        backend="gloo", dist_backend=backend, threads=threads, steps=steps, warmup=warmup,
+                        numerics=numerics, measured=measured, congestion=congestion, load=load,
+                        extra_notes=notes)
+
+
+if __name__ == "__main__":
+    from .launch import worker_main
+
+    worker_main(dp_rank_main)

@@ -1,0 +1,210 @@
+"""``placer run --backend gloo``: one process per used device, cross-device
+tensors sent with :mod:`torch.distributed` point-to-point operations.
+
+Each rank captures the same step (same seed: bit-identical values), builds
+the same :class:`~celeritas_cli.run.program.Program` from the placement the
+parent sends, and runs its device's nodes in the program's sequence (the
+placement's order, or the simulator's when it has none).  A tensor is sent
+(``isend``) as soon as its producer finishes; a receive is waited for just
+before the first node that reads it.
+
+No deadlock for any valid placement: every rank follows the same global
+sequence (a topological order of the graph, the simulated start order),
+sends never block, and a rank only waits for a tensor whose producer comes
+earlier in that sequence; by induction on the sequence every wait ends.
+Receives are posted in the order their sender posts the sends (the transfer
+tags are numbered in that order), which NCCL requires (it matches
+point-to-point operations by order, not by tag): with gloo all receives are
+posted when the step starts, with NCCL lazily, one sender's receives in order
+up to the one needed.  With gloo, CUDA tensors are staged through the CPU.
+
+The wire format is the traced layout: a tensor whose traced strides are a
+permutation of a contiguous layout travels as that permuted, contiguous
+view, so the receiver's copy has the strides the trace (and the unplaced
+step) has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import InvalidInput
+from .launch import launch, worker_main
+
+
+def _perm(meta) -> list[int] | None:
+    """Dimensions ordered so that *meta*'s layout is contiguous, or ``None`` when it is not dense."""
+    import torch
+
+    dims = sorted(range(meta.dim()), key=lambda i: (-meta.stride(i), -meta.shape[i]))
+    probe = torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=meta.dtype, device="meta")
+    return dims if probe.permute(dims).is_contiguous() else None
+
+
+def wire_buffer(meta, device):
+    """``(tensor, contiguous view to receive into)`` laid out like traced value *meta*."""
+    import torch
+
+    perm = _perm(meta)
+    if perm is None:
+        buf = torch.empty(tuple(meta.shape), dtype=meta.dtype, device=device)
+        return buf, buf
+    buf = torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=meta.dtype, device=device)
+    return buf, buf.permute(perm)
+
+
+def wire_view(value, meta):
+    """A contiguous tensor holding *value* in the layout of traced value *meta* (no copy when it already is)."""
+    perm = _perm(meta)
+    if perm is None:
+        return value.contiguous()
+    if tuple(value.stride()) != tuple(meta.stride()):
+        buf, view = wire_buffer(meta, value.device)
+        buf.copy_(value)
+        return view
+    return value.permute(perm)
+
+
+class Peers:
+    """Point-to-point operations on the default process group (public :mod:`torch.distributed` calls)."""
+
+    def send(self, tensor, dst: int, tag: int):
+        import torch.distributed as dist
+
+        return dist.isend(tensor, dst, tag=tag)
+
+    def recv(self, tensor, src: int, tag: int):
+        import torch.distributed as dist
+
+        return dist.irecv(tensor, src, tag=tag)
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+class DistChannel:
+    """The :class:`~celeritas_cli.run.executor.Runner` channel of one rank.
+
+    Parameters
+    ----------
+    prog : the program.
+    peers : object with ``send(tensor, dst, tag)``, ``recv(tensor, src, tag)`` returning works.
+    rank_of : cluster device index -> rank.
+    me : this rank's cluster device.
+    device : this rank's torch device.
+    prepost : post every receive when the step starts (gloo) instead of lazily (NCCL).
+    stage_cpu : send and receive CPU copies (gloo with CUDA tensors).
+    """
+
+    def __init__(self, prog, peers, rank_of: dict[int, int], me: int, device, *, prepost: bool, stage_cpu: bool):
+        import torch
+
+        self.prog, self.peers, self.rank_of, self.me = prog, peers, rank_of, me
+        self.device = torch.device(device)
+        self.prepost, self.stage = prepost, stage_cpu
+        self.incoming: dict[int, list[int]] = {}
+        for t in prog.transfers:                   # already in the order senders post them
+            if t.dst == me:
+                self.incoming.setdefault(t.src, []).append(t.index)
+        self.slot = {ti: i for lst in self.incoming.values() for i, ti in enumerate(lst)}
+        self.link: dict[tuple[int, int], list] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.posted: dict[int, tuple] = {}
+        self.next = {src: 0 for src in self.incoming}
+        self.sent: list[tuple] = []
+
+    def _post(self, ti: int) -> None:
+        t = self.prog.transfers[ti]
+        buf, view = wire_buffer(t.meta, "cpu" if self.stage else self.device)
+        work = self.peers.recv(view, self.rank_of[t.src], t.index)
+        self.posted[ti] = (work, buf)
+
+    def begin(self) -> None:
+        self._reset()
+        if self.prepost:
+            for src, lst in self.incoming.items():
+                for ti in lst:
+                    self._post(ti)
+                self.next[src] = len(lst)
+
+    def fetch(self, t):
+        lst = self.incoming[t.src]
+        while self.next[t.src] <= self.slot[t.index]:
+            self._post(lst[self.next[t.src]])
+            self.next[t.src] += 1
+        work, buf = self.posted.pop(t.index)
+        work.wait()
+        return buf.to(self.device) if self.stage else buf
+
+    def send(self, t, value) -> None:
+        wire = wire_view(value, t.meta)
+        if self.stage:
+            wire = wire.cpu()
+        work = self.peers.send(wire, self.rank_of[t.dst], t.index)
+        self.sent.append((work, wire))
+        row = self.link.setdefault((t.src, t.dst), [0, 0])
+        row[0] += wire.numel() * wire.element_size()
+        row[1] += 1
+
+    def end(self) -> None:
+        for work, _ in self.sent:
+            work.wait()
+        self.sent = []
+
+
+# ------------------------------------------------------------------ ranks
+def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
+    """Everything one rank does: capture (unless *step* is given), build the
+    program, run ``1 + warmup + steps`` steps, return its results.
+
+    The first step starts from the initial values and is the one whose loss
+    and parameters are checked; the timed steps follow the warm-up, each
+    after a barrier.
+    """
+    import torch
+
+    from .executor import Runner
+    from .program import Program
+
+    if step is None:
+        from .step import capture_real
+
+        step = capture_real(job["spec"], job["batch"], config=job["config"], seed=job["seed"])
+    if step.sm.ids != job["ids"]:
+        raise InvalidInput("the model captured in a worker process differs from the parent's capture")
+    prog = Program(step, job["device_of"], job["sequence"])
+    me = job["ranks"][rank]
+    dev = torch.device(job["torch_devices"][me])
+    rank_of = {d: r for r, d in enumerate(job["ranks"])}
+    channel = DistChannel(prog, peers or Peers(), rank_of, me, dev, prepost=job["dist_backend"] == "gloo",
+                          stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda")
+    runner = Runner(prog, {me: dev}, [me], channel, rng_states=job["rng_states"], adam=job.get("adam"))
+    barrier = (peers or Peers()).barrier
+    first = runner.step()
+    loss = first["loss"]
+    out: dict[str, Any] = {"rank": rank, "device": me,
+                           "loss": None if loss is None else loss.detach().cpu(),
+                           "params": {p: t.detach().cpu() for p, t in runner.params().items()},
+                           "link": {k: list(v) for k, v in channel.link.items()}, "walls": [], "busy": [], "cpu": []}
+    for i in range(job["warmup"] - 1 + job["steps"]):
+        barrier()
+        res = runner.step()
+        if i >= job["warmup"] - 1:
+            out["walls"].append(res["wall_s"])
+            out["busy"].append(res["busy"][me])
+            out["cpu"].append(res["cpu"][me])
+    return out
+
+
+def run_processes(job: dict, *, timeout: float) -> list[dict]:
+    """One process per rank of *job* (:func:`rank_main`); their results by rank."""
+    job = dict(job, rank_devices={r: job["torch_devices"][d] for r, d in enumerate(job["ranks"])})
+    return launch("celeritas_cli.run.dist", job, len(job["ranks"]), timeout=timeout, what="placer run")
+
+
+if __name__ == "__main__":
+    worker_main(rank_main)

@@ -1,0 +1,355 @@
+"""Execute a :class:`~celeritas_cli.run.program.Program`: every graph node on
+its device, every cross-device tensor through a *channel* (explicit copies in
+one process, :mod:`torch.distributed` sends between processes).
+
+:class:`Runner` is shared by both backends; it runs the nodes of the devices
+it owns, in the program's sequence, and asks its channel for remote values.
+
+- Values: a graph node's outputs stay on its device until their last reader
+  there has run; a derived value (a view, a constant, a dropout mask) is
+  computed on each device that reads it and kept until its last reader.
+- Random ops replay the generator state the reference step saw just before
+  them (:mod:`.reference`), so a dropout mask made on two devices, or in two
+  processes, is the reference's mask.
+- The optimizer update (``optim.adam`` nodes) runs on its placed device with
+  the exact arithmetic of ``torch.optim.Adam`` (single-tensor path), out of
+  place: nodes that read the parameter later in the same step still see the
+  old value, as in the unplaced step; the new value is committed when the
+  step ends.
+- Timing: per node wall time on CPU devices (``time.perf_counter``), CUDA
+  events on GPUs; a node's busy time excludes waiting for its inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+#: Adam hyper-parameters (torch.optim.Adam's defaults).
+ADAM = {"lr": 1.0e-3, "betas": (0.9, 0.999), "eps": 1.0e-8}
+
+
+def adam_update(param, grad, exp_avg, exp_avg_sq, step: int, lr: float = 1.0e-3, betas=(0.9, 0.999),
+                eps: float = 1.0e-8):
+    """One Adam step (Kingma & Ba 2015, Algorithm 1) with the arithmetic of
+    ``torch.optim.Adam(foreach=False)``; moments in place, parameter out of place.
+
+    Returns
+    -------
+    The updated parameter (a new tensor).
+
+    Example
+    -------
+    >>> import torch
+    >>> p, g = torch.ones(2), torch.tensor([0.5, -2.0])
+    >>> adam_update(p, g, torch.zeros(2), torch.zeros(2), 1, lr=0.1)
+    tensor([0.9000, 1.1000])
+    """
+    beta1, beta2 = betas
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    bias_correction1 = 1 - beta1**step
+    bias_correction2 = 1 - beta2**step
+    denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
+    return param.addcdiv(exp_avg, denom, value=-(lr / bias_correction1))
+
+
+def is_random(fxn) -> bool:
+    """True for an fx call of a seeded random aten op (``bernoulli_``, ``native_dropout`` ...)."""
+    import torch
+
+    tags = getattr(fxn.target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
+
+
+def rng_state(device):
+    """The generator state of *device* (CPU or one CUDA device)."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
+def set_rng_state(device, state) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+class Timer:
+    """Busy time per device: wall time (perf_counter) and process CPU time
+    (process_time) on CPU devices, CUDA events on GPUs (read at :meth:`totals`).
+    On a loaded machine the CPU time is the busy time a device would have had
+    alone; the wall time includes waiting for a CPU."""
+
+    def __init__(self, torch_devices: dict[int, Any]):
+        self.devs = torch_devices
+        self.wall: dict[int, float] = {d: 0.0 for d in torch_devices}
+        self.cpu: dict[int, float | None] = {d: (None if dev.type == "cuda" else 0.0)
+                                             for d, dev in torch_devices.items()}
+        self.events: dict[int, list] = {d: [] for d in torch_devices}
+
+    def start(self, d: int):
+        dev = self.devs[d]
+        if dev.type == "cuda":
+            import torch
+
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(dev))
+            return ev
+        return time.perf_counter(), time.process_time()
+
+    def stop(self, d: int, mark) -> None:
+        dev = self.devs[d]
+        if dev.type == "cuda":
+            import torch
+
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record(torch.cuda.current_stream(dev))
+            self.events[d].append((mark, ev))
+        else:
+            self.wall[d] += time.perf_counter() - mark[0]
+            self.cpu[d] += time.process_time() - mark[1]
+
+    def totals(self) -> dict[int, float]:
+        """Wall (GPU: event) busy seconds per device."""
+        out = dict(self.wall)
+        for d, pairs in self.events.items():
+            for a, b in pairs:
+                b.synchronize()
+                out[d] += a.elapsed_time(b) / 1000.0
+        return out
+
+
+def stand_in(meta, device):
+    """An uninitialised tensor with the shape, strides and dtype of traced value *meta*."""
+    import torch
+
+    return torch.empty_strided(tuple(meta.shape), tuple(meta.stride()), dtype=meta.dtype, device=device)
+
+
+def synchronize(devices) -> None:
+    """Wait for every CUDA device among *devices* (torch devices)."""
+    import torch
+
+    for dev in devices:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+
+class Runner:
+    """Runs the nodes of the devices *mine* of a program, one step at a time.
+
+    Parameters
+    ----------
+    prog : the :class:`~celeritas_cli.run.program.Program`.
+    torch_devices : cluster device index -> ``torch.device`` (for the devices in *mine*).
+    mine : cluster device indices this process runs.
+    channel : moves values between devices (:class:`LocalChannel`, or the distributed one).
+    rng_states : fx node name -> generator state to replay before that random op.
+    adam : Adam hyper-parameters (default :data:`ADAM`).
+    grad_hook : ``hook(param_index, grad) -> grad`` applied before each update, and
+    node_hook : ``hook(node, device, runner)`` called after each node (and its sends): the seams of
+        data parallelism (:mod:`.data_parallel`: start a gradient's all-reduce when its producer
+        has run, wait for it before the update).
+    """
+
+    def __init__(self, prog, torch_devices: dict[int, Any], mine, channel, rng_states: dict | None = None,
+                 adam: dict | None = None, grad_hook=None, node_hook=None):
+        import torch
+
+        self.prog, self.sm, self.channel = prog, prog.sm, channel
+        self.devs = {d: torch.device(torch_devices[d]) for d in mine}
+        self.mine = set(mine)
+        self.seq = [v for v in prog.sequence if prog.device_of[v] in self.mine]
+        self.free = prog.free_after(self.mine)
+        self.rng_states = rng_states or {}
+        self.adam = dict(ADAM, **(adam or {}))
+        self.grad_hook = grad_hook
+        self.node_hook = node_hook
+        step = prog.step
+        self.gm = step.tr.gm
+        self.state: dict[int, Any] = {}                   # state index -> tensor on its home device
+        for s in range(len(step.state)):
+            home = prog.home(("state", s))
+            if home in self.mine:
+                self.state[s] = step.state[s].to(self.devs[home], copy=True)
+        self.unowned: dict[tuple[int, int], Any] = {}
+        self.inputs: dict[int, Any] = {}
+        for v, fx in enumerate(self.sm.fx_of):
+            if fx is not None and fx.op == "placeholder" and prog.device_of[v] in self.mine:
+                j = self.sm.ids[v]
+                val = step.target if j == "target" else step.inputs[int(j.split("_")[1])]
+                self.inputs[v] = val.to(self.devs[prog.device_of[v]], copy=True)
+        self.moments: dict[int, tuple] = {}
+        self.steps_done: dict[int, int] = {}
+        for v, p in self.sm.opt_param.items():
+            if prog.device_of[v] in self.mine:
+                dev = self.devs[prog.device_of[v]]
+                self.moments[p] = (torch.zeros_like(step.state[p], device=dev),
+                                   torch.zeros_like(step.state[p], device=dev))
+                self.steps_done[p] = 0
+        self.env: dict[int, dict] = {d: {} for d in self.mine}
+        self.pending: dict[int, Any] = {}
+
+    # ------------------------------------------------------------ values
+    def value(self, a, d: int):
+        """The value of fx node *a* on device *d*."""
+        role = self.prog.role[a]
+        kind = role[0]
+        env = self.env[d]
+        if kind in ("out", "state"):
+            home = self.prog.home(role)
+            if kind == "state" and home == d:
+                return self.state[role[1]]
+            if kind == "state" and home == -1:
+                return self._unowned(role[1], d)
+            if role in env:
+                return env[role]
+            if home == d:
+                raise RuntimeError(f"{a.name} is read on device {d} before its producer ran (order bug)")
+            val = self.channel.fetch(self.prog.transfers[self.prog.transfer_of[(role, d)]])
+            env[role] = val
+            return val
+        if kind in ("derived", "factory"):
+            if a not in env:
+                env[a] = self.call(a, d, shape_only=kind == "factory")
+            return env[a]
+        if kind == "attr":
+            if a not in env:
+                env[a] = getattr(self.gm, a.target).to(self.devs[d])
+            return env[a]
+        return None
+
+    def _unowned(self, s: int, d: int):
+        if (s, d) not in self.unowned:
+            self.unowned[(s, d)] = self.prog.step.state[s].to(self.devs[d], copy=True)
+        return self.unowned[(s, d)]
+
+    def call(self, fxn, d: int, shape_only: bool = False):
+        """Run fx call *fxn* on device *d* (its inputs resolved there).  With
+        *shape_only* (a factory op), inputs that are not constants are
+        stand-ins of their traced shape, strides and dtype."""
+        from torch.fx.node import map_arg
+
+        def arg(n):
+            if shape_only and self.sm.src.get(n, ("const",))[0] != "const":
+                return stand_in(n.meta["val"], self.devs[d])
+            return self.value(n, d)
+
+        args = map_arg(fxn.args, arg)
+        kwargs = map_arg(fxn.kwargs, arg)
+        if "device" in kwargs:
+            kwargs = dict(kwargs, device=self.devs[d])
+        if fxn.name in self.rng_states:
+            set_rng_state(self.devs[d], self.rng_states[fxn.name])
+        return fxn.target(*args, **kwargs)
+
+    def run_node(self, v: int, d: int) -> None:
+        sm = self.sm
+        env = self.env[d]
+        if v in sm.opt_param:
+            p = sm.opt_param[v]
+            grad = self.value(sm.grad_fx[v], d)
+            if self.grad_hook is not None:
+                grad = self.grad_hook(p, grad)
+            param = self.value(self.prog.placeholder_of_state[p], d)
+            self.steps_done[p] += 1
+            m, m2 = self.moments[p]
+            a = self.adam
+            self.pending[p] = adam_update(param, grad, m, m2, self.steps_done[p], lr=a["lr"], betas=a["betas"],
+                                          eps=a["eps"])
+            return
+        fx = sm.fx_of[v]
+        out = self.inputs[v] if fx.op == "placeholder" else self.call(fx, d)
+        if isinstance(out, (tuple, list)):
+            for k, o in enumerate(out):
+                env[("out", v, k)] = o
+        else:
+            env[("out", v, 0)] = out
+
+    def send_value(self, t):
+        """The value transfer *t* carries, on its source device."""
+        if t.key[0] == "state":
+            return self.state[t.key[1]]
+        return self.env[t.src][t.key]
+
+    # -------------------------------------------------------------- step
+    def step(self) -> dict:
+        """Run one step; return ``{"loss", "busy", "cpu", "wall_s"}`` (busy and CPU
+        seconds per device; loss ``None`` when the loss node is on another process)."""
+        prog = self.prog
+        timer = Timer(self.devs)
+        t_start = time.perf_counter()
+        self.channel.begin()
+        for v in self.seq:
+            d = prog.device_of[v]
+            for ti in prog.needs[v]:
+                t = prog.transfers[ti]
+                if t.key not in self.env[d]:
+                    self.env[d][t.key] = self.channel.fetch(t)
+            mark = timer.start(d)
+            self.run_node(v, d)
+            timer.stop(d, mark)
+            for ti in prog.sends[v]:
+                t = prog.transfers[ti]
+                self.channel.send(t, self.send_value(t))
+            if self.node_hook is not None:
+                self.node_hook(v, d, self)
+            for dd, key in self.free.get(prog.position[v], ()):
+                self.env[dd].pop(key, None)
+        loss = self.value(self.sm.loss, prog.loss_device) if prog.loss_device in self.mine else None
+        self.channel.end()
+        synchronize(self.devs.values())
+        wall = time.perf_counter() - t_start
+        for p, new in self.pending.items():
+            self.state[p] = new
+        self.pending = {}
+        for d in self.mine:
+            self.env[d].clear()
+        return {"loss": loss, "busy": timer.totals(), "cpu": dict(timer.cpu), "wall_s": wall}
+
+    def params(self) -> dict[int, Any]:
+        """Current value of every parameter updated on this process's devices."""
+        return {p: self.state[p] for p in self.moments if p in self.state}
+
+
+class LocalChannel:
+    """Transfers inside one process: an explicit copy to the destination
+    device, made when the producer finishes (a clone when both cluster devices
+    map to the same torch device), once per (tensor, destination device)."""
+
+    def __init__(self, torch_devices: dict[int, Any]):
+        import torch
+
+        self.devs = {d: torch.device(x) for d, x in torch_devices.items()}
+        self.copies: dict[int, Any] = {}
+        self.link: dict[tuple[int, int], list] = {}       # (src, dst) -> [bytes, transfers, seconds]
+
+    def begin(self) -> None:
+        self.copies = {}
+
+    def send(self, t, value) -> None:
+        dst = self.devs[t.dst]
+        timed = dst.type == "cpu" and self.devs[t.src].type == "cpu"
+        t0 = time.perf_counter()
+        if dst == value.device:
+            copy = value.clone()
+        else:   # asynchronous only into a GPU: a non-blocking copy to the CPU may be read before it lands
+            copy = value.to(dst, non_blocking=dst.type == "cuda", copy=True)
+        row = self.link.setdefault((t.src, t.dst), [0, 0, 0.0 if timed else None])
+        row[0] += copy.numel() * copy.element_size()
+        row[1] += 1
+        if timed:
+            row[2] += time.perf_counter() - t0
+        self.copies[t.index] = copy
+
+    def fetch(self, t):
+        return self.copies.pop(t.index)
+
+    def end(self) -> None:
+        self.copies = {}
