@@ -306,8 +306,10 @@ def test_two_runs_give_byte_identical_placements():
 def test_noise_stops_at_75_percent_of_the_budget_even_when_the_clock_ends_it(monkeypatch):
     from celeritas_cli.algorithms.hierarchical import budget as B
 
+    from types import SimpleNamespace
+
     clock = [0.0]
-    monkeypatch.setattr(B.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(B, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     b = B.TrainingBudget(iterations=100, samples=8, time_limit=10.0, t0=0.0)
     noisy, started = [], 0
     for it in range(100):
@@ -339,3 +341,18 @@ def test_a_graph_too_large_for_the_time_limit_fails_early():
 
     with pytest.raises(SolverError, match=r"too long for --time-limit 1 s; coarsen first"):
         H.hierarchical(layered(1000, seed=0), uniform(4), seed=0, time_limit=1.0, progress=False)
+
+
+def test_a_slow_start_leaves_the_untrained_decode_and_says_so(monkeypatch, capsys):
+    # a cold `import torch` can take longer than the limit: no iteration then
+    from celeritas_cli.algorithms.hierarchical import budget as B
+
+    from types import SimpleNamespace
+
+    real = B.time.perf_counter
+    monkeypatch.setattr(B, "time", SimpleNamespace(perf_counter=lambda: real() + 1e6))
+    g = layered(30, seed=2)
+    p = H.hierarchical(g, uniform(2), seed=0, **{**QUICK, "iterations": 0, "time_limit": 30.0})
+    assert p.estimate["iterations"] == 0 and p.estimate["samples"] == 1 and p.estimate["repeatable"] is False
+    assert p.estimate["caveat"].startswith("no training") and set(p.assignment) == set(g.ids)
+    assert "cut training to 0 of" in capsys.readouterr().err

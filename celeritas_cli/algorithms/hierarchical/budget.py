@@ -82,6 +82,7 @@ class TrainingBudget:
     t0: float
     done: int = 0
     n_samples: int = 0
+    first_s: float = 0.0      # modelled seconds of one iteration (iteration_cost_s)
     horizon: int = 0          # iterations the noise schedule is laid over
     clock_cut: bool = False   # the wall clock changed the run (stopped it or shortened the schedule)
     _t1: float = 0.0          # end of the first iteration (its warm-up is not typical)
@@ -96,8 +97,10 @@ class TrainingBudget:
 
     def may_start(self, it: int) -> bool:
         """Whether iteration *it* may start.  Without a time limit, always;
-        with one, the first always and none past the deadline; from the
-        third iteration on the mean iteration time
+        with one, the first when the modelled iteration (``first_s``) ends
+        before the deadline (a slow start - a cold ``import torch`` measured
+        10-15 s - leaves only the untrained policy's decode), none past the
+        deadline; from the third iteration on the mean iteration time
         predicts how many fit before the deadline (one kept in reserve for
         the final decode): when fewer than the budget, the noise schedule
         is laid over the predicted count and ``clock_cut`` is set; an
@@ -105,9 +108,15 @@ class TrainingBudget:
         now = time.perf_counter()
         if it == 1:
             self._t1 = now
-        if not self.time_limit or it == 0:
+        if not self.time_limit:
             return True
         deadline = self.t0 + self.time_limit - min(MARGIN_S, 0.1 * self.time_limit)
+        if it == 0:
+            if now + self.first_s <= deadline:
+                return True
+            self.clock_cut = True
+            self.horizon = 0
+            return False
         if now >= deadline:
             self.clock_cut = True
             return False

@@ -76,6 +76,8 @@ SHORT_BUDGET = 100
 
 
 def _caveat(done: int, samples: int) -> str | None:
+    if done == 0:
+        return "no training: the time limit ran out before the first iteration (the untrained policy's placement)"
     if done < SHORT_BUDGET:
         return (f"smoke budget: {done} iterations x {samples} samples, not the paper's planner "
                 f"({PAPER_ITERATIONS} iterations)")
@@ -286,7 +288,7 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
                           f"(`placer coarsen G | placer place - --algo hierarchical`) or raise --time-limit to "
                           f"{2 * one + 1:.0f} s or more")
     budget = TrainingBudget(iterations or auto_iterations(n, graph.m, M, samples_per_iteration, time_limit),
-                            samples_per_iteration, time_limit, t0)
+                            samples_per_iteration, time_limit, t0, first_s=one)
     params_used = {"groups": M, "iterations": budget.iterations}
 
     def result(dev_unit: list[int], ms: float, ok: bool, extra: dict) -> Placement:
@@ -431,7 +433,7 @@ def _train(torch, hm, env: RewardEnv, feats: dict, M: int, hidden: int, lr: floa
             dev_unit = policy(1, greedy=True)[0][0].tolist()
         budget.n_samples += 1
         ok = env.fits(dev_unit)
-        if ok or best[0][0]:
+        if best is None or ok or best[0][0]:  # no iteration ran (a slow start): the untrained decode
             consider((not ok, env.makespan(dev_unit), budget.done, -1), dev_unit)
     finally:
         if bar is not None:
