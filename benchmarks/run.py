@@ -138,10 +138,13 @@ def tables(rows: list[dict], algorithms: list[str], refs: dict[str, float]) -> l
             else:
                 txt = _fmt(c.get("makespan_over_lb"))
                 txt = f"OOM ({txt})" if c["status"] == "OOM" else txt
+                txt += lib.CAVEAT_MARK if c.get("caveat") else ""
                 vals.append(f"**{txt}**" if a == best else txt)
         placed_on = f"{any_row['coarse_nodes']} ({any_row['coarsen']})" if any_row.get("coarse_nodes") else "original"
         out.append(f"| {any_row.get('graph')} | {any_row.get('nodes') or '-'} | {placed_on} | "
                    + " | ".join(vals) + " |")
+    notes = lib.caveat_lines(rows, algorithms)
+    out += [""] + [n + "  " for n in notes] if notes else []
     out += ["", "Placement generation time (coarsening included, Celeritas Table 4) / reference "
             "(reference = load the graph + simulate a one-device placement, same process):", "",
             "| Graph | reference (s) | " + " | ".join(cols) + " |",
@@ -157,9 +160,10 @@ def tables(rows: list[dict], algorithms: list[str], refs: dict[str, float]) -> l
                 vals.append(c["status"])
             else:
                 t = c["placement_time_s"] + (c.get("coarsen_time_s") or 0.0)
-                vals.append(_fmt(t / ref) if ref else _fmt(t))
+                vals.append((_fmt(t / ref) if ref else _fmt(t)) + (lib.CAVEAT_MARK if c.get("caveat") else ""))
         name = next(iter(cells.values())).get("graph")
         out.append(f"| {name} | {_fmt(ref)} | " + " | ".join(vals) + " |")
+    out += [""] + [n + "  " for n in notes] if notes else []
     failed = [r for r in rows if r["status"] in ("error", "timeout")]
     if failed:
         out += ["", "Failed cells:", ""]

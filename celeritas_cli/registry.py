@@ -92,6 +92,7 @@ class Entry:
     extra: str | None = None  # optional dependency group, e.g. "torch"
     kind: str = "placement"
     quick_params: dict[str, Any] = field(default_factory=dict)  # for tests / smoke runs
+    uses_origin: bool = False  # judges its candidates on a coarse graph's original when known
 
     def coerce(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Validate and convert user parameters (strings from ``-p k=v``)
@@ -139,19 +140,22 @@ _loaded: set[str] = set()
 
 def register(name: str, *, paper: str, section: str, summary: str,
              params: dict[str, Param] | None = None, extra: str | None = None,
-             quick_params: dict[str, Any] | None = None):
+             quick_params: dict[str, Any] | None = None, uses_origin: bool = False):
     """Decorator registering a placement algorithm under *name*.
 
     *extra* names the optional dependency group it needs (``"torch"``);
     *quick_params* are parameters for a quick run (tests, smoke compares),
-    e.g. a short time limit for the MILP.
+    e.g. a short time limit for the MILP; *uses_origin* says that it judges
+    its candidates on a coarse graph's original (``Graph.origin``), so
+    ``placer place`` loads the original for it when the coarse graph names a
+    readable file.
     """
 
     def deco(func: Callable) -> Callable:
         if name in _ALGORITHMS and _ALGORITHMS[name].func is not func:
             raise RuntimeError(f"placement algorithm {name!r} registered twice")
         _ALGORITHMS[name] = Entry(name, func, paper, section, summary, dict(params or {}), extra,
-                                  quick_params=dict(quick_params or {}))
+                                  quick_params=dict(quick_params or {}), uses_origin=uses_origin)
         return func
 
     return deco
@@ -237,7 +241,9 @@ def get_coarsener(name: str) -> Entry:
 def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | None = None, costs=None):
     """Run registered algorithm *algo* and return its :class:`Placement`,
     with ``algorithm``, ``params``, ``seed`` and ``placement_time_s`` filled in
-    (wall time of the algorithm itself, like Celeritas Table 4).
+    (wall time of the algorithm itself, like Celeritas Table 4).  A result
+    that carries a ``split_graph`` gets an estimate said to hold for that
+    graph (``estimate.graph == "split"``).
 
     *costs* is the cost model to place under (default: the file's costs,
     :func:`celeritas_cli.model.costs.cost_model`); it is built once here and
@@ -258,6 +264,8 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     with stdout_to_stderr():  # C libraries (METIS) print to fd 1; stdout is for the JSON document
         result = entry.func(graph, cluster, seed=seed, costs=costs, **kwargs)
     result.placement_time_s = time.perf_counter() - t0
+    if result.split_graph is not None and result.estimate.graph != "split":
+        result.estimate = result.estimate.with_graph("split", len(result.split_graph.get("nodes", ())))
     result.algorithm = algo
     result.params = {**kwargs, **result.params}
     result.seed = seed
@@ -266,9 +274,13 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
 
 def coarsen(graph, cluster, method: str, *, params: dict[str, Any] | None = None, costs=None):
     """Run registered coarsening *method*; returns the coarse :class:`Graph`
-    (*costs* as in :func:`place`)."""
+    (*costs* as in :func:`place`), whose ``origin`` is the original graph
+    (so algorithms can judge their candidates on it)."""
     entry = get_coarsener(method)
     kwargs = entry.coerce(params or {})
     costs = cost_model(graph, cluster, costs)
     with stdout_to_stderr():
-        return entry.func(graph, cluster, costs=costs, **kwargs)
+        coarse = entry.func(graph, cluster, costs=costs, **kwargs)
+    if coarse is not graph and coarse.is_coarse and coarse.origin is None:
+        coarse.origin = graph.origin if graph.is_coarse else graph
+    return coarse

@@ -153,7 +153,9 @@ def test_sct_greedy_fallback_on_large_graphs(two_dev, capsys):
     assert [g.ids[f] if f >= 0 else None for f in greedy_favorites(g)] == ["x", None, "y", None]
     p, rep = _place(g, two_dev, "m-sct", lp_max_nodes=2)
     assert p.estimate["favorites"] == "greedy"
+    assert p.estimate["caveat"] == "greedy favourite children (more than lp_max_nodes=2 nodes), not Baechi's LP"
     assert "lp_max_nodes" in capsys.readouterr().err
+    assert "caveat" not in _place(g, two_dev, "m-sct")[0].estimate  # the LP: Baechi's m-SCT
     assert rep["makespan_s"] > 0
 
 

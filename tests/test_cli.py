@@ -120,3 +120,20 @@ def test_given_algorithm_round_trip(tmp_path, given_ok):
     run(["place", G60, "--algo", "random", "--seed", "2", "-o", str(p)])
     q = orjson.loads(run(["place", G60, "--algo", "given", "-p", f"file={p}"]).stdout)
     assert q["assignment"] == orjson.loads(p.read_bytes())["assignment"]
+
+
+def test_place_simulate_on_a_coarse_graph_says_which_graph(tmp_path):
+    # issue 18.3: a coarse graph's makespan is labelled; the original graph's
+    # is reported too when the coarse graph names a readable original file
+    coarse = tmp_path / "c.json"
+    assert run(["coarsen", G60, "-o", str(coarse)]).exit_code == 0
+    assert orjson.loads(coarse.read_bytes())["meta"]["coarsened_from_file"] == G60
+    r = run(["place", str(coarse), "--algo", "adjusting", "--simulate"])
+    assert r.exit_code == 0
+    rep = orjson.loads(run(["simulate", G60, "-P", "-"], input=r.stdout).stdout)
+    assert "adjusting: simulated makespan on the coarse graph 'layered_60@cpd'" in r.stderr
+    assert (f"on the original graph 'layered_60' (60 nodes): simulated makespan {rep['makespan_s']:.6g} s"
+            in r.stderr)
+    piped = run(["coarsen", "-"], input=open(G60).read()).stdout  # no file to go back to
+    r = run(["place", "-", "--algo", "adjusting", "--simulate"], input=piped)
+    assert "on the coarse graph" in r.stderr and "these are the coarse graph's numbers" in r.stderr

@@ -453,3 +453,39 @@ def test_milp_progress_lines_follow_chatty(files, capsys):
     with quiet():
         registry.place(files["chain"], files["cluster"], "milp", params=params)
     assert "milp: hint" not in capsys.readouterr().err
+
+
+def test_coarse_milp_status_is_labelled_and_judged_on_the_original():
+    # issue 18.2: a milp cell on a coarse graph says its status holds there;
+    # its makespan is the original graph's (the simulator's, not the solver's)
+    pytest.importorskip("ortools")
+    rows = lib.compare(["sample_graphs/layered_60.json"], [uniform(2)], ["milp"], coarsen="cpd",
+                       per_algo_params={"milp": {"time_limit": 20, "det_time": 0.05}})
+    (r,) = rows
+    assert r["status"] == "OK" and r["coarse_nodes"] < r["nodes"]
+    assert r["estimate_status"] in ("OPTIMAL (coarse graph)", "FEASIBLE (coarse graph)")
+    from celeritas_cli.model.io import load_graph
+
+    g = load_graph("sample_graphs/layered_60.json")
+    cg = registry.coarsen(g, uniform(2), "cpd")
+    p = registry.place(cg, uniform(2), "milp", params={"time_limit": 20, "det_time": 0.05})
+    assert r["makespan_s"] == pytest.approx(simulate(g, uniform(2), p)["makespan_s"])
+    assert p.estimate["original_makespan_s"] == pytest.approx(r["makespan_s"])
+
+
+def test_caveats_mark_cells_and_are_listed_under_every_table(files):
+    # m-SCT above lp_max_nodes is not Baechi's LP m-SCT: the cell says so
+    rows = lib.compare([files["dir"]], [files["cluster"]], ["m-sct", "single-device"],
+                       per_algo_params={"m-sct": {"lp_max_nodes": 2}})
+    cells = _by_cell(rows)
+    assert "lp_max_nodes=2" in cells[("chain3", "m-sct")]["caveat"]
+    assert cells[("chain3", "single-device")]["caveat"] is None
+    m = lib.matrix(rows, "makespan_s", ["m-sct", "single-device"])
+    by = {r["graph"]: r for r in m["rows"]}
+    assert by["chain3"]["cells"]["m-sct"].endswith(lib.CAVEAT_MARK)
+    text = lib.format_table(rows, ["m-sct", "single-device"])
+    md = lib.format_markdown(rows, ["m-sct", "single-device"])
+    for out in (text, md):
+        notes = [ln for ln in out.splitlines() if ln.startswith(lib.CAVEAT_MARK + " m-sct on chain3, fork:")]
+        assert len(notes) == 3 and "not Baechi's LP" in notes[0]  # one per table
+    assert "caveat" in lib.format_csv(rows).splitlines()[0]

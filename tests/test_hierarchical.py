@@ -16,7 +16,7 @@ from celeritas_cli.errors import InvalidInput, MissingDependency
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.costs import CostModel
 from celeritas_cli.model.generate import layered
-from celeritas_cli.model.graph import build
+from celeritas_cli.model.graph import Graph, build
 from celeritas_cli.sim.simulator import simulate
 
 from .conftest import edge, node
@@ -86,7 +86,7 @@ def test_adjacency_truncated_to_width():
 def test_units_follow_colocation():
     g = build("u", [node("a", colocation="w"), node("b"), node("c", colocation="w"), node("d", colocation="z")],
               [edge("a", "b"), edge("b", "c"), edge("c", "d")])
-    unit_of, count = H._units(g)
+    unit_of, count = H.units(g)
     assert unit_of == [0, 1, 0, 2] and count == 3
     assert H.default_groups(g) == 3
     assert H.default_groups(layered(1000)) == 256
@@ -173,11 +173,15 @@ def test_oom_samples_penalised_feasible_preferred():
 def test_all_oom_reported_as_oom():
     g = build("big", [node("a", 1.0, mem=100), node("b", 1.0, mem=100)], [edge("a", "b", 100)])
     cl = uniform(2, memory=50, bandwidth=100.0, latency=0.0)
-    p = H.hierarchical(g, cl, seed=0, **QUICK)
+    p = H.hierarchical(g, cl, seed=0, **QUICK, oom_mode="fixed")
     assert p.estimate["status"] == "OOM"
     assert simulate(g, cl, p)["status"] == "OOM"
     assert set(p.assignment) == {"a", "b"}
     assert p.estimate["makespan_s"] == pytest.approx(2.0)  # best OOM sample: both on one device
+    # the memory mask samples the best effort only: each node on its own device
+    p = H.hierarchical(g, cl, seed=0, **QUICK)
+    assert p.estimate["status"] == "OOM" and p.assignment["a"] != p.assignment["b"]
+    assert p.estimate["makespan_s"] == pytest.approx(3.0)
 
 
 def test_colocation_never_split_and_coarse_expansion():
@@ -210,11 +214,13 @@ def test_deterministic_for_a_seed_and_state_restored():
     assert torch.equal(torch.random.get_rng_state(), rng)
 
 
-def test_time_limit_stops_training():
+def test_time_limit_stops_training(capsys):
     g = layered(60, seed=3)
-    p = H.hierarchical(g, uniform(2), seed=0, **{**QUICK, "iterations": 1000, "time_limit": 1e-9})
-    assert p.estimate["iterations"] == 1
-    assert p.estimate["samples"] == QUICK["samples_per_iteration"] + 1  # + the final greedy decode
+    p = H.hierarchical(g, uniform(2), seed=0, **{**QUICK, "iterations": 1000, "time_limit": 1.0})
+    done = p.estimate["iterations"]
+    assert 1 <= done < 1000 and p.estimate["repeatable"] is False
+    assert p.estimate["samples"] == done * QUICK["samples_per_iteration"] + 1  # + the final greedy decode
+    assert "the wall clock (--time-limit 1 s) cut training" in capsys.readouterr().err
 
 
 def test_trivial_inputs(chain3):
@@ -226,7 +232,7 @@ def test_trivial_inputs(chain3):
 
 def test_bad_params(chain3, two_dev):
     with pytest.raises(InvalidInput, match="iterations"):
-        H.hierarchical(chain3, two_dev, **{**QUICK, "iterations": 0})
+        H.hierarchical(chain3, two_dev, **{**QUICK, "iterations": -1})
     with pytest.raises(InvalidInput, match="groups"):
         H.hierarchical(chain3, two_dev, **{**QUICK, "groups": -1})
 
@@ -235,3 +241,121 @@ def test_missing_torch_says_how_to_install(chain3, two_dev, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(MissingDependency, match=r"pip install -e \.\[torch\]"):
         H.hierarchical(chain3, two_dev, **QUICK)
+
+
+# ------------------------------------------------------------------ issue 18: budget, determinism, memory pressure
+def memory_bound_coarse_graph():
+    """A coarse graph of 40 nodes of 30 bytes on 4 devices of 315 bytes:
+    only placements within 5 % of a perfect balance fit (a uniformly random
+    one almost never does)."""
+    g = layered(120, seed=1)
+    doc = g.to_dict()
+    for nd in doc["nodes"]:
+        nd["memory_bytes"] = 10
+    g = Graph.from_dict(doc)
+    chunk = [0] * g.n
+    for i, v in enumerate(g.topo_order()):
+        chunk[v] = i // 3
+    return g, contract(g, chunk, method="chunks"), uniform(4, memory=315)
+
+
+def test_learns_a_feasible_placement_under_memory_pressure():
+    # the paper's fixed penalty: every sample overflows, every reward is the
+    # same, nothing is learnt (Celeritas Figure 1); the masked sampling finds
+    # feasible placements from the first iteration and keeps improving
+    g, cg, cl = memory_bound_coarse_graph()
+    budget = {"iterations": 30, "samples_per_iteration": 8, "hidden": 32, "time_limit": 0.0, "progress": False}
+    rand = simulate(g, cl, registry.place(cg, cl, "random"))
+    assert rand["status"] == "OOM"
+    fixed = H.hierarchical(cg, cl, seed=0, oom_mode="fixed", **budget)
+    assert fixed.estimate["status"] == "OOM"
+    hist: list = []
+    p = H.hierarchical(cg, cl, seed=0, history=hist, **budget)
+    rep = simulate(g, cl, p)
+    assert p.estimate["status"] == "FEASIBLE" and rep["status"] == "OK"
+    assert p.estimate["oom_mode"] == "mask" and len(hist) == 30
+    oom = [h["oom"] for h in hist]
+    assert sum(oom[-10:]) < sum(oom[:10])  # fewer overflowing samples as it learns
+    assert hist[-1]["best_feasible_s"] == pytest.approx(p.estimate["makespan_s"])
+
+
+def test_graded_penalty_orders_oom_samples_by_overflow():
+    from celeritas_cli.algorithms.hierarchical.reward import (
+        oom_signal,
+        overflow_fraction,
+    )
+
+    fail = 10.0
+    small = oom_signal(fail, overflow_fraction([110, 90], [100, 100], 200), "graded")
+    large = oom_signal(fail, overflow_fraction([200, 0], [100, 100], 200), "graded")
+    assert fail < small < large and oom_signal(fail, 0.5, "fixed") == fail
+
+
+def test_two_runs_give_byte_identical_placements():
+    # the default budget is counted (auto iterations from the time limit by a
+    # fixed cost model), so the clock does not decide how far training gets
+    import orjson
+
+    g, cl = layered(30, seed=5), uniform(2)
+    params = {"time_limit": 8.0, "samples_per_iteration": 2, "hidden": 16, "progress": False}
+    docs = []
+    for _ in range(2):
+        p = registry.place(g, cl, "hierarchical", seed=3, params=params)
+        assert p.estimate["repeatable"] and p.estimate["iterations"] == p.params["iterations"] > 1
+        docs.append(orjson.dumps(p.to_dict(timings=False)))
+    assert docs[0] == docs[1]
+
+
+def test_noise_stops_at_75_percent_of_the_budget_even_when_the_clock_ends_it(monkeypatch):
+    from types import SimpleNamespace
+
+    from celeritas_cli.algorithms.hierarchical import budget as B
+
+    clock = [0.0]
+    monkeypatch.setattr(B, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    b = B.TrainingBudget(iterations=100, samples=8, time_limit=10.0, t0=0.0)
+    noisy, started = [], 0
+    for it in range(100):
+        if not b.may_start(it):
+            break
+        started += 1
+        noisy.append(b.noisy(it))
+        clock[0] += 0.5  # every iteration takes 0.5 s: about 19 fit in 10 s
+    assert 15 <= started < 20 and b.clock_cut
+    assert noisy[0] and not noisy[-1]
+    assert sum(noisy) == pytest.approx(0.75 * b.horizon, abs=1.0)
+    free = B.TrainingBudget(iterations=8, samples=8, time_limit=0.0, t0=0.0)
+    assert [free.noisy(i) for i in range(8)] == [True] * 6 + [False] * 2 and all(map(free.may_start, range(8)))
+
+
+def test_auto_budget_and_smoke_caveat():
+    from celeritas_cli.algorithms.hierarchical.budget import auto_iterations
+
+    assert auto_iterations(60, 92, 52, 8, 0.0) == 1000  # the paper's, without a limit
+    assert auto_iterations(60, 92, 52, 8, 60.0) < auto_iterations(60, 92, 52, 8, 600.0) <= 1000
+    assert auto_iterations(1000, 1600, 256, 8, 1.0) == 1
+    p = registry.place(layered(20, seed=1), uniform(2), "hierarchical",
+                       params=registry.get("hierarchical").quick_params)
+    assert p.estimate["caveat"].startswith("smoke budget: 5 iterations x 2 samples, not the paper's planner")
+
+
+def test_a_graph_too_large_for_the_time_limit_fails_early():
+    from celeritas_cli.errors import SolverError
+
+    with pytest.raises(SolverError, match=r"too long for --time-limit 1 s; coarsen first"):
+        H.hierarchical(layered(1000, seed=0), uniform(4), seed=0, time_limit=1.0, progress=False)
+
+
+def test_a_slow_start_leaves_the_untrained_decode_and_says_so(monkeypatch, capsys):
+    # a cold `import torch` can take longer than the limit: no iteration then
+    from types import SimpleNamespace
+
+    from celeritas_cli.algorithms.hierarchical import budget as B
+
+    real = B.time.perf_counter
+    monkeypatch.setattr(B, "time", SimpleNamespace(perf_counter=lambda: real() + 1e6))
+    g = layered(30, seed=2)
+    p = H.hierarchical(g, uniform(2), seed=0, **{**QUICK, "iterations": 0, "time_limit": 30.0})
+    assert p.estimate["iterations"] == 0 and p.estimate["samples"] == 1 and p.estimate["repeatable"] is False
+    assert p.estimate["caveat"].startswith("no training") and set(p.assignment) == set(g.ids)
+    assert "cut training to 0 of" in capsys.readouterr().err

@@ -303,3 +303,75 @@ def test_too_large_returns_hint_and_says_coarsen(monkeypatch, capsys):
     assert "placer coarsen" in capsys.readouterr().err
     with pytest.raises(Exception, match="coarsen"):
         solve(g, c, time_limit=5, workers=1, hint="none")
+
+
+# ------------------------------------------------------------------ issue 18: honest status, time, determinism
+def coarse_pq():
+    """Original: p1(1) -> p2(1), p1 -> q(2), 100-byte tensors (0.5 s at
+    200 B/s).  Coarse: P = {p1, p2}, Q = {q}.  On the coarse graph P's
+    output leaves after 2 s, so splitting costs 2 + 0.5 + 2 = 4.5 > 4 (one
+    device, the coarse optimum); on the original p1's output leaves after
+    1 s and the split takes max(2, 1 + 0.5 + 2) = 3.5 < 4."""
+    from celeritas_cli.coarsening.contract import contract
+
+    g = build("pq", [node("p1", 1), node("p2", 1), node("q", 2)],
+              [{"src": "p1", "dst": "p2", "bytes": 100, "tensor": "o"},
+               {"src": "p1", "dst": "q", "bytes": 100, "tensor": "o"}])
+    return g, contract(g, [0, 0, 1], method="test"), uniform(2, bandwidth=200.0, latency=0.0)
+
+
+def test_status_and_bound_on_a_coarse_graph_say_so():
+    g, cg, c = coarse_pq()
+    p = run(cg, c)
+    e = p.estimate
+    assert e.status == "OPTIMAL" and e.graph == "coarse" and e.graph_nodes == 2
+    assert e.label() == "OPTIMAL (coarse graph)"
+    assert e["best_bound_s"] == pytest.approx(4.0) and e.makespan_s == pytest.approx(4.0)
+    # the coarse "bound" is no bound on the original graph: its optimum is
+    # 3 s (p1, q on one device, p2 on the other: it splits coarse node P)
+    assert brute(g, c) == pytest.approx(3.0)
+    assert e["original_makespan_s"] == pytest.approx(simulate(g, c, p)["makespan_s"]) == pytest.approx(4.0)
+
+
+def test_never_worse_than_its_warm_start_on_the_original_graph():
+    # the warm start (METIS: one coarse node per device) is 4.5 s on the
+    # coarse graph but 3.5 s on the original; the solver's coarse optimum
+    # (one device, 4 s) is worse there, so the warm start is returned
+    g, cg, c = coarse_pq()
+    p = run(cg, c, hint="metis")
+    e = p.estimate
+    assert e["source"] == "hint" and e["hint"] == "metis"
+    assert simulate(g, c, p)["makespan_s"] == pytest.approx(3.5) == e["original_makespan_s"]
+    assert e["solver_original_makespan_s"] == pytest.approx(4.0)
+    assert e.makespan_s == pytest.approx(4.5) and e.status == "FEASIBLE" and e.graph == "coarse"
+    assert "original graph" in e["note"] and e["caveat"].startswith("the warm start 'metis'")
+    # without the original graph the coarse graph is the judge
+    cg.origin = None
+    q = run(cg, c, hint="metis")
+    assert q.estimate["source"] == "solver" and "original_makespan_s" not in q.estimate
+
+
+def test_two_runs_give_byte_identical_placements():
+    # a search the deterministic budget stops (no proof within it): the wall
+    # clock (30 s) is far away, so the counted budget decides
+    import orjson
+
+    g, c = layered(40, seed=4, bytes_scale=0.05), uniform(4, bandwidth=1.0e10, latency=1e-5)
+    docs = []
+    for _ in range(2):
+        p = registry.place(g, c, "milp", params={"time_limit": 30, "det_time": 0.2})
+        assert p.estimate["repeatable"] and p.estimate["det_time_used"] >= 0.2 * 0.99
+        docs.append(orjson.dumps(p.to_dict(timings=False)))
+    assert docs[0] == docs[1]
+    assert p.params["workers"] == 1 and p.params["det_time"] == 0.2
+
+
+def test_a_model_too_large_for_the_time_limit_is_not_built(capsys):
+    g, c = layered(300, seed=1), uniform(4)
+    p = solve(g, c, time_limit=1.0, quiet=True)
+    assert p.estimate["status"] == "UNKNOWN" and p.estimate["source"] == "hint"
+    assert p.estimate["caveat"].endswith("not a solver solution (model too large for the time limit)")
+    err = capsys.readouterr().err
+    assert "too large to solve within --time-limit 1 s" in err and "placer coarsen" in err
+    with pytest.raises(Exception, match="coarsen first"):
+        solve(g, c, time_limit=1.0, quiet=True, hint="none")

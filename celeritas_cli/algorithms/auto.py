@@ -119,6 +119,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     start = out.start_score.makespan if out.start_score is not None else out.score.makespan
     estimate = {
         "makespan_s": out.score.makespan,
+        "makespan_by": "simulator",
         "status": "FEASIBLE" if out.score.feasible else "OOM",
         "judge": "simulator",
         "judged_on": "derived graph (split_graph)" if out.graph is not graph else

@@ -143,7 +143,7 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         loads[d] += g2.memory[v]
     oom = [cluster.ids[d] for d in range(cluster.k) if loads[d] > cluster.devices[d].memory]
     info = g2.meta["data_parallel"]
-    estimate = {"makespan_s": sched.makespan, "status": "OOM" if oom else "FEASIBLE",
+    estimate = {"makespan_s": sched.makespan, "makespan_by": "simulator", "status": "OOM" if oom else "FEASIBLE",
                 "replicas": len(devs), "devices": [cluster.ids[d] for d in devs], "scaling": scaling,
                 "gradient_bytes": info["gradient_bytes"],
                 "allreduce_bytes_per_device": info["allreduce_bytes_per_device"], "max_memory_bytes": max(loads)}

@@ -192,7 +192,9 @@ def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
     Placement
         With ``order``; ``estimate`` has the scheduler's makespan, status,
         the LP's relaxed makespan (``lp_makespan_s``) and how favourites
-        were chosen (``favorites``: ``lp`` or ``greedy``).
+        were chosen (``favorites``: ``lp`` or ``greedy``); with greedy
+        favourites a ``caveat`` says the result is not Baechi's m-SCT as
+        published (``compare`` marks the cell and lists it under the table).
 
     Raises
     ------
@@ -221,6 +223,8 @@ def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
         if graph.m > 0:
             warn(f"m-sct: graph '{graph.name}' has {graph.n} nodes > lp_max_nodes={lp_max_nodes}; "
                  f"using greedy favourite children (heaviest out-edge) instead of the LP")
+            estimate["caveat"] = (f"greedy favourite children (more than lp_max_nodes={lp_max_nodes} nodes), "
+                                  f"not Baechi's LP")
         fav = greedy_favorites(graph)
         how = "greedy"
     res = etf_schedule(graph, cluster, costs, favorite=fav)

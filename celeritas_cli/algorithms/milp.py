@@ -43,22 +43,30 @@ plain either-or; FIFO between different producers would need a reified
 order per pair), while the simulator serves a channel FIFO, so the replay of
 the solver's schedule (its per-device order) can be later than its
 objective.  That is why the result is always re-simulated and never worse
-than its warm start.
+than its warm start - judged on the original graph when the graph solved is
+a coarse graph whose original is known (``Graph.origin``), else on the graph
+solved.  On a coarse graph the status and the bound hold for the coarse
+graph only (``estimate.graph == "coarse"``): members of a coarse node run
+back to back there, so the original graph's optimum may lie below the coarse
+graph's "bound".
 
 Reading chosen where the paper is silent: Moirai minimises inference latency
 on the coarsened graph; we minimise the simulated makespan of whatever graph
 is given (forward-only or training step), transfers follow docs/design.md (one per
 producer, tensor and destination device, not one per edge as Eq. 7's data
 flows), and a multi-hop pair is one channel as in the simulator.
-Determinism: with ``workers=1`` and a fixed seed the search is repeatable
-unless the wall-clock limit cuts it; with several workers only a proven
-optimum's objective is.
+Determinism and time: by default the search is CP-SAT's one-worker search
+stopped by a deterministic-time budget (``det_time``), so the same input and
+seed give the same placement; the wall clock (``time_limit``, which bounds the
+whole call) only caps it, and stderr says when it did.  A model too large for
+the time limit is not built (see :func:`solve`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -71,6 +79,7 @@ from ..model.graph import Graph
 from ..model.limits import TIME_MAX
 from ..model.placement import Placement
 from ..registry import Param, register
+from ..sim.judge import original_makespan
 from ..sim.links import LinkState
 from ..sim.simulator import (
     CONGESTION_RULES,
@@ -83,6 +92,21 @@ from ..sim.simulator import (
 HINT_CHAIN = ("adjusting", "heft", "single-device")
 TOO_LARGE = 5000      # nodes: above this the model is not built (return the hint)
 LARGE = 1000          # nodes: above this warn that a proof is unlikely
+HINT_SHARE = 0.5
+"""Share of ``time_limit``, counted from the first heuristic, within which
+warm-start heuristics are started (a cap: normally the chain takes a few
+per cent of it)."""
+INTERVALS_PER_SECOND = 1000
+"""Largest model (optional intervals, :func:`model_size`) built per second of
+``time_limit``.  Measured on a loaded 2-core machine: the 1,300-node
+Transformer (21k intervals) took 1 s to build and 5-12 s to presolve, while
+CP-SAT does not check its time limit inside some of those phases."""
+DET_PER_SECOND = 0.05
+"""Default deterministic budget: CP-SAT deterministic-time units per second
+of ``time_limit``.  Measured rates of the one-worker search on a loaded
+2-core machine: 0.06-0.33 units per wall second (coarse zoo graphs, 60- and
+300-node layered graphs), so the budget is normally spent within 15-80 % of
+the limit and the wall clock rarely decides."""
 
 
 def _cp():
@@ -460,12 +484,15 @@ class _Hint:
     makespan: float
     fits: bool
     sched: Schedule
+    sim_s: float = 0.0
 
 
 def _heuristic_hint(graph: Graph, cluster: Cluster, names: Sequence[str], seed: int, congestion: str,
-                    costs: CostModel, console) -> _Hint | None:
+                    costs: CostModel, console, deadline: float = math.inf) -> tuple[_Hint | None, bool]:
     """Run each registered heuristic of *names*, simulate it, keep the best
-    (memory-feasible first, then makespan, then list order)."""
+    (memory-feasible first, then makespan, then list order).  The chain
+    stops before a heuristic once ``time.perf_counter()`` is past
+    *deadline*; returns ``(best, cut)`` with ``cut`` true when it did."""
     from .. import registry
 
     known = set(registry.names())
@@ -473,13 +500,17 @@ def _heuristic_hint(graph: Graph, cluster: Cluster, names: Sequence[str], seed: 
     for name in names:
         if name not in known or name == "milp":
             continue
+        if time.perf_counter() >= deadline:
+            return best, True
         try:
             p = registry.place(graph, cluster, name, seed=seed, costs=costs)
             if p.split_graph is not None:
                 continue
             device_of, order = p.resolve(graph, cluster, f"{name} hint")
             check_colocation(graph, cluster, device_of, f"{name} hint")
+            t_sim = time.perf_counter()
             sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs)
+            sim_s = time.perf_counter() - t_sim
         except Exception as exc:  # a concurrent heuristic may fail; the chain goes on
             if console is not None:
                 console.print(f"milp: hint '{name}' failed ({type(exc).__name__}: {exc}); skipped")
@@ -488,13 +519,13 @@ def _heuristic_hint(graph: Graph, cluster: Cluster, names: Sequence[str], seed: 
         for v, d in enumerate(device_of):
             loads[d] += graph.memory[v]
         fits = all(loads[d] <= cluster.devices[d].memory for d in range(cluster.k))
-        h = _Hint(name, list(device_of), order, sched.makespan, fits, sched)
+        h = _Hint(name, list(device_of), order, sched.makespan, fits, sched, sim_s)
         if console is not None:
             console.print(f"milp: hint {name}: simulated makespan {h.makespan:.6g} s"
                           + ("" if fits else " (OOM, not a fallback)"))
         if best is None or (not best.fits and fits) or (fits == best.fits and h.makespan < best.makespan):
             best = h
-    return best
+    return best, False
 
 
 def _integer_schedule(graph: Graph, hint: _Hint, dur: list[list[int]], comm: list, congestion: str, k: int
@@ -626,19 +657,132 @@ def _callback_class():
     return Progress
 
 
+def model_size(graph: Graph, k: int) -> int:
+    """Upper bound on the optional intervals of :func:`build_model`: one per
+    (node, device) and one per (tensor, source, destination device)."""
+    return graph.n * k + len(graph.tensor_src) * k * (k - 1)
+
+
+def _hint_names(hint: str) -> tuple[str, ...]:
+    if hint == "none":
+        return ()
+    if hint == "auto":
+        return HINT_CHAIN
+    from .. import registry
+
+    if hint == "milp":
+        raise InvalidInput("milp: hint cannot be 'milp' itself (use auto, none or a heuristic's name)")
+    registry.get(hint)  # unknown name -> InvalidInput listing the known ones
+    return (hint,)
+
+
+def _search(cp_model, model, *, deterministic: bool, workers: int, det_budget: float, cap: float, seed: int,
+            res: float, console, quiet: bool):
+    """Run CP-SAT on *model*: ``(solver, status, wall_cut)``.
+
+    Deterministic: one worker (CP-SAT's sequential search repeats exactly
+    under a deterministic-time limit), no LP relaxation (measured: building
+    it for a 1,300-node model took 30 s with no time check, and the
+    interleaved multi-worker mode overran its wall-clock limit by 90 s), the
+    search stopped by ``max_deterministic_time = det_budget``; the wall clock
+    *cap* only caps it and ``wall_cut`` says when it did.  Otherwise
+    *workers* in parallel until *cap* seconds.  A watchdog calls
+    ``stop_search`` shortly after *cap* in case a phase ignores the limit.
+    """
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    if deterministic:
+        prm.num_workers = 1
+        prm.max_deterministic_time = det_budget
+        prm.linearization_level = 0
+    else:
+        prm.num_workers = workers
+    prm.max_time_in_seconds = max(cap, 0.01)
+    prm.random_seed = int(seed) % (2**31)
+    prm.log_search_progress = False
+    # SAT probing in presolve costs seconds on a few hundred nodes (measured:
+    # 5 s of a 10 s budget on 168 nodes, before the hint is even tried)
+    prm.cp_model_probing_level = 0
+    watchdog = threading.Timer(1.05 * cap + 0.2, solver.stop_search)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        status = solver.solve(model, _callback_class()(res, console, quiet))
+    finally:
+        watchdog.cancel()
+    done = status in (cp_model.OPTIMAL, cp_model.INFEASIBLE)
+    wall_cut = deterministic and not done and solver.deterministic_time < 0.99 * det_budget
+    if wall_cut:
+        console.print(f"milp: the wall clock stopped the search after {solver.wall_time:.3g} s, at "
+                      f"{solver.deterministic_time:.3g} of its {det_budget:.3g} deterministic-time budget, so this "
+                      f"result may differ between runs; raise --time-limit or lower -p det_time for a repeatable one")
+    return solver, status, wall_cut
+
+
+def _solution(graph: Graph, k: int, mv: MilpVars, solver) -> tuple[list[int], list[list[int]]]:
+    """Device per node and per-device order (solver start times, ties by
+    end time then topological index) of the solver's incumbent."""
+    n = graph.n
+    units_dev = [next(d for d in range(k) if mv.x[u][d] is not None and solver.boolean_value(mv.x[u][d]))
+                 for u in range(len(mv.units))]
+    device_of = [units_dev[mv.unit_of[v]] for v in range(n)]
+    starts = [solver.value(mv.start[v]) for v in range(n)]
+    ends = [solver.value(mv.end[v]) for v in range(n)]
+    topo_idx = graph.topo_index()
+    order = [sorted((v for v in range(n) if device_of[v] == d), key=lambda v: (starts[v], ends[v], topo_idx[v]))
+             for d in range(k)]
+    return device_of, order
+
+
+def _too_large(graph: Graph, k: int, time_limit: float) -> str | None:
+    """The message saying the model is too large for *time_limit* (more than
+    ``TOO_LARGE`` nodes, or more than ``INTERVALS_PER_SECOND`` optional
+    intervals per second), or None."""
+    n, size = graph.n, model_size(graph, k)
+    if n <= TOO_LARGE and size <= INTERVALS_PER_SECOND * time_limit:
+        return None
+    need = "" if n > TOO_LARGE else f" (it needs about {size / INTERVALS_PER_SECOND:.0f} s)"
+    return (f"milp: graph '{graph.name}' ({n} nodes) makes a model of up to {size} intervals, too large to "
+            f"solve within --time-limit {time_limit:g} s{need}; coarsen first "
+            f"(`placer coarsen G | placer place - --algo milp`)" + ("" if n > TOO_LARGE else " or raise --time-limit"))
+
+
+def _hinted_model(graph: Graph, cluster: Cluster, best: _Hint | None, feasible: bool, res: float, congestion: str,
+                  costs: CostModel):
+    """:func:`build_model`, its horizon bounded by a memory-feasible warm
+    start's integer replay, every variable hinted with that replay."""
+    horizon = replay = None
+    if best is not None:
+        dur, comm = integer_durations(graph, cluster, res, costs)
+        replay = _integer_schedule(graph, best, dur, comm, congestion, cluster.k)
+        if feasible:
+            horizon = replay[2]  # a memory-feasible hint bounds the optimum
+    model, mv = build_model(graph, cluster, resolution=res, congestion=congestion, horizon=horizon, costs=costs)
+    if best is not None:
+        _add_hint(model, graph, mv, best, replay, cluster.k)
+    return model, mv
+
+
 def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: int = 8, seed: int = 0,
           resolution: float = 0.0, congestion: str = "channel", hint: str = "auto",
-          quiet: bool = False, deterministic: bool = True, costs: CostModel | None = None) -> Placement:
+          quiet: bool = False, deterministic: bool = True, det_time: float = 0.0,
+          costs: CostModel | None = None) -> Placement:
     """Place *graph* on *cluster* with the CP-SAT model of :func:`build_model`.
 
     Parameters
     ----------
     time_limit : float
-        Wall-clock budget in seconds for the whole call (heuristic warm start,
-        model building and search; the search gets what is left, at least a
-        tenth of it).
+        Wall-clock budget in seconds for the whole call: the OR-Tools import,
+        the warm-start heuristics (started only within ``HINT_SHARE`` of it),
+        model building, the search (what is left,
+        minus a reserve for the final simulations) and the result.  A model
+        larger than ``INTERVALS_PER_SECOND`` x *time_limit* optional
+        intervals (:func:`model_size`) is not built: the best warm start is
+        returned with a message saying to coarsen first (or
+        :class:`SolverError` when there is none).
     workers : int
-        CP-SAT search workers, capped at ``os.cpu_count()``.
+        CP-SAT search workers when ``deterministic`` is false, capped at
+        ``os.cpu_count()`` (the deterministic search uses one).
     seed : int
         CP-SAT ``random_seed`` and the heuristics' seed.
     resolution : float
@@ -654,29 +798,37 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
         go to stderr).
     deterministic : bool
         Reproducible search (the project's "same input and seed, same
-        output"): CP-SAT's ``interleave_search`` (deterministic whatever the
-        number of workers) stopped by ``max_deterministic_time`` set to the
-        search budget (a fixed 50 % of ``time_limit``, independent of how
-        long the warm start took).  The wall clock still caps the search at
-        what is left of ``time_limit``; when it cuts the search first (a
-        slow or loaded machine) a warning says the result may not repeat
-        and ``estimate.repeatable`` is false.  ``deterministic=False`` uses
-        the whole wall-clock budget; then only a proven optimum's objective
-        is repeatable.
+        output"): the search stops at a counted budget, CP-SAT's
+        deterministic time ``det_time`` (see :func:`_search`); the wall
+        clock only caps it, and when it does a line on stderr says the
+        result may differ between runs (``estimate.repeatable`` false).
+        ``deterministic=False`` searches with ``workers`` in parallel until
+        the wall-clock budget; then only a proven optimum's objective is
+        repeatable.
+    det_time : float
+        The deterministic budget in CP-SAT deterministic-time units (about
+        seconds of one core of a fast machine); 0 = ``DET_PER_SECOND`` x
+        *time_limit*.
 
     Returns
     -------
     Placement
         With a per-device ``order`` (solver start times, ties by topological
-        index) and ``estimate``: ``solver_status`` (CP-SAT's status:
-        OPTIMAL, FEASIBLE or UNKNOWN), ``status`` (the same, except that
+        index) and ``estimate``: ``status`` (CP-SAT's status, except that
         OPTIMAL is downgraded to FEASIBLE when the returned placement's
         simulated makespan does not meet the proven bound within the
-        rounding - never FEASIBLE called optimal), ``makespan_s`` (simulated
-        makespan of the returned placement), ``objective_s``,
-        ``best_bound_s``, ``gap`` ((objective - bound) / objective),
-        ``resolution_s``, ``hint`` / ``hint_makespan_s``, ``source``
-        (``solver`` or ``hint``) and a ``note`` when the hint was returned.
+        rounding - never FEASIBLE called optimal), ``solver_status``,
+        ``makespan_s`` (simulated makespan of the returned placement,
+        ``makespan_by: "simulator"``), ``objective_s``, ``best_bound_s``,
+        ``gap``, ``resolution_s``, ``hint`` / ``hint_makespan_s``,
+        ``source`` (``solver`` or ``hint``), ``det_time`` /
+        ``det_time_used``, ``repeatable`` and a ``note`` when the hint was
+        returned.  Status, makespan and bounds hold for the graph solved:
+        on a coarse graph ``estimate.graph`` is ``"coarse"`` (labelled
+        "OPTIMAL (coarse graph)"), and when the original graph is known
+        (``graph.origin``) ``original_makespan_s`` is the returned
+        placement's makespan on it (``hint_original_makespan_s`` the warm
+        start's).
 
     Raises
     ------
@@ -684,7 +836,16 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
         CP-SAT proves that no placement fits (memory), or a group fits on no
         device.
     SolverError
-        No solution at the time limit and no memory-feasible heuristic.
+        No solution within the budget (or a model too large for it) and no
+        memory-feasible heuristic.
+
+    Notes
+    -----
+    Never worse than the warm start: the solver's placement is returned only
+    when it simulates no slower than the best memory-feasible heuristic - on
+    the original graph when it is known (a placement that is optimal for a
+    coarse graph may lose to a heuristic on the original), else on the graph
+    solved.
 
     References
     ----------
@@ -697,56 +858,66 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     quiet = quiet or not chatty()  # placer compare runs cells quietly unless -v
     if congestion not in CONGESTION_RULES:
         raise InvalidInput(f"milp: unknown congestion rule '{congestion}' (use channel, port or none)")
-    if time_limit <= 0:
+    if not time_limit > 0:
         raise InvalidInput(f"milp: time_limit must be > 0 seconds, got {time_limit}")
-    workers = max(1, min(int(workers), os.cpu_count() or 1))
+    if det_time < 0:
+        raise InvalidInput(f"milp: det_time must be >= 0 (0 = automatic), got {det_time}")
+    workers = 1 if deterministic else max(1, min(int(workers), os.cpu_count() or 1))
+    det_budget = det_time if det_time > 0 else DET_PER_SECOND * time_limit
     n, k = graph.n, cluster.k
     costs = cost_model(graph, cluster, costs)
     params = {"workers": workers, "congestion": congestion}
+    if deterministic:
+        params["det_time"] = det_budget
     if n == 0:
         return Placement.from_indices(graph, cluster, [], algorithm="milp", order=[[] for _ in range(k)],
                                       params=params, seed=seed,
-                                      estimate={"status": "OPTIMAL", "makespan_s": 0.0, "objective_s": 0.0,
-                                                "best_bound_s": 0.0, "gap": 0.0})
+                                      estimate={"status": "OPTIMAL", "makespan_s": 0.0, "makespan_by": "simulator",
+                                                "objective_s": 0.0, "best_bound_s": 0.0, "gap": 0.0})
     if graph.total_memory() > cluster.total_memory():
         raise Infeasible(f"milp: graph '{graph.name}' needs {graph.total_memory()} bytes but cluster "
                          f"'{cluster.name}' has {cluster.total_memory()} in all; no placement fits")
-
-    if hint == "none":
-        names: tuple[str, ...] = ()
-    elif hint == "auto":
-        names = HINT_CHAIN
-    else:
-        from .. import registry
-
-        if hint == "milp":
-            raise InvalidInput("milp: hint cannot be 'milp' itself (use auto, none or a heuristic's name)")
-        registry.get(hint)  # unknown name -> InvalidInput listing the known ones
-        names = (hint,)
-    best = (_heuristic_hint(graph, cluster, names, seed, congestion, costs, None if quiet else console)
-            if names else None)
+    names = _hint_names(hint)
+    best, chain_cut = (_heuristic_hint(graph, cluster, names, seed, congestion, costs, None if quiet else console,
+                                       deadline=time.perf_counter() + HINT_SHARE * time_limit)
+                         if names else (None, False))
+    if chain_cut:
+        console.print(f"milp: the wall clock cut the warm-start chain after {HINT_SHARE:.0%} of --time-limit "
+                      f"{time_limit:g} s, so this result may differ between runs")
     fallback = best if best is not None and best.fits else None
+    t_orig = time.perf_counter()
+    fb_orig = (original_makespan(graph, cluster, fallback.device_of, fallback.order, congestion=congestion,
+                                 costs=costs) if fallback is not None else None)
+    orig_s = time.perf_counter() - t_orig if graph.origin is not None else 0.0
+    base_est = {"congestion": congestion, "lower_bound_s": lower_bound(graph, cluster, costs),
+                "makespan_by": "simulator"}
+    if fb_orig is not None:
+        base_est["hint_original_makespan_s"] = fb_orig
 
-    def from_hint(status: str, note: str, extra: dict | None = None) -> Placement:
+    def from_hint(status: str, why: str, note: str, extra: dict | None = None) -> Placement:
         assert fallback is not None
-        est = {"status": status, "makespan_s": fallback.makespan, "source": "hint", "hint": fallback.name,
-               "hint_makespan_s": fallback.makespan, "congestion": congestion, "note": note,
-               "lower_bound_s": lower_bound(graph, cluster, costs)}
+        est = {**base_est, "status": status, "makespan_s": fallback.makespan, "source": "hint",
+               "hint": fallback.name, "hint_makespan_s": fallback.makespan, "note": note,
+               "repeatable": bool(deterministic and not chain_cut)}
+        if fb_orig is not None:
+            est["original_makespan_s"] = fb_orig
         est.update(extra or {})
+        est["source"] = "hint"
+        est["caveat"] = f"the warm start '{fallback.name}', not a solver solution ({why})"
         return Placement.from_indices(graph, cluster, fallback.device_of, algorithm="milp",
                                       order=fallback.order, params=params, seed=seed, estimate=est)
 
-    if n > TOO_LARGE:
-        msg = (f"milp: graph '{graph.name}' has {n} nodes, too many for an exact model within "
-               f"{time_limit:g} s; run `placer coarsen` first (e.g. `placer coarsen G | placer place - --algo milp`)")
+    msg = _too_large(graph, k, time_limit)
+    if msg:
         console.print(msg)
         if fallback is None:
             raise SolverError(msg)
-        return from_hint("UNKNOWN", f"model not built ({n} nodes); returned hint '{fallback.name}'")
+        return from_hint("UNKNOWN", "model too large for the time limit",
+                         f"model not built ({n} nodes, {model_size(graph, k)} intervals); "
+                         f"returned hint '{fallback.name}'")
     if n > LARGE:
         console.print(f"milp: {n} nodes is large for CP-SAT; expect no optimality proof within {time_limit:g} s "
                       f"(consider `placer coarsen` first)")
-
     res = float(resolution)
     if res <= 0:
         upper = best.makespan if best is not None else sum(costs.max_time)
@@ -758,44 +929,27 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
                                f"2^39 units; use -p resolution={longest / (UNITS_MAX / 2):.3g} or coarser")
         res = 10.0 ** math.ceil(math.log10(longest / (UNITS_MAX / 2)))
     params["resolution"] = res
-    horizon = None
-    replay = None
-    if best is not None:
-        dur, comm = integer_durations(graph, cluster, res, costs)
-        replay = _integer_schedule(graph, best, dur, comm, congestion, k)
-        if fallback is not None:
-            horizon = replay[2]  # a memory-feasible hint bounds the optimum
-    model, mv = build_model(graph, cluster, resolution=res, congestion=congestion, horizon=horizon, costs=costs)
-    if best is not None:
-        _add_hint(model, graph, mv, best, replay, k)
-    build_s = time.perf_counter() - t0
-
-    solver = cp_model.CpSolver()
-    left = time_limit - build_s
-    budget = max(0.97 * left, 0.1 * time_limit)  # 3% for the replay
-    solver.parameters.num_workers = workers
-    if deterministic:
-        # the deterministic budget must not depend on the wall clock (how long
-        # the hints took), or runs would differ: a fixed share of the limit.
-        # The wall clock still caps the search, so the time limit holds.
-        solver.parameters.interleave_search = True
-        solver.parameters.max_deterministic_time = 0.5 * time_limit
-        solver.parameters.max_time_in_seconds = budget
-    else:
-        solver.parameters.max_time_in_seconds = budget
-    solver.parameters.random_seed = int(seed) % (2**31)
-    solver.parameters.log_search_progress = False
-    # SAT probing in presolve costs seconds on a few hundred nodes (measured:
-    # 5 s of a 10 s budget on 168 nodes, before the hint is even tried)
-    solver.parameters.cp_model_probing_level = 0
-    cb = _callback_class()(res, console, quiet)
-    status = solver.solve(model, cb)
+    model, mv = _hinted_model(graph, cluster, best, fallback is not None, res, congestion, costs)
+    # the result needs a simulation of the graph solved and one of the original; the
+    # caller needs a moment to write it and exit (placer place: limit + 10 % + 1 s in all)
+    reserve = 2.0 * (best.sim_s if best is not None else 0.0) + 2.0 * orig_s + 0.02 * time_limit \
+        + min(0.5, 0.05 * time_limit)
+    cap = t0 + time_limit - reserve - time.perf_counter()
+    if cap <= 0.0:
+        msg = f"milp: no time left for the search within --time-limit {time_limit:g} s; coarsen first or raise it"
+        console.print(msg)
+        if fallback is None:
+            raise SolverError(msg)
+        return from_hint("UNKNOWN", "no time left to search",
+                         f"no time left to search; returned hint '{fallback.name}'", {"repeatable": False})
+    solver, status, wall_cut = _search(cp_model, model, deterministic=deterministic, workers=workers,
+                                       det_budget=det_budget, cap=cap, seed=seed, res=res, console=console,
+                                       quiet=quiet)
     status_name = solver.status_name(status)
-    solve_s = time.perf_counter() - t0
-    wall_cut = deterministic and solver.wall_time >= 0.99 * budget and status != cp_model.OPTIMAL
-    if wall_cut:
-        console.print(f"milp: the wall-clock limit ({budget:.3g} s of search) came before the deterministic "
-                      f"budget, so this result may differ between runs; raise --time-limit for a repeatable one")
+    search = {"resolution_s": res, "solve_time_s": time.perf_counter() - t0,
+              "repeatable": bool(deterministic and not wall_cut and not chain_cut)}
+    if deterministic:
+        search["det_time_used"] = solver.deterministic_time
     if status == cp_model.INFEASIBLE:
         caps = ", ".join(f"{d.id} {d.memory}" for d in cluster.devices)
         raise Infeasible(f"milp: CP-SAT proved no placement of '{graph.name}' fits the devices' memory "
@@ -804,73 +958,90 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     if status == cp_model.MODEL_INVALID:
         raise SolverError(f"milp: CP-SAT rejected the model: {model.validate()}")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        msg = (f"milp: CP-SAT found no solution for {n} nodes within {solver.parameters.max_time_in_seconds:.3g} s; "
+        msg = (f"milp: CP-SAT found no solution for {n} nodes within {solver.wall_time:.3g} s; "
                f"run `placer coarsen` first or raise --time-limit")
         console.print(msg)
         if fallback is None:
             raise SolverError(msg)
-        return from_hint(status_name, f"no solver solution; returned hint '{fallback.name}'",
-                         {"resolution_s": res, "solve_time_s": solve_s})
+        return from_hint(status_name, "no solution within the budget",
+                         f"no solver solution; returned hint '{fallback.name}'", search)
+    return _result(graph, cluster, mv, solver, status == cp_model.OPTIMAL, status_name, best, fallback, fb_orig,
+                   {**base_est, **search}, params, seed, congestion, costs, console, quiet)
 
-    units_dev = [next(d for d in range(k) if mv.x[u][d] is not None and solver.boolean_value(mv.x[u][d]))
-                 for u in range(len(mv.units))]
-    device_of = [units_dev[mv.unit_of[v]] for v in range(n)]
-    starts = [solver.value(mv.start[v]) for v in range(n)]
-    ends = [solver.value(mv.end[v]) for v in range(n)]
-    topo_idx = graph.topo_index()
-    order = [sorted((v for v in range(n) if device_of[v] == d), key=lambda v: (starts[v], ends[v], topo_idx[v]))
-             for d in range(k)]
+
+def _result(graph: Graph, cluster: Cluster, mv: MilpVars, solver, optimal: bool, status_name: str,
+            best: _Hint | None, fallback: _Hint | None, fb_orig: float | None, est: dict, params: dict, seed: int,
+            congestion: str, costs: CostModel, console, quiet: bool) -> Placement:
+    """The placement to return: the solver's, or the warm start when that
+    simulates faster (on the original graph when it is known)."""
+    k, res = cluster.k, mv.resolution
+    device_of, order = _solution(graph, k, mv, solver)
     sim = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs).makespan
+    sim_orig = original_makespan(graph, cluster, device_of, order, congestion=congestion, costs=costs)
     obj = solver.objective_value * res
     bound = solver.best_objective_bound * res
     gap = (obj - bound) / obj if obj > 0 else 0.0
-    est = {"status": status_name, "solver_status": status_name, "objective_s": obj, "best_bound_s": bound,
-           "gap": gap, "resolution_s": res, "congestion": congestion, "solve_time_s": solve_s,
-           "repeatable": bool(deterministic and not wall_cut),
-           "lower_bound_s": lower_bound(graph, cluster, costs)}
+    est.update({"status": status_name, "solver_status": status_name, "objective_s": obj, "best_bound_s": bound,
+                "gap": gap})
     if best is not None:
         est["hint"] = best.name
         est["hint_makespan_s"] = best.makespan
+    where = " (coarse graph)" if graph.is_coarse else ""
     if not quiet:
-        console.print(f"milp: {status_name} objective {obj:.6g} s, bound {bound:.6g} s, gap {gap:.2%}; "
-                      f"simulated {sim:.6g} s" + (f", hint {best.makespan:.6g} s" if best is not None else ""))
+        console.print(f"milp: {status_name}{where} objective {obj:.6g} s, bound {bound:.6g} s, gap {gap:.2%}; "
+                      f"simulated {sim:.6g} s" + (f", hint {best.makespan:.6g} s" if best is not None else "")
+                      + (f"; on the original graph {sim_orig:.6g} s" if sim_orig is not None else ""))
     # OPTIMAL describes the returned placement only when its simulated
     # makespan meets the proven bound (up to the rounding of every task)
-    tol = res * (n + len(graph.tensor_src))
+    tol = res * (graph.n + len(graph.tensor_src))
 
     def honest(ms: float) -> str:
-        return "OPTIMAL" if status == cp_model.OPTIMAL and ms <= bound + tol else "FEASIBLE"
+        return "OPTIMAL" if optimal and ms <= bound + tol else "FEASIBLE"
 
-    if fallback is not None and fallback.makespan < sim:
-        est["solver_makespan_s"] = sim
-        est["status"] = honest(fallback.makespan)
-        return from_hint(est["status"], f"solver's placement simulates to {sim:.6g} s, worse than hint "
-                                        f"'{fallback.name}' ({fallback.makespan:.6g} s); returned the hint", est)
-    est["status"] = honest(sim)
-    est["makespan_s"] = sim
-    est["source"] = "solver"
-    return Placement.from_indices(graph, cluster, device_of, algorithm="milp", order=order, params=params,
-                                  seed=seed, estimate=est)
+    judged_orig = sim_orig is not None and fb_orig is not None
+    if fallback is not None and ((fb_orig < sim_orig) if judged_orig else (fallback.makespan < sim)):
+        on = "on the original graph " if judged_orig else ""
+        mine, theirs = (sim_orig, fb_orig) if judged_orig else (sim, fallback.makespan)
+        est.update({"solver_makespan_s": sim, "status": honest(fallback.makespan), "source": "hint",
+                    "note": f"solver's placement simulates to {mine:.6g} s {on}, worse than hint "
+                            f"'{fallback.name}' ({theirs:.6g} s); returned the hint".replace(" ,", ",")})
+        if sim_orig is not None:
+            est["solver_original_makespan_s"] = sim_orig
+        est["makespan_s"] = fallback.makespan
+        est["caveat"] = f"the warm start '{fallback.name}': the solver's placement simulated slower {on}".strip()
+        if fb_orig is not None:
+            est["original_makespan_s"] = fb_orig
+        return Placement.from_indices(graph, cluster, fallback.device_of, algorithm="milp", order=fallback.order,
+                                      params=params, seed=seed, estimate=est)
+    est.update({"status": honest(sim), "makespan_s": sim, "source": "solver"})
+    if sim_orig is not None:
+        est["original_makespan_s"] = sim_orig
+    return Placement.from_indices(graph, cluster, device_of, algorithm="milp", order=order, params=params, seed=seed,
+                                  estimate=est)
 
 
 @register("milp", paper="Moirai", section="III-D, Eq. 5-8",
           summary="Exact placement + schedule by CP-SAT (Moirai's MILP), warm-started; for coarse graphs.",
           params={
-              "time_limit": Param(float, 60.0, "wall-clock limit in seconds", gt=0, max=TIME_MAX),
-              "workers": Param(int, 8, "CP-SAT workers (capped at the CPU count)", min=1, max=1024),
+              "time_limit": Param(float, 60.0, "wall-clock limit in seconds for the whole call", gt=0,
+                                  max=TIME_MAX),
+              "workers": Param(int, 8, "CP-SAT workers when deterministic=false (capped at the CPU count)", min=1,
+                               max=1024),
               "resolution": Param(float, 0.0, "seconds per integer time unit (0 = automatic)", min=0,
                                  max=TIME_MAX),
               "congestion": Param(str, "channel", "transfer contention rule, as the simulator",
                                   choices=("channel", "port", "none")),
               "hint": Param(str, "auto", "warm start: auto, none, or an algorithm name"),
-              "deterministic": Param(bool, True, "reproducible search (deterministic time limit); false = "
-                                                 "stop exactly on the wall clock"),
+              "deterministic": Param(bool, True, "reproducible search (one worker, deterministic-time budget); "
+                                                 "false = parallel workers until the wall clock"),
+              "det_time": Param(float, 0.0, "deterministic budget in CP-SAT deterministic-time units "
+                                            f"(0 = {DET_PER_SECOND:g} x time_limit)", min=0, max=TIME_MAX),
           },
-          quick_params={"time_limit": 5})
+          quick_params={"time_limit": 5}, uses_origin=True)
 def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
          time_limit: float = 60.0, workers: int = 8,
          resolution: float = 0.0, congestion: str = "channel", hint: str = "auto",
-         deterministic: bool = True) -> Placement:
+         deterministic: bool = True, det_time: float = 0.0) -> Placement:
     """Moirai's exact placement (III-D) solved by CP-SAT; see :func:`solve`.
 
     Example
@@ -885,4 +1056,4 @@ def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     ('OPTIMAL', 3.0)
     """
     return solve(graph, cluster, time_limit=time_limit, workers=workers, seed=seed, resolution=resolution,
-                 congestion=congestion, hint=hint, deterministic=deterministic, costs=costs)
+                 congestion=congestion, hint=hint, deterministic=deterministic, det_time=det_time, costs=costs)

@@ -34,6 +34,7 @@ def placement_estimate(graph: Graph, cluster: Cluster, device_of: list[int], cos
     if graph.n <= SIMULATE_MAX_NODES:
         est["makespan_s"] = run_schedule(graph, cluster, device_of, order, congestion=congestion,
                                          costs=costs).makespan
+        est["makespan_by"] = "simulator"
         est["lower_bound_s"] = lower_bound(graph, cluster, costs)
     est["memory_bytes"] = {cluster.ids[d]: used[d] for d in range(cluster.k)}
     if extra:

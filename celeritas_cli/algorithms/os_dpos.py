@@ -227,6 +227,7 @@ def _search(graph: Graph, cluster: Cluster, costs: CostModel, start: str, max_op
         best_ms, dim, parts, g_cur, plan_cur = best
         splits.append({"node": nid, "dim": dim, "n": parts})
         steps.append(split_step(nid, dim, parts, overhead_s))
-    estimate.update({"makespan_s": best_ms, "dpos_makespan_s": plan_cur.makespan, "unsplit_makespan_s": initial,
+    estimate.update({"makespan_s": best_ms, "makespan_by": "simulator", "dpos_makespan_s": plan_cur.makespan,
+                     "unsplit_makespan_s": initial,
                      "splits": splits, "status": "OOM" if plan_cur.oom else "FEASIBLE"})
     return g_cur, plan_cur, steps, estimate

@@ -12,6 +12,7 @@ from ..log import warn
 from ..model.costs import cost_model
 from ..model.io import load_graph
 from ..optimize.search import clock_origin
+from ..sim.judge import attach_origin
 from ..sim.simulator import simulate
 from .common import (
     cluster_option,
@@ -55,7 +56,8 @@ def _list_algorithms() -> None:
               help="Time limit in seconds for algorithms that take one (auto: 10 s by default; milp, "
                    "hierarchical, ...).")
 @click.option("--simulate/--no-simulate", "do_simulate", default=False,
-              help="Also simulate the result and print makespan / LB to stderr.")
+              help="Also simulate the result and print makespan / LB to stderr (on a coarse graph: labelled so, "
+                   "plus the original graph's when meta.coarsened_from_file is readable).")
 @click.option("--timings/--no-timings", default=True, show_default=True,
               help="Record wall-clock times (placement_time_s, solver/training times). --no-timings makes the "
                    "file byte-identical for the same input and --seed.")
@@ -103,13 +105,34 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate,
             warn(f"placer: --time-limit ignored: '{algo}' takes no time limit")
     graph = load_graph(graph_path)
     cluster = get_cluster(cluster_path)
+    if graph.is_coarse and (do_simulate or entry.uses_origin):
+        attach_origin(graph)  # meta.coarsened_from_file, when readable
     costs = cost_model(graph, cluster)
     with clock_origin(started):  # auto's --time-limit bounds the whole command, loading included
         result = registry.place(graph, cluster, algo, seed=seed, params=raw, costs=costs)
     if do_simulate:
-        report = simulate(graph, cluster, result, costs=costs)
-        ratio = report["makespan_over_lb"]
-        warn(f"placer: {algo}: simulated makespan {report['makespan_s']:.6g} s ({report['status']}), "
-             f"makespan/LB {ratio:.3f}, placed in {result.placement_time_s:.3f} s" if ratio is not None else
-             f"placer: {algo}: simulated makespan {report['makespan_s']:.6g} s ({report['status']})")
+        _report(graph, cluster, algo, result, costs)
     emit(result.to_dict(timings=timings), output)
+
+
+def _report(graph, cluster, algo: str, result, costs) -> None:
+    """``--simulate``: the judged makespan on stderr, labelled with the graph
+    it holds for; for a coarse graph also the original graph's when known."""
+    report = simulate(graph, cluster, result, costs=costs)
+    on = f" on the coarse graph '{graph.name}' ({graph.n} nodes)" if graph.is_coarse else ""
+    warn(f"placer: {algo}: simulated makespan{on} {report['makespan_s']:.6g} s ({report['status']})"
+         + _ratio(report) + f", placed in {result.placement_time_s:.3f} s")
+    if not graph.is_coarse:
+        return
+    if graph.origin is None:
+        warn(f"placer: {algo}: these are the coarse graph's numbers; the original graph's makespan differs "
+             f"(judge it with `placer simulate {graph.original_name}.json -P PLACEMENT`)")
+        return
+    orig = simulate(graph.origin, cluster, result, costs=costs.for_graph(graph.origin))
+    warn(f"placer: {algo}: on the original graph '{graph.origin.name}' ({graph.origin.n} nodes): simulated "
+         f"makespan {orig['makespan_s']:.6g} s ({orig['status']})" + _ratio(orig))
+
+
+def _ratio(report: dict) -> str:
+    ratio = report["makespan_over_lb"]
+    return f", makespan/LB {ratio:.3f}" if ratio is not None else ""

@@ -22,6 +22,10 @@ def render_report(report: dict) -> None:
     console.print(f"makespan {report['makespan_s']:.6g} s   lower bound {lb:.6g} s   "
                   f"makespan/LB {ratio:.3f}   status {report['status']}" if ratio is not None else
                   f"makespan {report['makespan_s']:.6g} s   status {report['status']}")
+    tight = report.get("tight_lower_bound_from")
+    if tight and tight != "path_and_work" and report.get("makespan_over_tight_lb") is not None:
+        console.print(f"tighter lower bound {report['tight_lower_bound_s']:.6g} s ({tight})   "
+                      f"makespan/LB {report['makespan_over_tight_lb']:.3f}", markup=False)
     t = Table(title="devices")
     for col in ("device", "type", "nodes", "busy (s)", "utilisation", "memory (GiB)", "capacity (GiB)", "OOM"):
         t.add_column(col, justify="right" if col not in ("device", "type") else "left")

@@ -32,7 +32,9 @@ def contract(graph: Graph, cluster_of: Sequence[int], *, name: str | None = None
     A coarse edge that carries exactly one original tensor keeps that
     tensor's identity (``"<src>/<tensor>"``) so the simulator still sends it
     once per device; otherwise coarse edges from one coarse source with the
-    same set of original tensors share a tensor id.
+    same set of original tensors share a tensor id.  The result's ``origin``
+    is the original graph (*graph*, or *graph*'s own origin when it is
+    coarse), so placements on it can be judged on the original.
     """
     n = graph.n
     k = (max(cluster_of) + 1) if n else 0
@@ -126,7 +128,9 @@ def contract(graph: Graph, cluster_of: Sequence[int], *, name: str | None = None
         meta.update(extra_meta)
     doc = {"schema": "placer.graph/v1", "name": name or f"{graph.original_name}@{method or 'coarse'}",
            "meta": meta, "nodes": nodes, "edges": edges}
-    return Graph.from_dict(doc, label=doc["name"])
+    coarse = Graph.from_dict(doc, label=doc["name"])
+    coarse.origin = graph.origin if graph.is_coarse else graph
+    return coarse
 
 
 def is_acyclic(graph: Graph, cluster_of: Sequence[int]) -> bool:

@@ -22,7 +22,15 @@ lower bound, utilisation, transfer totals and times as one flat result row
 from .cell import failed_row, phase_limit, run_cell
 from .driver import FORMATS, CompareOptions, CompareResult, compare, run_compare
 from .executors import import_ray, run_processes, run_ray, run_tasks
-from .formats import format_csv, format_markdown, format_table, matrix, render
+from .formats import (
+    CAVEAT_MARK,
+    caveat_lines,
+    format_csv,
+    format_markdown,
+    format_table,
+    matrix,
+    render,
+)
 from .inputs import NOT_BY_DEFAULT, default_algorithms, discover_graphs, extra_available
 from .ndjson import NdjsonStream, read_rows, row_line
 from .rows import (
@@ -39,9 +47,9 @@ from .rows import (
 )
 from .tasks import Task, algorithm_params, make_tasks
 
-__all__ = ["CSV_FIELDS", "FAILED_STATUSES", "FORMATS", "GRAPH_SCHEMA", "NOT_BY_DEFAULT", "OK_STATUSES", "ROW_SCHEMA",
-           "CompareOptions", "CompareResult", "NdjsonStream", "Task", "algorithm_params", "best_rows", "cell_key",
-           "compare", "default_algorithms", "discover_graphs", "extra_available", "failed_row", "format_csv",
-           "format_markdown", "format_table", "graph_stem", "import_ray", "make_tasks", "matrix", "natural_key",
-           "phase_limit", "read_rows", "render", "row_line", "run_cell", "run_compare", "run_processes", "run_ray",
-           "run_tasks", "sort_rows"]
+__all__ = ["CAVEAT_MARK", "CSV_FIELDS", "FAILED_STATUSES", "FORMATS", "GRAPH_SCHEMA", "NOT_BY_DEFAULT", "OK_STATUSES",
+           "ROW_SCHEMA", "CompareOptions", "CompareResult", "NdjsonStream", "Task", "algorithm_params", "best_rows",
+           "caveat_lines", "cell_key", "compare", "default_algorithms", "discover_graphs", "extra_available",
+           "failed_row", "format_csv", "format_markdown", "format_table", "graph_stem", "import_ray", "make_tasks",
+           "matrix", "natural_key", "phase_limit", "read_rows", "render", "row_line", "run_cell", "run_compare",
+           "run_processes", "run_ray", "run_tasks", "sort_rows"]

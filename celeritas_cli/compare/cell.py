@@ -71,7 +71,7 @@ def base_row(task: Task) -> dict:
             "params": task.params, "status": None, "makespan_s": None, "lower_bound_s": None,
             "makespan_over_lb": None, "utilisation": None, "transfers": None, "transfer_bytes": None,
             "placement_time_s": None, "coarsen_time_s": None, "simulate_time_s": None,
-            "estimate_status": None, "estimate_makespan_s": None, "error": None}
+            "estimate_status": None, "estimate_makespan_s": None, "caveat": None, "error": None}
 
 
 def failed_row(task: Task, status: str, message: str) -> dict:
@@ -196,9 +196,11 @@ def _coarse(task: Task, graph, gkey: tuple, cluster):
 def _place(task: Task, work, cluster, row: dict):
     placement = registry.place(work, cluster, task.algorithm, seed=task.seed, params=task.params)
     row["placement_time_s"] = placement.placement_time_s
-    row["estimate_status"] = placement.estimate.get("status")
-    est = placement.estimate.get("makespan_s")
+    # the algorithm's own status, with the graph it holds for ("OPTIMAL (coarse graph)")
+    row["estimate_status"] = placement.estimate.label()
+    est = placement.estimate.makespan_s
     row["estimate_makespan_s"] = est if isinstance(est, (int, float)) and math.isfinite(est) else None
+    row["caveat"] = placement.estimate.get("caveat")
     return placement
 
 

@@ -22,7 +22,14 @@ import math
 from pathlib import Path
 from typing import Iterable
 
-from .rows import CSV_FIELDS, FAILED_STATUSES, column_label, graph_stem, sort_rows
+from .rows import (
+    CSV_FIELDS,
+    FAILED_STATUSES,
+    OK_STATUSES,
+    column_label,
+    graph_stem,
+    sort_rows,
+)
 
 
 def _fmt_num(x: float | None) -> str:
@@ -46,14 +53,38 @@ def _cell_text(r: dict | None, metric: str) -> str:
         return "timeout"
     if st == "error":
         return "error"
+    mark = CAVEAT_MARK if r.get("caveat") else ""
     if metric == "makespan_s" and st == "OOM":
-        return "OOM"
+        return "OOM" + mark
     if metric == "total_time_s":
         t = r.get("placement_time_s")
         if t is None:
             return "-"
-        return _fmt_num(t + (r.get("coarsen_time_s") or 0.0))
-    return _fmt_num(r.get(metric))
+        return _fmt_num(t + (r.get("coarsen_time_s") or 0.0)) + mark
+    return _fmt_num(r.get(metric)) + mark
+
+
+CAVEAT_MARK = "†"
+"""Marks a cell whose algorithm did not run as its paper describes (the
+row's ``caveat``, from the placement's estimate: a smoke budget, a greedy
+fallback, a returned warm start); every table lists the caveats under it."""
+
+
+def caveat_lines(rows: list[dict], algorithms: list[str] | None = None) -> list[str]:
+    """``"† COLUMN on GRAPHS: CAVEAT"`` for the rows with a caveat (one line
+    per column and caveat, naming its graphs).
+
+    Example
+    -------
+    >>> caveat_lines([{"algorithm": "m-sct", "graph": "g", "graph_file": "g.json", "status": "OK",
+    ...                "caveat": "greedy favourite children"}])
+    ['† m-sct on g: greedy favourite children']
+    """
+    seen: dict[tuple[str, str], list[str]] = {}
+    for r in sort_rows(rows, algorithms):
+        if r.get("caveat") and r.get("status") in OK_STATUSES:
+            seen.setdefault((column_label(r), str(r["caveat"])), []).append(str(r.get("graph")))
+    return [f"{CAVEAT_MARK} {a} on {', '.join(dict.fromkeys(gs))}: {c}" for (a, c), gs in seen.items()]
 
 
 def columns(rows: list[dict], algorithms: list[str] | None = None) -> list[str]:
@@ -182,6 +213,8 @@ def format_table(rows: list[dict], algorithms: list[str] | None = None, *, color
             last = [_speedup_text(mr)] if metric == "makespan_s" else []
             t.add_row(*first, *cells, *last)
         console.print(t)
+        for line in caveat_lines(rows, algorithms):
+            console.print(line, markup=False, highlight=False)
         console.print()
     for line in _failed_lines(rows, algorithms):
         console.print(line, markup=False, highlight=False)
@@ -211,6 +244,9 @@ def format_markdown(rows: list[dict], algorithms: list[str] | None = None,
             out.append("| " + " | ".join(_md_escape(x) for x in first + cells + last) + " |")
         if metric == "makespan_s" and coarse_note(rows):
             out.append(f"\n{coarse_note(rows)}.")
+        notes = caveat_lines(rows, algorithms)
+        if notes:
+            out += [""] + [_md_escape(x) + "  " for x in notes]
         out.append("")
     failed = _failed_lines(rows, algorithms)
     if failed:

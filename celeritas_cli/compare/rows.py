@@ -19,7 +19,7 @@ FAILED_STATUSES = ("error", "timeout")
 CSV_FIELDS = ("graph", "graph_file", "nodes", "edges", "cluster", "devices", "algorithm", "coarsen",
               "coarse_nodes", "seed", "status", "makespan_s", "lower_bound_s", "makespan_over_lb",
               "utilisation", "transfers", "transfer_bytes", "placement_time_s", "coarsen_time_s",
-              "simulate_time_s", "estimate_status", "estimate_makespan_s", "error")
+              "simulate_time_s", "estimate_status", "estimate_makespan_s", "caveat", "error")
 
 
 def graph_stem(path: str) -> str:

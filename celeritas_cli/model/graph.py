@@ -41,6 +41,12 @@ class Graph:
     ``edge_tensor[e]`` (int tensor id), ``edge_comm[e]`` (``comm_s_by_pair``
     dict or None).  Per tensor ``t``: ``tensor_src[t]``, ``tensor_bytes[t]``,
     ``tensor_name[t]``, ``tensor_edges[t]``.
+
+    ``origin`` (not serialised): for a coarse graph, the original graph its
+    ``members`` name, when it is known in this process (set by
+    :func:`celeritas_cli.registry.coarsen`, or by ``placer place`` from
+    ``meta.coarsened_from_file``), so a placement made on the coarse graph can
+    be judged on the original (:mod:`celeritas_cli.sim.judge`).
     """
 
     name: str
@@ -68,6 +74,7 @@ class Graph:
     succ: list[list[int]] = field(default_factory=list)
     pred: list[list[int]] = field(default_factory=list)
     node_extra: list[dict | None] = field(default_factory=list)
+    origin: "Graph | None" = field(default=None, repr=False, compare=False)
     _topo: list[int] | None = field(default=None, repr=False)
     _topo_index: list[int] | None = field(default=None, repr=False)
     _consumers: list[list[int]] | None = field(default=None, repr=False, compare=False)

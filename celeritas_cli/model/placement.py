@@ -41,6 +41,7 @@ from typing import Any, Sequence
 
 from ..errors import InvalidInput
 from .cluster import Cluster
+from .estimate import Estimate
 from .graph import Graph
 from .jsonio import check_depth, validate
 
@@ -51,7 +52,9 @@ PLACEMENT_SCHEMA = "placer.placement/v1"
 class Placement:
     """A placement over node ids.  ``assignment`` maps every node id to a
     device id; ``order`` (optional) maps device id to its node ids in
-    execution order; ``estimate`` is the algorithm's own prediction;
+    execution order; ``estimate`` is the algorithm's own prediction, an
+    :class:`~celeritas_cli.model.estimate.Estimate` saying whose makespan it
+    is and on which graph (a dict given here is converted);
     ``split_graph`` (optional) is the graph document the placement refers
     to when the algorithm transformed the graph (FastT/FD-DPS splitting,
     data parallelism) and ``derivation`` the recipe that made it (module
@@ -64,10 +67,14 @@ class Placement:
     order: dict[str, list[str]] | None = None
     params: dict = field(default_factory=dict)
     seed: int | None = 0
-    estimate: dict = field(default_factory=dict)
+    estimate: Estimate = field(default_factory=Estimate)
     placement_time_s: float = 0.0
     split_graph: dict | None = None
     derivation: dict | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.estimate, Estimate):
+            self.estimate = Estimate.from_dict(self.estimate)
 
     # ---------------------------------------------------------------- build
     @classmethod
@@ -81,13 +88,14 @@ class Placement:
         order: Sequence[Sequence[int]] | None = None,
         params: dict | None = None,
         seed: int | None = 0,
-        estimate: dict | None = None,
+        estimate: Estimate | dict | None = None,
     ) -> "Placement":
         """Build a placement from ``device_of[v]`` (device index per node of
         *graph*) and optionally ``order[d]`` (node indices per device).
 
         Coarse nodes are expanded to their members, so the placement is
-        written over the original node ids.
+        written over the original node ids; the estimate then says it holds
+        for the coarse graph (``graph: "coarse"``, ``graph_nodes``).
         """
         if len(device_of) != graph.n:
             raise ValueError(f"device_of has {len(device_of)} entries for {graph.n} nodes")
@@ -105,9 +113,12 @@ class Placement:
                 for v in seq:
                     names.extend(graph.original_ids(v))
                 ordered[dev_ids[d]] = names
+        est = Estimate.from_dict(estimate)
+        if graph.is_coarse and est.graph == "original":
+            est = est.with_graph("coarse", graph.n)
         return cls(graph=graph.original_name, cluster=cluster.name, algorithm=algorithm,
                    assignment=assignment, order=ordered, params=dict(params or {}), seed=seed,
-                   estimate=dict(estimate or {}))
+                   estimate=est)
 
     # ------------------------------------------------------------ serialise
     def to_dict(self, *, timings: bool = True) -> dict:
@@ -115,8 +126,7 @@ class Placement:
         the wall-clock measurements (``placement_time_s`` becomes 0 and
         ``estimate`` keys ending in ``_time_s`` are dropped), so the same
         input and seed give byte-identical files."""
-        estimate = self.estimate if timings else {
-            k: v for k, v in self.estimate.items() if not k.endswith("_time_s")}
+        estimate = self.estimate.to_dict(timings=timings)
         doc: dict[str, Any] = {
             "schema": PLACEMENT_SCHEMA,
             "graph": self.graph,
@@ -145,7 +155,7 @@ class Placement:
                    algorithm=doc.get("algorithm", "given"), assignment=dict(doc["assignment"]),
                    order={k: list(v) for k, v in doc["order"].items()} if doc.get("order") is not None else None,
                    params=dict(doc.get("params") or {}), seed=doc.get("seed"),
-                   estimate=dict(doc.get("estimate") or {}),
+                   estimate=Estimate.from_dict(doc.get("estimate"), f"{label}: estimate"),
                    placement_time_s=float(doc.get("placement_time_s", 0.0)),
                    split_graph=doc.get("split_graph"), derivation=doc.get("derivation"))
 

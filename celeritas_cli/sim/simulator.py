@@ -35,6 +35,11 @@ Semantics (docs/design.md, "The simulator"):
    at its fastest device, total work / devices) where total work is
    Σ fastest time / k, or Σ compute_s / Σ speed when no node has per-type
    times (a tighter bound, valid because then time = compute_s / speed).
+   Next to it, ``lower_bounds`` lists every bound of
+   :mod:`celeritas_cli.sim.bounds` with what it holds for (the memory-cut
+   bound adds the communication memory forces), and
+   ``tight_lower_bound_s`` / ``makespan_over_tight_lb`` use the tightest one
+   that holds for this placement.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement, finite_or_none
 from ..scheduling.derivation import rebuild
+from .bounds import lower_bounds
 from .links import CONGESTION_RULES, DEFAULT_CONGESTION, LinkState, check_congestion
 
 __all__ = ["CONGESTION_RULES", "Schedule", "Transfer", "build_report", "check_colocation", "critical_path",
@@ -396,7 +402,10 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: Sc
         st[2] += 1
     link_rows = [{"src": cluster.ids[a], "dst": cluster.ids[b], "busy_s": st[0], "bytes": st[1], "transfers": st[2]}
                  for (a, b), st in sorted(links.items())]
-    lb = lower_bound(graph, cluster, costs)
+    bounds = lower_bounds(graph, cluster, costs)
+    lb = bounds[0]["value_s"]  # path_and_work: lower_bound()
+    # the tightest bound that holds for this placement (memory_cut needs it to fit)
+    tight = max((b for b in bounds if not (oom and b["name"] == "memory_cut")), key=lambda b: b["value_s"])
     path = critical_path(graph, sched)
     cp_ids: list[str] = []
     for v in path:
@@ -411,12 +420,16 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: Sc
         "makespan_s": makespan,
         "lower_bound_s": lb,
         "makespan_over_lb": finite_or_none(makespan / lb) if lb > 0 else None,
+        "lower_bounds": bounds,
+        "tight_lower_bound_s": tight["value_s"],
+        "tight_lower_bound_from": tight["name"],
+        "makespan_over_tight_lb": finite_or_none(makespan / tight["value_s"]) if tight["value_s"] > 0 else None,
         "oom_devices": oom,
         "devices": devices,
         "links": link_rows,
         "transfers": {"count": len(sched.transfers), "bytes": sum(tr.nbytes for tr in sched.transfers)},
         "critical_path": cp_ids,
-        "estimate": placement.estimate,
+        "estimate": placement.estimate.to_dict(),
         "placement_time_s": placement.placement_time_s,
     }
 

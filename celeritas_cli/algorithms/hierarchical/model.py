@@ -10,6 +10,8 @@ Hierarchical Model for Device Placement", section 2), in PyTorch.
   with content-based (Bahdanau) attention over the encoder states emits one
   device per group, in the same order as the groups; each device has a
   trainable embedding that is fed as the next decoder input.
+* :func:`masked_groups` - the Grouper's draw under memory constraints
+  (the planner's ``oom_mode="mask"``).
 * :func:`group_embeddings` - the Placer's input: per group the concatenation
   of the mean member type embedding, the mean member size features and the
   intra/inter-group connectivity (a row and a column of the group adjacency
@@ -138,6 +140,60 @@ def group_embeddings(node_group, type_vec, size_feats, unit_src, unit_dst, unit_
     return torch.stack(out)
 
 
+def masked_groups(logp_unit, unit_mem, cap: float, samples: int, greedy: bool, gen):
+    """Sample (or take the argmax of) a group per unit from the Grouper's
+    ``logp_unit`` ``[U, M]``, units in index order, never putting a unit in
+    a group it would make larger than the largest device (``oom_mode="mask"``;
+    when no group has room, the lightest group).  Returns ``(g_unit [S, U],
+    log_prob [S])``, the log-probability of the masked draws (differentiable
+    with respect to ``logp_unit``).
+
+    The draws run in numpy (inverse CDF of ``torch.rand`` numbers from
+    *gen*, so a seed repeats); only units with memory are drawn one after
+    the other, then the masked log-probabilities are one tensor operation.
+    """
+    import numpy as np
+
+    U, M = logp_unit.shape
+    S = samples
+    probs = logp_unit.detach().exp().to(torch.float64).numpy()  # [U, M]
+    draws = torch.rand(S, U, generator=gen, dtype=torch.float64).numpy()
+    mem = [float(x) for x in unit_mem]
+    g_unit = np.zeros((S, U), dtype=np.int64)
+    mask = np.ones((S, U, M), dtype=bool)
+    free = [u for u in range(U) if mem[u] <= 0.0]
+    if free:  # no memory: cannot make a group overflow, drawn together
+        if greedy:
+            g_unit[:, free] = probs[free].argmax(axis=1)[None, :]
+        else:
+            cdf = np.cumsum(probs[free], axis=1)  # [F, M]
+            thr = draws[:, free, None] * cdf[None, :, -1:]  # [S, F, 1]
+            g_unit[:, free] = np.minimum((cdf[None, :, :] <= thr).sum(axis=2), M - 1)
+    load = np.zeros((S, M))
+    rows = np.arange(S)
+    for u in range(U):
+        if mem[u] <= 0.0:
+            continue
+        room = load + mem[u] <= cap  # [S, M]
+        none = ~room.any(axis=1)
+        if none.any():
+            room[none] = False
+            room[none, load[none].argmin(axis=1)] = True
+        mask[:, u] = room
+        p = probs[u][None, :] * room
+        if greedy:
+            a = p.argmax(axis=1)
+        else:
+            cdf = np.cumsum(p, axis=1)
+            a = np.minimum((cdf <= draws[:, u:u + 1] * cdf[:, -1:]).sum(axis=1), M - 1)
+        g_unit[:, u] = a
+        load[rows, a] += mem[u]
+    g = torch.from_numpy(g_unit)
+    masked = logp_unit.unsqueeze(0).expand(S, U, M).masked_fill(~torch.from_numpy(mask), float("-inf"))
+    lp = torch.log_softmax(masked, dim=2).gather(2, g.unsqueeze(2)).squeeze(2).sum(dim=1)
+    return g, lp
+
+
 class Placer(_Module):
     """Sequence-to-sequence Placer (HRL section 2): bidirectional LSTM
     encoder over the group embeddings, LSTM decoder with content-based
@@ -170,11 +226,18 @@ class Placer(_Module):
         self.attn_v = nn.Linear(hidden, 1, bias=False)
         self.out = nn.Linear(2 * hidden, devices)
 
-    def forward(self, emb, *, generator=None, greedy: bool = False, noise: float = 0.0):
+    def forward(self, emb, *, generator=None, greedy: bool = False, noise: float = 0.0, group_mem=None,
+                capacity=None):
         """Sample (or, with ``greedy``, take the argmax of) one device per
         group for each of the ``S`` rows of ``emb`` ``[S, G, E]``.
 
-        ``noise`` is :func:`add_logits_noise`'s ``std``.
+        ``noise`` is :func:`add_logits_noise`'s ``std``.  With ``group_mem``
+        (``[S, G]`` bytes of every group, float64) and ``capacity`` (``[k]``
+        bytes per device, float64) the decoder masks the devices a group no
+        longer fits on, given the groups placed before it (a deviation from
+        HRL, see the planner's ``oom_mode="mask"``); when it fits nowhere,
+        only the device with the most free memory is left (best effort).
+        The log-probability is that of the masked distribution.
         Returns ``(devices [S, G] long, log_prob [S])``.
         """
         S, G, _ = emb.shape
@@ -186,13 +249,20 @@ class Placer(_Module):
         x = self.go.unsqueeze(0).expand(S, -1)
         actions = []
         logp = torch.zeros(S, dtype=emb.dtype)
-        for _ in range(G):
+        load = None if group_mem is None else torch.zeros(S, capacity.shape[0], dtype=torch.float64)
+        for g in range(G):
             h, c = self.decoder(x, (h, c))
             score = self.attn_v(torch.tanh(self.attn_w2(h).unsqueeze(1) + mem)).squeeze(2)  # [S, G]
             ctx = (torch.softmax(score, dim=1).unsqueeze(2) * mem).sum(dim=1)
             logits = self.out(torch.cat([h, ctx], dim=1))
             logits = TANH_CONSTANT * torch.tanh(logits / TANH_CONSTANT)
             logits = add_logits_noise(logits, noise, generator)
+            if load is not None:
+                need = group_mem[:, g].unsqueeze(1)  # [S, 1]
+                room = load + need <= capacity  # [S, k]
+                most_free = torch.nn.functional.one_hot((capacity - load).argmax(dim=1), capacity.shape[0]).bool()
+                room = torch.where(room.any(dim=1, keepdim=True), room, most_free)
+                logits = logits.masked_fill(~room, float("-inf"))
             lp = torch.log_softmax(logits, dim=1)
             if greedy:
                 a = lp.argmax(dim=1)
@@ -200,5 +270,7 @@ class Placer(_Module):
                 a = torch.multinomial(lp.exp(), 1, generator=generator).squeeze(1)
             logp = logp + lp.gather(1, a.unsqueeze(1)).squeeze(1)
             actions.append(a)
+            if load is not None:
+                load = load + need * torch.nn.functional.one_hot(a, capacity.shape[0]).to(torch.float64)
             x = self.device_emb(a)
         return torch.stack(actions, dim=1), logp

@@ -12,7 +12,7 @@ placement time.
 
 The pipeline per iteration (HRL section 2, Figure 1):
 
-1. operation features (:func:`op_features`): op-type index (for a trainable
+1. operation features (:func:`~.features.op_features`): op-type index (for a trainable
    type embedding), output sizes and number of outputs, adjacency, plus
    compute / memory / topological position (see *Deviations*);
 2. the Grouper samples a group for every colocation unit;
@@ -22,16 +22,20 @@ The pipeline per iteration (HRL section 2, Figure 1):
    ``R = -sqrt(runtime)``; both networks are updated by REINFORCE with a
    moving-average baseline (HRL's cost function J(theta_g, theta_d)).
 
-Time budget: training stops after ``iterations`` (default 1000, the paper's
-section 3) or ``time_limit`` seconds (default 60; ``placer place
---time-limit S``), whichever comes first.  One iteration costs one Placer
-decode of M steps with content-based attention over M groups (O(M^2 H) per
-sample) plus ``samples_per_iteration`` simulations: on one shared CPU
-thread about 0.25 s for a 200-node coarse graph (M = 84 units) and about
-1 s for M = 256 with 8 samples, so the default budget trains about 250
-and 60 iterations respectively.  Use a coarse graph (``placer coarsen``)
-of a few hundred nodes; the paper's policy needed hours on real hardware
-(Celeritas Table 4 charges HRL 5 hours).
+Budget: ``iterations`` policy updates, counted, so a seed repeats (the
+paper trains 1000, section 3).  By default (``iterations=0``) the count is
+derived from ``time_limit`` by a fixed cost model (:mod:`.budget`): one
+iteration costs one Placer decode of M steps with attention over M groups
+plus ``samples_per_iteration`` simulations - measured on a loaded 2-core
+machine 0.05 s for M = 13 and 1.5-2.2 s for M = 256 with 8 samples.  The
+wall clock, from the call's start, only caps training (stderr says when).
+Use a coarse graph (``placer coarsen``) of a few hundred nodes; the paper's
+policy needed hours on real hardware (Celeritas Table 4 charges HRL 5 hours),
+and a budget under 100 iterations is reported as a smoke budget (the
+estimate's ``caveat``).  Under memory pressure groups and devices a unit
+no longer fits in are not sampled, and what still overflows is charged by
+how far (:mod:`.reward`, a deviation; ``oom_mode=fixed`` is the paper's
+rule).
 
 Example
 -------
@@ -43,157 +47,74 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
-from ...errors import InvalidInput, MissingDependency
-from ...log import chatty
+from ... import log
+from ...errors import InvalidInput, MissingDependency, SolverError
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...model.limits import TIME_MAX
 from ...model.placement import Placement
 from ...registry import Param, register
-from ...sim.simulator import CONGESTION_RULES, lower_bound, run_schedule
+from ...sim.simulator import CONGESTION_RULES, lower_bound
+from .budget import PAPER_ITERATIONS, TrainingBudget, auto_iterations, iteration_cost_s
+from .features import (
+    ADJ_DIM,
+    MAX_OUTPUTS,
+    SIZE_DIM,
+    TYPE_DIM,
+    default_groups,
+    op_features,
+    units,
+)
+from .reward import OOM_MODES, RewardEnv, oom_runtime
 
-MAX_OUTPUTS = 5
-"""Output tensors per op encoded in the features (the released controller's
-``max_num_outputs``)."""
-ADJ_DIM = 20
-"""Width of the adjacency feature (the released controller's ``adj_embed_dim``)."""
-TYPE_DIM = 16
-"""Size of the trainable op-type embedding."""
+__all__ = ["hierarchical", "op_features", "default_groups", "oom_runtime", "units", "ADJ_DIM", "MAX_OUTPUTS",
+           "SIZE_DIM", "TYPE_DIM"]
+
 BASELINE_DECAY = 0.9
 """Moving-average baseline decay (``bl_dec``)."""
 GRAD_BOUND = 1.0
 """Global gradient-norm clip (``grad_bound``)."""
 LOGITS_NOISE = 0.5
 """Exploration noise on the logits (``logits_std_noise``), relative to their RMS."""
-NOISE_FRACTION = 0.75
-"""Noise is applied during the first 75 % of the iterations (``stop_noise_step``
-750 of 1000)."""
-SIZE_DIM = MAX_OUTPUTS + 4  # output sizes, output count, compute, memory, topo position
+SHORT_BUDGET = 100
+"""Fewer iterations than this are a smoke budget, not the paper's planner
+(the estimate's ``caveat`` says so, and ``compare`` marks the cell)."""
 
 
-def _units(graph: Graph) -> tuple[list[int], int]:
-    """Colocation units: nodes sharing a colocation value form one unit,
-    every other node is its own unit; units are numbered by their first node
-    index.  Returns ``(unit_of, number_of_units)``."""
-    unit_of = [0] * graph.n
-    seen: dict[str, int] = {}
-    u = 0
-    for v in range(graph.n):
-        c = graph.colocation[v]
-        if c is not None:
-            if c in seen:
-                unit_of[v] = seen[c]
-                continue
-            seen[c] = u
-        unit_of[v] = u
-        u += 1
-    return unit_of, u
-
-
-def op_features(graph: Graph, costs: CostModel | None = None) -> dict[str, Any]:
-    """Per-operation features of HRL section 2 ("type, size and number of
-    outputs, as well as connections to other operations"), pure Python.
-
-    Parameters
-    ----------
-    graph : Graph
-    costs : CostModel, optional
-        For the mean node time (defaults to ``graph.compute``).
-
-    Returns
-    -------
-    dict
-        ``types`` (sorted distinct op names), ``type_idx[v]``,
-        ``size[v]`` (``SIZE_DIM`` floats: the node's output tensor sizes,
-        ``log1p(bytes) / log1p(largest tensor)``, largest first, up to
-        ``MAX_OUTPUTS``, zero-padded; the number of outputs / the largest
-        count; compute / largest; memory / largest; (topo index + 1) / n),
-        ``adj[v]`` (``ADJ_DIM`` floats: the released controller's encoding,
-        pairs ``(neighbour position, +1)`` for successors then ``(position,
-        -1)`` for predecessors, truncated / zero-padded, with positions
-        ``(topo index + 1) / n`` so 0 means "none").
-
-    Example
-    -------
-    >>> from celeritas_cli.model.graph import build
-    >>> g = build("ab", [{"id": "a", "compute_s": 1, "memory_bytes": 0, "op": "mm"},
-    ...                  {"id": "b", "compute_s": 2, "memory_bytes": 0, "op": "relu"}],
-    ...           [{"src": "a", "dst": "b", "bytes": 100}])
-    >>> f = op_features(g)
-    >>> f["types"], f["type_idx"], f["size"][0][:MAX_OUTPUTS + 1], f["adj"][0][:4]
-    (['mm', 'relu'], [0, 1], [1.0, 0.0, 0.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0])
-    """
-    n = graph.n
-    types = sorted(set(graph.op))
-    tindex = {t: i for i, t in enumerate(types)}
-    outs: list[list[int]] = [[] for _ in range(n)]
-    for t, p in enumerate(graph.tensor_src):
-        outs[p].append(graph.tensor_bytes[t])
-    max_bytes = max(graph.tensor_bytes, default=0)
-    lmax = math.log1p(max_bytes) if max_bytes > 0 else 1.0
-    max_cnt = max((len(o) for o in outs), default=0) or 1
-    comp = costs.mean_time if costs is not None else graph.compute
-    cmax = max(comp, default=0.0) or 1.0
-    mmax = max(graph.memory, default=0) or 1
-    pos = graph.topo_index()
-    size: list[list[float]] = []
-    adj: list[list[float]] = []
-    for v in range(n):
-        sizes = sorted(outs[v], reverse=True)[:MAX_OUTPUTS]
-        row = [math.log1p(b) / lmax for b in sizes] + [0.0] * (MAX_OUTPUTS - len(sizes))
-        row += [len(outs[v]) / max_cnt, comp[v] / cmax, graph.memory[v] / mmax, (pos[v] + 1) / n]
-        size.append(row)
-        a: list[float] = []
-        for s in graph.succ[v]:
-            a += [(pos[s] + 1) / n, 1.0]
-        for p in graph.pred[v]:
-            a += [(pos[p] + 1) / n, -1.0]
-        a = a[:ADJ_DIM]
-        adj.append(a + [0.0] * (ADJ_DIM - len(a)))
-    return {"types": types, "type_idx": [tindex[o] for o in graph.op], "size": size, "adj": adj}
-
-
-def default_groups(graph: Graph) -> int:
-    """HRL's number of groups M (a hyperparameter): 256, or fewer when the
-    graph has fewer colocation units than that."""
-    return max(1, min(256, _units(graph)[1]))
-
-
-def oom_runtime(graph: Graph, cluster: Cluster, costs: CostModel, penalty: float) -> float:
-    """The runtime charged to a placement that does not fit in memory
-    (HRL's ``failing_signal``): ``penalty`` times an upper bound on the
-    simulated makespan of *any* placement, ``sum_v max_d time(v, d) +
-    sum_t (k - 1) * max_{a != c} comm(t, a, c)`` (at every instant of a
-    simulation some node computes or some transfer moves, so the makespan
-    never exceeds total work plus total transfer time)."""
-    k = cluster.k
-    work = math.fsum(costs.max_time)
-    comm = 0.0
-    if k > 1:
-        for t in range(len(graph.tensor_src)):
-            worst = max(costs.tensor_comm(t, a, c) for a in range(k) for c in range(k) if a != c)
-            comm += (k - 1) * worst
-    return penalty * max(work + comm, 1e-12)
+def _caveat(done: int, samples: int) -> str | None:
+    if done == 0:
+        return "no training: the time limit ran out before the first iteration (the untrained policy's placement)"
+    if done < SHORT_BUDGET:
+        return (f"smoke budget: {done} iterations x {samples} samples, not the paper's planner "
+                f"({PAPER_ITERATIONS} iterations)")
+    if done < PAPER_ITERATIONS:
+        return f"{done} of the paper's {PAPER_ITERATIONS} iterations"
+    return None
 
 
 @register(
     "hierarchical", paper="Hierarchical Planner (HRL)", section="section 2, Figure 1",
     summary="Learned Grouper (feed-forward) + seq2seq Placer (LSTM + attention) trained with REINFORCE "
-            "on R=-sqrt(simulated runtime); OOM samples get a large fixed penalty.",
+            "on R=-sqrt(simulated runtime); memory-masked sampling, residual OOM penalised by how far it "
+            "overflows (oom_mode=fixed: the paper's fixed penalty).",
     params={
         "groups": Param(int, 0, "number of groups M; 0 = min(256, colocation units)", min=0, max=65536),
-        "iterations": Param(int, 1000, "policy updates (HRL trains 1000)", min=1),
+        "iterations": Param(int, 0, "policy updates, the deterministic budget (0 = as many as fit in time_limit "
+                                    "by a fixed cost model; 1000, the paper's, without a limit)", min=0),
         "samples_per_iteration": Param(int, 8, "joint placements sampled (and simulated) per update", min=1,
                                        max=4096),
-        "time_limit": Param(float, 60.0, "stop training after this many seconds (0 = no limit)", min=0,
+        "time_limit": Param(float, 60.0, "wall-clock cap on the whole call in seconds (0 = no limit)", min=0,
                             max=TIME_MAX),
         "lr": Param(float, 0.05, "Adam learning rate", gt=0, max=10.0),
-        "hidden": Param(int, 64, "hidden width of the Grouper and the Placer LSTMs", min=1, max=4096),
+        "hidden": Param(int, 64, "hidden width of the Grouper and the Placer LSTMs", min=2, max=4096),
         "oom_penalty": Param(float, 2.0, "OOM runtime as a multiple of an upper bound on any makespan",
                              min=1.0, max=1e6),
+        "oom_mode": Param(str, "mask", "mask: groups and devices a unit no longer fits in are not sampled, "
+                                       "residual OOM graded (deviation); graded: the OOM runtime grows with the "
+                                       "bytes over capacity (deviation); fixed: the paper's fixed penalty",
+                          choices=OOM_MODES),
         "congestion": Param(str, "channel", "simulator congestion rule for the reward",
                             choices=CONGESTION_RULES),
         "progress": Param(bool, True, "show best simulated runtime on stderr"),
@@ -203,9 +124,10 @@ def oom_runtime(graph: Graph, cluster: Cluster, costs: CostModel, penalty: float
                   "progress": False},
 )
 def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
-                 groups: int = 0, iterations: int = 1000,
+                 groups: int = 0, iterations: int = 0,
                  samples_per_iteration: int = 8, time_limit: float = 60.0, lr: float = 0.05, hidden: int = 64,
-                 oom_penalty: float = 2.0, congestion: str = "channel", progress: bool = True) -> Placement:
+                 oom_penalty: float = 2.0, oom_mode: str = "mask", congestion: str = "channel",
+                 progress: bool = True, history: list | None = None) -> Placement:
     """Train the Hierarchical Planner's policy on *graph* and return the best
     placement it sampled.
 
@@ -220,20 +142,36 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
         inside a forked RNG, and a private ``torch.Generator``).
     groups : int
         M, the number of groups (0: ``min(256, number of colocation units)``).
-    iterations, samples_per_iteration : int
-        Policy updates and joint samples per update.
+    iterations : int
+        Policy updates: the deterministic budget.  0 (default): the paper's
+        1000 without a time limit, else as many as fit in *time_limit* by
+        :func:`~.budget.auto_iterations` (a fixed cost model of the graph's
+        and the policy's sizes, so the count does not depend on the clock).
+    samples_per_iteration : int
+        Joint samples per update.
     time_limit : float
-        Seconds; training stops after the first iteration that ends past it
-        (0: no limit).  Deterministic for a seed only when ``iterations``,
-        not the clock, ends training.
+        Seconds, counted from the call's start (torch's import included):
+        a cap, checked before every iteration (see ``TrainingBudget.may_start``);
+        when it stops or reschedules training, a line on stderr says the
+        result may differ between runs (``estimate.repeatable`` false).
+        0: no limit.
     lr, hidden : float, int
         Adam learning rate; network width.
     oom_penalty : float
-        See :func:`oom_runtime`.
+        See :func:`~.reward.oom_runtime`.
+    oom_mode : {"mask", "graded", "fixed"}
+        How memory is handled (:mod:`.reward`; *Notes*).
     congestion : str
         Simulator congestion rule used for the reward.
     progress : bool
         A rich progress bar with the best simulated runtime on stderr.
+    history : list, optional
+        Not a registry parameter: when a list is given, one dict per
+        iteration is appended - ``iteration``, ``samples``, ``oom`` (samples
+        over memory), ``mean_overflow`` (:func:`~.reward.overflow_fraction`
+        averaged over the samples), ``noise`` and ``best_feasible_s`` (best
+        feasible makespan so far, None before the first) - the learning
+        curve ``benchmarks/bench_time_limits.py`` prints.
 
     Returns
     -------
@@ -242,16 +180,22 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
         ones (if any; otherwise the lowest among all samples, reported with
         ``status`` ``"OOM"`` - the failure Celeritas Figure 1 shows).  The
         final greedy (arg-max) decode of the trained policy is a candidate
-        too.  ``estimate`` holds ``makespan_s``, ``status``,
-        ``lower_bound_s``, ``iterations``, ``samples``, ``groups``,
-        ``training_time_s`` and ``best_iteration``.
+        too.  ``estimate`` holds ``makespan_s`` (simulated), ``status``,
+        ``lower_bound_s``, ``iterations`` (done), ``iteration_budget``,
+        ``samples``, ``groups``, ``oom_mode``, ``training_time_s``,
+        ``best_iteration``, ``repeatable`` and a ``caveat`` below the
+        paper's 1000 iterations.
 
     Raises
     ------
     MissingDependency
         torch is not installed.
     InvalidInput
-        A non-positive iteration / sample / hidden count or negative groups.
+        A negative iteration count or groups, a non-positive sample or
+        hidden count.
+    SolverError
+        One iteration would take more than half of *time_limit* by the cost
+        model (it cannot be interrupted): coarsen first.
 
     Notes
     -----
@@ -262,14 +206,23 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
       colocation group, or a lone node): a unit's logits are the mean of its
       nodes' logits and it contributes one log-probability term.  Groups map
       to one device each, so no placement ever splits a colocation group.
-    * OOM: HRL's released controller gives a failed (ResourceExhausted)
-      placement a fixed runtime ``failing_signal`` (100 s) instead of a
-      measurement; Celeritas section 2 ("HRL albeit sets a large penalty for
-      OOM occurrences, it provides no solution").  Our failing runtime is
-      scale-free: :func:`oom_runtime`, ``oom_penalty`` x an upper bound on
-      any simulated makespan, so an OOM sample is always worse than every
-      feasible one; all OOM samples get the same reward (no gradient
-      towards "less OOM", exactly the weakness Celeritas points out).
+    * OOM (deviation, ``oom_mode="mask"`` by default): HRL's released
+      controller gives a failed (ResourceExhausted) placement a fixed
+      runtime ``failing_signal`` (100 s); Celeritas section 2 ("HRL albeit
+      sets a large penalty for OOM occurrences, it provides no solution").
+      With a fixed penalty a batch of OOM samples has zero advantage and
+      teaches nothing, which is how the planner collapsed under memory
+      pressure (``oom_mode="fixed"`` keeps the paper's rule).  ``graded``
+      charges ``oom_runtime x (1 + bytes over capacity / graph bytes)``,
+      still above every feasible makespan - but measured, that alone does
+      not stop the drift into overflow (the Grouper's softmax sharpens and
+      piles units into few groups).  ``mask`` also samples under memory
+      constraints: units in index order never join a group that would
+      outgrow the largest device, and the Placer never sends a group to a
+      device it no longer fits on (action masking; when nothing fits, the
+      lightest group / the device with the most free memory); log-
+      probabilities are those of the masked distributions, so REINFORCE
+      stays unbiased for the masked policy, and a residual OOM is graded.
     * Reward scale: ``R = -sqrt(r / T)`` with ``T`` the total mean compute
       time, a constant factor ``1/sqrt(T)`` on HRL's ``-sqrt(r)`` so the
       learning rate does not depend on the graph's time unit.
@@ -288,15 +241,16 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
       gets more than ``e / (e + (k-1)/e)`` of a group's probability) and
       Gaussian noise of 0.5 x their RMS (``logits_std_noise``) perturbs the
       Grouper's and the Placer's logits during the first 75 % of the
-      iterations (``stop_noise_step`` 750 of 1000).
+      iteration budget (``stop_noise_step`` 750 of 1000) - of the budget
+      actually run: when the clock will stop training early, the schedule
+      is laid over the iterations that fit, so the noise still stops.
     * Determinism: one CPU thread (``torch.set_num_threads(1)``, restored
       afterwards), parameters seeded with ``torch.manual_seed`` inside
       ``torch.random.fork_rng`` (the caller's RNG state is untouched), all
-      sampling from a private ``torch.Generator``.  Every op used (Linear,
-      LSTM, index_add, multinomial, randn) is deterministic on CPU, so we do
-      not call ``torch.use_deterministic_algorithms``, whose first call
-      imports torch._inductor (~3.5 s, which would be billed as placement
-      time).
+      sampling from a private ``torch.Generator``, a counted budget.  Every
+      op used (Linear, LSTM, index_add, multinomial, randn) is deterministic
+      on CPU, so we do not call ``torch.use_deterministic_algorithms``, whose
+      first call imports torch._inductor (~3.5 s, billed as placement time).
     * Not reproduced: the distributed controllers/workers and the
       learning-rate decay of the released code.
 
@@ -308,133 +262,146 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
     Williams 1992 (REINFORCE); Bahdanau et al. 2015 (attention).
     Celeritas section 2 / Figure 1 (HRL and OOM).
     """
+    t0 = time.perf_counter()
     try:
         import torch
     except ImportError:
         raise MissingDependency("algorithm 'hierarchical' needs torch: pip install -e .[torch]") from None
     from . import model as hm
 
-    if iterations < 1 or samples_per_iteration < 1 or hidden < 2:
-        raise InvalidInput("'hierarchical': iterations, samples_per_iteration must be >= 1 and hidden >= 2")
+    if iterations < 0 or samples_per_iteration < 1 or hidden < 2:
+        raise InvalidInput("'hierarchical': iterations must be >= 0 (0 = auto), samples_per_iteration >= 1 "
+                           "and hidden >= 2")
     if groups < 0:
         raise InvalidInput(f"'hierarchical' parameter groups: must be >= 0 (0 = auto), got {groups}")
     if congestion not in CONGESTION_RULES:
         raise InvalidInput(f"'hierarchical' parameter congestion: must be one of {', '.join(CONGESTION_RULES)}")
+    if oom_mode not in OOM_MODES:
+        raise InvalidInput(f"'hierarchical' parameter oom_mode: must be one of {', '.join(OOM_MODES)}")
+    if time_limit < 0:
+        raise InvalidInput(f"'hierarchical' parameter time_limit: must be >= 0 (0 = no limit), got {time_limit}")
 
-    t0 = time.perf_counter()
     n, k = graph.n, cluster.k
     costs = cost_model(graph, cluster, costs)
-    unit_of, n_units = _units(graph)
+    unit_of, n_units = units(graph)
     unit_mem = [0] * n_units
     for v in range(n):
         unit_mem[unit_of[v]] += graph.memory[v]
-    capacity = [d.memory for d in cluster.devices]
-    lb = lower_bound(graph, cluster, costs) if n else 0.0
+    env = RewardEnv(graph, cluster, costs, congestion, unit_of, unit_mem, oom_mode=oom_mode)
     M = groups or default_groups(graph)
-    params_used = {"groups": M}
-
-    cache: dict[bytes, float] = {}
-
-    def fits(dev_unit: list[int]) -> bool:
-        """Whether a unit->device map respects every device's memory."""
-        loads = [0] * k
-        for u, d in enumerate(dev_unit):
-            loads[d] += unit_mem[u]
-        return all(loads[d] <= capacity[d] for d in range(k))
-
-    def makespan(dev_unit: list[int]) -> float:
-        """Simulated makespan of a unit->device map (memoised)."""
-        key = bytes(dev_unit) if k < 256 else repr(dev_unit).encode()
-        ms = cache.get(key)
-        if ms is None:
-            device_of = [dev_unit[unit_of[v]] for v in range(n)]
-            ms = run_schedule(graph, cluster, device_of, congestion=congestion, costs=costs).makespan
-            cache[key] = ms
-        return ms
+    one = iteration_cost_s(n, graph.m, M, samples_per_iteration)
+    if time_limit and k > 1 and one > 0.5 * time_limit:  # one iteration cannot be interrupted
+        raise SolverError(f"hierarchical: one training iteration on graph '{graph.name}' ({n} nodes, {M} groups) "
+                          f"takes about {one:.2g} s, too long for --time-limit {time_limit:g} s; coarsen first "
+                          f"(`placer coarsen G | placer place - --algo hierarchical`) or raise --time-limit to "
+                          f"{2 * one + 1:.0f} s or more")
+    budget = TrainingBudget(iterations or auto_iterations(n, graph.m, M, samples_per_iteration, time_limit),
+                            samples_per_iteration, time_limit, t0, first_s=one)
+    params_used = {"groups": M, "iterations": budget.iterations}
 
     def result(dev_unit: list[int], ms: float, ok: bool, extra: dict) -> Placement:
         device_of = [dev_unit[unit_of[v]] for v in range(n)]
-        est = {"makespan_s": ms, "status": "FEASIBLE" if ok else "OOM", "lower_bound_s": lb,
-               "groups": M, "training_time_s": time.perf_counter() - t0, **extra}
+        est = {"makespan_s": ms, "makespan_by": "simulator", "status": "FEASIBLE" if ok else "OOM",
+               "lower_bound_s": lower_bound(graph, cluster, costs) if n else 0.0, "groups": M,
+               "iteration_budget": budget.iterations, "oom_mode": oom_mode,
+               "training_time_s": time.perf_counter() - t0, **extra}
         return Placement.from_indices(graph, cluster, device_of, algorithm="hierarchical", seed=seed,
                                       params=params_used, estimate=est)
 
     if n == 0 or k == 1:
         dev_unit = [0] * n_units
-        return result(dev_unit, makespan(dev_unit) if n else 0.0, fits(dev_unit),
-                      {"iterations": 0, "samples": 1, "best_iteration": 0})
+        return result(dev_unit, env.makespan(dev_unit) if n else 0.0, env.fits(dev_unit),
+                      {"iterations": 0, "samples": 1, "best_iteration": 0, "repeatable": True})
 
-    feats = op_features(graph, costs)
-    T_ref = math.fsum(costs.mean_time) or 1.0
-    fail_r = oom_runtime(graph, cluster, costs, oom_penalty)
-
+    env.fail_r = oom_runtime(graph, cluster, costs, oom_penalty)
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             gen = torch.Generator().manual_seed(seed)
-            best, done, n_samples = _train(
-                torch, hm, graph, feats, unit_of, n_units, M, k, iterations, samples_per_iteration,
-                time_limit, lr, hidden, gen, fits, makespan, fail_r, T_ref, t0, progress)
+            best = _train(torch, hm, env, op_features(graph, costs), M, hidden, lr, gen, budget, progress,
+                          history)
     finally:
         torch.set_num_threads(prev_threads)
+    if budget.clock_cut:
+        log.warn(f"hierarchical: the wall clock (--time-limit {time_limit:g} s) cut training to {budget.done} of "
+                 f"{budget.iterations} iterations, so this result may differ between runs; raise --time-limit "
+                 f"or set -p iterations=N for a repeatable one")
     (oom, ms, it, _), dev_unit = best
-    return result(dev_unit, ms, not oom, {"iterations": done, "samples": n_samples, "best_iteration": it})
+    extra = {"iterations": budget.done, "samples": budget.n_samples, "best_iteration": it,
+             "repeatable": not budget.clock_cut}
+    caveat = _caveat(budget.done, samples_per_iteration)
+    if caveat:
+        extra["caveat"] = caveat
+    return result(dev_unit, ms, not oom, extra)
 
 
-def _train(torch, hm, graph, feats, unit_of, n_units, M, k, iterations, S, time_limit, lr, hidden, gen,
-           fits, makespan, fail_r, T_ref, t0, progress):
-    """The REINFORCE loop; returns ``(best, iterations_done, samples)`` with
-    ``best = ((oom, makespan, iteration, sample), unit->device list)``."""
+def _progress_bar(total: int):
+    """A started rich progress bar on stderr and its task."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    bar = Progress(TextColumn("hierarchical"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), console=log.stderr_console(), transient=False)
+    bar.start()
+    return bar, bar.add_task("best -", total=total)
+
+
+def _train(torch, hm, env: RewardEnv, feats: dict, M: int, hidden: int, lr: float, gen, budget: TrainingBudget,
+           progress: bool, history: list | None = None):
+    """The REINFORCE loop; returns ``best = ((oom, makespan, iteration,
+    sample), unit->device list)`` and fills *budget*'s counters."""
+    graph, k = env.graph, env.cluster.k
     type_idx = torch.tensor(feats["type_idx"], dtype=torch.long)
     size_t = torch.tensor(feats["size"], dtype=torch.float32)
     node_x = torch.cat([size_t, torch.tensor(feats["adj"], dtype=torch.float32)], dim=1)
-    unit_t = torch.tensor(unit_of, dtype=torch.long)
+    unit_t = torch.tensor(env.unit_of, dtype=torch.long)
+    n_units = len(env.unit_mem)
     bmax = max(graph.edge_bytes, default=0) or 1
     e_src = torch.tensor(graph.edge_src, dtype=torch.long)
     e_dst = torch.tensor(graph.edge_dst, dtype=torch.long)
     e_w = torch.tensor([b / bmax for b in graph.edge_bytes], dtype=torch.float32)
+    T_ref = math.fsum(env.costs.mean_time) or 1.0
+    unit_mem_t = torch.tensor(env.unit_mem, dtype=torch.float64).unsqueeze(0)
+    # the masks change nothing when the whole graph fits on every device: keep the paper's draws then
+    masked = env.oom_mode == "mask" and sum(env.unit_mem) > min(d.memory for d in env.cluster.devices)
+    capacity_t = torch.tensor([float(d.memory) for d in env.cluster.devices], dtype=torch.float64)
 
     grouper = hm.Grouper(len(feats["types"]), TYPE_DIM, node_x.shape[1], hidden, M)
-    emb_dim = TYPE_DIM + size_t.shape[1] + 1 + 2 * M
-    placer = hm.Placer(emb_dim, hidden, k)
+    placer = hm.Placer(TYPE_DIM + size_t.shape[1] + 1 + 2 * M, hidden, k)
     params = list(grouper.parameters()) + list(placer.parameters())
     opt = torch.optim.Adam(params, lr=lr)
 
     def policy(samples: int, greedy: bool, noise: float = 0.0):
         logp_unit = grouper(type_idx, node_x, unit_t, n_units, noise=noise, generator=gen)  # [U, M]
-        if greedy:
+        if masked:
+            g_unit, lp_group = hm.masked_groups(logp_unit, unit_mem_t[0], float(capacity_t.max()),
+                                              1 if greedy else samples, greedy, gen)
+        elif greedy:
             g_unit = logp_unit.argmax(dim=1).unsqueeze(0)  # [1, U]
+            lp_group = logp_unit.gather(1, g_unit.t()).sum(dim=0)
         else:
             g_unit = torch.multinomial(logp_unit.exp(), samples, replacement=True, generator=gen).t()  # [S, U]
-        lp_group = logp_unit.gather(1, g_unit.t()).sum(dim=0)  # [S]
-        node_group = g_unit[:, unit_t]  # [S, n]
-        emb = hm.group_embeddings(node_group, grouper.type_emb(type_idx), size_t, e_src, e_dst, e_w, M)
-        dev_group, lp_place = placer(emb, generator=gen, greedy=greedy, noise=noise)  # [S, M]
-        dev_unit = torch.gather(dev_group, 1, g_unit)  # [S, U]
-        return dev_unit, lp_group + lp_place
+            lp_group = logp_unit.gather(1, g_unit.t()).sum(dim=0)  # [S]
+        emb = hm.group_embeddings(g_unit[:, unit_t], grouper.type_emb(type_idx), size_t, e_src, e_dst, e_w, M)
+        group_mem = None
+        if masked:  # bytes per group of every sample, for the Placer's memory mask
+            group_mem = torch.zeros(g_unit.shape[0], M, dtype=torch.float64).scatter_add(
+                1, g_unit, unit_mem_t.expand(g_unit.shape[0], -1))
+        dev_group, lp_place = placer(emb, generator=gen, greedy=greedy, noise=noise, group_mem=group_mem,
+                                     capacity=capacity_t)  # [S, M]
+        return torch.gather(dev_group, 1, g_unit), lp_group + lp_place  # [S, U]
 
     best: tuple | None = None
     baseline: float | None = None
-    n_samples = 0
-    done = 0
-    bar = task = None
-    if progress and chatty():  # placer compare runs cells quietly unless -v
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        from ...log import stderr_console
-
-        bar = Progress(TextColumn("hierarchical"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TextColumn("{task.description}"), console=stderr_console(), transient=False)
-        bar.start()
-        task = bar.add_task("best -", total=iterations)
+    # placer compare runs cells quietly unless -v
+    bar, task = _progress_bar(budget.iterations) if progress and log.chatty() else (None, None)
 
     def consider(key, dev_unit):
         nonlocal best
@@ -442,46 +409,47 @@ def _train(torch, hm, graph, feats, unit_of, n_units, M, k, iterations, S, time_
             best = (key, list(dev_unit))
 
     try:
-        for it in range(iterations):
-            noisy = it < NOISE_FRACTION * iterations
-            dev_unit_t, logp = policy(S, greedy=False, noise=LOGITS_NOISE if noisy else 0.0)
-            rows = dev_unit_t.tolist()
+        for it in range(budget.iterations):
+            if not budget.may_start(it):
+                break
+            dev_unit_t, logp = policy(budget.samples, greedy=False,
+                                      noise=LOGITS_NOISE if budget.noisy(it) else 0.0)
             rewards = []
-            for s, dev_unit in enumerate(rows):
-                n_samples += 1
-                if fits(dev_unit):
-                    ms = makespan(dev_unit)
-                    r = ms
-                    consider((False, ms, it, s), dev_unit)
-                else:
-                    r = fail_r
-                    if best is None or best[0][0]:  # no feasible sample yet: keep the best OOM one
-                        consider((True, makespan(dev_unit), it, s), dev_unit)
+            n_oom, over = 0, 0.0
+            for s, dev_unit in enumerate(dev_unit_t.tolist()):
+                budget.n_samples += 1
+                r, ok = env.runtime(dev_unit)
+                if history is not None and not ok:
+                    n_oom += 1
+                    over += env.overflow(dev_unit)
+                if ok:
+                    consider((False, r, it, s), dev_unit)
+                elif best is None or best[0][0]:  # no feasible sample yet: keep the fastest OOM one
+                    consider((True, env.makespan(dev_unit), it, s), dev_unit)
                 rewards.append(-math.sqrt(r / T_ref))
             mean_r = math.fsum(rewards) / len(rewards)
             b = mean_r if baseline is None else baseline
-            adv = torch.tensor([r - b for r in rewards], dtype=torch.float32)
-            loss = -(adv * logp).mean()
+            loss = -(torch.tensor([r - b for r in rewards], dtype=torch.float32) * logp).mean()
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, GRAD_BOUND)
             opt.step()
             baseline = BASELINE_DECAY * b + (1 - BASELINE_DECAY) * mean_r
-            done = it + 1
+            budget.done = it + 1
+            if history is not None:
+                history.append({"iteration": it, "samples": len(rewards), "oom": n_oom,
+                                "mean_overflow": over / len(rewards), "noise": budget.noisy(it),
+                                "best_feasible_s": None if best[0][0] else best[0][1]})
             if bar is not None:
                 (oom, ms, _, _) = best[0]
                 bar.update(task, advance=1, description=f"best {ms:.6g} s{' (OOM)' if oom else ''}")
-            if time_limit and time.perf_counter() - t0 >= time_limit:
-                break
         with torch.no_grad():
-            dev_unit_t, _ = policy(1, greedy=True)
-        dev_unit = dev_unit_t[0].tolist()
-        ok = fits(dev_unit)
-        n_samples += 1
-        if ok or best[0][0]:
-            consider((not ok, makespan(dev_unit), done, -1), dev_unit)
+            dev_unit = policy(1, greedy=True)[0][0].tolist()
+        budget.n_samples += 1
+        ok = env.fits(dev_unit)
+        if best is None or ok or best[0][0]:  # no iteration ran (a slow start): the untrained decode
+            consider((not ok, env.makespan(dev_unit), budget.done, -1), dev_unit)
     finally:
         if bar is not None:
             bar.stop()
-    return best, done, n_samples
-
+    return best

@@ -1,0 +1,141 @@
+"""Lower bounds on the simulated makespan, each labelled with where it
+comes from.
+
+:func:`celeritas_cli.sim.simulator.lower_bound` (DESIGN.md, simulator item 6)
+ignores communication, so on graphs with a high communication-to-computation
+ratio ``makespan / LB`` says little.  :func:`memory_cut_bound` adds the
+communication that memory forces: a graph that fits on no single device must
+send at least one tensor between devices, and the cheapest such tensor still
+costs time on a path.  :func:`lower_bounds` reports both, with the
+conditions under which each holds.
+"""
+
+from __future__ import annotations
+
+from ..model.cluster import Cluster
+from ..model.costs import CostModel, cost_model, downward_rank, upward_rank
+from ..model.graph import Graph
+
+
+def edge_path_weights(graph: Graph, costs: CostModel) -> list[float]:
+    """``w[e] = head(u) + fastest(u) + comm_min(e) + tail(v)`` for every edge
+    ``e = (u, v)``: a lower bound on the makespan of any schedule in which
+    *v* runs on another device than *u*.
+
+    ``head(u)`` is the longest path into *u* (excluded) and ``tail(v)`` the
+    longest path out of *v* (included), both with every node at its fastest
+    device and no communication; ``comm_min(e)`` is the cheapest transfer of
+    *e*'s tensor between two different devices
+    (:meth:`CostModel.tensor_comm` minimised over ordered device pairs).
+
+    Why it is a lower bound: *u* cannot finish before ``head(u) +
+    fastest(u)`` (every predecessor chain runs at least that long, whatever
+    the devices and transfers); when *v* is on another device its input
+    leaves *u*'s device no earlier than *u* finishes (DESIGN.md rule 3: a
+    transfer starts when its producer finishes, and congestion only delays
+    it) and takes at least ``comm_min(e)``; *v* starts no earlier than its
+    arrival (rule 2), and the makespan is at least *v*'s start plus the
+    longest chain from *v* at fastest times.
+    """
+    k = costs.cluster.k
+    fastest = costs.fastest_time
+    head = downward_rank(graph, fastest.__getitem__, lambda e: 0.0)
+    tail = upward_rank(graph, fastest.__getitem__, lambda e: 0.0)
+    cmin_t: list[float] = []
+    for t in range(len(graph.tensor_src)):
+        if k < 2:
+            cmin_t.append(0.0)
+            continue
+        cmin_t.append(min(costs.tensor_comm(t, a, b) for a in range(k) for b in range(k) if a != b))
+    return [head[graph.edge_src[e]] + fastest[graph.edge_src[e]] + cmin_t[graph.edge_tensor[e]]
+            + tail[graph.edge_dst[e]] for e in range(graph.m)]
+
+
+def memory_cut_bound(graph: Graph, cluster: Cluster, costs: CostModel | None = None) -> tuple[float, int | None]:
+    """A lower bound on the makespan of every placement that fits in memory,
+    from the communication that memory forces.  Returns ``(bound, edge)``:
+    the bound in seconds (0.0 when it says nothing) and the index of the edge
+    that sets it (None then).
+
+    Kruskal in decreasing order of :func:`edge_path_weights`: nodes of one
+    colocation group start merged (they share a device in every valid
+    placement); edges are added heaviest first, merging components and their
+    memory, until a component holds more bytes than the largest device.
+    The weight ``w`` of that last edge is the bound.
+
+    Validity (proof): let the bound be ``w``, reached when component ``H``
+    became heavier than every device.  ``H`` is connected by edges of
+    weight ``>= w`` and colocation links.  A placement that fits in memory
+    cannot put all of ``H`` on one device, so some link inside ``H`` joins
+    two devices; colocation links never do (a placement splitting a group
+    is invalid), so an edge ``e`` of ``H`` does, and by
+    :func:`edge_path_weights` every schedule of the placement has makespan
+    ``>= w(e) >= w``.  It holds under every congestion rule (congestion only
+    delays transfers), for any per-device order.  It does not hold for a
+    placement that overflows a device (an OOM placement may keep ``H``
+    together); a single node or colocation group heavier than every device
+    admits no fitting placement, and the bound is then 0.
+
+    Example
+    -------
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> g = build("ab", [{"id": "a", "compute_s": 1, "memory_bytes": 6},
+    ...                  {"id": "b", "compute_s": 2, "memory_bytes": 6}],
+    ...           [{"src": "a", "dst": "b", "bytes": 100}])
+    >>> memory_cut_bound(g, uniform(2, memory=10, bandwidth=100.0, latency=0.0))  # 1 + 1 s transfer + 2
+    (4.0, 0)
+    """
+    costs = cost_model(graph, cluster, costs)
+    cap = max(d.memory for d in cluster.devices)
+    if graph.m == 0 or graph.total_memory() <= cap:
+        return 0.0, None
+    parent = list(range(graph.n))
+    mem = list(graph.memory)
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a: int, b: int) -> int:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            if ra > rb:
+                ra, rb = rb, ra
+            parent[rb] = ra
+            mem[ra] += mem[rb]
+        return ra
+
+    for nodes in graph.colocation_groups().values():
+        for v in nodes[1:]:
+            union(nodes[0], v)
+    if any(mem[find(v)] > cap for v in range(graph.n)):
+        return 0.0, None  # no placement fits at all
+    w = edge_path_weights(graph, costs)
+    for e in sorted(range(graph.m), key=lambda e: (-w[e], e)):
+        r = union(graph.edge_src[e], graph.edge_dst[e])
+        if mem[r] > cap:
+            return w[e], e
+    return 0.0, None
+
+
+def lower_bounds(graph: Graph, cluster: Cluster, costs: CostModel | None = None) -> list[dict]:
+    """Every lower bound with its provenance: ``[{"name", "value_s",
+    "holds_for", "source"}]``.  ``path_and_work`` is
+    :func:`~celeritas_cli.sim.simulator.lower_bound` (every placement);
+    ``memory_cut`` is :func:`memory_cut_bound` (placements that fit in
+    memory), present when it is positive."""
+    from .simulator import lower_bound
+
+    costs = cost_model(graph, cluster, costs)
+    out = [{"name": "path_and_work", "value_s": lower_bound(graph, cluster, costs), "holds_for": "every placement",
+            "source": "longest path at fastest devices without communication; total work / devices"}]
+    cut, e = memory_cut_bound(graph, cluster, costs)
+    if e is not None and cut > 0:
+        out.append({"name": "memory_cut", "value_s": cut, "holds_for": "placements that fit in memory",
+                    "source": f"the graph fits on no device, so a tensor must cross devices; the cheapest path "
+                              f"through such a crossing (edge {graph.ids[graph.edge_src[e]]} -> "
+                              f"{graph.ids[graph.edge_dst[e]]})"})
+    return out
