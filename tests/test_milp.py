@@ -212,6 +212,67 @@ def test_auto_resolution_is_power_of_ten():
     assert auto_resolution(0.0123) == pytest.approx(1e-7)
 
 
+def test_memory_constraint_alone_rejects_an_over_full_device():
+    # Eq. 4c + Eq. 5 only: three 40-byte nodes on two 100-byte devices.  Of the
+    # 2^3 = 8 assignments, the 2 that put all three (120 bytes) on one device
+    # are over full: exactly 6 solutions remain, none with three on a device.
+    from ortools.sat.python import cp_model
+
+    from celeritas_cli.algorithms.milp.data import problem_data
+    from celeritas_cli.algorithms.milp.model import assignment, memory_constraints
+    from celeritas_cli.model.costs import cost_model
+
+    g = build("three", [node(i, 1, mem=40) for i in "abc"], [{"src": "a", "dst": "b", "bytes": 1}])
+    c = uniform(2, memory=100, bandwidth=100.0, latency=0.0)
+    pb = problem_data(g, c, 1.0, None, cost_model(g, c))
+    assert pb.unit_mem == [40, 40, 40] and pb.allowed == [[True, True]] * 3
+
+    def solutions(with_memory):
+        model = cp_model.CpModel()
+        x = assignment(model, pb)
+        if with_memory:
+            memory_constraints(model, pb, x)
+        found = []
+
+        class Collect(cp_model.CpSolverSolutionCallback):
+            def on_solution_callback(self):
+                found.append(tuple(next(d for d in range(2) if self.boolean_value(x[u][d])) for u in range(3)))
+
+        s = cp_model.CpSolver()
+        s.parameters.enumerate_all_solutions = True
+        s.parameters.num_workers = 1
+        s.solve(model, Collect())
+        return sorted(found)
+
+    assert len(solutions(False)) == 8
+    fitting = solutions(True)
+    assert len(fitting) == 6 and (0, 0, 0) not in fitting and (1, 1, 1) not in fitting
+
+
+@pytest.mark.parametrize("congestion, expected", [("channel", 3), ("port", 4), ("none", 3)])
+def test_congestion_control_alone_on_a_pinned_fork(congestion, expected):
+    # a(1 s) sends two tensors, to b (1 s) and c (1 s), 1 s each (100 B at 100 B/s),
+    # a pinned on gpu0, b on gpu1, c on gpu2.  channel (Eq. 8): the transfers use
+    # channels 0->1 and 0->2, in parallel: 1 + 1 + 1 = 3 s.  port: both leave by
+    # gpu0's uplink, one after the other: c starts at 3, ends at 4.  none: 3 s.
+    from ortools.sat.python import cp_model
+
+    g = build("fork", [node("a", 1), node("b", 1), node("c", 1)],
+              [{"src": "a", "dst": "b", "bytes": 100, "tensor": "t1"},
+               {"src": "a", "dst": "c", "bytes": 100, "tensor": "t2"}])
+    c = uniform(3, bandwidth=100.0, latency=0.0)
+    model, mv = build_model(g, c, resolution=1.0, congestion=congestion, symmetry=False)
+    for v, d in enumerate((0, 1, 2)):
+        model.add(mv.x[mv.unit_of[v]][d] == 1)
+    s = cp_model.CpSolver()
+    s.parameters.num_workers = 1
+    assert s.solve(model) == cp_model.OPTIMAL
+    assert s.objective_value == expected
+    # one transfer per (tensor, destination) that may be needed; exactly t1 -> gpu1 and t2 -> gpu2 are
+    needed = sorted(key for key, (_, y, _) in mv.transfers.items() if s.boolean_value(y))
+    assert len(mv.transfers) == 6 and needed == [(0, 1), (1, 2)]
+
+
 def test_never_worse_than_hint_and_honest_status():
     # 40 nodes, 4 devices, 2 s: CP-SAT improves on the hint but proves nothing
     g = layered(40, seed=4, bytes_scale=0.05)
@@ -274,13 +335,13 @@ def test_hint_is_complete_and_feasible(congestion):
         device_of.append(groups[key])
     costs = CostModel(g, c)
     sched = run_schedule(g, c, device_of, congestion=congestion, costs=costs)
-    hint = M._Hint("test", device_of, None, sched.makespan, True, sched)
+    hint = M.Hint("test", device_of, None, sched.makespan, True, sched)
     res = M.auto_resolution(sched.makespan)
     dur, comm = M.integer_durations(g, c, res, costs)
-    replay = M._integer_schedule(g, hint, dur, comm, congestion, c.k)
+    replay = M.integer_schedule(g, hint, dur, comm, congestion, c.k)
     model, mv = build_model(g, c, resolution=res, congestion=congestion, horizon=replay[2], costs=costs)
     assert mv.classes == [[0, 1, 2]]
-    M._add_hint(model, g, mv, hint, replay, c.k)
+    M.add_hint(model, g, mv, hint, replay, c.k)
     h = model.proto.solution_hint
     assert len(h.vars) == len(model.proto.variables)  # complete
     for var, val in zip(list(h.vars), list(h.values)):
@@ -293,9 +354,9 @@ def test_hint_is_complete_and_feasible(congestion):
 
 
 def test_too_large_returns_hint_and_says_coarsen(monkeypatch, capsys):
-    from celeritas_cli.algorithms import milp as M
+    from celeritas_cli.algorithms.milp import solver
 
-    monkeypatch.setattr(M, "TOO_LARGE", 3)
+    monkeypatch.setattr(solver, "TOO_LARGE", 3)
     g, c = diamond(), uniform(2, bandwidth=100.0, latency=0.0)
     p = solve(g, c, time_limit=5, workers=1, hint="auto")
     assert p.estimate["status"] == "UNKNOWN" and p.estimate["source"] == "hint"
