@@ -359,3 +359,42 @@ def test_a_slow_start_leaves_the_untrained_decode_and_says_so(monkeypatch, capsy
     assert p.estimate["iterations"] == 0 and p.estimate["samples"] == 1 and p.estimate["repeatable"] is False
     assert p.estimate["caveat"].startswith("no training") and set(p.assignment) == set(g.ids)
     assert "cut training to 0 of" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the training steps alone (section 2)
+def _trainer(env, history=None):
+    from types import SimpleNamespace
+
+    from celeritas_cli.algorithms.hierarchical.training import Trainer, Training
+
+    theta = torch.zeros(2, requires_grad=True)
+    policy = SimpleNamespace(parameters=lambda: [theta])
+    return Trainer(torch, policy, env, Training(groups=2, hidden=2, lr=0.1), SimpleNamespace(n_samples=0),
+                   history), theta
+
+
+def test_trainer_evaluate_rewards_and_keeps_the_best_feasible_sample():
+    # R = -sqrt(r / T), T = total mean compute time = 1 + 3 = 4: a 16 s sample earns -2,
+    # an OOM one (signal 100) -5; the feasible one is the best although the OOM one came first
+    from types import SimpleNamespace
+
+    runtime = {(1,): (100.0, False), (0,): (16.0, True)}
+    env = SimpleNamespace(costs=SimpleNamespace(mean_time=[1.0, 3.0]), runtime=lambda du: runtime[tuple(du)],
+                          makespan=lambda du: 9.0, overflow=lambda du: 0.5)
+    tr, _ = _trainer(env, history=[])
+    rewards, n_oom, over = tr.evaluate(0, [[1], [0]])
+    assert rewards == [-5.0, -2.0] and (n_oom, over) == (1, 0.5)
+    assert tr.best == ((False, 16.0, 0, 1), [0]) and tr.budget.n_samples == 2
+
+
+def test_trainer_update_is_reinforce_with_a_moving_average_baseline():
+    # first batch: the baseline is its mean (-2); sample 0 (R = -1) beat it, so the
+    # policy moves toward its action; then b <- 0.9 b + 0.1 mean = 0.9 (-2) + 0.1 (-1)
+    from types import SimpleNamespace
+
+    tr, theta = _trainer(SimpleNamespace(costs=SimpleNamespace(mean_time=[1.0])))
+    tr.update([-1.0, -3.0], torch.log_softmax(theta, 0))  # sample s chose action s
+    assert tr.baseline == pytest.approx(-2.0)
+    assert torch.softmax(theta, 0)[0].item() > 0.5
+    tr.update([0.0, -2.0], torch.log_softmax(theta, 0))
+    assert tr.baseline == pytest.approx(0.9 * -2.0 + 0.1 * -1.0)

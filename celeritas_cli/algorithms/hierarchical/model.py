@@ -20,7 +20,7 @@ Hierarchical Model for Device Placement", section 2), in PyTorch.
 torch is needed to *use* these classes but not to import this module (the
 classes derive from ``torch.nn.Module`` only when torch is installed), so the
 package and its doctests import without the torch extra.  The training loop
-lives in :mod:`celeritas_cli.algorithms.hierarchical.planner`.
+lives in :mod:`celeritas_cli.algorithms.hierarchical.training`.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ The pipeline per iteration (HRL section 2, Figure 1):
    ``R = -sqrt(runtime)``; both networks are updated by REINFORCE with a
    moving-average baseline (HRL's cost function J(theta_g, theta_d)).
 
+Steps 2-4 are :class:`~.training.Policy` and :class:`~.training.Trainer`.
+
 Budget: ``iterations`` policy updates, counted, so a seed repeats (the
 paper trains 1000, section 3).  By default (``iterations=0``) the count is
 derived from ``time_limit`` by a fixed cost model (:mod:`.budget`): one
@@ -37,6 +39,63 @@ no longer fits in are not sampled, and what still overflows is charged by
 how far (:mod:`.reward`, a deviation; ``oom_mode=fixed`` is the paper's
 rule).
 
+Deviations
+----------
+Readings chosen where the paper is silent (documented per the project
+rules):
+
+* Colocation: the Grouper decides per *colocation unit* (all nodes of a
+  colocation group, or a lone node): a unit's logits are the mean of its
+  nodes' logits and it contributes one log-probability term.  Groups map
+  to one device each, so no placement ever splits a colocation group.
+* OOM (deviation, ``oom_mode="mask"`` by default): HRL's released
+  controller gives a failed (ResourceExhausted) placement a fixed
+  runtime ``failing_signal`` (100 s); Celeritas section 2 ("HRL albeit
+  sets a large penalty for OOM occurrences, it provides no solution").
+  With a fixed penalty a batch of OOM samples has zero advantage and
+  teaches nothing, which is how the planner collapsed under memory
+  pressure (``oom_mode="fixed"`` keeps the paper's rule).  ``graded``
+  charges ``oom_runtime x (1 + bytes over capacity / graph bytes)``,
+  still above every feasible makespan - but measured, that alone does
+  not stop the drift into overflow (the Grouper's softmax sharpens and
+  piles units into few groups).  ``mask`` also samples under memory
+  constraints: units in index order never join a group that would
+  outgrow the largest device, and the Placer never sends a group to a
+  device it no longer fits on (action masking; when nothing fits, the
+  lightest group / the device with the most free memory); log-
+  probabilities are those of the masked distributions, so REINFORCE
+  stays unbiased for the masked policy, and a residual OOM is graded.
+* Reward scale: ``R = -sqrt(r / T)`` with ``T`` the total mean compute
+  time, a constant factor ``1/sqrt(T)`` on HRL's ``-sqrt(r)`` so the
+  learning rate does not depend on the graph's time unit.
+* Baseline: exponential moving average (decay 0.9, the released
+  ``bl_dec``) of the batch-mean reward, initialised with the first
+  batch's mean (the released code starts it at the failing signal);
+  Adam with global gradient-norm clipping at 1.0 (``grad_bound``).
+* Features: besides the paper's type / output sizes / output count /
+  adjacency we give each operation its mean compute time, memory and
+  topological position (our graphs are often coarse, where the op type
+  says little), and each group its share of the nodes.  Group
+  connectivity is weighted by edge bytes (the simulator's cost driver)
+  rather than counted.
+* Exploration, as in the released controller: device logits are
+  squashed to ``tanh(logits)`` (``tanh_constant`` 1.0, so no device ever
+  gets more than ``e / (e + (k-1)/e)`` of a group's probability) and
+  Gaussian noise of 0.5 x their RMS (``logits_std_noise``) perturbs the
+  Grouper's and the Placer's logits during the first 75 % of the
+  iteration budget (``stop_noise_step`` 750 of 1000) - of the budget
+  actually run: when the clock will stop training early, the schedule
+  is laid over the iterations that fit, so the noise still stops.
+* Determinism: one CPU thread (``torch.set_num_threads(1)``, restored
+  afterwards), parameters seeded with ``torch.manual_seed`` inside
+  ``torch.random.fork_rng`` (the caller's RNG state is untouched), all
+  sampling from a private ``torch.Generator``, a counted budget.  Every
+  op used (Linear, LSTM, index_add, multinomial, randn) is deterministic
+  on CPU, so we do not call ``torch.use_deterministic_algorithms``, whose
+  first call imports torch._inductor (~3.5 s, billed as placement time).
+* Not reproduced: the distributed controllers/workers and the
+  learning-rate decay of the released code.
+
 Example
 -------
 ``placer coarsen g.json | placer place --algo hierarchical --time-limit 60
@@ -45,8 +104,8 @@ Example
 
 from __future__ import annotations
 
-import math
 import time
+from dataclasses import dataclass
 
 from ... import log
 from ...errors import InvalidInput, MissingDependency, SolverError
@@ -68,16 +127,11 @@ from .features import (
     units,
 )
 from .reward import OOM_MODES, RewardEnv, oom_runtime
+from .training import Training, train
 
 __all__ = ["hierarchical", "op_features", "default_groups", "oom_runtime", "units", "ADJ_DIM", "MAX_OUTPUTS",
            "SIZE_DIM", "TYPE_DIM"]
 
-BASELINE_DECAY = 0.9
-"""Moving-average baseline decay (``bl_dec``)."""
-GRAD_BOUND = 1.0
-"""Global gradient-norm clip (``grad_bound``)."""
-LOGITS_NOISE = 0.5
-"""Exploration noise on the logits (``logits_std_noise``), relative to their RMS."""
 SHORT_BUDGET = 100
 """Fewer iterations than this are a smoke budget, not the paper's planner
 (the estimate's ``caveat`` says so, and ``compare`` marks the cell)."""
@@ -199,60 +253,9 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
 
     Notes
     -----
-    Readings chosen where the paper is silent (documented per the project
-    rules):
-
-    * Colocation: the Grouper decides per *colocation unit* (all nodes of a
-      colocation group, or a lone node): a unit's logits are the mean of its
-      nodes' logits and it contributes one log-probability term.  Groups map
-      to one device each, so no placement ever splits a colocation group.
-    * OOM (deviation, ``oom_mode="mask"`` by default): HRL's released
-      controller gives a failed (ResourceExhausted) placement a fixed
-      runtime ``failing_signal`` (100 s); Celeritas section 2 ("HRL albeit
-      sets a large penalty for OOM occurrences, it provides no solution").
-      With a fixed penalty a batch of OOM samples has zero advantage and
-      teaches nothing, which is how the planner collapsed under memory
-      pressure (``oom_mode="fixed"`` keeps the paper's rule).  ``graded``
-      charges ``oom_runtime x (1 + bytes over capacity / graph bytes)``,
-      still above every feasible makespan - but measured, that alone does
-      not stop the drift into overflow (the Grouper's softmax sharpens and
-      piles units into few groups).  ``mask`` also samples under memory
-      constraints: units in index order never join a group that would
-      outgrow the largest device, and the Placer never sends a group to a
-      device it no longer fits on (action masking; when nothing fits, the
-      lightest group / the device with the most free memory); log-
-      probabilities are those of the masked distributions, so REINFORCE
-      stays unbiased for the masked policy, and a residual OOM is graded.
-    * Reward scale: ``R = -sqrt(r / T)`` with ``T`` the total mean compute
-      time, a constant factor ``1/sqrt(T)`` on HRL's ``-sqrt(r)`` so the
-      learning rate does not depend on the graph's time unit.
-    * Baseline: exponential moving average (decay 0.9, the released
-      ``bl_dec``) of the batch-mean reward, initialised with the first
-      batch's mean (the released code starts it at the failing signal);
-      Adam with global gradient-norm clipping at 1.0 (``grad_bound``).
-    * Features: besides the paper's type / output sizes / output count /
-      adjacency we give each operation its mean compute time, memory and
-      topological position (our graphs are often coarse, where the op type
-      says little), and each group its share of the nodes.  Group
-      connectivity is weighted by edge bytes (the simulator's cost driver)
-      rather than counted.
-    * Exploration, as in the released controller: device logits are
-      squashed to ``tanh(logits)`` (``tanh_constant`` 1.0, so no device ever
-      gets more than ``e / (e + (k-1)/e)`` of a group's probability) and
-      Gaussian noise of 0.5 x their RMS (``logits_std_noise``) perturbs the
-      Grouper's and the Placer's logits during the first 75 % of the
-      iteration budget (``stop_noise_step`` 750 of 1000) - of the budget
-      actually run: when the clock will stop training early, the schedule
-      is laid over the iterations that fit, so the noise still stops.
-    * Determinism: one CPU thread (``torch.set_num_threads(1)``, restored
-      afterwards), parameters seeded with ``torch.manual_seed`` inside
-      ``torch.random.fork_rng`` (the caller's RNG state is untouched), all
-      sampling from a private ``torch.Generator``, a counted budget.  Every
-      op used (Linear, LSTM, index_add, multinomial, randn) is deterministic
-      on CPU, so we do not call ``torch.use_deterministic_algorithms``, whose
-      first call imports torch._inductor (~3.5 s, billed as placement time).
-    * Not reproduced: the distributed controllers/workers and the
-      learning-rate decay of the released code.
+    The readings chosen where the paper is silent (colocation, OOM, reward
+    scale, baseline, features, exploration, determinism) are listed in the
+    module docstring, *Deviations*.
 
     References
     ----------
@@ -263,12 +266,45 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
     Celeritas section 2 / Figure 1 (HRL and OOM).
     """
     t0 = time.perf_counter()
+    torch = _import_torch()
+    from . import model as hm
+
+    _check_params(iterations, samples_per_iteration, hidden, groups, congestion, oom_mode, time_limit)
+    costs = cost_model(graph, cluster, costs)
+    env = _reward_env(graph, cluster, costs, congestion, oom_mode)
+    M = groups or default_groups(graph)
+    budget = _budget(graph, cluster.k, M, iterations, samples_per_iteration, time_limit, t0)
+    run = _Run(graph, cluster, costs, seed, M, budget, oom_mode, t0, env.unit_of)
+    if graph.n == 0 or cluster.k == 1:
+        dev_unit = [0] * len(env.unit_mem)
+        return run.placement(dev_unit, env.makespan(dev_unit) if graph.n else 0.0, env.fits(dev_unit),
+                             {"iterations": 0, "samples": 1, "best_iteration": 0, "repeatable": True})
+    env.fail_r = oom_runtime(graph, cluster, costs, oom_penalty)
+    best = _seeded_training(torch, hm, env, op_features(graph, costs), Training(M, hidden, lr, progress), seed,
+                            budget, history)
+    if budget.clock_cut:
+        log.warn(f"hierarchical: the wall clock (--time-limit {time_limit:g} s) cut training to {budget.done} of "
+                 f"{budget.iterations} iterations, so this result may differ between runs; raise --time-limit "
+                 f"or set -p iterations=N for a repeatable one")
+    (oom, ms, it, _), dev_unit = best
+    extra = {"iterations": budget.done, "samples": budget.n_samples, "best_iteration": it,
+             "repeatable": not budget.clock_cut}
+    caveat = _caveat(budget.done, samples_per_iteration)
+    if caveat:
+        extra["caveat"] = caveat
+    return run.placement(dev_unit, ms, not oom, extra)
+
+
+def _import_torch():
     try:
         import torch
     except ImportError:
         raise MissingDependency("algorithm 'hierarchical' needs torch: pip install -e .[torch]") from None
-    from . import model as hm
+    return torch
 
+
+def _check_params(iterations: int, samples_per_iteration: int, hidden: int, groups: int, congestion: str,
+                  oom_mode: str, time_limit: float) -> None:
     if iterations < 0 or samples_per_iteration < 1 or hidden < 2:
         raise InvalidInput("'hierarchical': iterations must be >= 0 (0 = auto), samples_per_iteration >= 1 "
                            "and hidden >= 2")
@@ -281,175 +317,67 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
     if time_limit < 0:
         raise InvalidInput(f"'hierarchical' parameter time_limit: must be >= 0 (0 = no limit), got {time_limit}")
 
-    n, k = graph.n, cluster.k
-    costs = cost_model(graph, cluster, costs)
+
+def _reward_env(graph: Graph, cluster: Cluster, costs: CostModel, congestion: str, oom_mode: str) -> RewardEnv:
+    """The reward side over colocation units (the Grouper's decisions)."""
     unit_of, n_units = units(graph)
     unit_mem = [0] * n_units
-    for v in range(n):
+    for v in range(graph.n):
         unit_mem[unit_of[v]] += graph.memory[v]
-    env = RewardEnv(graph, cluster, costs, congestion, unit_of, unit_mem, oom_mode=oom_mode)
-    M = groups or default_groups(graph)
-    one = iteration_cost_s(n, graph.m, M, samples_per_iteration)
+    return RewardEnv(graph, cluster, costs, congestion, unit_of, unit_mem, oom_mode=oom_mode)
+
+
+def _budget(graph: Graph, k: int, M: int, iterations: int, samples: int, time_limit: float,
+            t0: float) -> TrainingBudget:
+    """The counted budget (:mod:`.budget`); :class:`SolverError` when one
+    iteration, which cannot be interrupted, would take over half the limit."""
+    one = iteration_cost_s(graph.n, graph.m, M, samples)
     if time_limit and k > 1 and one > 0.5 * time_limit:  # one iteration cannot be interrupted
-        raise SolverError(f"hierarchical: one training iteration on graph '{graph.name}' ({n} nodes, {M} groups) "
-                          f"takes about {one:.2g} s, too long for --time-limit {time_limit:g} s; coarsen first "
-                          f"(`placer coarsen G | placer place - --algo hierarchical`) or raise --time-limit to "
-                          f"{2 * one + 1:.0f} s or more")
-    budget = TrainingBudget(iterations or auto_iterations(n, graph.m, M, samples_per_iteration, time_limit),
-                            samples_per_iteration, time_limit, t0, first_s=one)
-    params_used = {"groups": M, "iterations": budget.iterations}
+        raise SolverError(f"hierarchical: one training iteration on graph '{graph.name}' ({graph.n} nodes, {M} "
+                          f"groups) takes about {one:.2g} s, too long for --time-limit {time_limit:g} s; coarsen "
+                          f"first (`placer coarsen G | placer place - --algo hierarchical`) or raise --time-limit "
+                          f"to {2 * one + 1:.0f} s or more")
+    return TrainingBudget(iterations or auto_iterations(graph.n, graph.m, M, samples, time_limit),
+                          samples, time_limit, t0, first_s=one)
 
-    def result(dev_unit: list[int], ms: float, ok: bool, extra: dict) -> Placement:
-        device_of = [dev_unit[unit_of[v]] for v in range(n)]
-        est = {"makespan_s": ms, "makespan_by": "simulator", "status": "FEASIBLE" if ok else "OOM",
-               "lower_bound_s": lower_bound(graph, cluster, costs) if n else 0.0, "groups": M,
-               "iteration_budget": budget.iterations, "oom_mode": oom_mode,
-               "training_time_s": time.perf_counter() - t0, **extra}
-        return Placement.from_indices(graph, cluster, device_of, algorithm="hierarchical", seed=seed,
-                                      params=params_used, estimate=est)
 
-    if n == 0 or k == 1:
-        dev_unit = [0] * n_units
-        return result(dev_unit, env.makespan(dev_unit) if n else 0.0, env.fits(dev_unit),
-                      {"iterations": 0, "samples": 1, "best_iteration": 0, "repeatable": True})
-
-    env.fail_r = oom_runtime(graph, cluster, costs, oom_penalty)
+def _seeded_training(torch, hm, env: RewardEnv, feats: dict, training: Training, seed: int,
+                     budget: TrainingBudget, history: list | None):
+    """:func:`~.training.train` on one CPU thread, parameters seeded inside
+    a forked RNG (the caller's state untouched), sampling from a private
+    generator; the thread count is restored afterwards."""
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             gen = torch.Generator().manual_seed(seed)
-            best = _train(torch, hm, env, op_features(graph, costs), M, hidden, lr, gen, budget, progress,
-                          history)
+            return train(torch, hm, env, feats, training, gen, budget, history)
     finally:
         torch.set_num_threads(prev_threads)
-    if budget.clock_cut:
-        log.warn(f"hierarchical: the wall clock (--time-limit {time_limit:g} s) cut training to {budget.done} of "
-                 f"{budget.iterations} iterations, so this result may differ between runs; raise --time-limit "
-                 f"or set -p iterations=N for a repeatable one")
-    (oom, ms, it, _), dev_unit = best
-    extra = {"iterations": budget.done, "samples": budget.n_samples, "best_iteration": it,
-             "repeatable": not budget.clock_cut}
-    caveat = _caveat(budget.done, samples_per_iteration)
-    if caveat:
-        extra["caveat"] = caveat
-    return result(dev_unit, ms, not oom, extra)
 
 
-def _progress_bar(total: int):
-    """A started rich progress bar on stderr and its task."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+@dataclass
+class _Run:
+    """What every placement of one call records."""
 
-    bar = Progress(TextColumn("hierarchical"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.description}"), console=log.stderr_console(), transient=False)
-    bar.start()
-    return bar, bar.add_task("best -", total=total)
+    graph: Graph
+    cluster: Cluster
+    costs: CostModel
+    seed: int
+    M: int
+    budget: TrainingBudget
+    oom_mode: str
+    t0: float
+    unit_of: list[int]
 
-
-def _train(torch, hm, env: RewardEnv, feats: dict, M: int, hidden: int, lr: float, gen, budget: TrainingBudget,
-           progress: bool, history: list | None = None):
-    """The REINFORCE loop; returns ``best = ((oom, makespan, iteration,
-    sample), unit->device list)`` and fills *budget*'s counters."""
-    graph, k = env.graph, env.cluster.k
-    type_idx = torch.tensor(feats["type_idx"], dtype=torch.long)
-    size_t = torch.tensor(feats["size"], dtype=torch.float32)
-    node_x = torch.cat([size_t, torch.tensor(feats["adj"], dtype=torch.float32)], dim=1)
-    unit_t = torch.tensor(env.unit_of, dtype=torch.long)
-    n_units = len(env.unit_mem)
-    bmax = max(graph.edge_bytes, default=0) or 1
-    e_src = torch.tensor(graph.edge_src, dtype=torch.long)
-    e_dst = torch.tensor(graph.edge_dst, dtype=torch.long)
-    e_w = torch.tensor([b / bmax for b in graph.edge_bytes], dtype=torch.float32)
-    T_ref = math.fsum(env.costs.mean_time) or 1.0
-    unit_mem_t = torch.tensor(env.unit_mem, dtype=torch.float64).unsqueeze(0)
-    # the masks change nothing when the whole graph fits on every device: keep the paper's draws then
-    masked = env.oom_mode == "mask" and sum(env.unit_mem) > min(d.memory for d in env.cluster.devices)
-    capacity_t = torch.tensor([float(d.memory) for d in env.cluster.devices], dtype=torch.float64)
-
-    grouper = hm.Grouper(len(feats["types"]), TYPE_DIM, node_x.shape[1], hidden, M)
-    placer = hm.Placer(TYPE_DIM + size_t.shape[1] + 1 + 2 * M, hidden, k)
-    params = list(grouper.parameters()) + list(placer.parameters())
-    opt = torch.optim.Adam(params, lr=lr)
-
-    def policy(samples: int, greedy: bool, noise: float = 0.0):
-        logp_unit = grouper(type_idx, node_x, unit_t, n_units, noise=noise, generator=gen)  # [U, M]
-        if masked:
-            g_unit, lp_group = hm.masked_groups(logp_unit, unit_mem_t[0], float(capacity_t.max()),
-                                              1 if greedy else samples, greedy, gen)
-        elif greedy:
-            g_unit = logp_unit.argmax(dim=1).unsqueeze(0)  # [1, U]
-            lp_group = logp_unit.gather(1, g_unit.t()).sum(dim=0)
-        else:
-            g_unit = torch.multinomial(logp_unit.exp(), samples, replacement=True, generator=gen).t()  # [S, U]
-            lp_group = logp_unit.gather(1, g_unit.t()).sum(dim=0)  # [S]
-        emb = hm.group_embeddings(g_unit[:, unit_t], grouper.type_emb(type_idx), size_t, e_src, e_dst, e_w, M)
-        group_mem = None
-        if masked:  # bytes per group of every sample, for the Placer's memory mask
-            group_mem = torch.zeros(g_unit.shape[0], M, dtype=torch.float64).scatter_add(
-                1, g_unit, unit_mem_t.expand(g_unit.shape[0], -1))
-        dev_group, lp_place = placer(emb, generator=gen, greedy=greedy, noise=noise, group_mem=group_mem,
-                                     capacity=capacity_t)  # [S, M]
-        return torch.gather(dev_group, 1, g_unit), lp_group + lp_place  # [S, U]
-
-    best: tuple | None = None
-    baseline: float | None = None
-    # placer compare runs cells quietly unless -v
-    bar, task = _progress_bar(budget.iterations) if progress and log.chatty() else (None, None)
-
-    def consider(key, dev_unit):
-        nonlocal best
-        if best is None or key < best[0]:
-            best = (key, list(dev_unit))
-
-    try:
-        for it in range(budget.iterations):
-            if not budget.may_start(it):
-                break
-            dev_unit_t, logp = policy(budget.samples, greedy=False,
-                                      noise=LOGITS_NOISE if budget.noisy(it) else 0.0)
-            rewards = []
-            n_oom, over = 0, 0.0
-            for s, dev_unit in enumerate(dev_unit_t.tolist()):
-                budget.n_samples += 1
-                r, ok = env.runtime(dev_unit)
-                if history is not None and not ok:
-                    n_oom += 1
-                    over += env.overflow(dev_unit)
-                if ok:
-                    consider((False, r, it, s), dev_unit)
-                elif best is None or best[0][0]:  # no feasible sample yet: keep the fastest OOM one
-                    consider((True, env.makespan(dev_unit), it, s), dev_unit)
-                rewards.append(-math.sqrt(r / T_ref))
-            mean_r = math.fsum(rewards) / len(rewards)
-            b = mean_r if baseline is None else baseline
-            loss = -(torch.tensor([r - b for r in rewards], dtype=torch.float32) * logp).mean()
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, GRAD_BOUND)
-            opt.step()
-            baseline = BASELINE_DECAY * b + (1 - BASELINE_DECAY) * mean_r
-            budget.done = it + 1
-            if history is not None:
-                history.append({"iteration": it, "samples": len(rewards), "oom": n_oom,
-                                "mean_overflow": over / len(rewards), "noise": budget.noisy(it),
-                                "best_feasible_s": None if best[0][0] else best[0][1]})
-            if bar is not None:
-                (oom, ms, _, _) = best[0]
-                bar.update(task, advance=1, description=f"best {ms:.6g} s{' (OOM)' if oom else ''}")
-        with torch.no_grad():
-            dev_unit = policy(1, greedy=True)[0][0].tolist()
-        budget.n_samples += 1
-        ok = env.fits(dev_unit)
-        if best is None or ok or best[0][0]:  # no iteration ran (a slow start): the untrained decode
-            consider((not ok, env.makespan(dev_unit), budget.done, -1), dev_unit)
-    finally:
-        if bar is not None:
-            bar.stop()
-    return best
+    def placement(self, dev_unit: list[int], ms: float, ok: bool, extra: dict) -> Placement:
+        graph, n = self.graph, self.graph.n
+        device_of = [dev_unit[self.unit_of[v]] for v in range(n)]
+        est = {"makespan_s": ms, "makespan_by": "simulator", "status": "FEASIBLE" if ok else "OOM",
+               "lower_bound_s": lower_bound(graph, self.cluster, self.costs) if n else 0.0, "groups": self.M,
+               "iteration_budget": self.budget.iterations, "oom_mode": self.oom_mode,
+               "training_time_s": time.perf_counter() - self.t0, **extra}
+        return Placement.from_indices(graph, self.cluster, device_of, algorithm="hierarchical", seed=self.seed,
+                                      params={"groups": self.M, "iterations": self.budget.iterations},
+                                      estimate=est)
