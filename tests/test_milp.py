@@ -81,7 +81,7 @@ def diamond():
 # ------------------------------------------------------------------ optimum
 def test_registered():
     e = registry.get("milp")
-    assert e.paper == "Moirai" and "Eq. 5-8" in e.section
+    assert e.paper == "Moirai" and "Eq. 4-8" in e.section
     assert e.quick_params == {"time_limit": 5}
     assert e.params["congestion"].choices == ("channel", "port", "none")
 

@@ -87,7 +87,7 @@ __all__ = ["DET_PER_SECOND", "HINT_CHAIN", "UNITS_MAX", "Hint", "MilpVars", "add
            "integer_schedule", "milp", "model_size", "solve"]
 
 
-@register("milp", paper="Moirai", section="III-D, Eq. 5-8",
+@register("milp", paper="Moirai", section="III-D, Eq. 4-8",
           summary="Exact placement + schedule by CP-SAT (Moirai's MILP), warm-started; for coarse graphs.",
           params={
               "time_limit": Param(float, 60.0, "wall-clock limit in seconds for the whole call", gt=0,
