@@ -489,3 +489,59 @@ def test_caveats_mark_cells_and_are_listed_under_every_table(files):
         notes = [ln for ln in out.splitlines() if ln.startswith(lib.CAVEAT_MARK + " m-sct on chain3, fork:")]
         assert len(notes) == 3 and "not Baechi's LP" in notes[0]  # one per table
     assert "caveat" in lib.format_csv(rows).splitlines()[0]
+
+
+#: planning for the judge's link rule changes the judged makespan (1 B/s links, no latency):
+#: dpos on three children of n0 (3, 3, 1 bytes); m-etf on a join n3 of three sources (3, 4, 3 bytes)
+PLAN_FOR_JUDGE = {
+    "dpos": (
+        [{"id": "n0", "compute_s": 4, "memory_bytes": 0}, {"id": "n1", "compute_s": 1, "memory_bytes": 0},
+         {"id": "n2", "compute_s": 4, "memory_bytes": 0}, {"id": "n3", "compute_s": 1, "memory_bytes": 0}],
+        [{"src": "n0", "dst": "n1", "bytes": 3}, {"src": "n0", "dst": "n2", "bytes": 3},
+         {"src": "n0", "dst": "n3", "bytes": 1}]),
+    "m-etf": (
+        [{"id": "n0", "compute_s": 4, "memory_bytes": 0}, {"id": "n1", "compute_s": 2, "memory_bytes": 0},
+         {"id": "n2", "compute_s": 1, "memory_bytes": 0}, {"id": "n3", "compute_s": 3, "memory_bytes": 0}],
+        [{"src": "n0", "dst": "n3", "bytes": 3}, {"src": "n1", "dst": "n3", "bytes": 4},
+         {"src": "n2", "dst": "n3", "bytes": 3}]),
+}
+
+
+@pytest.mark.parametrize("algo,told,untold", [("dpos", 8.0, 9.0), ("m-etf", 9.0, 10.0)])
+def test_compare_congestion_is_passed_to_the_algorithms(tmp_path, algo, told, untold):
+    """--congestion none judges without link contention and tells the
+    algorithms so.  Hand values: dpos puts n0, n2 (its critical path) on
+    gpu0 [0, 8]; planning for ``channel`` it queues n3's transfer [7, 8]
+    behind n1's [4, 7] and keeps n3 on gpu0 [8, 9] (9); planning for
+    ``none`` it inserts n3 on gpu1 [5, 6] before n1 [7, 8] (8).  m-etf runs
+    n0 on gpu0 [0, 4], n1 [0, 2] and n2 [2, 3] on gpu1; for ``channel`` the
+    inputs of n3 reach gpu0 at 9 (4 B then 3 B on one channel) and gpu1 at
+    7, so n3 runs on gpu1 [7, 10]; for ``none`` they reach gpu0 at 6:
+    [6, 9]."""
+    nodes, edges = PLAN_FOR_JUDGE[algo]
+    write_json(build("plan", nodes, edges).to_dict(), tmp_path / "plan.json")
+    cl = uniform(2, bandwidth=1.0, latency=0.0, name="slow2")
+    (row,) = lib.compare([tmp_path / "plan.json"], [cl], [algo], congestion="none")
+    assert row["params"]["congestion"] == "none"
+    assert row["makespan_s"] == told
+    # an explicit -p congestion wins: planned for channel, judged without contention
+    (row,) = lib.compare([tmp_path / "plan.json"], [cl], [algo], congestion="none",
+                         common_params={"congestion": "channel"})
+    assert row["params"]["congestion"] == "channel"
+    assert row["makespan_s"] == untold
+    # the default judge (channel) tells them channel
+    (row,) = lib.compare([tmp_path / "plan.json"], [cl], [algo])
+    assert row["params"]["congestion"] == "channel"
+
+
+def test_compare_congestion_reaches_every_algorithm_that_takes_it():
+    """Every registered algorithm with a ``congestion`` parameter gets the
+    judge's rule; the others get no such parameter (they would reject it)."""
+    for name in registry.names():
+        params = lib.algorithm_params(name, {}, {}, None, quick=True, congestion="port")
+        if "congestion" in registry.get(name).params:
+            assert params["congestion"] == "port", name
+        else:
+            assert "congestion" not in params, name
+    takes = {n for n in registry.names() if "congestion" in registry.get(n).params}
+    assert {"adjusting", "dpos", "fd-dps", "m-etf", "m-sct", "os-dpos", "milp", "auto"} <= takes

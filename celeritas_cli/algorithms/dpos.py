@@ -67,35 +67,14 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
 
     Steps, with the paper's line numbers:
 
-    * line 3-4: ``w_i`` = maximal time of ``i`` over devices
+    * lines 3-4: ``w_i`` = maximal time of ``i`` over devices
       (:attr:`CostModel.max_time`), ``c_ij`` = maximal transfer time over
       device pairs (:meth:`CostModel.max_comm`); ``rank_u`` by
       :func:`~celeritas_cli.model.costs.upward_rank`; the critical path by
       :func:`critical_path_by_rank`.
-    * line 5: critical-path devices.  From the first unassigned CP
-      operation, every device simulates taking as many consecutive CP
-      operations as fit in its free memory (a colocation group counts with
-      its whole memory the first time one of its nodes is taken; a node
-      whose group already sits on another device ends the run) and the
-      average time of those operations on it; the device of smallest
-      average (ties: more operations, then device index) takes them, and
-      when it is full the next device is chosen the same way ("when a
-      critical-path device's memory is full, we find another").  Memory of
-      the CP operations is reserved at this point.
-    * lines 6-22: operations in decreasing ``rank_u`` (ties by topological
-      index, so parents come first even with zero costs).  A CP operation
-      goes to its CP device; any other to ``argmin_d EFT(o, d)`` over the
-      devices with enough free memory (line 13: EFT = +inf otherwise),
-      ties by device index.  ``EST(o, d) = max(avail, max_pred FT(p) +
-      ĉ(p, o, d))`` with the actual transfer time ``ĉ`` (0 on the same
-      device; with ``congestion="channel"`` or ``"port"`` it includes
-      waiting for busy links, :class:`~celeritas_cli.sim.links.InputArrivals`)
-      and ``avail`` the first idle slot that fits (insertion).
-    * colocation: a group is placed as a whole; once one member has a
-      device, every other member goes there (for a CP member this
-      overrides nothing because CP groups are fixed in line 5).
-    * no device with enough memory: the device with the most free memory,
-      and ``oom`` is set (the placement is then reported ``OOM``).
+    * line 5: the critical-path devices, :func:`critical_path_devices`.
+    * lines 6-22: list scheduling in decreasing ``rank_u`` with min-EFT
+      device choice and insertion, :func:`_list_schedule`.
     * line 23: the order on each device is by start time.
 
     Complexity: O((V + E)·k) plus the slot search of the timeline (linear in
@@ -121,17 +100,33 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
     FastT (Yi et al., CoNEXT 2020), section 5.1 and Algorithm 1.
     """
     costs = cost_model(graph, cluster, costs)
-    n, k = graph.n, cluster.k
-    time = costs.time
     wmax = costs.max_time
     rank = upward_rank(graph, lambda v: wmax[v], costs.max_comm)
-    topo = graph.topo_index()
     cp = critical_path_by_rank(graph, rank)
-
     mem = DeviceMemory(graph, cluster)  # budget = device memory; best effort "most_free"
+    cp_dev = critical_path_devices(graph, cluster.k, costs, cp, mem)
+    device_of, start, finish, tl = _list_schedule(graph, cluster.k, costs, rank, cp_dev, mem,
+                                                  insertion, congestion)
+    dev_order = [tl.order(d) for d in range(cluster.k)]
+    makespan = max(finish) if graph.n else 0.0
+    return DposResult(device_of=device_of, order=dev_order, start=start, finish=finish, makespan=makespan,
+                      critical_path=cp, cp_device=[cp_dev[v] for v in cp], oom=mem.oom())
 
-    # ---- line 5: critical-path devices
-    cp_dev = [-1] * n
+
+def critical_path_devices(graph: Graph, k: int, costs: CostModel, cp: list[int], mem: DeviceMemory) -> list[int]:
+    """FastT Algorithm 1 line 5: the device of each critical-path operation
+    (-1 for the others), memory reserved on *mem*.
+
+    From the first unassigned CP operation, every device simulates taking
+    as many consecutive CP operations as fit in its free memory
+    (:func:`_cp_run`) and the average time of those operations on it; the
+    device of smallest average (ties: more operations, then device index)
+    takes them, and when it is full the next device is chosen the same way
+    ("when a critical-path device's memory is full, we find another").  An
+    operation whose colocation group is already placed goes with it; one
+    that fits nowhere goes to the device with the most free memory (OOM).
+    """
+    cp_dev = [-1] * graph.n
     i = 0
     while i < len(cp):
         first = cp[i]
@@ -142,30 +137,7 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
             continue
         best = None
         for d in range(k):
-            used = 0.0
-            tot = 0.0
-            cnt = 0
-            seen_groups: set[int] = set()
-            j = i
-            while j < len(cp):
-                v = cp[j]
-                g = mem.group_of[v]
-                p = mem.pinned_device(v)
-                if p >= 0:
-                    if p != d:
-                        break
-                    m = 0
-                elif g >= 0:  # a group counts in full the first time the run takes a member
-                    m = 0 if g in seen_groups else mem.group_mem[g]
-                    seen_groups.add(g)
-                else:
-                    m = graph.memory[v]
-                if used + m > mem.free(d):
-                    break
-                used += m
-                tot += time[v][d]
-                cnt += 1
-                j += 1
+            cnt, tot = _cp_run(graph, costs, cp, i, d, mem)
             if cnt:
                 key = (tot / cnt, -cnt, d)
                 if best is None or key < best[0]:
@@ -181,15 +153,66 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
             cp_dev[v] = d
             mem.place(v, d)
         i += cnt
+    return cp_dev
 
-    # ---- lines 6-22: list scheduling in decreasing rank_u
-    order = sorted(range(n), key=lambda v: (-rank[v], topo[v]))
+
+def _cp_run(graph: Graph, costs: CostModel, cp: list[int], i: int, d: int, mem: DeviceMemory) -> tuple[int, float]:
+    """How many consecutive CP operations from ``cp[i]`` fit in device
+    *d*'s free memory, and their total time on *d*.  A colocation group
+    counts with its whole memory the first time the run takes a member; a
+    node whose group already sits on another device ends the run."""
+    used = 0.0
+    tot = 0.0
+    cnt = 0
+    seen_groups: set[int] = set()
+    time = costs.time
+    for j in range(i, len(cp)):
+        v = cp[j]
+        g = mem.group_of[v]
+        p = mem.pinned_device(v)
+        if p >= 0:
+            if p != d:
+                break
+            m = 0
+        elif g >= 0:
+            m = 0 if g in seen_groups else mem.group_mem[g]
+            seen_groups.add(g)
+        else:
+            m = graph.memory[v]
+        if used + m > mem.free(d):
+            break
+        used += m
+        tot += time[v][d]
+        cnt += 1
+    return cnt, tot
+
+
+def _list_schedule(graph: Graph, k: int, costs: CostModel, rank: list[float], cp_dev: list[int],
+                   mem: DeviceMemory, insertion: bool, congestion: str
+                   ) -> tuple[list[int], list[float], list[float], Timeline]:
+    """FastT Algorithm 1 lines 6-22: ``(device_of, start, finish, timeline)``.
+
+    Operations in decreasing ``rank_u`` (ties by topological index, so
+    parents come first even with zero costs).  A CP operation goes to its
+    CP device; any other to ``argmin_d EFT(o, d)`` over the devices with
+    enough free memory (line 13: EFT = +inf otherwise), ties by device
+    index.  ``EST(o, d) = max(avail, max_pred FT(p) + ĉ(p, o, d))`` with the
+    actual transfer time ``ĉ`` (0 on the same device; with
+    ``congestion="channel"`` or ``"port"`` it includes waiting for busy
+    links, :class:`~celeritas_cli.sim.links.InputArrivals`) and ``avail``
+    the first idle slot that fits (insertion).  Colocation: a group is
+    placed as a whole; once one member has a device, every other member
+    goes there (for a CP member this overrides nothing because CP groups
+    are fixed in line 5).  No device with enough memory: the device with
+    the most free memory, and *mem* records the OOM.
+    """
+    n, time, topo = graph.n, costs.time, graph.topo_index()
     tl = Timeline(k)
     device_of = [-1] * n
     start = [0.0] * n
     finish = [0.0] * n
     links = InputArrivals(graph, costs, congestion)
-    for v in order:
+    for v in sorted(range(n), key=lambda v: (-rank[v], topo[v])):
         if cp_dev[v] != -1:
             cands = [cp_dev[v]]
         else:  # the group's device, else the devices with room, else the most free one
@@ -209,10 +232,7 @@ def dpos_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = None
         start[v] = best_s
         finish[v] = best_f
         tl.reserve(best_d, best_s, best_f, v)
-    dev_order = [tl.order(d) for d in range(k)]
-    makespan = max(finish) if n else 0.0
-    return DposResult(device_of=device_of, order=dev_order, start=start, finish=finish, makespan=makespan,
-                      critical_path=cp, cp_device=[cp_dev[v] for v in cp], oom=mem.oom())
+    return device_of, start, finish, tl
 
 
 @register("dpos", paper="FastT (Yi et al., CoNEXT 2020)", section="5.1, Algorithm 1",

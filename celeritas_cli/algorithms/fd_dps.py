@@ -5,7 +5,73 @@ optionally on a graph whose critical operators were split
 
 The paper's extracted text omits its formulas; this module follows the
 definitions it builds on (Kwok and Ahmad's DCP, its reference [20]) and
-writes down every reading it chose (see :func:`est_lst` and :func:`fd_dps`).
+writes down every reading it chose (below and in :func:`est_lst`).
+The steps: :func:`fd_dps_schedule` (Algorithms 1-2, one node at a time:
+Sort_Node, Find_Slot, device preference, EST update) and, with
+``split=True``, :func:`_split_critical` (section 4.1) and the comparison
+of both schedules in :func:`_keep_split_if_faster`.
+
+Reading of sections 4.2-4.3 (the text omits the formulas):
+
+* Costs: an unplaced node costs its mean time over devices, an edge
+  into an unplaced node its mean transfer time; a placed node costs its
+  real time on its device and starts at its real start; an edge between
+  two placed nodes costs the real transfer (0 on one device: "the
+  communication cost of edge from p to v is set to 0").
+* EST (Formula 6) of a schedulable node (all parents placed - 4.3(1)):
+  ``max over parents of FT(p) + c(p, v)``.  Its tail ``b(v)`` (longest
+  path from ``v`` to an exit, own time included) only involves unplaced
+  nodes, so it never changes; ``LST(v) = DCPL - b(v)`` (Formula 7).
+* DCPL (dynamic critical path length) = ``max(latest finish of a placed
+  node, max over schedulable v of EST(v) + b(v))``.  This is a lower
+  bound of the exact value, which would also need the EST of every
+  non-schedulable node (a cone below each placed node: the full update
+  is O(V·(V+E)), too slow on 36,000 nodes).  It does not change *which*
+  node is picked: at any step ``NP(v) = 1 / (LST - EST + eps) = 1 /
+  (DCPL - EST(v) - b(v) + eps)`` is decreasing in ``DCPL - EST - b`` with
+  ``DCPL`` common to all nodes, so ordering by NP is ordering by
+  ``EST(v) + b(v)``, and the critical nodes (``EST = LST``, Formula 8)
+  are exactly the top of that order.  "Critical nodes first, otherwise by
+  priority" (Algorithm 1, Sort_Node) is therefore a heap on
+  ``-(EST + b)``, ties by topological index.  *eps* is Definition 12's
+  non-zero constant (:func:`node_priority`); the NP values themselves
+  are used by the fallback rule (4) below.
+* Find_Slot (Formula 11, Algorithm 2): on each memory-feasible device
+  the node's EST is recomputed with zero communication from parents on
+  that device, and the slot is the first gap between placed nodes that
+  fits (:class:`~celeritas_cli.scheduling.timeline.Timeline` insertion).  With
+  ``congestion="channel"`` (default) or ``"port"`` a remote input's
+  arrival also waits for its links to be free
+  (:class:`~celeritas_cli.sim.links.InputArrivals`, the simulator's
+  rules); ``"none"`` is the congestion-free reading.  A placed
+  node's start is fixed ("the scheduling process cannot affect the
+  execution of scheduled nodes"), so its LST is its start and Formula
+  11's "time < LST(next) - EFT(prev)" is the timeline's gap test.  A
+  device *satisfies* the node when that slot lets it start by its LST.
+* Device preference, 4.3(2): (1) among satisfying devices, a parent's
+  device (parents by decreasing ``FT(p) + c(p, v)``, the critical parent
+  first); (2) else, Formula 12: with the favoured child ``c`` (highest
+  priority child = largest ``c(v, c) + b(c)``), the satisfying device
+  minimising ``start(v, d) + t(v, d) + t(c, d)`` (whether ``c`` itself
+  would fit there is not checked); (3) for an exit node,
+  the satisfying device of earliest start; (4) when no device satisfies,
+  ``fallback="lowest-priority"``: the device whose last placed node has
+  the lowest priority (its NP when it was placed; an empty device
+  counts as lowest, NP 0), ties by EFT; ``fallback="eft"``: minimum EFT.
+* Memory and colocation: devices without room for the node (for a
+  colocation group's first node, for the whole group) are excluded; a
+  group follows its first node.  No device with room: the one with most
+  free memory, and the estimate says ``OOM``.
+* ``split=True`` (section 4.1): the splittable critical nodes of the
+  unscheduled graph (Definition 10), heaviest first, at most
+  *max_splits*, are split along their first allowed dimension into
+  *split_parts* parts (0 = number of devices) by
+  :func:`~celeritas_cli.scheduling.splitting.split_operation` (the
+  split cost model of :mod:`celeritas_cli.scheduling.split_cost`, shared
+  with OS-DPOS and data parallelism); both graphs are scheduled and the
+  one with the smaller simulated makespan (under *congestion*, the rule
+  the schedules were planned for) is kept (the split graph travels in
+  ``Placement.split_graph``, its recipe in ``Placement.derivation``).
 """
 
 from __future__ import annotations
@@ -104,102 +170,135 @@ def fd_dps_schedule(graph: Graph, cluster: Cluster, costs: CostModel | None = No
                     eps: float = DEFAULT_EPS, fallback: str = "lowest-priority",
                     congestion: str = DEFAULT_CONGESTION):
     """Schedule *graph* by FD-DPS; returns ``(device_of, order, finish,
-    makespan, oom, n_critical)`` at index level.  See :func:`fd_dps`."""
-    costs = cost_model(graph, cluster, costs)
-    n, k = graph.n, cluster.k
-    time = costs.time
-    wbar = costs.mean_time
-    cbar = [costs.mean_comm(e) for e in range(graph.m)]
-    # static tail (bottom level) with estimated costs: LST(v) = DCPL - b(v)
-    b = upward_rank(graph, lambda v: wbar[v], lambda e: cbar[e])
-    topo = graph.topo_index()
-    in_edges, out_edges, esrc, edst = graph.in_edges, graph.out_edges, graph.edge_src, graph.edge_dst
-    links = InputArrivals(graph, costs, congestion)
+    makespan, oom, n_critical)`` at index level (the module docstring has
+    the readings).
 
-    mem = DeviceMemory(graph, cluster)  # budget = device memory; best effort "most_free"
+    Each step: Sort_Node (Algorithm 1) takes the schedulable node of
+    largest ``EST + b`` (:meth:`_FdDps.priority`: DCPL, LST, NP), Find_Slot
+    (Algorithm 2, Formula 11) its start on every memory-feasible device
+    (:meth:`_FdDps.find_slot`), the device preference of 4.3(2) picks one
+    (:meth:`_FdDps.choose_device`), and placing it updates the EST of its
+    successors that become schedulable (Formula 6, :meth:`_FdDps.place`).
+    """
+    st = _FdDps(graph, cluster, cost_model(graph, cluster, costs), eps, fallback, congestion)
+    while st.heap:
+        _, _, v = heapq.heappop(st.heap)
+        lst, tol = st.priority(v)
+        start_d, plan_d = st.find_slot(v)
+        d = st.choose_device(v, lst, tol, start_d)
+        st.place(v, d, start_d[d], plan_d[d])
+    order = [st.tl.order(d) for d in range(cluster.k)]
+    makespan = max(st.finish) if graph.n else 0.0
+    return st.device_of, order, st.finish, makespan, st.mem.oom(), st.n_critical
 
-    tl = Timeline(k)
-    device_of = [-1] * n
-    finish = [0.0] * n
-    prio_at = [0.0] * n  # NP when placed, Definition 12
-    t_est = [0.0] * n
-    missing = [len(graph.pred[v]) for v in range(n)]
-    heap: list[tuple[float, int, int]] = []
-    for v in range(n):
-        if missing[v] == 0:
-            heapq.heappush(heap, (-(b[v]), topo[v], v))
-    max_ft = 0.0
-    n_critical = 0
-    while heap:
-        _, _, v = heapq.heappop(heap)
-        # Dynamic critical path length and v's EST / LST (section 4.2)
-        dcpl = max(max_ft, t_est[v] + b[v])
-        lst = dcpl - b[v]
-        slack = lst - t_est[v]
+
+class _FdDps:
+    """The state of the FD-DPS schedule: the static tail ``b(v)`` (bottom
+    level with mean costs, so ``LST(v) = DCPL - b(v)``), the schedulable
+    nodes in a heap on ``-(EST + b)``, the devices' timelines, links and
+    memory, and per placed node its finish and NP (Definition 12)."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, eps: float, fallback: str,
+                 congestion: str):
+        n = graph.n
+        self.graph, self.eps, self.fallback, self.time = graph, eps, fallback, costs.time
+        wbar = costs.mean_time
+        self.cbar = [costs.mean_comm(e) for e in range(graph.m)]
+        self.b = upward_rank(graph, lambda v: wbar[v], lambda e: self.cbar[e])
+        self.topo = graph.topo_index()
+        self.links = InputArrivals(graph, costs, congestion)
+        self.mem = DeviceMemory(graph, cluster)  # budget = device memory; best effort "most_free"
+        self.tl = Timeline(cluster.k)
+        self.device_of = [-1] * n
+        self.finish = [0.0] * n
+        self.prio_at = [0.0] * n  # NP when placed, Definition 12
+        self.t_est = [0.0] * n
+        self.missing = [len(graph.pred[v]) for v in range(n)]
+        self.heap: list[tuple[float, int, int]] = []
+        for v in range(n):
+            if self.missing[v] == 0:
+                heapq.heappush(self.heap, (-(self.b[v]), self.topo[v], v))
+        self.max_ft = 0.0
+        self.n_critical = 0
+
+    def priority(self, v: int) -> tuple[float, float]:
+        """Section 4.2 for the node just picked: the dynamic critical path
+        length, v's LST (Formula 7), whether it is critical (Formula 8,
+        counted) and its NP (Formula 9, kept for the fallback rule);
+        returns ``(LST, tolerance)``."""
+        dcpl = max(self.max_ft, self.t_est[v] + self.b[v])
+        lst = dcpl - self.b[v]
         tol = 1e-9 * max(dcpl, 1e-30)
-        if slack <= tol:
-            n_critical += 1
-        prio_at[v] = node_priority(t_est[v], lst, eps)
-        # memory-feasible devices (colocation groups placed whole; none: the most free one)
-        feas = mem.candidates(v, rule="most_free")
-        # Find_Slot: EST on each device, zero communication from parents there (Formula 11)
-        start_d = {}
-        plan_d = {}
-        for d in feas:
-            r, plan_d[d] = links.ready(v, d, finish, device_of)
-            start_d[d] = tl.earliest_start(d, r, time[v][d], True)
-        fits = [d for d in feas if start_d[d] <= lst + tol]
-        chosen = -1
-        if fits:
-            # (1) a parent's device, critical parent first
-            parents = sorted(in_edges[v], key=lambda e: (-(finish[esrc[e]] + cbar[e]), topo[esrc[e]], e))
-            for e in parents:
-                dp = device_of[esrc[e]]
-                if dp in fits:
-                    chosen = dp
-                    break
-            if chosen == -1 and out_edges[v]:
-                # (2) the favoured child: highest priority = longest estimated tail
-                ec = min(out_edges[v], key=lambda e: (-(cbar[e] + b[edst[e]]), topo[edst[e]], e))
-                c = edst[ec]
-                chosen = min(fits, key=lambda d: (start_d[d] + time[v][d] + time[c][d], d))
-            if chosen == -1:
-                # (3) earliest execution
-                chosen = min(fits, key=lambda d: (start_d[d], start_d[d] + time[v][d], d))
-        else:
-            # (4) no device lets v start by its LST
-            if fallback == "lowest-priority":
-                def last_priority(d: int) -> float:
-                    tasks = tl.tasks[d]
-                    return prio_at[tasks[-1]] if tasks else 0.0
-                chosen = min(feas, key=lambda d: (last_priority(d), start_d[d] + time[v][d], d))
-            else:
-                chosen = min(feas, key=lambda d: (start_d[d] + time[v][d], d))
-        d = chosen
-        s = start_d[d]
-        f = s + time[v][d]
-        tl.reserve(d, s, f, v)
-        links.commit(d, plan_d[d])
-        device_of[v] = d
-        finish[v] = f
-        if f > max_ft:
-            max_ft = f
-        mem.place(v, d)
-        # update the search space: successors whose parents are all placed become
-        # schedulable, with EST from their parents' real finish (Formula 6)
-        for sc in graph.succ[v]:
-            missing[sc] -= 1
-            if missing[sc] == 0:
+        if lst - self.t_est[v] <= tol:
+            self.n_critical += 1
+        self.prio_at[v] = node_priority(self.t_est[v], lst, self.eps)
+        return lst, tol
+
+    def find_slot(self, v: int) -> tuple[dict[int, float], dict[int, list]]:
+        """Find_Slot (Algorithm 2, Formula 11): v's start on each
+        memory-feasible device (colocation groups placed whole; none: the
+        most free one), zero communication from parents there, in the first
+        idle gap that fits; and the transfers that start needs."""
+        start_d: dict[int, float] = {}
+        plan_d: dict[int, list] = {}
+        for d in self.mem.candidates(v, rule="most_free"):
+            r, plan_d[d] = self.links.ready(v, d, self.finish, self.device_of)
+            start_d[d] = self.tl.earliest_start(d, r, self.time[v][d], True)
+        return start_d, plan_d
+
+    def choose_device(self, v: int, lst: float, tol: float, start_d: dict[int, float]) -> int:
+        """Section 4.3(2): among the devices that let *v* start by its LST,
+        (1) a parent's device, critical parent first; (2) Formula 12 with
+        the favoured child; (3) the earliest start; (4) none: the fallback
+        rule."""
+        g, time, topo, finish, cbar = self.graph, self.time, self.topo, self.finish, self.cbar
+        fits = [d for d in start_d if start_d[d] <= lst + tol]
+        if not fits:
+            return self._fallback_device(v, start_d)
+        esrc = g.edge_src
+        for e in sorted(g.in_edges[v], key=lambda e: (-(finish[esrc[e]] + cbar[e]), topo[esrc[e]], e)):
+            if self.device_of[esrc[e]] in fits:  # (1)
+                return self.device_of[esrc[e]]
+        if g.out_edges[v]:  # (2) the favoured child: highest priority = longest estimated tail
+            edst = g.edge_dst
+            c = edst[min(g.out_edges[v], key=lambda e: (-(cbar[e] + self.b[edst[e]]), topo[edst[e]], e))]
+            return min(fits, key=lambda d: (start_d[d] + time[v][d] + time[c][d], d))
+        return min(fits, key=lambda d: (start_d[d], start_d[d] + time[v][d], d))  # (3)
+
+    def _fallback_device(self, v: int, start_d: dict[int, float]) -> int:
+        """4.3(2) rule (4), no device lets *v* start by its LST:
+        ``lowest-priority`` = the device whose last node has the lowest NP
+        (an empty device counts as NP 0), ties by EFT; ``eft`` = min EFT."""
+        time, tasks = self.time, self.tl.tasks
+        if self.fallback == "lowest-priority":
+            def last_priority(d: int) -> float:
+                return self.prio_at[tasks[d][-1]] if tasks[d] else 0.0
+            return min(start_d, key=lambda d: (last_priority(d), start_d[d] + time[v][d], d))
+        return min(start_d, key=lambda d: (start_d[d] + time[v][d], d))
+
+    def place(self, v: int, d: int, s: float, plan: list) -> None:
+        """Fix *v* on *d* at *s* (its slot, transfers and memory), then make
+        the successors whose parents are all placed schedulable, with EST
+        from their parents' real finish (Formula 6)."""
+        f = s + self.time[v][d]
+        self.tl.reserve(d, s, f, v)
+        self.links.commit(d, plan)
+        self.device_of[v] = d
+        self.finish[v] = f
+        if f > self.max_ft:
+            self.max_ft = f
+        self.mem.place(v, d)
+        g, finish, cbar, esrc = self.graph, self.finish, self.cbar, self.graph.edge_src
+        for sc in g.succ[v]:
+            self.missing[sc] -= 1
+            if self.missing[sc] == 0:
                 r = 0.0
-                for e in in_edges[sc]:
+                for e in g.in_edges[sc]:
                     t = finish[esrc[e]] + cbar[e]
                     if t > r:
                         r = t
-                t_est[sc] = r
-                heapq.heappush(heap, (-(r + b[sc]), topo[sc], sc))
-    order = [tl.order(d) for d in range(k)]
-    makespan = max(finish) if n else 0.0
-    return device_of, order, finish, makespan, mem.oom(), n_critical
+                self.t_est[sc] = r
+                heapq.heappush(self.heap, (-(r + self.b[sc]), self.topo[sc], sc))
 
 
 def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int, max_splits: int,
@@ -242,69 +341,10 @@ def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int
 def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, eps: float = DEFAULT_EPS,
            fallback: str = "lowest-priority", congestion: str = DEFAULT_CONGESTION, split: bool = False,
            split_parts: int = 0, max_splits: int = 8, overhead_s: float = DEFAULT_OVERHEAD_S) -> Placement:
-    """FD-DPS placement and execution order.
-
-    Reading of sections 4.2-4.3 (the text omits the formulas):
-
-    * Costs: an unplaced node costs its mean time over devices, an edge
-      into an unplaced node its mean transfer time; a placed node costs its
-      real time on its device and starts at its real start; an edge between
-      two placed nodes costs the real transfer (0 on one device: "the
-      communication cost of edge from p to v is set to 0").
-    * EST (Formula 6) of a schedulable node (all parents placed - 4.3(1)):
-      ``max over parents of FT(p) + c(p, v)``.  Its tail ``b(v)`` (longest
-      path from ``v`` to an exit, own time included) only involves unplaced
-      nodes, so it never changes; ``LST(v) = DCPL - b(v)`` (Formula 7).
-    * DCPL (dynamic critical path length) = ``max(latest finish of a placed
-      node, max over schedulable v of EST(v) + b(v))``.  This is a lower
-      bound of the exact value, which would also need the EST of every
-      non-schedulable node (a cone below each placed node: the full update
-      is O(V·(V+E)), too slow on 36,000 nodes).  It does not change *which*
-      node is picked: at any step ``NP(v) = 1 / (LST - EST + eps) = 1 /
-      (DCPL - EST(v) - b(v) + eps)`` is decreasing in ``DCPL - EST - b`` with
-      ``DCPL`` common to all nodes, so ordering by NP is ordering by
-      ``EST(v) + b(v)``, and the critical nodes (``EST = LST``, Formula 8)
-      are exactly the top of that order.  "Critical nodes first, otherwise by
-      priority" (Algorithm 1, Sort_Node) is therefore a heap on
-      ``-(EST + b)``, ties by topological index.  *eps* is Definition 12's
-      non-zero constant (:func:`node_priority`); the NP values themselves
-      are used by the fallback rule (4) below.
-    * Find_Slot (Formula 11, Algorithm 2): on each memory-feasible device
-      the node's EST is recomputed with zero communication from parents on
-      that device, and the slot is the first gap between placed nodes that
-      fits (:class:`~celeritas_cli.scheduling.timeline.Timeline` insertion).  With
-      ``congestion="channel"`` (default) or ``"port"`` a remote input's
-      arrival also waits for its links to be free
-      (:class:`~celeritas_cli.sim.links.InputArrivals`, the simulator's
-      rules); ``"none"`` is the congestion-free reading.  A placed
-      node's start is fixed ("the scheduling process cannot affect the
-      execution of scheduled nodes"), so its LST is its start and Formula
-      11's "time < LST(next) - EFT(prev)" is the timeline's gap test.  A
-      device *satisfies* the node when that slot lets it start by its LST.
-    * Device preference, 4.3(2): (1) among satisfying devices, a parent's
-      device (parents by decreasing ``FT(p) + c(p, v)``, the critical parent
-      first); (2) else, Formula 12: with the favoured child ``c`` (highest
-      priority child = largest ``c(v, c) + b(c)``), the satisfying device
-      minimising ``start(v, d) + t(v, d) + t(c, d)`` (whether ``c`` itself
-      would fit there is not checked); (3) for an exit node,
-      the satisfying device of earliest start; (4) when no device satisfies,
-      ``fallback="lowest-priority"``: the device whose last placed node has
-      the lowest priority (its NP when it was placed; an empty device
-      counts as lowest, NP 0), ties by EFT; ``fallback="eft"``: minimum EFT.
-    * Memory and colocation: devices without room for the node (for a
-      colocation group's first node, for the whole group) are excluded; a
-      group follows its first node.  No device with room: the one with most
-      free memory, and the estimate says ``OOM``.
-    * ``split=True`` (section 4.1): the splittable critical nodes of the
-      unscheduled graph (Definition 10), heaviest first, at most
-      *max_splits*, are split along their first allowed dimension into
-      *split_parts* parts (0 = number of devices) by
-      :func:`~celeritas_cli.scheduling.splitting.split_operation` (the
-      split cost model of :mod:`celeritas_cli.scheduling.split_cost`, shared
-      with OS-DPOS and data parallelism); both graphs are scheduled and the
-      one with the smaller simulated makespan (under *congestion*, the rule
-      the schedules were planned for) is kept (the split graph travels in
-      ``Placement.split_graph``, its recipe in ``Placement.derivation``).
+    """FD-DPS placement and execution order: :func:`fd_dps_schedule`, with
+    ``split=True`` on the graph with its critical operators split too
+    (:func:`_keep_split_if_faster`).  The module docstring has every reading
+    of sections 4.1-4.3 (the text omits the formulas).
 
     Complexity: O((V + E)·k + V log V) plus the timeline's gap search.
 
@@ -314,7 +354,7 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
     seed : int
         Unused (deterministic).
     eps, fallback, congestion, split, split_parts, max_splits, overhead_s :
-        See above and the registry help.
+        See the module docstring and the registry help.
 
     Returns
     -------
@@ -334,26 +374,39 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
     costs = cost_model(graph, cluster, costs)
     device_of, order, _, ms, oom, ncrit = fd_dps_schedule(graph, cluster, costs, eps=eps, fallback=fallback,
                                                         congestion=congestion)
-    g_used = graph
-    steps: list[dict] = []
     estimate = {"makespan_s": ms, "critical_nodes": ncrit, "status": "OOM" if oom else "FEASIBLE"}
+    g_used, steps = graph, []
     if split and cluster.k > 1:
-        parts = split_parts or cluster.k
-        g_split, steps = _split_critical(graph, cluster, costs, parts, max_splits, overhead_s)
-        if g_split is not graph:
-            c2 = costs.for_graph(g_split)
-            d2, o2, _, ms2, oom2, nc2 = fd_dps_schedule(g_split, cluster, c2, eps=eps, fallback=fallback,
-                                                             congestion=congestion)
-            sim1 = makespan_of(graph, cluster, device_of, order, congestion=congestion, costs=costs)
-            sim2 = makespan_of(g_split, cluster, d2, o2, congestion=congestion, costs=c2)
-            estimate["unsplit_simulated_s"] = sim1
-            estimate["split_simulated_s"] = sim2
-            if sim2 < sim1:
-                g_used, device_of, order = g_split, d2, o2
-                estimate.update({"makespan_s": ms2, "critical_nodes": nc2, "status": "OOM" if oom2 else "FEASIBLE",
-                                 "splits": [{k: r[k] for k in ("node", "dim", "n")}
-                                            for r in g_split.meta.get("splits", [])]})
+        g_used, steps, device_of, order = _keep_split_if_faster(
+            graph, cluster, costs, device_of, order, estimate, eps=eps, fallback=fallback, congestion=congestion,
+            parts=split_parts or cluster.k, max_splits=max_splits, overhead_s=overhead_s)
     p = Placement.from_indices(g_used, cluster, device_of, algorithm="fd-dps", order=order, seed=seed,
                                estimate=estimate)
-    attach(p, graph, g_used, steps if g_used is not graph else [])
+    attach(p, graph, g_used, steps)
     return p
+
+
+def _keep_split_if_faster(graph: Graph, cluster: Cluster, costs: CostModel, device_of: list[int],
+                          order: list[list[int]], estimate: dict, *, eps: float, fallback: str, congestion: str,
+                          parts: int, max_splits: int, overhead_s: float) -> tuple[Graph, list[dict], list, list]:
+    """Section 4.1 with ``split=True``: schedule the graph with its critical
+    splittable operators split (:func:`_split_critical`) too and keep the
+    schedule of smaller simulated makespan (under *congestion*, the rule
+    both were planned for).  Returns ``(graph used, its recipe steps,
+    device_of, order)``; *estimate* gets both simulated makespans and, when
+    the split graph wins, its schedule's numbers and splits."""
+    g_split, steps = _split_critical(graph, cluster, costs, parts, max_splits, overhead_s)
+    if g_split is graph:
+        return graph, [], device_of, order
+    c2 = costs.for_graph(g_split)
+    d2, o2, _, ms2, oom2, nc2 = fd_dps_schedule(g_split, cluster, c2, eps=eps, fallback=fallback,
+                                                 congestion=congestion)
+    sim1 = makespan_of(graph, cluster, device_of, order, congestion=congestion, costs=costs)
+    sim2 = makespan_of(g_split, cluster, d2, o2, congestion=congestion, costs=c2)
+    estimate["unsplit_simulated_s"] = sim1
+    estimate["split_simulated_s"] = sim2
+    if not sim2 < sim1:
+        return graph, [], device_of, order
+    estimate.update({"makespan_s": ms2, "critical_nodes": nc2, "status": "OOM" if oom2 else "FEASIBLE",
+                     "splits": [{k: r[k] for k in ("node", "dim", "n")} for r in g_split.meta.get("splits", [])]})
+    return g_split, steps, d2, o2

@@ -49,6 +49,7 @@ from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
+from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION
 from .m_etf import etf_schedule
 
 
@@ -172,9 +173,11 @@ def greedy_favorites(graph: Graph) -> list[int]:
           summary="m-ETF plus LP-chosen favourite children kept on their parent's device (GLOP).",
           params={"threshold": Param(float, 0.5, "round x_uv <= threshold to 'favourite child'", min=0.0, max=1.0),
                   "lp_max_nodes": Param(int, 5000, "above this many nodes use greedy favourites, not the LP",
-                                        min=0)})
+                                        min=0),
+                  "congestion": Param(str, DEFAULT_CONGESTION, "link rule of m-ETF's data-ready times (as m-etf)",
+                                      choices=CONGESTION_RULES)})
 def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, threshold: float = 0.5,
-          lp_max_nodes: int = 5000) -> Placement:
+          lp_max_nodes: int = 5000, congestion: str = DEFAULT_CONGESTION) -> Placement:
     """Place and order *graph* with Baechi's m-SCT (module docstring).
 
     Parameters
@@ -186,6 +189,9 @@ def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
         LP rounding threshold (Baechi's default 0.5).
     lp_max_nodes : int
         Graphs with more nodes use the greedy favourite rule.
+    congestion : {"channel", "port", "none"}
+        Link rule of the data-ready times (default: the simulator's);
+        ``placer compare --congestion`` passes its judge's rule.
 
     Returns
     -------
@@ -227,10 +233,11 @@ def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
                                   f"not Baechi's LP")
         fav = greedy_favorites(graph)
         how = "greedy"
-    res = etf_schedule(graph, cluster, costs, favorite=fav)
+    res = etf_schedule(graph, cluster, costs, favorite=fav, congestion=congestion)
     estimate.update({"makespan_s": res.makespan, "status": res.status, "favorites": how,
                      "favorite_edges": sum(1 for f in fav if f >= 0)})
     if not math.isfinite(res.makespan):
         estimate["makespan_s"] = None
     return Placement.from_indices(graph, cluster, res.device_of, order=res.order, algorithm="m-sct",
-                                  seed=seed, estimate=estimate)
+                                  seed=seed, params={"threshold": threshold, "congestion": congestion},
+                                  estimate=estimate)

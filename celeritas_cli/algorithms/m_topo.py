@@ -46,7 +46,8 @@ def topo_caps(graph: Graph, cluster: Cluster, mem: DeviceMemory) -> list[int]:
     return [min(d.memory, share) for d in cluster.devices]
 
 
-@register("m-topo", paper="Baechi (Jeon et al., SoCC 2020)", section="m-TOPO (released placer/m_topo.py); Celeritas 4.2.2, Table 3",
+@register("m-topo", paper="Baechi (Jeon et al., SoCC 2020)",
+          section="m-TOPO (released placer/m_topo.py); Celeritas 4.2.2, Table 3",
           summary="Fill devices in Kahn topological order up to total/k + largest node each, never revisiting.")
 def m_topo(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None) -> Placement:
     """Place *graph* with Baechi's m-TOPO (module docstring).

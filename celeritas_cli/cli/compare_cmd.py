@@ -91,7 +91,10 @@ def _algorithms(algos: str | None, exclude: str | None) -> list[str]:
 @click.option("--ray-address", metavar="ADDR", default=None,
               help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray instance).")
 @click.option("--congestion", type=click.Choice(CONGESTION_RULES), default="channel", show_default=True,
-              help="Simulator congestion rule.")
+              help="Link rule of the simulator that judges every cell.  It is also passed as "
+                   "congestion=RULE to every algorithm that takes a congestion parameter (placer place --list), "
+                   "so they plan for the link model they are judged under; an explicit -p [ALGO:]congestion=... "
+                   "wins.  Algorithms without one keep their own model (heft: links without contention).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="table: Celeritas Table 3/4 layout (cpd+X: X placed on the cpd coarse graph); json: one "
                    "row per line (NDJSON, full precision), streamed as cells finish; csv: one line per cell, "

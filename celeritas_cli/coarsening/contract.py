@@ -14,7 +14,7 @@ of a topological order).
 from __future__ import annotations
 
 from collections import deque
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..model.graph import Graph
 
@@ -35,19 +35,47 @@ def contract(graph: Graph, cluster_of: Sequence[int], *, name: str | None = None
     same set of original tensors share a tensor id.  The result's ``origin``
     is the original graph (*graph*, or *graph*'s own origin when it is
     coarse), so placements on it can be judged on the original.
+
+    Steps: the members of each coarse node (:func:`_coarse_members`), the
+    merged colocation groups (:func:`_colocation_roots`), one node per
+    cluster (:func:`_coarse_node`), the edges (:func:`_coarse_edges`).
     """
+    members = _coarse_members(graph, cluster_of)
+    new_index = {c: i for i, c in enumerate(members)}
+    root = _colocation_roots(graph, members.values())
+    nodes = [_coarse_node(graph, mem, root) for mem in members.values()]
+    edges = _coarse_edges(graph, [new_index[c] for c in cluster_of], nodes)
+    meta = dict(graph.meta)
+    meta["coarsened_from"] = graph.original_name
+    if method:
+        meta["coarsening"] = method
+    if extra_meta:
+        meta.update(extra_meta)
+    doc = {"schema": "placer.graph/v1", "name": name or f"{graph.original_name}@{method or 'coarse'}",
+           "meta": meta, "nodes": nodes, "edges": edges}
+    coarse = Graph.from_dict(doc, label=doc["name"])
+    coarse.origin = graph.origin if graph.is_coarse else graph
+    return coarse
+
+
+def _coarse_members(graph: Graph, cluster_of: Sequence[int]) -> dict[int, list[int]]:
+    """Non-empty clusters -> members in topological order, the clusters
+    ordered by their first member's topological position (the coarse node
+    order)."""
     n = graph.n
     k = (max(cluster_of) + 1) if n else 0
-    topo = graph.topo_order()
     members: list[list[int]] = [[] for _ in range(k)]
-    for v in topo:
+    for v in graph.topo_order():
         members[cluster_of[v]].append(v)
-    # coarse nodes ordered by their first member's topological position
-    order = sorted(range(k), key=lambda c: graph.topo_index()[members[c][0]] if members[c] else n)
-    order = [c for c in order if members[c]]
-    new_index = {c: i for i, c in enumerate(order)}
+    topo_index = graph.topo_index()
+    order = sorted(range(k), key=lambda c: topo_index[members[c][0]] if members[c] else n)
+    return {c: members[c] for c in order if members[c]}
 
-    # colocation union-find over group names
+
+def _colocation_roots(graph: Graph, member_lists: Iterable[list[int]]) -> Callable[[str], str]:
+    """Union-find over colocation group names: the groups one coarse node
+    touches are merged; returns ``find`` (a group's representative, the
+    smallest name of its merged set)."""
     parent: dict[str, str] = {}
 
     def find(x: str) -> str:
@@ -56,52 +84,61 @@ def contract(graph: Graph, cluster_of: Sequence[int], *, name: str | None = None
             x = parent[x]
         return x
 
-    for c in order:
-        groups = sorted({graph.colocation[v] for v in members[c] if graph.colocation[v] is not None})
+    for mem in member_lists:
+        groups = sorted({graph.colocation[v] for v in mem if graph.colocation[v] is not None})
         for gname in groups[1:]:
             ra, rb = find(groups[0]), find(gname)
             if ra != rb:
                 parent[max(ra, rb)] = min(ra, rb)
+    return find
 
-    nodes = []
-    for c in order:
-        mem = members[c]
-        first = mem[0]
-        types: set[str] = set()
-        for v in mem:
-            if graph.compute_by_type[v]:
-                types.update(graph.compute_by_type[v])
-        nd: dict = {"id": graph.ids[first],
-                    "op": graph.op[first] if len(mem) == 1 else f"group({len(mem)})",
-                    "compute_s": sum(graph.compute[v] for v in mem)}
-        if types:
-            nd["compute_by_type"] = {
-                t: sum((graph.compute_by_type[v] or {}).get(t, graph.compute[v]) for v in mem)
-                for t in sorted(types)}
-        nd["memory_bytes"] = sum(graph.memory[v] for v in mem)
-        groups = sorted({graph.colocation[v] for v in mem if graph.colocation[v] is not None})
-        if groups:
-            nd["colocation"] = find(groups[0])
-        if len(mem) == 1 and graph.splittable[first]:
-            nd["splittable"] = graph.splittable[first]
-        orig: list[str] = []
-        for v in mem:
-            orig.extend(graph.original_ids(v))
-        nd["members"] = orig
-        nodes.append(nd)
 
-    # edges: per (coarse src, coarse dst) the set of distinct original tensors
+def _coarse_node(graph: Graph, mem: list[int], root: Callable[[str], str]) -> dict:
+    """The node document of one cluster: compute and memory summed (per
+    device type too, a member without a type's time counting its
+    ``compute_s``), the merged colocation group, ``splittable`` kept for a
+    single member, and the original ids as ``members``."""
+    first = mem[0]
+    types: set[str] = set()
+    for v in mem:
+        if graph.compute_by_type[v]:
+            types.update(graph.compute_by_type[v])
+    nd: dict = {"id": graph.ids[first],
+                "op": graph.op[first] if len(mem) == 1 else f"group({len(mem)})",
+                "compute_s": sum(graph.compute[v] for v in mem)}
+    if types:
+        nd["compute_by_type"] = {
+            t: sum((graph.compute_by_type[v] or {}).get(t, graph.compute[v]) for v in mem)
+            for t in sorted(types)}
+    nd["memory_bytes"] = sum(graph.memory[v] for v in mem)
+    groups = sorted({graph.colocation[v] for v in mem if graph.colocation[v] is not None})
+    if groups:
+        nd["colocation"] = root(groups[0])
+    if len(mem) == 1 and graph.splittable[first]:
+        nd["splittable"] = graph.splittable[first]
+    orig: list[str] = []
+    for v in mem:
+        orig.extend(graph.original_ids(v))
+    nd["members"] = orig
+    return nd
+
+
+def _coarse_edges(graph: Graph, coarse_of: Sequence[int], nodes: list[dict]) -> list[dict]:
+    """One edge per (coarse src, coarse dst) pair, carrying the sum of the
+    distinct original tensors crossing it, in pair order.  Tensor identity:
+    a single tensor keeps ``"<src>/<tensor>"``; a set of tensors gets
+    ``"<coarse src>#set<i>"``, shared by the edges of one source with the
+    same set.  An edge made of one original edge keeps its per-pair times."""
     crossing: dict[tuple[int, int], dict[int, int]] = {}
     first_edge: dict[tuple[int, int], list[int]] = {}
     for e in range(graph.m):
-        cu = new_index[cluster_of[graph.edge_src[e]]]
-        cv = new_index[cluster_of[graph.edge_dst[e]]]
+        cu = coarse_of[graph.edge_src[e]]
+        cv = coarse_of[graph.edge_dst[e]]
         if cu == cv:
             continue
-        key = (cu, cv)
         t = graph.edge_tensor[e]
-        crossing.setdefault(key, {})[t] = graph.tensor_bytes[t]
-        first_edge.setdefault(key, []).append(e)
+        crossing.setdefault((cu, cv), {})[t] = graph.tensor_bytes[t]
+        first_edge.setdefault((cu, cv), []).append(e)
     edges = []
     set_names: dict[tuple[int, tuple[int, ...]], str] = {}
     for (cu, cv) in sorted(crossing):
@@ -120,17 +157,7 @@ def contract(graph: Graph, cluster_of: Sequence[int], *, name: str | None = None
         if len(es) == 1 and graph.edge_comm[es[0]]:
             ed["comm_s_by_pair"] = graph.edge_comm[es[0]]
         edges.append(ed)
-    meta = dict(graph.meta)
-    meta["coarsened_from"] = graph.original_name
-    if method:
-        meta["coarsening"] = method
-    if extra_meta:
-        meta.update(extra_meta)
-    doc = {"schema": "placer.graph/v1", "name": name or f"{graph.original_name}@{method or 'coarse'}",
-           "meta": meta, "nodes": nodes, "edges": edges}
-    coarse = Graph.from_dict(doc, label=doc["name"])
-    coarse.origin = graph.origin if graph.is_coarse else graph
-    return coarse
+    return edges
 
 
 def is_acyclic(graph: Graph, cluster_of: Sequence[int]) -> bool:

@@ -134,6 +134,9 @@ def optimal_bp(graph: Graph, seq: Sequence[int], edge_cost: Sequence[float], R: 
     Eq. 5 in one vector step: every ``cost(i, j)`` gains the out-edges of
     ``v_{j-1}`` and loses its in-edges from ``[i, j-1)``, so the DP takes
     O(R·n + E) vector work instead of recomputing Eq. 4 (quadratic).
+    Steps: the edge terms per position (:func:`_sequence_edges`), the DP
+    (:func:`_breakpoint_dp`, Algorithm 1 lines 25-28), the breakpoints
+    (:func:`_backtrack`, lines 29-33).
 
     Reading where the paper is silent: a single node heavier than ``M``
     forms a cluster by itself (otherwise no partition exists); ties between
@@ -173,13 +176,31 @@ def optimal_bp(graph: Graph, seq: Sequence[int], edge_cost: Sequence[float], R: 
     >>> optimal_bp(g, [0, 1, 2, 3], [5.0, 1.0, 5.0], R=2, mem_cap=10)
     ([0, 2], 1.0)
     """
-    import numpy as np  # here, not at module level: registry loads this module for every command
-
     n = len(seq)
     if R < 1:
         raise InvalidInput(f"coarsening 'cpd' parameter R: must be >= 1, got {R}")
     if n == 0:
         return [], 0.0
+    out_sum, ins = _sequence_edges(graph, seq, edge_cost)
+    prefix = [0]
+    for v in seq:
+        prefix.append(prefix[-1] + graph.memory[v])
+    S, P = _breakpoint_dp(out_sum, ins, prefix, R, mem_cap)
+    return _backtrack(P), float(S[n])
+
+
+def _sequence_edges(graph: Graph, seq: Sequence[int], edge_cost: Sequence[float]
+                    ) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """The terms of Eq. 4-5 per position of *seq*: ``out_sum[x]`` = cost of
+    the out-edges of ``v_x`` (to nodes of *seq*), ``ins[x]`` = ``(position,
+    cost)`` of its in-edges from nodes of *seq*.
+
+    Raises
+    ------
+    InvalidInput
+        *seq* is not topological.
+    """
+    n = len(seq)
     pos = [-1] * graph.n
     for i, v in enumerate(seq):
         pos[v] = i
@@ -193,11 +214,25 @@ def optimal_bp(graph: Graph, seq: Sequence[int], edge_cost: Sequence[float], R: 
             raise InvalidInput(f"optimal_bp: sequence is not topological (edge {graph.ids[s]}->{graph.ids[d]})")
         out_sum[ps] += edge_cost[e]
         ins[pd].append((ps, edge_cost[e]))
-    prefix = [0]
-    for v in seq:
-        prefix.append(prefix[-1] + graph.memory[v])
-    # A[i] + off = S(i) + cost(i, j) for the current j.  The "+ out(v_{j-1})"
-    # term of Eq. 5 is the same for every i, so it goes into the scalar off.
+    return out_sum, ins
+
+
+def _breakpoint_dp(out_sum: list[float], ins: list[list[tuple[int, float]]], prefix: list[int], R: int,
+                   mem_cap: float) -> tuple[list[float], list[int]]:
+    """Algorithm 1 lines 25-28: ``S(j)`` by Eq. 6 and ``P(j)``, the start of
+    the last cluster of an optimal partition of ``v_1..v_j``, for every
+    ``j``; *prefix* is the memory prefix sum of the sequence.
+
+    ``A[i] + off = S(i) + cost(i, j)`` for the current ``j``: Eq. 5 updates
+    the window in one vector step (the "+ out(v_{j-1})" term is the same
+    for every ``i``, so it goes into the scalar ``off``); a position below
+    ``j - R`` or below the memory window (``mlo``, which only grows) is
+    dead.  The argmin takes the earliest ``i`` on ties; when no ``i`` fits
+    the memory cap, ``v_{j-1}`` is a cluster by itself.
+    """
+    import numpy as np  # here, not at module level: registry loads this module for every command
+
+    n = len(out_sum)
     A = np.zeros(n + 1)
     S = [0.0] * (n + 1)
     P = [0] * (n + 1)
@@ -205,7 +240,6 @@ def optimal_bp(graph: Graph, seq: Sequence[int], edge_cost: Sequence[float], R: 
     mlo = 0  # smallest i with prefix[j] - prefix[i] <= mem_cap
     for j in range(1, n + 1):
         x = j - 1
-        # entries below j - R or below the memory window (mlo only grows) are dead
         lo = max(j - R, mlo)
         # Eq. 5: cost(i, j) = cost(i, j-1) + out(v_{j-1}) - in(v_{j-1} from [i, j-1))
         o = out_sum[x]
@@ -221,13 +255,19 @@ def optimal_bp(graph: Graph, seq: Sequence[int], edge_cost: Sequence[float], R: 
         best = x if a == x else a + int(A[a:j].argmin())
         S[j] = float(A[best]) + off
         P[j] = best
+    return S, P
+
+
+def _backtrack(P: list[int]) -> list[int]:
+    """Algorithm 1 lines 29-33: the cluster starts, following ``P`` back
+    from ``n`` (``P(P(n))``, ...) to 0, in sequence order."""
     starts = []
-    k = n
+    k = len(P) - 1
     while k > 0:
         k = P[k]
         starts.append(k)
     starts.reverse()
-    return starts, float(S[n])
+    return starts
 
 
 def cpd_clusters(graph: Graph, cluster: Cluster, *, R: int = 0, M: float = 0.0,

@@ -43,17 +43,28 @@ class Task:
 
 
 def algorithm_params(algo: str, common: dict[str, Any], per_algo: dict[str, dict[str, Any]],
-                     time_limit: float | None, quick: bool = False) -> dict[str, Any]:
+                     time_limit: float | None, quick: bool = False, congestion: str | None = None) -> dict[str, Any]:
     """Parameters for *algo*: its ``quick_params`` when *quick*, then the
     *common* ones it declares (others are ignored: they belong to other
     algorithms), then ``per_algo[algo]`` (all must exist), and
     ``time_limit`` when the algorithm declares such a parameter and none
-    was given.
+    was given.  *congestion* (the judge's link rule) goes to every
+    algorithm that declares a ``congestion`` parameter and was not given
+    one, so it plans for the link model it is judged under.
 
     Raises
     ------
     InvalidInput
         An unknown or ill-typed parameter (before any cell runs).
+
+    Example
+    -------
+    >>> algorithm_params("dpos", {}, {}, None, congestion="none")
+    {'congestion': 'none'}
+    >>> algorithm_params("heft", {}, {}, None, congestion="none")   # plans without link contention anyway
+    {}
+    >>> algorithm_params("dpos", {"congestion": "port"}, {}, None, congestion="none")
+    {'congestion': 'port'}
     """
     entry = registry.get(algo)
     out: dict[str, Any] = {}
@@ -63,6 +74,8 @@ def algorithm_params(algo: str, common: dict[str, Any], per_algo: dict[str, dict
     out.update(per_algo.get(algo, {}))
     if time_limit is not None and "time_limit" in entry.params and "time_limit" not in out:
         out["time_limit"] = time_limit
+    if congestion is not None and "congestion" in entry.params and "congestion" not in out:
+        out["congestion"] = congestion
     entry.coerce(out)  # reject unknown / ill-typed parameters before any cell runs
     return out
 
@@ -73,14 +86,16 @@ def make_tasks(graph_files: list[str], clusters: list, algorithms: list[str], *,
                seed: int = 0, time_limit: float | None = None, congestion: str = "channel",
                quick: bool = False, keep_placement: bool = False, verbose: bool = False) -> list[Task]:
     """The cells, in (graph, cluster, algorithm) order.  *clusters* are
-    :class:`~celeritas_cli.model.cluster.Cluster` objects.
+    :class:`~celeritas_cli.model.cluster.Cluster` objects.  Every cell is
+    judged under *congestion*, and algorithms with a ``congestion``
+    parameter plan for it (:func:`algorithm_params`).
 
     Raises
     ------
     InvalidInput
         A bad algorithm or coarsening parameter.
     """
-    params = {a: algorithm_params(a, common_params or {}, per_algo_params or {}, time_limit, quick)
+    params = {a: algorithm_params(a, common_params or {}, per_algo_params or {}, time_limit, quick, congestion)
               for a in algorithms}
     if coarsen is not None:
         registry.get_coarsener(coarsen).coerce(coarsen_params or {})

@@ -96,7 +96,8 @@ FD-DPS, section 4.1 (intra-operator parallelism with a tensor dimension).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
@@ -179,6 +180,16 @@ def split_operation(graph: Graph, node: int | str, dim: str, n: int, *,
                     overhead_s: float = DEFAULT_OVERHEAD_S) -> Graph:
     """Split *node* of *graph* along *dim* into *n* sub-operations.
 
+    FastT Algorithm 2's ``SplitOperation`` (lines 16-30) in its steps: the
+    sub-operations ``s_i`` (lines 17-19) are named first; the parameters'
+    home (:func:`_weights_node`), a split node per sliced input (lines
+    20-23, :func:`_split_inputs`), the sub-operations with their share of
+    time and memory (:func:`_part_nodes`) and a concat or sum node per
+    output (lines 24-27, :func:`_merge_outputs`) are added; ``op`` and its
+    edges are removed and the graph is rebuilt (lines 28-29,
+    :func:`_rebuild`).  The module docstring has the structure and the cost
+    model.
+
     Parameters
     ----------
     graph : Graph
@@ -217,118 +228,183 @@ def split_operation(graph: Graph, node: int | str, dim: str, n: int, *,
     (['a', 'c/split0', 'c/part0', 'c/part1'], 2.0)
     """
     v = _resolve(graph, node, dim, n)
-    n = int(n)
-    vid = graph.ids[v]
-    fresh = fresh_namer(graph)
-    prof = batch_profile(graph)
-    doc = graph.to_dict()
-    nodes = doc["nodes"]
-    batch = dim == "batch"
-    fixed = prof.fixed_memory[v]
-    act = graph.memory[v] - fixed
-    params = prof.param_bytes[v]
-    base = nodes[v]
-    edicts = edge_dicts(graph)
+    sp = _Split.start(graph, v, dim, int(n))
+    _weights_node(sp)
+    _split_inputs(sp)
+    _part_nodes(sp, overhead_s)
+    _merge_outputs(sp)
+    return _rebuild(sp)
 
-    parts = [fresh(f"{vid}/part{i}") for i in range(n)]
-    out_groups: dict[int, list[int]] = {}
-    for e in graph.out_edges[v]:
-        out_groups.setdefault(graph.edge_tensor[e], []).append(e)
-    grads = [t for t in out_groups if batch and prof.gradient[t]]
-    states = [t for t in out_groups if batch and t in prof.state_out[v]]
-    # batch-independent memory: the sums keep their gradients, the weights node the rest (held once)
-    sum_mem: dict[int, int] = {}
+
+@dataclass
+class _Split:
+    """One split in progress: the node, its memory split into ``fixed``
+    (batch-independent) and ``act``, the bytes of parameters a part needs,
+    its output tensors grouped (gradients and parameter reads among them),
+    the sub-operation ids, and the nodes and edges added so far (in the
+    order they go into the new graph)."""
+
+    graph: Graph
+    v: int
+    dim: str
+    n: int
+    fresh: Callable[[str], str]
+    prof: Any
+    edicts: list[dict]
+    parts: list[str]
+    out_groups: dict[int, list[int]]
+    grads: list[int]
+    states: list[int]
+    new_nodes: list[dict] = field(default_factory=list)
+    new_edges: list[dict] = field(default_factory=list)
+    weights: str | None = None
+    sum_mem: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def batch(self) -> bool:
+        return self.dim == "batch"
+
+    @property
+    def vid(self) -> str:
+        return self.graph.ids[self.v]
+
+    @classmethod
+    def start(cls, graph: Graph, v: int, dim: str, n: int) -> "_Split":
+        """Group v's outputs by tensor and name the sub-operations (lines 17-19)."""
+        fresh = fresh_namer(graph)
+        prof = batch_profile(graph)
+        parts = [fresh(f"{graph.ids[v]}/part{i}") for i in range(n)]
+        out_groups: dict[int, list[int]] = {}
+        for e in graph.out_edges[v]:
+            out_groups.setdefault(graph.edge_tensor[e], []).append(e)
+        batch = dim == "batch"
+        grads = [t for t in out_groups if batch and prof.gradient[t]]
+        states = [t for t in out_groups if batch and t in prof.state_out[v]]
+        return cls(graph, v, dim, n, fresh, prof, edge_dicts(graph), parts, out_groups, grads, states)
+
+
+def _weights_node(sp: _Split) -> None:
+    """``op/weights``: the home of op's batch-independent memory, which
+    sends the parameters to every part (whole for a batch split, slice
+    ``i`` for a channel split).  For a batch split the sum nodes keep
+    their gradients out of that memory (``sum_mem``) and the weights node
+    the rest, held once."""
+    g, v, n = sp.graph, sp.v, sp.n
+    fixed = sp.prof.fixed_memory[v]
+    params = sp.prof.param_bytes[v]
     rest = fixed
-    for t in grads:
-        sum_mem[t] = min(graph.tensor_bytes[t], rest)
-        rest -= sum_mem[t]
-    part_mem = _ceil_div(act, n) if batch else _ceil_div(fixed, n) + _ceil_div(act, n)
-    new_nodes: list[dict] = []
-    new_edges: list[dict] = []
-    weights = None
-    if params > 0 or states or (batch and rest > 0):
-        weights = fresh(f"{vid}/weights")
-        wn: dict[str, Any] = {"id": weights, "op": "weights", "compute_s": 0.0,
-                              "memory_bytes": int(rest) if batch else 0, "split_of": vid}
-        if graph.colocation[v] is not None:
-            wn["colocation"] = graph.colocation[v]
-        new_nodes.append(wn)
-        for i, pid in enumerate(parts):
-            if params <= 0:
-                break
-            if batch:
-                new_edges.append({"src": weights, "dst": pid, "bytes": int(params), "tensor": "params"})
-            else:
-                new_edges.append({"src": weights, "dst": pid, "bytes": _ceil_div(params, n), "tensor": f"params{i}"})
+    for t in sp.grads:
+        sp.sum_mem[t] = min(g.tensor_bytes[t], rest)
+        rest -= sp.sum_mem[t]
+    if not (params > 0 or sp.states or (sp.batch and rest > 0)):
+        return
+    sp.weights = sp.fresh(f"{sp.vid}/weights")
+    wn: dict[str, Any] = {"id": sp.weights, "op": "weights", "compute_s": 0.0,
+                          "memory_bytes": int(rest) if sp.batch else 0, "split_of": sp.vid}
+    if g.colocation[v] is not None:
+        wn["colocation"] = g.colocation[v]
+    sp.new_nodes.append(wn)
+    if params <= 0:
+        return
+    for i, pid in enumerate(sp.parts):
+        if sp.batch:
+            sp.new_edges.append({"src": sp.weights, "dst": pid, "bytes": int(params), "tensor": "params"})
+        else:
+            sp.new_edges.append({"src": sp.weights, "dst": pid, "bytes": _ceil_div(params, n),
+                                 "tensor": f"params{i}"})
 
-    # inputs: group v's in-edges by tensor id, in edge order
+
+def _split_inputs(sp: _Split) -> None:
+    """Lines 20-23: per distinct input tensor (in edge order), a batch split
+    of a batch-dependent tensor gets ``op/split{j}``, which receives it
+    whole and sends slice ``i`` to ``s_i``; any other input goes whole to
+    every part."""
+    g = sp.graph
     in_groups: dict[int, list[int]] = {}
-    for e in graph.in_edges[v]:
-        in_groups.setdefault(graph.edge_tensor[e], []).append(e)
+    for e in g.in_edges[sp.v]:
+        in_groups.setdefault(g.edge_tensor[e], []).append(e)
     j = 0
     for t, es in in_groups.items():
-        e0 = es[0]
-        tb = graph.tensor_bytes[t]
-        if batch and not prof.fixed_tensor[t]:
-            sp = fresh(f"{vid}/split{j}")
+        tb = g.tensor_bytes[t]
+        if sp.batch and not sp.prof.fixed_tensor[t]:
+            node = sp.fresh(f"{sp.vid}/split{j}")
             j += 1
-            new_nodes.append({"id": sp, "op": "split", "compute_s": 2.0 * tb / COPY_BANDWIDTH_BPS,
-                              "memory_bytes": 0, "split_of": vid})
-            ed = dict(edicts[e0])
-            ed["dst"] = sp
-            new_edges.append(ed)
-            for i, pid in enumerate(parts):
-                new_edges.append({"src": sp, "dst": pid, "bytes": _ceil_div(tb, n), "tensor": f"part{i}"})
+            sp.new_nodes.append({"id": node, "op": "split", "compute_s": 2.0 * tb / COPY_BANDWIDTH_BPS,
+                                 "memory_bytes": 0, "split_of": sp.vid})
+            sp.new_edges.append({**sp.edicts[es[0]], "dst": node})
+            for i, pid in enumerate(sp.parts):
+                sp.new_edges.append({"src": node, "dst": pid, "bytes": _ceil_div(tb, sp.n), "tensor": f"part{i}"})
         else:
-            for pid in parts:
-                ed = dict(edicts[e0])
-                ed["dst"] = pid
-                new_edges.append(ed)
+            for pid in sp.parts:
+                sp.new_edges.append({**sp.edicts[es[0]], "dst": pid})
 
-    if batch:
-        c_s, c_by = part_times(graph, v, 1.0 / n, overhead_s=overhead_s)
+
+def _part_nodes(sp: _Split, overhead_s: float) -> None:
+    """The sub-operations ``s_i``: time :func:`~.split_cost.part_times` at
+    ``1/n`` of the batch (batch split) or ``time / n + overhead_s``
+    (channel split); memory ``ceil(act / n)``, plus ``ceil(fixed / n)`` for
+    a channel split."""
+    g, v, n = sp.graph, sp.v, sp.n
+    fixed = sp.prof.fixed_memory[v]
+    act = g.memory[v] - fixed
+    if sp.batch:
+        c_s, c_by = part_times(g, v, 1.0 / n, overhead_s=overhead_s)
+        part_mem = _ceil_div(act, n)
     else:
-        c_s = graph.compute[v] / n + overhead_s
-        by = graph.compute_by_type[v]
+        c_s = g.compute[v] / n + overhead_s
+        by = g.compute_by_type[v]
         c_by = {k: val / n + overhead_s for k, val in sorted(by.items())} if by else None
-    for i, pid in enumerate(parts):
-        pn: dict[str, Any] = {"id": pid, "op": base.get("op", "op"), "compute_s": c_s, "memory_bytes": int(part_mem)}
+        part_mem = _ceil_div(fixed, n) + _ceil_div(act, n)
+    for i, pid in enumerate(sp.parts):
+        pn: dict[str, Any] = {"id": pid, "op": g.op[v], "compute_s": c_s, "memory_bytes": int(part_mem)}
         if c_by:
             pn["compute_by_type"] = c_by
-        pn["split_of"] = vid
+        pn["split_of"] = sp.vid
         pn["part"] = i
-        new_nodes.append(pn)
+        sp.new_nodes.append(pn)
 
-    # outputs: parameter reads from the weights node, gradients summed, the rest concatenated
-    for j, (t, es) in enumerate(out_groups.items()):
-        tb = graph.tensor_bytes[t]
-        if t in states:
-            src = weights
-        elif t in grads:
-            src = fresh(f"{vid}/sum{j}")
-            new_nodes.append({"id": src, "op": "sum", "compute_s": (n + 1) * tb / COPY_BANDWIDTH_BPS,
-                              "memory_bytes": int(sum_mem[t]), "split_of": vid})
-            for pid in parts:
-                new_edges.append({"src": pid, "dst": src, "bytes": tb, "tensor": f"partial{j}"})
+
+def _merge_outputs(sp: _Split) -> None:
+    """Lines 24-27, per distinct output tensor: a parameter read comes from
+    ``op/weights``, a gradient from ``op/sum{j}`` (the parts' full-size
+    partials added), anything else from ``op/concat{j}`` (the parts'
+    slices); that node sends the whole tensor, under its old name, to every
+    consumer."""
+    g, n = sp.graph, sp.n
+    for j, (t, es) in enumerate(sp.out_groups.items()):
+        tb = g.tensor_bytes[t]
+        if t in sp.states:
+            src = sp.weights
+        elif t in sp.grads:
+            src = sp.fresh(f"{sp.vid}/sum{j}")
+            sp.new_nodes.append({"id": src, "op": "sum", "compute_s": (n + 1) * tb / COPY_BANDWIDTH_BPS,
+                                 "memory_bytes": int(sp.sum_mem[t]), "split_of": sp.vid})
+            for pid in sp.parts:
+                sp.new_edges.append({"src": pid, "dst": src, "bytes": tb, "tensor": f"partial{j}"})
         else:
-            src = fresh(f"{vid}/concat{j}")
-            new_nodes.append({"id": src, "op": "concat", "compute_s": 2.0 * tb / COPY_BANDWIDTH_BPS,
-                              "memory_bytes": 0, "split_of": vid})
-            for pid in parts:
-                new_edges.append({"src": pid, "dst": src, "bytes": _ceil_div(tb, n), "tensor": f"out{j}"})
+            src = sp.fresh(f"{sp.vid}/concat{j}")
+            sp.new_nodes.append({"id": src, "op": "concat", "compute_s": 2.0 * tb / COPY_BANDWIDTH_BPS,
+                                 "memory_bytes": 0, "split_of": sp.vid})
+            for pid in sp.parts:
+                sp.new_edges.append({"src": pid, "dst": src, "bytes": _ceil_div(tb, n), "tensor": f"out{j}"})
         for e in es:
-            ed = dict(edicts[e])
-            ed["src"] = src
-            new_edges.append(ed)
+            sp.new_edges.append({**sp.edicts[e], "src": src})
 
-    touching = set(graph.in_edges[v]) | set(graph.out_edges[v])
-    out_nodes = nodes[:v] + new_nodes + nodes[v + 1:]
-    out_edges = [ed for e, ed in enumerate(edicts) if e not in touching] + new_edges
-    meta = dict(graph.meta)
-    meta.setdefault("split_from", graph.meta.get("split_from", graph.name))
-    record = {"node": vid, "dim": dim, "n": n, "parts": parts, "members": graph.original_ids(v)}
-    meta["splits"] = list(graph.meta.get("splits", [])) + [record]
-    name = graph.name if "split_from" in graph.meta else f"{graph.name}+split"
+
+def _rebuild(sp: _Split) -> Graph:
+    """Lines 28-29: the new nodes take op's place, op's edges are replaced
+    by the new ones, ``meta.splits`` records the split; the document is
+    loaded (and so validated) as a graph file would be."""
+    g, v = sp.graph, sp.v
+    nodes = g.to_dict()["nodes"]
+    touching = set(g.in_edges[v]) | set(g.out_edges[v])
+    out_nodes = nodes[:v] + sp.new_nodes + nodes[v + 1:]
+    out_edges = [ed for e, ed in enumerate(sp.edicts) if e not in touching] + sp.new_edges
+    meta = dict(g.meta)
+    meta.setdefault("split_from", g.meta.get("split_from", g.name))
+    record = {"node": sp.vid, "dim": sp.dim, "n": sp.n, "parts": sp.parts, "members": g.original_ids(v)}
+    meta["splits"] = list(g.meta.get("splits", [])) + [record]
+    name = g.name if "split_from" in g.meta else f"{g.name}+split"
     new_doc = {"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": out_nodes, "edges": out_edges}
     return Graph.from_dict(new_doc, label=name)
 

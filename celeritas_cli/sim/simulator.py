@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import ColocationError, InvalidInput
 from ..model.cluster import Cluster
@@ -111,6 +111,9 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
     placements; :func:`simulate` wraps it for placement files.  Link
     occupancy is :class:`~celeritas_cli.sim.links.LinkState` (transfers are
     issued in the FIFO order of :func:`~celeritas_cli.sim.links.fifo_key`).
+    The steps: the order rule of a device (rule 4: :func:`_strict_order` or
+    :func:`_rank_order`), then the event loop (rules 1-3:
+    :func:`_event_loop`).
 
     With an *order*, ``device_of[v] = -1`` marks a node that is not placed
     yet: it does not run, and no transfer is made for it (a list scheduler
@@ -126,84 +129,124 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
     """
     check_congestion(congestion)
     costs = cost_model(graph, cluster, costs)
-    n, k = graph.n, cluster.k
-    time = costs.time
-    tensor_comm = costs.tensor_comm
-    tensor_src = graph.tensor_src
-    tensor_bytes = graph.tensor_bytes
     dev = list(device_of)
-    cons = graph.tensor_consumers()
-    out_tensors: list[list[int]] = [[] for _ in range(n)]
-    need = [0] * n
-    for t, p in enumerate(tensor_src):
-        out_tensors[p].append(t)
-        for c in cons[t]:
-            need[c] += 1
-    topo_idx = graph.topo_index()
-
-    strict = order is not None
-    if strict:
-        assert order is not None
-        queue_of = [list(seq) for seq in order]
-        ptr = [0] * k
-        ready_flag = [False] * n
-        n_run = sum(len(q) for q in queue_of)
+    if order is not None:
+        rule = _strict_order(graph.n, order, dev)
     else:
-        rank = _placement_rank(graph, costs, dev)
-        ready_heap: list[list[tuple[float, int, int]]] = [[] for _ in range(k)]
-        n_run = n
+        rule = _rank_order(graph, costs, dev, cluster.k)
+    sched, done = _event_loop(graph, costs, dev, cluster.k, LinkState(cluster.k, congestion).send, rule)
+    if done != rule.n_run:
+        raise InvalidInput(_deadlock_message(graph, cluster, dev, rule.queues, rule.ptr, sched.finish, label))
+    if rule.n_run == graph.n:
+        sched.makespan = max(sched.finish, default=0.0)
+    else:  # a partial placement: unplaced nodes keep NaN
+        sched.makespan = max((f for f in sched.finish if f == f), default=0.0)
+    return sched
 
-    start = [math.nan] * n
-    finish = [math.nan] * n
-    binding = [-1] * n
-    last_in_time = [0.0] * n
-    last_in_src = [-1] * n
-    running = [-1] * k
-    dev_free = [0.0] * k
-    dev_last = [-1] * k
-    device_order: list[list[int]] = [[] for _ in range(k)]
-    send = LinkState(k, congestion).send
-    transfers: list[Transfer] = []
-    events: list[tuple[float, int, int, int]] = []  # (time, kind 0=arrival/1=finish, a, b)
+
+@dataclass(slots=True)
+class _OrderRule:
+    """Rule 4, which ready node a free device runs: ``ready(v)`` is told
+    that all of v's inputs are on its device; ``take(d)`` returns the node
+    device ``d`` starts now, or -1, and is only asked when ``pending[d]`` is
+    truthy (false means nothing for ``d``: the hot loop skips the call).
+    ``n_run`` is how many nodes run; ``queues`` / ``ptr`` (strict orders
+    only) say where a deadlock is."""
+
+    ready: Callable[[int], None]
+    take: Callable[[int], int]
+    pending: list
+    n_run: int
+    queues: list[list[int]] | None = None
+    ptr: list[int] | None = None
+
+
+def _strict_order(n: int, order: Sequence[Sequence[int]], dev: Sequence[int]) -> _OrderRule:
+    """Rule 4 with an order: each device runs its queue strictly in turn."""
+    queues = [list(seq) for seq in order]
+    ptr = [0] * len(queues)
+    ready_flag = [False] * n
+    pending = [True] * len(queues)  # false once the head of the queue was found waiting
+
+    def ready(v: int) -> None:
+        ready_flag[v] = True
+        pending[dev[v]] = True
+
+    def take(d: int) -> int:
+        q = queues[d]
+        i = ptr[d]
+        if i >= len(q) or not ready_flag[q[i]]:
+            pending[d] = False
+            return -1
+        ptr[d] = i + 1
+        return q[i]
+
+    return _OrderRule(ready, take, pending, sum(len(q) for q in queues), queues, ptr)
+
+
+def _rank_order(graph: Graph, costs: CostModel, dev: Sequence[int], k: int) -> _OrderRule:
+    """Rule 4 without an order: the ready node of largest upward rank with
+    this placement's costs (:func:`_placement_rank`), ties by topological
+    index, from one heap per device."""
+    rank = _placement_rank(graph, costs, dev)
+    topo_idx = graph.topo_index()
+    heaps: list[list[tuple[float, int, int]]] = [[] for _ in range(k)]
     push, pop = heapq.heappush, heapq.heappop
-    done = 0
 
-    def make_ready(v: int, t: float, src: int) -> None:
+    def ready(v: int) -> None:
+        push(heaps[dev[v]], (-rank[v], topo_idx[v], v))
+
+    def take(d: int) -> int:
+        return pop(heaps[d])[2]
+
+    return _OrderRule(ready, take, heaps, graph.n)
+
+
+def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Callable, rule: _OrderRule
+                ) -> tuple[Schedule, int]:
+    """Rules 1-3 as a discrete-event loop; returns the schedule (makespan
+    not yet set) and how many nodes ran.  Events are ``(time, kind, a, b)``
+    with kind 0 = tensor ``a`` arrives on device ``b``, 1 = node ``a``
+    finishes on device ``b``; all events of one instant are processed
+    (finishes in node order, each sending its tensors) before any free
+    device takes its next node."""
+    n = graph.n
+    time, tensor_comm = costs.time, costs.tensor_comm
+    tensor_src, tensor_bytes = graph.tensor_src, graph.tensor_bytes
+    cons, out_tensors, need = _dependency_counts(graph)
+    ready, take, pending = rule.ready, rule.take, rule.pending
+    start, finish, binding = [math.nan] * n, [math.nan] * n, [-1] * n
+    last_in_time, last_in_src = [0.0] * n, [-1] * n  # the latest input's arrival and producer
+    running, dev_free, dev_last = [-1] * k, [0.0] * k, [-1] * k
+    device_order: list[list[int]] = [[] for _ in range(k)]
+    transfers: list[Transfer] = []
+    events: list[tuple[float, int, int, int]] = []
+    push, pop = heapq.heappush, heapq.heappop
+
+    def make_ready(v: int, t: float, src: int) -> None:  # one input of v is on v's device at t
         if t >= last_in_time[v]:
             last_in_time[v] = t
             last_in_src[v] = src
         need[v] -= 1
         if need[v] == 0:
-            if strict:
-                ready_flag[v] = True
-            else:
-                push(ready_heap[dev[v]], (-rank[v], topo_idx[v], v))
+            ready(v)
 
     for v in range(n):
         if need[v] == 0:
             need[v] = 1
             make_ready(v, 0.0, -1)
-
-    now = 0.0
+    now, done = 0.0, 0
     while True:
-        # dispatch on every idle device
-        for d in range(k):
-            if running[d] != -1:
+        for d in range(k):  # dispatch on every idle device
+            if running[d] != -1 or not pending[d]:
                 continue
-            if strict:
-                q = queue_of[d]
-                if ptr[d] >= len(q) or not ready_flag[q[ptr[d]]]:
-                    continue
-                v = q[ptr[d]]
-                ptr[d] += 1
-            else:
-                if not ready_heap[d]:
-                    continue
-                v = pop(ready_heap[d])[2]
+            v = take(d)
+            if v < 0:
+                continue
             start[v] = now
             finish[v] = now + time[v][d]
             if dev_last[d] != -1 and dev_free[d] >= last_in_time[v] and dev_free[d] == now:
-                binding[v] = dev_last[d]
+                binding[v] = dev_last[d]  # the device was the last thing it waited for
             else:
                 binding[v] = last_in_src[v]
             running[d] = v
@@ -229,7 +272,7 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
             dev_free[a] = now
             dev_last[a] = p
             done += 1
-            for t in out_tensors[p]:
+            for t in out_tensors[p]:  # local consumers now, one transfer per remote device
                 remote: list[int] = []
                 for c in cons[t]:
                     dc = dev[c]
@@ -244,15 +287,21 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
                         s = send(a, b, now, dur)
                         transfers.append(Transfer(t, a, b, now, s, s + dur, tensor_bytes[t]))
                         push(events, (s + dur, 0, t, b))
-    if done != n_run:
-        raise InvalidInput(_deadlock_message(graph, cluster, dev, queue_of if strict else None,
-                                             ptr if strict else None, finish, label))
-    if n_run == n:
-        makespan = max(finish, default=0.0)
-    else:  # a partial placement: unplaced nodes keep NaN
-        makespan = max((f for f in finish if f == f), default=0.0)
     return Schedule(device_of=dev, start=start, finish=finish, transfers=transfers, binding=binding,
-                    makespan=makespan, device_order=device_order, graph=graph)
+                    makespan=math.nan, device_order=device_order, graph=graph), done
+
+
+def _dependency_counts(graph: Graph) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """``(consumers of each tensor, tensors of each producer, inputs each
+    node waits for)``; an input is one (tensor, consumer) pair."""
+    cons = graph.tensor_consumers()
+    out_tensors: list[list[int]] = [[] for _ in range(graph.n)]
+    need = [0] * graph.n
+    for t, p in enumerate(graph.tensor_src):
+        out_tensors[p].append(t)
+        for c in cons[t]:
+            need[c] += 1
+    return cons, out_tensors, need
 
 
 def _placement_rank(graph: Graph, costs: CostModel, dev: Sequence[int]) -> list[float]:
