@@ -99,8 +99,8 @@ def parse_rules(rules: str | None) -> list[list[str]]:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidInput(f"coarsening 'fusion' parameter {source}: not valid JSON ({exc.msg}); "
-                           f"give a list of op-type lists, e.g. '[[\"conv\",\"bn\"]]', or a path to such a file") from None
+        raise InvalidInput(f"coarsening 'fusion' parameter {source}: not valid JSON ({exc.msg}); give a list of "
+                           f"op-type lists, e.g. '[[\"conv\",\"bn\"]]', or a path to such a file") from None
     if not isinstance(doc, list) or not all(
             isinstance(r, list) and len(r) >= 2 and all(isinstance(x, str) and x for x in r) for r in doc):
         raise InvalidInput(f"coarsening 'fusion' parameter {source}: must be a list of lists of at least two "
