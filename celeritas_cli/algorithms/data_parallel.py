@@ -30,12 +30,12 @@ from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.limits import TIME_MAX
-from ..model.placement import Placement
+from ..model.placement import Placement, finite_or_none
 from ..registry import Param, register
 from ..scheduling.derivation import attach, data_parallel_step
 from ..scheduling.replicate import SCALINGS, data_parallel_graph
 from ..scheduling.split_cost import DEFAULT_OVERHEAD_S
-from ..sim.simulator import run_schedule
+from ..sim.simulator import lower_bound, run_schedule
 
 
 def choose_devices(cluster: Cluster, devices: str | int | None) -> list[int]:
@@ -109,7 +109,10 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         Over the data-parallel graph (``split_graph``, with ``derivation``
         ``[{"transform": "data-parallel", ...}]``), without an order, and
         an ``estimate`` holding the simulated makespan (channel congestion),
-        ``status`` (``OOM`` when a device is over capacity), ``replicas``,
+        ``status`` (``OOM`` when a device is over capacity), the simulator's
+        ``lower_bound_s`` of the data-parallel graph (not of *graph*: a
+        replica runs a fraction of every node, so the original critical path
+        does not bound it) and ``makespan_over_lb``, ``replicas``,
         ``devices``, ``scaling``, ``gradient_bytes``,
         ``allreduce_bytes_per_device`` and ``max_memory_bytes``.
 
@@ -143,7 +146,9 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         loads[d] += g2.memory[v]
     oom = [cluster.ids[d] for d in range(cluster.k) if loads[d] > cluster.devices[d].memory]
     info = g2.meta["data_parallel"]
+    lb = lower_bound(g2, cluster, c2)  # of the data-parallel graph: the original's critical path does not bound it
     estimate = {"makespan_s": sched.makespan, "makespan_by": "simulator", "status": "OOM" if oom else "FEASIBLE",
+                "lower_bound_s": lb, "makespan_over_lb": finite_or_none(sched.makespan / lb) if lb > 0 else None,
                 "replicas": len(devs), "devices": [cluster.ids[d] for d in devs], "scaling": scaling,
                 "gradient_bytes": info["gradient_bytes"],
                 "allreduce_bytes_per_device": info["allreduce_bytes_per_device"], "max_memory_bytes": max(loads)}
