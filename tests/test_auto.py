@@ -250,3 +250,57 @@ def test_place_defaults_to_auto_and_is_byte_identical():
     assert r1.exit_code == 0 and r1.stdout == r2.stdout
     doc = orjson.loads(r1.stdout)
     assert doc["algorithm"] == "auto" and doc["estimate"]["judge"] == "simulator"
+
+
+# --------------------------------------------- derived winners, cross-checked
+def _fork_join_hetero(tmp_path=None):
+    g = build("fj", [node("a", 1), node("b", 10), node("c", 10), node("d", 1)],
+              [edge("a", "b", 1), edge("a", "c", 1), edge("b", "d", 1), edge("c", "d", 1)])
+    c = uniform(2, bandwidth=100.0, latency=0.0, speeds=[1.0, 2.0])
+    return g, c
+
+
+def test_refined_data_parallel_candidate_keeps_its_derivation():
+    # data parallelism on a slow (1x) and a fast (2x) device: replica 0 takes 11 s on gpu0.  Refinement
+    # moves c/rep0 to gpu1, which then runs a, b, c, d of replica 1 and c of replica 0 at half the
+    # batch and twice the speed without idling: (0.5 + 5 + 5 + 0.5 + 5 + 5 launches of 2 us) / 2
+    g, c = _fork_join_hetero()
+    p = registry.place(g, c, "auto", params={"evaluations": 100, "quiet": True})
+    est = p.estimate
+    assert est["winner"] == "data-parallel" and est["refined"] and est["start_makespan_s"] > 10.9
+    assert est["makespan_s"] == pytest.approx(8.0 + 2.5 * DEFAULT_OVERHEAD_S, rel=1e-12)
+    assert est["graph"] == "split" and est["judged_on"] == "derived graph (split_graph)"
+    assert p.derivation == {"steps": [{"transform": "data-parallel", "replicas": 2, "scaling": "strong",
+                                       "overhead_s": DEFAULT_OVERHEAD_S}]}
+    assert p.split_graph is not None and p.graph == "fj"
+    assert p.assignment["c/rep0"] == "gpu1" and p.assignment["b/rep0"] == "gpu0"
+    rep = simulate(g, c, p)  # rebuilt from the recipe, not from the carried document
+    assert rep["makespan_s"] == est["makespan_s"] and rep["lower_bound_s"] == est["lower_bound_s"]
+
+
+@pytest.mark.parametrize("case", ["fork-join-hetero", "tensor_holography"])
+def test_simulate_of_auto_output_reproduces_its_estimate(case, tmp_path):
+    # two code paths: auto's evaluator (and its estimate) against placer simulate of the written file
+    if case == "tensor_holography":
+        gpath, cpath = str(SAMPLES / "zoo" / "tensor_holography.json.gz"), "4xV100-pcie"
+        extra = ["-p", "evaluations=300"]
+    else:
+        g, c = _fork_join_hetero()
+        gpath, cpath = str(tmp_path / "g.json"), str(tmp_path / "c.json")
+        (tmp_path / "g.json").write_bytes(orjson.dumps(g.to_dict()))
+        (tmp_path / "c.json").write_bytes(orjson.dumps(c.to_dict()))
+        extra = ["-p", "evaluations=100"]
+    out = str(tmp_path / "p.json")
+    r = CliRunner().invoke(main, ["place", gpath, "--cluster", cpath, "-p", "quiet=true", *extra, "-o", out],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["simulate", gpath, "--cluster", cpath, "--placement", out],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rep = orjson.loads(r.stdout)
+    est = orjson.loads(open(out, "rb").read())["estimate"]
+    assert est["winner"] == "data-parallel"
+    assert rep["makespan_s"] == est["makespan_s"]
+    assert rep["lower_bound_s"] == est["lower_bound_s"] <= rep["makespan_s"]
+    assert rep["makespan_over_lb"] == est["makespan_over_lb"]
+    assert (rep["status"] == "OK") == (est["status"] == "FEASIBLE")
