@@ -263,21 +263,26 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         j = index_of_producer.get(p, 0)
         index_of_producer[p] = j + 1
         _ring(graph, t, j, k, rep_id, fresh, nodes, edges)
-    gbytes = sum(graph.tensor_bytes[t] for t in grads)
     meta = dict(graph.meta)
+    meta["data_parallel"] = _info(graph, k, scaling, shares, grads)
+    name = f"{graph.name}+dp{k}"
+    return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
+                           label=name)
+
+
+def _info(graph: Graph, k: int, scaling: str, shares: list[float] | None, grads: list[int]) -> dict[str, Any]:
+    """``meta.data_parallel`` of the data-parallel graph (module docstring)."""
+    strong = scaling == "strong"
     frac: Any = (1.0 / k if shares is None else shares) if strong else 1.0
     info: dict[str, Any] = {"from": graph.name, "replicas": k, "scaling": scaling, "batch_fraction": frac,
-                            "gradients": len(grads), "gradient_bytes": gbytes,
+                            "gradients": len(grads), "gradient_bytes": sum(graph.tensor_bytes[t] for t in grads),
                             "allreduce_bytes_per_device": sum(2 * (k - 1) * sum(chunk_sizes(graph.tensor_bytes[t], k))
-                                                              // k for t in grads) if reduce else 0}
+                                                              // k for t in grads) if k > 1 else 0}
     b = graph.meta.get("batch_size")
     if isinstance(b, (int, float)) and not isinstance(b, bool):
         info["global_batch"] = b if strong else b * k
         info["replica_batch"] = (b / k if shares is None else [b * x for x in shares]) if strong else b
-    meta["data_parallel"] = info
-    name = f"{graph.name}+dp{k}"
-    return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
-                           label=name)
+    return info
 
 
 def _ring(graph: Graph, t: int, j: int, k: int, rep_id: list[list[str]], fresh, nodes: list[dict],
