@@ -250,3 +250,71 @@ def test_place_defaults_to_auto_and_is_byte_identical():
     assert r1.exit_code == 0 and r1.stdout == r2.stdout
     doc = orjson.loads(r1.stdout)
     assert doc["algorithm"] == "auto" and doc["estimate"]["judge"] == "simulator"
+
+
+# --------------------------------------------- derived winners, cross-checked
+def _fork_join_hetero(tmp_path=None):
+    g = build("fj", [node("a", 1), node("b", 10), node("c", 10), node("d", 1)],
+              [edge("a", "b", 1), edge("a", "c", 1), edge("b", "d", 1), edge("c", "d", 1)])
+    c = uniform(2, bandwidth=100.0, latency=0.0, speeds=[1.0, 2.0])
+    return g, c
+
+
+def test_refined_data_parallel_candidate_keeps_its_derivation():
+    # tensor_holography on 4xV100-pcie: data parallelism is the best start by far (0.116 s against
+    # 0.53 s), and moves along its critical path shorten it further; the answer stays on the
+    # data-parallel graph, which simulate rebuilds from the recipe (not from the carried document)
+    g, c = load_graph(str(SAMPLES / "zoo" / "tensor_holography.json.gz")), load_cluster("4xV100-pcie")
+    p = registry.place(g, c, "auto", params={"evaluations": 700, "quiet": True})
+    est = p.estimate
+    assert est["winner"] == "data-parallel" and est["refined"]
+    assert est["makespan_s"] < est["start_makespan_s"]
+    assert est["graph"] == "split" and est["judged_on"] == "derived graph (split_graph)"
+    assert p.derivation == {"steps": [{"transform": "data-parallel", "replicas": 4, "scaling": "strong",
+                                       "overhead_s": DEFAULT_OVERHEAD_S}]}
+    assert p.split_graph is not None and p.graph == g.name
+    dp = registry.place(g, c, "data-parallel")
+    assert set(p.assignment) == set(dp.assignment) and p.assignment != dp.assignment  # moved, same nodes
+    rep = simulate(g, c, p)
+    assert rep["makespan_s"] == est["makespan_s"] and rep["lower_bound_s"] == est["lower_bound_s"]
+
+
+@pytest.mark.parametrize("case", ["fork-join-hetero", "tensor_holography"])
+def test_simulate_of_auto_output_reproduces_its_estimate(case, tmp_path):
+    # two code paths: auto's evaluator (and its estimate) against placer simulate of the written file
+    if case == "tensor_holography":
+        gpath, cpath = str(SAMPLES / "zoo" / "tensor_holography.json.gz"), "4xV100-pcie"
+        extra = ["-p", "evaluations=300"]
+    else:
+        g, c = _fork_join_hetero()
+        gpath, cpath = str(tmp_path / "g.json"), str(tmp_path / "c.json")
+        (tmp_path / "g.json").write_bytes(orjson.dumps(g.to_dict()))
+        (tmp_path / "c.json").write_bytes(orjson.dumps(c.to_dict()))
+        extra = ["-p", "evaluations=100"]
+    out = str(tmp_path / "p.json")
+    r = CliRunner().invoke(main, ["place", gpath, "--cluster", cpath, "-p", "quiet=true", *extra, "-o", out],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["simulate", gpath, "--cluster", cpath, "--placement", out],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    rep = orjson.loads(r.stdout)
+    est = orjson.loads(open(out, "rb").read())["estimate"]
+    assert est["winner"].startswith("data-parallel")
+    assert rep["makespan_s"] == est["makespan_s"]
+    assert rep["lower_bound_s"] == est["lower_bound_s"] <= rep["makespan_s"]
+    assert rep["makespan_over_lb"] == est["makespan_over_lb"]
+    assert (rep["status"] == "OK") == (est["status"] == "FEASIBLE")
+
+
+def test_uneven_devices_bring_proportional_data_parallelism():
+    # a (4 s) -> b (4 s) on a 1x and a 3x device: batch shares 1/4 and 3/4 finish both replicas at
+    # (4 + 4) / (1 + 3) = 2 s (plus one launch per op, scaled by each device's speed), the work bound
+    g = build("ab", [node("a", 4.0), node("b", 4.0)], [edge("a", "b", 100)])
+    c = uniform(2, bandwidth=100.0, latency=0.0, speeds=[1.0, 3.0])
+    assert any(s.params == (("shares", "proportional"),) for s, _ in plan(g, c, 1000))
+    assert not any(s.params for s, _ in plan(g, uniform(2), 1000) if s.algo == "data-parallel")
+    p = registry.place(g, c, "auto", params={"evaluations": 60, "quiet": True})
+    assert p.estimate["winner"] == "data-parallel(shares=proportional)"
+    assert p.estimate["makespan_s"] == pytest.approx(2.0 + 2 * DEFAULT_OVERHEAD_S, rel=1e-6)
+    assert simulate(g, c, p)["makespan_s"] == p.estimate["makespan_s"]

@@ -225,3 +225,40 @@ def test_given_re_evaluates_a_data_parallel_placement(tmp_path):
     q = registry.place(g, cl, "given", params={"file": str(path)})
     assert q.derivation == p.derivation and q.assignment == p.assignment
     assert simulate(g, cl, q)["makespan_s"] == pytest.approx(simulate(g, cl, p)["makespan_s"])
+
+
+# ------------------------------------------------------ shares=proportional
+def test_proportional_shares_by_hand_and_through_the_recipe():
+    # a (4 s, 400 B activation) -> b (4 s), no optimizer, on a 1x and a 3x device.  Equal shares: the
+    # slow replica takes 2 + 2 = 4 s.  Proportional: shares 1/4 and 3/4, both replicas take 1 + 1 = 2 s
+    # = (4 + 4) / (1 + 3), the work bound of any derivation: optimal.
+    g = build("ab", [node("a", 4.0, 400), node("b", 4.0)], [edge("a", "b", 100)])
+    cl = uniform(2, bandwidth=100.0, latency=0.0, speeds=[1.0, 3.0])
+    eq = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0})
+    pr = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0, "shares": "proportional"})
+    assert eq.estimate["makespan_s"] == 4.0 and "shares" not in eq.derivation["steps"][0]
+    assert pr.estimate["shares"] == pytest.approx([0.25, 0.75])
+    assert pr.derivation["steps"][0]["shares"] == pr.estimate["shares"]
+    rep = simulate(g, cl, pr)  # rebuilt from the recipe's shares
+    assert rep["makespan_s"] == pytest.approx(2.0, rel=1e-12) == pr.estimate["makespan_s"]
+    bounds = {b["name"]: b["value_s"] for b in rep["lower_bounds"]}
+    assert bounds["work_any_derivation"] == 2.0 and rep["lower_bound_s"] <= rep["makespan_s"]
+    # a's activation is its 100-byte output (the other 300 B do not scale): 300 + share x 100
+    assert [d["memory_bytes"] for d in rep["devices"]] == [300 + 25, 300 + 75]
+    # the recipe's shares are checked: other shares give another graph than the one carried
+    forged = copy.deepcopy(pr)
+    forged.derivation["steps"][0]["shares"] = [0.5, 0.5]
+    with pytest.raises(InvalidInput, match="does not derive"):
+        simulate(g, cl, forged)
+
+
+def test_proportional_shares_on_identical_devices_are_equal_and_weak_is_refused():
+    g = tiny()
+    cl = uniform(4, bandwidth=1000.0, latency=0.0)
+    eq = registry.place(g, cl, "data-parallel")
+    pr = registry.place(g, cl, "data-parallel", params={"shares": "proportional"})
+    assert pr.assignment == eq.assignment and pr.derivation == eq.derivation and "shares" not in pr.estimate
+    with pytest.raises(InvalidInput, match="shares: proportional needs scaling=strong"):
+        registry.place(g, cl, "data-parallel", params={"shares": "proportional", "scaling": "weak"})
+    with pytest.raises(InvalidInput, match="3 positive batch fractions"):
+        data_parallel_graph(g, 3, shares=[0.5, 0.5])

@@ -25,17 +25,21 @@ measured slower: 1.694 s against 1.682 s on the zoo transformer.)
 
 from __future__ import annotations
 
+import math
+
 from ..errors import InvalidInput
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.limits import TIME_MAX
-from ..model.placement import Placement
+from ..model.placement import Placement, finite_or_none
 from ..registry import Param, register
 from ..scheduling.derivation import attach, data_parallel_step
 from ..scheduling.replicate import SCALINGS, data_parallel_graph
-from ..scheduling.split_cost import DEFAULT_OVERHEAD_S
-from ..sim.simulator import run_schedule
+from ..scheduling.split_cost import DEFAULT_OVERHEAD_S, batch_profile
+from ..sim.simulator import lower_bound, run_schedule
+
+SHARES = ("equal", "proportional")
 
 
 def choose_devices(cluster: Cluster, devices: str | int | None) -> list[int]:
@@ -67,6 +71,32 @@ def choose_devices(cluster: Cluster, devices: str | int | None) -> list[int]:
     return out
 
 
+def proportional_shares(graph: Graph, costs: CostModel, devs: list[int]) -> list[float] | None:
+    """Batch shares of replicas on *devs* in proportion to each device's
+    throughput on *graph*: ``share_r ∝ 1 / T(devs[r])``, where ``T(d)`` is
+    the time of the graph's batch-dependent nodes on device ``d`` (the
+    linear part of a replica's time, :mod:`~celeritas_cli.scheduling.split_cost`),
+    so every replica's batch-dependent work takes the same time.  None
+    (equal shares) when every device has the same ``T``.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> from celeritas_cli.model.costs import cost_model
+    >>> g = build("ab", [{"id": "a", "compute_s": 4, "memory_bytes": 0},
+    ...                  {"id": "b", "compute_s": 4, "memory_bytes": 0}], [])
+    >>> c = uniform(2, speeds=[1.0, 3.0])
+    >>> proportional_shares(g, cost_model(g, c), [0, 1]), proportional_shares(g, cost_model(g, c), [1, 1])
+    ([0.25, 0.75], None)
+    """
+    fixed = batch_profile(graph).fixed_node
+    totals = [math.fsum(costs.time[v][d] for v in range(graph.n) if not fixed[v]) for d in devs]
+    if len(set(totals)) <= 1 or not all(t > 0 for t in totals):
+        return None
+    inv = [1.0 / t for t in totals]
+    total = math.fsum(inv)
+    return [x / total for x in inv]
+
+
 def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
     """``device_of`` of a data-parallel graph: replica ``r`` on ``devs[r]``."""
     return [devs[int((graph.node_extra[v] or {})["replica"])] for v in range(graph.n)]
@@ -79,10 +109,13 @@ def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
                   "scaling": Param(str, "strong", "strong: the graph's batch is the global batch (each replica "
                                    "runs 1/k); weak: each replica runs the graph's batch", choices=SCALINGS),
                   "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of a replica op whose time is "
-                                      "scaled linearly (s)", min=0, max=TIME_MAX)},
+                                      "scaled linearly (s)", min=0, max=TIME_MAX),
+                  "shares": Param(str, "equal", "strong scaling: equal batch shares (FastT's DP), or proportional "
+                                  "to each device's speed on the graph (not in the paper)", choices=SHARES)},
           quick_params={})
 def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
-                  devices: str = "", scaling: str = "strong", overhead_s: float = DEFAULT_OVERHEAD_S) -> Placement:
+                  devices: str = "", scaling: str = "strong", overhead_s: float = DEFAULT_OVERHEAD_S,
+                  shares: str = "equal") -> Placement:
     """Data-parallel placement of *graph* (FastT's DP baseline).
 
     Parameters
@@ -102,6 +135,14 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         compare samples per second, not step times, with other placements).
     overhead_s : float
         Split cost model's linear-case overhead (:func:`~.split_cost.part_times`).
+    shares : str
+        ``equal`` (default, FastT's DP baseline: every replica on ``1/k``)
+        or ``proportional`` (an addition, not in the paper: on a
+        heterogeneous cluster, replica ``r`` runs the batch fraction
+        :func:`proportional_shares` gives its device, so a faster device
+        gets more samples - as uneven-batch DDP setups do; identical to
+        ``equal`` on identical devices).  Strong scaling only.  The shares
+        are recorded in the recipe, so ``simulate`` rebuilds the same graph.
 
     Returns
     -------
@@ -109,7 +150,10 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         Over the data-parallel graph (``split_graph``, with ``derivation``
         ``[{"transform": "data-parallel", ...}]``), without an order, and
         an ``estimate`` holding the simulated makespan (channel congestion),
-        ``status`` (``OOM`` when a device is over capacity), ``replicas``,
+        ``status`` (``OOM`` when a device is over capacity), the simulator's
+        ``lower_bound_s`` of the data-parallel graph (not of *graph*: a
+        replica runs a fraction of every node, so the original critical path
+        does not bound it) and ``makespan_over_lb``, ``replicas``,
         ``devices``, ``scaling``, ``gradient_bytes``,
         ``allreduce_bytes_per_device`` and ``max_memory_bytes``.
 
@@ -134,7 +178,10 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     """
     devs = choose_devices(cluster, devices)
     costs = cost_model(graph, cluster, costs)
-    g2 = data_parallel_graph(graph, len(devs), scaling=scaling, overhead_s=overhead_s)
+    if shares == "proportional" and scaling != "strong":
+        raise InvalidInput("data-parallel parameter shares: proportional needs scaling=strong")
+    split = proportional_shares(graph, costs, devs) if shares == "proportional" else None
+    g2 = data_parallel_graph(graph, len(devs), scaling=scaling, overhead_s=overhead_s, shares=split)
     c2 = costs.for_graph(g2)
     device_of = replica_devices(g2, devs)
     sched = run_schedule(g2, cluster, device_of, None, costs=c2)
@@ -143,14 +190,18 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         loads[d] += g2.memory[v]
     oom = [cluster.ids[d] for d in range(cluster.k) if loads[d] > cluster.devices[d].memory]
     info = g2.meta["data_parallel"]
+    lb = lower_bound(g2, cluster, c2)  # of the data-parallel graph: the original's critical path does not bound it
     estimate = {"makespan_s": sched.makespan, "makespan_by": "simulator", "status": "OOM" if oom else "FEASIBLE",
+                "lower_bound_s": lb, "makespan_over_lb": finite_or_none(sched.makespan / lb) if lb > 0 else None,
                 "replicas": len(devs), "devices": [cluster.ids[d] for d in devs], "scaling": scaling,
                 "gradient_bytes": info["gradient_bytes"],
                 "allreduce_bytes_per_device": info["allreduce_bytes_per_device"], "max_memory_bytes": max(loads)}
+    if split is not None:
+        estimate["shares"] = split
     if "global_batch" in info:
         estimate["global_batch"] = info["global_batch"]
     if oom:
         estimate["oom_devices"] = oom
     p = Placement.from_indices(g2, cluster, device_of, algorithm="data-parallel", seed=seed, estimate=estimate)
-    attach(p, graph, g2, [data_parallel_step(len(devs), scaling, overhead_s)])
+    attach(p, graph, g2, [data_parallel_step(len(devs), scaling, overhead_s, split)])
     return p

@@ -90,7 +90,7 @@ class Outcome:
     candidates: list[dict] = field(default_factory=list)
     evaluations: int = 0
     clock_cut: bool = False
-    lower_bound: float = 0.0
+    lower_bound: float = 0.0  # simulator's lower_bound of ``graph`` (the graph the answer runs)
 
 
 class _Problem:
@@ -233,7 +233,6 @@ class Search:
         return best_c, best_s
 
     def run(self) -> Outcome:
-        lb = lower_bound(self.graph, self.cluster, self.costs)
         self.portfolio()
         if not self.candidates:  # no budget at all: the cheapest placer, judged once
             self.budget.limit = self.budget.spent + 1
@@ -247,11 +246,12 @@ class Search:
         rows = [{"name": c.spec.name, "makespan_s": c.score.makespan,
                  "status": "FEASIBLE" if c.score.feasible else "OOM"} for c in self.candidates]
         out = Outcome(graph=start.graph, device_of=start.device_of, order=start.order, score=start.score,
-                      winner=start, start_score=start.score, refined_from=None, candidates=rows,
-                      lower_bound=lb)
+                      winner=start, start_score=start.score, refined_from=None, candidates=rows)
         if ref_s is not None and ref_s.score.better(start.score):
             out.graph, out.device_of, out.order, out.score = ref_c.graph, ref_s.dev, ref_s.order, ref_s.score
             out.winner, out.refined_from = ref_c, ref_c.spec.name
+        # the bound of the graph the answer runs (a derived graph's parts beat the original's critical path)
+        out.lower_bound = lower_bound(out.graph, self.cluster, self._problem(out.winner).ev.costs)
         out.evaluations = self.budget.used
         # a member whose own search the wall clock ended (e.g. milp) makes the answer unrepeatable too
         unrepeatable = any(c.placement.estimate.get("repeatable") is False for c in self.candidates)

@@ -19,7 +19,8 @@ The recipe — ``derivation``
 placed a coarse graph).  Steps, applied in order:
 
 * ``{"transform": "data-parallel", "replicas": k, "scaling": "strong" |
-  "weak", "overhead_s": s}``:
+  "weak", "overhead_s": s}`` (and ``"shares": [f0, ...]``, the replicas'
+  batch fractions, when they are not equal):
   :func:`~celeritas_cli.scheduling.replicate.data_parallel_graph`;
 * ``{"transform": "split", "node": id, "dim": "batch" | "channel", "n": n,
   "overhead_s": s}``: :func:`~celeritas_cli.scheduling.splitting.split_operation`
@@ -52,9 +53,13 @@ TRANSFORMS = ("data-parallel", "split")
 REL_TOL = 1e-9
 
 
-def data_parallel_step(replicas: int, scaling: str, overhead_s: float) -> dict:
-    """The recipe step of :func:`~.replicate.data_parallel_graph`."""
-    return {"transform": "data-parallel", "replicas": int(replicas), "scaling": scaling, "overhead_s": overhead_s}
+def data_parallel_step(replicas: int, scaling: str, overhead_s: float, shares: list[float] | None = None) -> dict:
+    """The recipe step of :func:`~.replicate.data_parallel_graph` (``shares``
+    only when the batch shares are not equal)."""
+    step = {"transform": "data-parallel", "replicas": int(replicas), "scaling": scaling, "overhead_s": overhead_s}
+    if shares is not None:
+        step["shares"] = [float(x) for x in shares]
+    return step
 
 
 def split_step(node: str, dim: str, n: int, overhead_s: float) -> dict:
@@ -98,7 +103,7 @@ def apply_step(graph: Graph, step: dict, label: str = "derivation") -> Graph:
         overhead = float(step.get("overhead_s", 2.0e-6))
         if kind == "data-parallel":
             return data_parallel_graph(graph, int(step["replicas"]), scaling=str(step.get("scaling", "strong")),
-                                       overhead_s=overhead)
+                                       overhead_s=overhead, shares=step.get("shares"))
         if kind == "split":
             return split_operation(graph, str(step["node"]), str(step["dim"]), int(step["n"]), overhead_s=overhead)
     except KeyError as exc:

@@ -18,7 +18,8 @@ Structure
   carry no ``members`` (one node on ``k`` devices cannot be expanded back).
 * Time and memory of a replica node (:mod:`~celeritas_cli.scheduling.split_cost`):
   a batch-dependent node runs on ``f = 1/k`` of the batch (strong scaling,
-  the default: the global batch stays the graph's) or the whole of it
+  the default: the global batch stays the graph's; ``f = shares[r]`` for
+  replica ``r`` with uneven ``shares``) or the whole of it
   (``scaling="weak"``: every replica runs the graph's batch, the global
   batch is ``k`` times larger), with :func:`~.split_cost.part_times`;
   memory = batch-independent memory (parameters, gradients, optimizer
@@ -72,6 +73,7 @@ optimizer, local BatchNorm statistics).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..errors import InvalidInput
@@ -88,8 +90,27 @@ from .splitting import edge_dicts, fresh_namer
 SCALINGS = ("strong", "weak")
 
 
-def _ceil_frac(x: int, k: int, strong: bool) -> int:
-    return -(-int(x) // k) if strong else int(x)
+def _part_bytes(x: int, k: int, frac: float, equal: bool) -> int:
+    """Bytes of a replica's share of *x*: ``ceil(x / k)`` for equal shares,
+    ``ceil(frac * x)`` otherwise."""
+    return -(-int(x) // k) if equal else math.ceil(frac * int(x))
+
+
+def check_shares(shares, k: int) -> list[float]:
+    """*shares* as a list of ``k`` positive batch fractions summing to 1.
+
+    Raises
+    ------
+    InvalidInput
+        Wrong length, a non-positive or non-finite share, or a sum not 1.
+    """
+    try:
+        out = [float(x) for x in shares]
+    except (TypeError, ValueError):
+        raise InvalidInput(f"data-parallel: shares must be a list of numbers, got {shares!r}") from None
+    if len(out) != k or not all(math.isfinite(x) and x > 0 for x in out) or abs(math.fsum(out) - 1.0) > 1e-9:
+        raise InvalidInput(f"data-parallel: shares must be {k} positive batch fractions summing to 1, got {shares!r}")
+    return out
 
 
 def chunk_sizes(nbytes: int, k: int) -> list[int]:
@@ -102,10 +123,12 @@ def chunk_sizes(nbytes: int, k: int) -> list[int]:
 
 
 def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: bool, overhead_s: float,
-                      fixed_out: int) -> dict:
+                      fixed_out: int, share: float | None = None) -> dict:
     """Node document of one replica of node *v* (without id and colocation);
-    *fixed_out* = bytes of its batch-independent output tensors."""
-    frac = 1.0 / k if strong else 1.0
+    *fixed_out* = bytes of its batch-independent output tensors; *share*
+    the replica's batch fraction when shares are not equal."""
+    equal = share is None
+    frac = (1.0 / k if equal else share) if strong else 1.0
     scales = strong and k > 1 and not prof.fixed_node[v]
     fixed = prof.fixed_memory[v]
     out: dict[str, Any] = {"op": graph.op[v]}
@@ -117,7 +140,7 @@ def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: 
     if by:
         out["compute_by_type"] = by
     act = graph.memory[v] - fixed
-    out["memory_bytes"] = fixed + (_ceil_frac(act, k, True) if scales else act)
+    out["memory_bytes"] = fixed + (_part_bytes(act, k, frac, equal) if scales else act)
     if graph.splittable[v]:
         out["splittable"] = list(graph.splittable[v])
     extra = dict(graph.node_extra[v] or {}) if graph.node_extra else {}
@@ -132,7 +155,7 @@ def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: 
             extra["bytes_moved"] = int(round(mf + (extra["bytes_moved"] - mf) * frac))
         if isinstance(extra.get("output_bytes"), int):
             rest = max(0, extra["output_bytes"] - fixed_out)
-            extra["output_bytes"] = fixed_out + _ceil_frac(rest, k, True)
+            extra["output_bytes"] = fixed_out + _part_bytes(rest, k, frac, equal)
         line = extra.get("batch_line")
         if isinstance(line, dict) and isinstance(line.get("batch"), (int, float)):
             extra["batch_line"] = {**line, "batch": line["batch"] * frac}
@@ -141,7 +164,7 @@ def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: 
 
 
 def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
-                        overhead_s: float = DEFAULT_OVERHEAD_S) -> Graph:
+                        overhead_s: float = DEFAULT_OVERHEAD_S, shares: list[float] | None = None) -> Graph:
     """The data-parallel graph of *graph* with *replicas* replicas (see the
     module docstring).
 
@@ -157,6 +180,12 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     overhead_s : float
         Extra time of a replica node whose time is scaled linearly
         (:func:`~.split_cost.part_times`).
+    shares : list of float, optional
+        Strong scaling only: replica ``r`` runs the fraction ``shares[r]``
+        of the batch instead of ``1/k`` (uneven batch shares, e.g. in
+        proportion to device speed; :func:`check_shares`).  Its times,
+        activations and activation tensors scale by its share; gradients,
+        and so the all-reduce, are whole in every replica.
 
     Returns
     -------
@@ -165,7 +194,8 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     Raises
     ------
     InvalidInput
-        ``replicas < 1`` or an unknown scaling.
+        ``replicas < 1``, an unknown scaling, or *shares* that are not
+        ``k`` positive fractions summing to 1 (or given with weak scaling).
 
     Example
     -------
@@ -189,6 +219,11 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     if scaling not in SCALINGS:
         raise InvalidInput(f"data-parallel: unknown scaling '{scaling}' (use strong or weak)")
     strong = scaling == "strong"
+    if shares is not None:
+        if not strong:
+            raise InvalidInput("data-parallel: batch shares need strong scaling (weak: every replica runs the "
+                               "whole batch)")
+        shares = check_shares(shares, k)
     prof = batch_profile(graph)
     fresh = fresh_namer(graph)
     n = graph.n
@@ -196,12 +231,15 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     for t, p in enumerate(graph.tensor_src):
         if prof.fixed_tensor[t]:
             fixed_out[p] += graph.tensor_bytes[t]
-    templates = [_replica_template(graph, v, prof, k, strong, overhead_s, fixed_out[v]) for v in range(n)]
+    base = [_replica_template(graph, v, prof, k, strong, overhead_s, fixed_out[v]) for v in range(n)] \
+        if shares is None else None
+    templates = [base or [_replica_template(graph, v, prof, k, strong, overhead_s, fixed_out[v], shares[r])
+                          for v in range(n)] for r in range(k)]
     rep_id = [[fresh(f"{graph.ids[v]}/rep{r}") for v in range(n)] for r in range(k)]
     nodes: list[dict] = []
     for r in range(k):
         for v in range(n):
-            nd = {"id": rep_id[r][v], **templates[v], "replica": r, "origin": graph.ids[v]}
+            nd = {"id": rep_id[r][v], **templates[r][v], "replica": r, "origin": graph.ids[v]}
             if graph.colocation[v] is not None:
                 nd["colocation"] = f"{graph.colocation[v]}/rep{r}"
             nodes.append(nd)
@@ -214,7 +252,7 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
                 continue
             out = {**ed, "src": rep_id[r][graph.edge_src[e]], "dst": rep_id[r][graph.edge_dst[e]]}
             if strong and not prof.fixed_tensor[t]:
-                out["bytes"] = _ceil_frac(ed["bytes"], k, True)
+                out["bytes"] = _part_bytes(ed["bytes"], k, shares[r] if shares else 0.0, shares is None)
                 if out["bytes"] != ed["bytes"]:
                     out.pop("comm_s_by_pair", None)
             edges.append(out)
@@ -225,21 +263,26 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         j = index_of_producer.get(p, 0)
         index_of_producer[p] = j + 1
         _ring(graph, t, j, k, rep_id, fresh, nodes, edges)
-    gbytes = sum(graph.tensor_bytes[t] for t in grads)
     meta = dict(graph.meta)
-    frac = 1.0 / k if strong else 1.0
-    info: dict[str, Any] = {"from": graph.name, "replicas": k, "scaling": scaling, "batch_fraction": frac,
-                            "gradients": len(grads), "gradient_bytes": gbytes,
-                            "allreduce_bytes_per_device": sum(2 * (k - 1) * sum(chunk_sizes(graph.tensor_bytes[t], k))
-                                                              // k for t in grads) if reduce else 0}
-    b = graph.meta.get("batch_size")
-    if isinstance(b, (int, float)) and not isinstance(b, bool):
-        info["global_batch"] = b if strong else b * k
-        info["replica_batch"] = b / k if strong else b
-    meta["data_parallel"] = info
+    meta["data_parallel"] = _info(graph, k, scaling, shares, grads)
     name = f"{graph.name}+dp{k}"
     return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
                            label=name)
+
+
+def _info(graph: Graph, k: int, scaling: str, shares: list[float] | None, grads: list[int]) -> dict[str, Any]:
+    """``meta.data_parallel`` of the data-parallel graph (module docstring)."""
+    strong = scaling == "strong"
+    frac: Any = (1.0 / k if shares is None else shares) if strong else 1.0
+    info: dict[str, Any] = {"from": graph.name, "replicas": k, "scaling": scaling, "batch_fraction": frac,
+                            "gradients": len(grads), "gradient_bytes": sum(graph.tensor_bytes[t] for t in grads),
+                            "allreduce_bytes_per_device": sum(2 * (k - 1) * sum(chunk_sizes(graph.tensor_bytes[t], k))
+                                                              // k for t in grads) if k > 1 else 0}
+    b = graph.meta.get("batch_size")
+    if isinstance(b, (int, float)) and not isinstance(b, bool):
+        info["global_batch"] = b if strong else b * k
+        info["replica_batch"] = (b / k if shares is None else [b * x for x in shares]) if strong else b
+    return info
 
 
 def _ring(graph: Graph, t: int, j: int, k: int, rep_id: list[list[str]], fresh, nodes: list[dict],

@@ -8,13 +8,84 @@ communication that memory forces: a graph that fits on no single device must
 send at least one tensor between devices, and the cheapest such tensor still
 costs time on a path.  :func:`lower_bounds` reports both, with the
 conditions under which each holds.
+
+Which bound holds for what
+--------------------------
+A placement made on a *derived* graph (data parallelism, operation splits:
+``Placement.derivation``) runs another graph than the one the user gave: its
+nodes are parts of the original nodes, so the original graph's critical path
+does not bound it (four data-parallel replicas each run a quarter of every
+node).  For such a placement the report's bounds are computed on the derived
+graph that was run, and say so in ``holds_for``; next to them
+``work_any_derivation`` (:func:`work_bound` of the graph given) holds for
+every placement of the graph given *and* of every graph placer may derive
+from it, so it compares placements made on different graphs.
 """
 
 from __future__ import annotations
 
+import math
+
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model, downward_rank, upward_rank
 from ..model.graph import Graph
+
+#: ``lower_bounds`` names (the report schema lists the same)
+BOUND_NAMES = ("path_and_work", "memory_cut", "work_any_derivation")
+
+
+def work_bound(graph: Graph, cluster: Cluster, costs: CostModel | None = None) -> float:
+    """Total work / devices: ``sum(fastest time) / k``, or ``sum(compute_s) /
+    sum(speed)`` when that is larger and no node has per-type times (then a
+    node's time on *d* is ``compute_s / speed(d)``).
+
+    It holds for every placement of *graph* and of every graph
+    :mod:`~celeritas_cli.scheduling.derivation` derives from it: a part of a
+    node on a fraction ``f`` of its batch never takes less than ``f`` of the
+    node's time on any device (:func:`~celeritas_cli.scheduling.split_cost.part_times`:
+    never better than linear), the parts of a node cover at least its whole
+    batch (``k`` replicas of ``1/k``, ``n`` split parts of ``1/n``, or
+    ``f = 1`` for weak scaling and batch-independent nodes), and a derivation
+    only adds nodes (all-reduce steps, weights, concatenations) of
+    non-negative time; so the derived graph's total work is at least this
+    graph's, and ``k`` devices cannot finish it sooner.  (The critical path
+    does not carry over: a derived part may be ``k`` or more times shorter
+    than its node.)  It assumes the default cost rules
+    (:class:`~celeritas_cli.model.costs.CostModel`); a plugged-in model
+    whose split times beat linear scaling voids it.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> g = build("ab", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
+    ...                  {"id": "b", "compute_s": 3, "memory_bytes": 0}],
+    ...           [{"src": "a", "dst": "b", "bytes": 1}])
+    >>> work_bound(g, uniform(4))
+    1.0
+    """
+    costs = cost_model(graph, cluster, costs)
+    if graph.n == 0:
+        return 0.0
+    work = math.fsum(costs.fastest_time) / cluster.k
+    if not any(graph.compute_by_type):
+        work = max(work, math.fsum(graph.compute) / sum(d.speed for d in cluster.devices))
+    return work
+
+
+def derivation_label(derivation: dict | None) -> str:
+    """A short description of a recipe's steps, e.g. ``data-parallel x4
+    strong`` or ``3 operation splits``.
+
+    >>> derivation_label({"steps": [{"transform": "data-parallel", "replicas": 4, "scaling": "strong"},
+    ...                             {"transform": "split", "node": "a", "dim": "batch", "n": 2}]})
+    'data-parallel x4 strong, 1 operation split'
+    """
+    steps = (derivation or {}).get("steps") or []
+    parts = [f"data-parallel x{s.get('replicas')} {s.get('scaling', 'strong')}" for s in steps
+             if s.get("transform") == "data-parallel"]
+    splits = sum(1 for s in steps if s.get("transform") == "split")
+    if splits:
+        parts.append(f"{splits} operation split{'s' if splits > 1 else ''}")
+    return ", ".join(parts) or "no steps"
 
 
 def edge_path_weights(graph: Graph, costs: CostModel) -> list[float]:
@@ -121,21 +192,39 @@ def memory_cut_bound(graph: Graph, cluster: Cluster, costs: CostModel | None = N
     return 0.0, None
 
 
-def lower_bounds(graph: Graph, cluster: Cluster, costs: CostModel | None = None) -> list[dict]:
+def lower_bounds(graph: Graph, cluster: Cluster, costs: CostModel | None = None, *,
+                 given: Graph | None = None, derivation: dict | None = None) -> list[dict]:
     """Every lower bound with its provenance: ``[{"name", "value_s",
     "holds_for", "source"}]``.  ``path_and_work`` is
-    :func:`~celeritas_cli.sim.simulator.lower_bound` (every placement);
-    ``memory_cut`` is :func:`memory_cut_bound` (placements that fit in
-    memory), present when it is positive."""
+    :func:`~celeritas_cli.sim.simulator.lower_bound` (every placement of
+    *graph*); ``memory_cut`` is :func:`memory_cut_bound` (placements of
+    *graph* that fit in memory), present when it is positive.
+
+    When *graph* was derived (*derivation*, the placement's recipe) from
+    *given* (the graph the user gave), both are said to hold for that
+    derived graph, and ``work_any_derivation`` (:func:`work_bound` of
+    *given*, which holds for every placement of *given* and of every graph
+    derived from it) follows them."""
     from .simulator import lower_bound
 
     costs = cost_model(graph, cluster, costs)
-    out = [{"name": "path_and_work", "value_s": lower_bound(graph, cluster, costs), "holds_for": "every placement",
+    derived = given is not None and given is not graph
+    of = f"the derived graph that was run ({derivation_label(derivation)})" if derived else None
+    out = [{"name": "path_and_work", "value_s": lower_bound(graph, cluster, costs),
+            "holds_for": f"every placement of {of}" if derived else "every placement",
             "source": "longest path at fastest devices without communication; total work / devices"}]
     cut, e = memory_cut_bound(graph, cluster, costs)
     if e is not None and cut > 0:
-        out.append({"name": "memory_cut", "value_s": cut, "holds_for": "placements that fit in memory",
+        out.append({"name": "memory_cut", "value_s": cut,
+                    "holds_for": f"placements of {of} that fit in memory" if derived else
+                                 "placements that fit in memory",
                     "source": f"the graph fits on no device, so a tensor must cross devices; the cheapest path "
                               f"through such a crossing (edge {graph.ids[graph.edge_src[e]]} -> "
                               f"{graph.ids[graph.edge_dst[e]]})"})
+    if derived:
+        out.append({"name": "work_any_derivation", "value_s": work_bound(given, cluster, costs.for_graph(given)),
+                    "holds_for": "every placement of the graph given and of every graph placer derives from it "
+                                 "(data parallelism, operation splits)",
+                    "source": "total work of the graph given / devices: a node part on a fraction f of the batch "
+                              "never takes less than f of the node's time, and derivations only add nodes"})
     return out

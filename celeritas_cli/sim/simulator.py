@@ -412,6 +412,7 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     >>> simulate(g, c, p)["makespan_s"]
     4.0
     """
+    given = graph  # bounds of a derived placement say which graph they hold for (sim/bounds.py)
     if placement.split_graph is not None or placement.derivation is not None:
         graph = rebuild(graph, placement.derivation, placement.split_graph, label)
     device_of, order = placement.resolve(graph, cluster, label)
@@ -420,11 +421,11 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs, label=label)
     if schedule_out is not None:
         schedule_out.append(sched)
-    return build_report(graph, cluster, placement, sched, costs, congestion)
+    return build_report(graph, cluster, placement, sched, costs, congestion, given=given)
 
 
 def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: Schedule,
-                 costs: CostModel, congestion: str) -> dict:
+                 costs: CostModel, congestion: str, given: Graph | None = None) -> dict:
     k = cluster.k
     busy = [0.0] * k
     mem = [0] * k
@@ -451,7 +452,7 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: Sc
         st[2] += 1
     link_rows = [{"src": cluster.ids[a], "dst": cluster.ids[b], "busy_s": st[0], "bytes": st[1], "transfers": st[2]}
                  for (a, b), st in sorted(links.items())]
-    bounds = lower_bounds(graph, cluster, costs)
+    bounds = lower_bounds(graph, cluster, costs, given=given, derivation=placement.derivation)
     lb = bounds[0]["value_s"]  # path_and_work: lower_bound()
     # the tightest bound that holds for this placement (memory_cut needs it to fit)
     tight = max((b for b in bounds if not (oom and b["name"] == "memory_cut")), key=lambda b: b["value_s"])
