@@ -185,10 +185,8 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     c2 = costs.for_graph(g2)
     device_of = replica_devices(g2, devs)
     sched = run_schedule(g2, cluster, device_of, None, costs=c2)
-    loads = [0] * cluster.k
-    for v, d in enumerate(device_of):
-        loads[d] += g2.memory[v]
-    oom = [cluster.ids[d] for d in range(cluster.k) if loads[d] > cluster.devices[d].memory]
+    loads = g2.memory_by(device_of, cluster.k)
+    oom = [cluster.ids[d] for d in cluster.over_capacity(loads)]
     info = g2.meta["data_parallel"]
     lb = lower_bound(g2, cluster, c2)  # of the data-parallel graph: the original's critical path does not bound it
     estimate = {"makespan_s": sched.makespan, "makespan_by": "simulator", "status": "OOM" if oom else "FEASIBLE",

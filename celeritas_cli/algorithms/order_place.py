@@ -29,7 +29,7 @@ def placement_estimate(graph: Graph, cluster: Cluster, device_of: list[int], cos
     memory status, the simulated makespan of *device_of* on *graph* (under
     *congestion*, by default the simulator's default; skipped on huge
     graphs) and the lower bound."""
-    ok = all(used[d] <= cluster.devices[d].memory for d in range(cluster.k))
+    ok = not cluster.over_capacity(used)
     est: dict = {"status": "FEASIBLE" if ok else "OOM"}
     if graph.n <= SIMULATE_MAX_NODES:
         est["makespan_s"] = run_schedule(graph, cluster, device_of, order, congestion=congestion,

@@ -51,10 +51,7 @@ def _score(graph: Graph, cluster: Cluster, plan, costs: CostModel, congestion: s
 
 
 def _oom(graph: Graph, cluster: Cluster, device_of: list[int]) -> bool:
-    loads = [0] * cluster.k
-    for v, d in enumerate(device_of):
-        loads[d] += graph.memory[v]
-    return any(loads[d] > cluster.devices[d].memory for d in range(cluster.k))
+    return bool(cluster.over_capacity(graph.memory_by(device_of, cluster.k)))
 
 
 def start_graph(graph: Graph, cluster: Cluster, start: str, overhead_s: float) -> tuple[Graph, list[dict]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import InvalidInput
 from .jsonio import check_depth, validate
@@ -64,6 +64,11 @@ class Cluster:
         if a == c:
             return 0.0
         return self.latency[a][c] + nbytes / self.bandwidth[a][c]
+
+    def over_capacity(self, loads: Sequence[int]) -> list[int]:
+        """Indices of the devices whose memory *loads* (bytes, one per
+        device) exceed their capacity: a placement fits when this is empty."""
+        return [d for d, dv in enumerate(self.devices) if loads[d] > dv.memory]
 
     def min_memory(self) -> int:
         return min(d.memory for d in self.devices)

@@ -17,7 +17,7 @@ import gc
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from ..errors import CycleError, InvalidInput
 from .jsonio import check_depth, validate
@@ -163,6 +163,22 @@ class Graph:
 
     def total_memory(self) -> int:
         return sum(self.memory)
+
+    def memory_by(self, group_of: Sequence[int], groups: int) -> list[int]:
+        """Bytes of node memory per group: ``group_of[v]`` is node v's group
+        (a device index, a colocation unit) in ``range(groups)``.
+
+        Example
+        -------
+        >>> g = build("m", [{"id": "a", "compute_s": 1, "memory_bytes": 5},
+        ...                 {"id": "b", "compute_s": 1, "memory_bytes": 7}], [])
+        >>> g.memory_by([1, 1], 2)
+        [0, 12]
+        """
+        out = [0] * groups
+        for v, grp in enumerate(group_of):
+            out[grp] += self.memory[v]
+        return out
 
     def total_compute(self) -> float:
         return math.fsum(self.compute)

@@ -240,10 +240,7 @@ class Placement:
 
     def device_loads(self, graph: Graph, cluster: Cluster) -> list[int]:
         device_of, _ = self.resolve(graph, cluster)
-        loads = [0] * cluster.k
-        for v, d in enumerate(device_of):
-            loads[d] += graph.memory[v]
-        return loads
+        return graph.memory_by(device_of, cluster.k)
 
 
 def finite_or_none(x: float) -> float | None:

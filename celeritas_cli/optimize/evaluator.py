@@ -154,10 +154,7 @@ class Evaluator:
 
     def loads(self, device_of: Sequence[int]) -> list[int]:
         """Memory per device of ``device_of``."""
-        load = [0] * self.cluster.k
-        for v, d in enumerate(device_of):
-            load[d] += self.graph.memory[v]
-        return load
+        return self.graph.memory_by(device_of, self.cluster.k)
 
     def overflow(self, load: Sequence[int]) -> int:
         """Bytes over capacity, summed over devices."""

@@ -428,19 +428,17 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: Sc
                  costs: CostModel, congestion: str, given: Graph | None = None) -> dict:
     k = cluster.k
     busy = [0.0] * k
-    mem = [0] * k
     count = [0] * k
     for v, d in enumerate(sched.device_of):
         busy[d] += costs.time[v][d]
-        mem[d] += graph.memory[v]
         count[d] += 1
+    mem = graph.memory_by(sched.device_of, k)
+    over_ids = set(cluster.over_capacity(mem))
     makespan = sched.makespan
     devices = []
-    oom = []
+    oom = [cluster.ids[d] for d in sorted(over_ids)]
     for d, dv in enumerate(cluster.devices):
-        over = mem[d] > dv.memory
-        if over:
-            oom.append(dv.id)
+        over = d in over_ids
         devices.append({"id": dv.id, "type": dv.type, "nodes": count[d], "busy_s": busy[d],
                         "utilisation": busy[d] / makespan if makespan > 0 else 0.0,
                         "memory_bytes": mem[d], "capacity_bytes": dv.memory, "oom": over})

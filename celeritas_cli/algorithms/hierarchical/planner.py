@@ -321,9 +321,7 @@ def _check_params(iterations: int, samples_per_iteration: int, hidden: int, grou
 def _reward_env(graph: Graph, cluster: Cluster, costs: CostModel, congestion: str, oom_mode: str) -> RewardEnv:
     """The reward side over colocation units (the Grouper's decisions)."""
     unit_of, n_units = units(graph)
-    unit_mem = [0] * n_units
-    for v in range(graph.n):
-        unit_mem[unit_of[v]] += graph.memory[v]
+    unit_mem = graph.memory_by(unit_of, n_units)
     return RewardEnv(graph, cluster, costs, congestion, unit_of, unit_mem, oom_mode=oom_mode)
 
 

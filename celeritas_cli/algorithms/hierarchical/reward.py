@@ -121,7 +121,7 @@ class RewardEnv:
         return loads
 
     def fits(self, dev_unit: list[int]) -> bool:
-        return all(ld <= dv.memory for ld, dv in zip(self.loads(dev_unit), self.cluster.devices))
+        return not self.cluster.over_capacity(self.loads(dev_unit))
 
     def makespan(self, dev_unit: list[int]) -> float:
         key = bytes(dev_unit) if self.cluster.k < 256 else repr(dev_unit).encode()

@@ -71,10 +71,7 @@ def _simulated_hint(graph: Graph, cluster: Cluster, name: str, seed: int, conges
     t_sim = time.perf_counter()
     sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs)
     sim_s = time.perf_counter() - t_sim
-    loads = [0] * cluster.k
-    for v, d in enumerate(device_of):
-        loads[d] += graph.memory[v]
-    fits = all(loads[d] <= cluster.devices[d].memory for d in range(cluster.k))
+    fits = not cluster.over_capacity(graph.memory_by(device_of, cluster.k))
     return Hint(name, list(device_of), order, sched.makespan, fits, sched, sim_s)
 
 
