@@ -181,6 +181,15 @@ def test_layout_lists_every_subpackage():
         assert f"\n  {name}/ " in layout, f"README.md's Layout does not list celeritas_cli/{name}/"
 
 
+def test_algorithm_tables_list_every_registered_name():
+    from celeritas_cli import registry
+    text = README.read_text()
+    listed = registry.names() + registry.coarsener_names()
+    assert "auto" in listed and "cpd" in listed
+    for name in listed:
+        assert f"| `{name}` |" in text, f"README.md's algorithm tables do not list `{name}`"
+
+
 def _fresh_clone(tmp: Path) -> Path:
     for name in CLONE:
         if (ROOT / name).exists():
