@@ -35,11 +35,13 @@ from ..model.limits import TIME_MAX
 from ..model.placement import Placement, finite_or_none
 from ..registry import Param, register
 from ..scheduling.derivation import attach, data_parallel_step
-from ..scheduling.replicate import SCALINGS, data_parallel_graph
+from ..scheduling.replicate import BUCKET_MB_MAX, SCALINGS, data_parallel_graph
 from ..scheduling.split_cost import DEFAULT_OVERHEAD_S, batch_profile
 from ..sim.simulator import lower_bound, run_schedule
 
 SHARES = ("equal", "proportional")
+#: default bucket capacity of ``bucket_mb`` (MiB); see the parameter's docstring for the measurements
+DEFAULT_BUCKET_MB = 0.0
 
 
 def choose_devices(cluster: Cluster, devices: str | int | None) -> list[int]:
@@ -111,11 +113,14 @@ def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
                   "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of a replica op whose time is "
                                       "scaled linearly (s)", min=0, max=TIME_MAX),
                   "shares": Param(str, "equal", "strong scaling: equal batch shares (FastT's DP), or proportional "
-                                  "to each device's speed on the graph (not in the paper)", choices=SHARES)},
+                                  "to each device's speed on the graph (not in the paper)", choices=SHARES),
+                  "bucket_mb": Param(float, DEFAULT_BUCKET_MB, "gradients all-reduced in buckets of this many MiB "
+                                     "in the order they become ready (PyTorch DDP's bucket_cap_mb, not in "
+                                     "FastT); 0 = one ring all-reduce per gradient", min=0, max=BUCKET_MB_MAX)},
           quick_params={})
 def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
                   devices: str = "", scaling: str = "strong", overhead_s: float = DEFAULT_OVERHEAD_S,
-                  shares: str = "equal") -> Placement:
+                  shares: str = "equal", bucket_mb: float = DEFAULT_BUCKET_MB) -> Placement:
     """Data-parallel placement of *graph* (FastT's DP baseline).
 
     Parameters
@@ -143,6 +148,14 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         gets more samples - as uneven-batch DDP setups do; identical to
         ``equal`` on identical devices).  Strong scaling only.  The shares
         are recorded in the recipe, so ``simulate`` rebuilds the same graph.
+    bucket_mb : float
+        An addition, not in FastT (PyTorch DDP, Li et al. VLDB 2020, 4.2.2
+        "Gradient Bucketing"): ``> 0`` groups the gradients into buckets of
+        ``bucket_mb`` MiB in the order they become ready
+        (:func:`~.replicate.gradient_buckets`) and reduces each bucket by
+        one ring all-reduce of its total bytes once all its gradients are
+        ready; ``0`` reduces every gradient by its own ring.  Recorded in
+        the recipe.
 
     Returns
     -------
@@ -181,7 +194,8 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     if shares == "proportional" and scaling != "strong":
         raise InvalidInput("data-parallel parameter shares: proportional needs scaling=strong")
     split = proportional_shares(graph, costs, devs) if shares == "proportional" else None
-    g2 = data_parallel_graph(graph, len(devs), scaling=scaling, overhead_s=overhead_s, shares=split)
+    g2 = data_parallel_graph(graph, len(devs), scaling=scaling, overhead_s=overhead_s, shares=split,
+                             bucket_mb=bucket_mb)
     c2 = costs.for_graph(g2)
     device_of = replica_devices(g2, devs)
     sched = run_schedule(g2, cluster, device_of, None, costs=c2)
@@ -196,10 +210,12 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
                 "allreduce_bytes_per_device": info["allreduce_bytes_per_device"], "max_memory_bytes": max(loads)}
     if split is not None:
         estimate["shares"] = split
+    if "buckets" in info:
+        estimate["bucket_mb"], estimate["buckets"] = info["bucket_mb"], info["buckets"]
     if "global_batch" in info:
         estimate["global_batch"] = info["global_batch"]
     if oom:
         estimate["oom_devices"] = oom
     p = Placement.from_indices(g2, cluster, device_of, algorithm="data-parallel", seed=seed, estimate=estimate)
-    attach(p, graph, g2, [data_parallel_step(len(devs), scaling, overhead_s, split)])
+    attach(p, graph, g2, [data_parallel_step(len(devs), scaling, overhead_s, split, bucket_mb)])
     return p
