@@ -86,7 +86,7 @@ def bucket_report(rows: list[dict], sizes: list[float]) -> str:
     head = " | ".join(f"bucket_mb={mb:g}: step (s, vs first) | nodes | place (s)" for mb in sizes)
     out = ["## Data parallelism: gradient bucketing (zoo)", "",
            "`data-parallel -p bucket_mb=X`: gradients grouped into buckets of X MiB in the order a replica "
-           "produces them, one ring all-reduce per bucket (PyTorch DDP, VLDB 2020 4.2.2); 0 = one ring per "
+           "produces them, one ring all-reduce per bucket (PyTorch DDP, VLDB 2020 3.2.2); 0 = one ring per "
            "gradient. Simulated seconds per training step (ratio to the first column), nodes of the data-parallel "
            "graph, wall seconds of `place` (build + simulate; machine-dependent).", "",
            f"| cluster | model | {head} |", "|:---|:---|" + "---:|" * (3 * len(sizes))]

@@ -150,7 +150,7 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         ``equal`` on identical devices).  Strong scaling only.  The shares
         are recorded in the recipe, so ``simulate`` rebuilds the same graph.
     bucket_mb : float
-        An addition, not in FastT (PyTorch DDP, Li et al. VLDB 2020, 4.2.2
+        An addition, not in FastT (PyTorch DDP, Li et al. VLDB 2020, 3.2.2
         "Gradient Bucketing"): ``> 0`` groups the gradients into buckets of
         ``bucket_mb`` MiB in the order they become ready
         (:func:`~.replicate.gradient_buckets`) and reduces each bucket by

@@ -56,7 +56,7 @@ Structure
   reduced one tensor at a time.  A graph without update nodes (inference,
   or a graph that does not model the optimizer) has nothing to reduce: the
   replicas are independent.
-* Buckets (``bucket_mb > 0``; PyTorch DDP, Li et al. VLDB 2020, 4.2.2
+* Buckets (``bucket_mb > 0``; PyTorch DDP, Li et al. VLDB 2020, 3.2.2
   "Gradient Bucketing"): the gradients are grouped into buckets of about
   ``bucket_mb`` MiB in the order they become ready (:func:`gradient_buckets`)
   and each bucket is reduced by one ring as above, of the bucket's total
@@ -153,7 +153,7 @@ def chunk_sizes(nbytes: int, k: int) -> list[int]:
 
 def gradient_buckets(graph: Graph, grads: list[int], cap_bytes: int) -> list[list[int]]:
     """Gradient tensors *grads* grouped into all-reduce buckets (PyTorch DDP,
-    Li et al. VLDB 2020, 4.2.2 "Gradient Bucketing").
+    Li et al. VLDB 2020, 3.2.2 "Gradient Bucketing").
 
     Order: the order the gradients become ready, taken as the order their
     producers run when one replica runs alone on one device under the
