@@ -164,6 +164,36 @@ class Graph:
     def total_memory(self) -> int:
         return sum(self.memory)
 
+    def colocation_units(self, order: Iterable[int] | None = None) -> tuple[list[int], list[list[int]]]:
+        """Colocation units: the nodes sharing a ``colocation`` value form one
+        unit, every other node is a unit alone.  Units are numbered, and their
+        members listed, in the order nodes appear in *order* (default: node
+        index).  Returns ``(unit_of, members)``.
+
+        Example
+        -------
+        >>> g = build("u", [{"id": "a", "compute_s": 1, "memory_bytes": 0, "colocation": "p"},
+        ...                 {"id": "b", "compute_s": 1, "memory_bytes": 0},
+        ...                 {"id": "c", "compute_s": 1, "memory_bytes": 0, "colocation": "p"}], [])
+        >>> g.colocation_units()
+        ([0, 1, 0], [[0, 2], [1]])
+        """
+        unit_of = [-1] * self.n
+        members: list[list[int]] = []
+        unit_of_group: dict[str, int] = {}
+        for v in (range(self.n) if order is None else order):
+            c = self.colocation[v]
+            if c is not None and c in unit_of_group:
+                u = unit_of_group[c]
+                members[u].append(v)
+            else:
+                u = len(members)
+                members.append([v])
+                if c is not None:
+                    unit_of_group[c] = u
+            unit_of[v] = u
+        return unit_of, members
+
     def memory_by(self, group_of: Sequence[int], groups: int) -> list[int]:
         """Bytes of node memory per group: ``group_of[v]`` is node v's group
         (a device index, a colocation unit) in ``range(groups)``.

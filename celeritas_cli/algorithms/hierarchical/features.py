@@ -25,19 +25,8 @@ def units(graph: Graph) -> tuple[list[int], int]:
     """Colocation units: nodes sharing a colocation value form one unit,
     every other node is its own unit; units are numbered by their first node
     index.  Returns ``(unit_of, number_of_units)``."""
-    unit_of = [0] * graph.n
-    seen: dict[str, int] = {}
-    u = 0
-    for v in range(graph.n):
-        c = graph.colocation[v]
-        if c is not None:
-            if c in seen:
-                unit_of[v] = seen[c]
-                continue
-            seen[c] = u
-        unit_of[v] = u
-        u += 1
-    return unit_of, u
+    unit_of, members = graph.colocation_units()
+    return unit_of, len(members)
 
 
 def op_features(graph: Graph, costs: CostModel | None = None) -> dict[str, Any]:

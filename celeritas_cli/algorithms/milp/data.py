@@ -55,21 +55,7 @@ def units_of(graph: Graph) -> tuple[list[int], list[list[int]]]:
     >>> units_of(g)
     ([0, 1, 0], [[0, 2], [1]])
     """
-    group_unit: dict[str, int] = {}
-    unit_of = [-1] * graph.n
-    units: list[list[int]] = []
-    for v in graph.topo_order():
-        c = graph.colocation[v]
-        if c is not None and c in group_unit:
-            u = group_unit[c]
-            units[u].append(v)
-        else:
-            u = len(units)
-            units.append([v])
-            if c is not None:
-                group_unit[c] = u
-        unit_of[v] = u
-    return unit_of, units
+    return graph.colocation_units(graph.topo_order())
 
 
 def auto_resolution(upper_s: float) -> float:
