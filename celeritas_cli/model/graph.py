@@ -387,6 +387,13 @@ class _Edges:
     tedges: list[list[int]] = field(default_factory=list)
 
 
+def _check_finite(values: dict, where: str) -> None:
+    """Reject a non-finite number in a per-type / per-pair map, naming *where* and the key."""
+    for key, val in values.items():
+        if not math.isfinite(val):
+            raise InvalidInput(f"{where}.{key}: must be a finite number, got {val}")
+
+
 def _read_nodes(nodes: list[dict], label: str) -> _Nodes:
     """Columns of the (schema-valid) node list; rejects duplicate ids, non-finite times, deep extras."""
     out = _Nodes()
@@ -407,10 +414,7 @@ def _read_nodes(nodes: list[dict], label: str) -> _Nodes:
         op.append(nd.get("op", "op"))
         by = nd.get("compute_by_type")
         if by:
-            for k, val in by.items():
-                if not math.isfinite(val):
-                    raise InvalidInput(
-                        f"{label}: node '{nid}' field compute_by_type.{k}: must be a finite number, got {val}")
+            _check_finite(by, f"{label}: node '{nid}' field compute_by_type")
             by = {k: float(val) for k, val in by.items()}
         cbt.append(by or None)
         coloc.append(nd.get("colocation"))
@@ -460,10 +464,7 @@ def _read_edges(edges: list[dict], index: dict[str, int], label: str) -> _Edges:
         tedges[t].append(k)
         cm = ed.get("comm_s_by_pair")
         if cm:
-            for pk, val in cm.items():
-                if not math.isfinite(val):
-                    raise InvalidInput(
-                        f"{label}: edge {s}->{d} (#{k}) field comm_s_by_pair.{pk}: must be finite, got {val}")
+            _check_finite(cm, f"{label}: edge {s}->{d} (#{k}) field comm_s_by_pair")
         esrc.append(si)
         edst.append(di)
         ebytes.append(b)
