@@ -22,6 +22,16 @@ def edge(s, d, b=100, **kw):
     return {"src": s, "dst": d, "bytes": b, **kw}
 
 
+def training_model():
+    """A tiny training step (1100 B): x -> f (params) -> b (backward, gradient) -> u (update)."""
+    return build("tm", [node("x", 0.4, 400), node("f", 8.0, 500, colocation="p", splittable=["batch"],
+                                                   batch_independent={"memory_bytes": 100, "state_bytes": 100}),
+                        node("b", 8.0, 100, op="aten.mm", splittable=["batch"]),
+                        node("u", 1.0, 200, op="optim.sgd", colocation="p")],
+                 [edge("x", "f", 400, tensor="x:0"), edge("f", "b", 400, tensor="f:0"),
+                  edge("b", "u", 100, tensor="b:0")], meta={"phase": "training", "batch_size": 8})
+
+
 @pytest.fixture
 def chain3():
     """a(1) -> b(2) -> c(3), 100-byte tensors."""

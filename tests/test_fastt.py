@@ -13,7 +13,7 @@ from celeritas_cli.model.graph import Graph, build
 from celeritas_cli.model.placement import Placement
 from celeritas_cli.sim.simulator import makespan_of, simulate
 
-from .conftest import edge, node
+from .conftest import edge, node, training_model
 
 
 @pytest.fixture
@@ -143,20 +143,10 @@ def test_os_dpos_on_layered_never_worse_than_dpos():
         assert isinstance(p, Placement) and p.estimate["splits"]
 
 
-def _training_model():
-    """A model that fits one device: x -> f (params) -> b (backward, gradient) -> u (update)."""
-    return build("tm", [node("x", 0.4, 400), node("f", 8.0, 500, colocation="p", splittable=["batch"],
-                                                   batch_independent={"memory_bytes": 100, "state_bytes": 100}),
-                        node("b", 8.0, 100, op="aten.mm", splittable=["batch"]),
-                        node("u", 1.0, 200, op="optim.sgd", colocation="p")],
-                 [edge("x", "f", 400, tensor="x:0"), edge("f", "b", 400, tensor="f:0"),
-                  edge("b", "u", 100, tensor="b:0")], meta={"phase": "training", "batch_size": 8})
-
-
 def test_os_dpos_starts_from_the_data_parallel_graph_when_the_model_fits():
     """FastT 5.2: the input to Algorithm 2 is the data-parallel graph when the
     model fits one device, the DAG otherwise."""
-    g = _training_model()
+    g = training_model()
     cl = uniform(4, bandwidth=1000.0, latency=0.0, memory=10_000)
     p = registry.place(g, cl, "os-dpos")
     assert p.estimate["input"] == "data-parallel"

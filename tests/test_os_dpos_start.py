@@ -11,30 +11,19 @@ from click.testing import CliRunner
 from celeritas_cli import registry
 from celeritas_cli.cli import main
 from celeritas_cli.model.cluster import uniform
-from celeritas_cli.model.graph import build
 from celeritas_cli.scheduling.split_cost import COPY_BANDWIDTH_BPS, DEFAULT_OVERHEAD_S
 from celeritas_cli.sim.simulator import simulate
 
-from .conftest import edge, node
+from .conftest import training_model
 
 ADD = 3 * 25 / COPY_BANDWIDTH_BPS  # one reduce-scatter add of a 25-byte chunk
-
-
-def _training_model():
-    """tests/test_fastt.py's model (1100 B): x -> f (params) -> b (backward, gradient) -> u (update)."""
-    return build("tm", [node("x", 0.4, 400), node("f", 8.0, 500, colocation="p", splittable=["batch"],
-                                                   batch_independent={"memory_bytes": 100, "state_bytes": 100}),
-                        node("b", 8.0, 100, op="aten.mm", splittable=["batch"]),
-                        node("u", 1.0, 200, op="optim.sgd", colocation="p")],
-                 [edge("x", "f", 400, tensor="x:0"), edge("f", "b", 400, tensor="f:0"),
-                  edge("b", "u", 100, tensor="b:0")], meta={"phase": "training", "batch_size": 8})
 
 
 def test_best_takes_the_data_parallel_graph_where_fastts_rule_takes_the_dag():
     # the model (1100 B) does not fit a 1000 B device, so FastT's rule (start=auto) takes the DAG; its
     # data-parallel replicas do fit (activations split four ways), and run faster: x 0.1 + f 2 + b 2,
     # a ring all-reduce of the 100 B gradient (6 hops of 25 B at 1000 B/s, 3 adds), then u 1 s
-    g = _training_model()
+    g = training_model()
     cl = uniform(4, bandwidth=1000.0, latency=0.0, memory=1000)
     fastt = registry.place(g, cl, "os-dpos")
     assert fastt.estimate["input"] == "dag"
@@ -52,7 +41,7 @@ def test_best_takes_the_data_parallel_graph_where_fastts_rule_takes_the_dag():
 
 def test_best_keeps_the_dag_where_it_wins():
     # a single device: there is no data-parallel graph, both runs are the DAG's
-    g = _training_model()
+    g = training_model()
     cl = uniform(1, memory=10_000)
     best = registry.place(g, cl, "os-dpos", params={"start": "best"})
     assert best.estimate["input"] == "dag" and list(best.estimate["inputs_tried"]) == ["dag"]
@@ -61,7 +50,7 @@ def test_best_keeps_the_dag_where_it_wins():
 
 def test_best_from_the_cli_is_byte_identical(tmp_path):
     gpath, cpath = tmp_path / "g.json", tmp_path / "c.json"
-    gpath.write_bytes(orjson.dumps(_training_model().to_dict()))
+    gpath.write_bytes(orjson.dumps(training_model().to_dict()))
     cpath.write_bytes(orjson.dumps(uniform(4, bandwidth=1000.0, latency=0.0, memory=1000).to_dict()))
     args = ["place", str(gpath), "--cluster", str(cpath), "--algo", "os-dpos", "-p", "start=best", "--no-timings"]
     r1 = CliRunner().invoke(main, args, catch_exceptions=False)
