@@ -261,17 +261,17 @@ def _fork_join_hetero(tmp_path=None):
 
 
 def test_refined_data_parallel_candidate_keeps_its_derivation():
-    # tensor_holography on 4xV100-pcie: data parallelism is the best start by far (0.116 s against
-    # 0.53 s), and moves along its critical path shorten it further; the answer stays on the
-    # data-parallel graph, which simulate rebuilds from the recipe (not from the carried document)
-    g, c = load_graph(str(SAMPLES / "zoo" / "tensor_holography.json.gz")), load_cluster("4xV100-pcie")
-    p = registry.place(g, c, "auto", params={"evaluations": 700, "quiet": True})
+    # resnet50 on 4xV100-pcie: data parallelism (25 MiB gradient buckets) is the best start, and moves
+    # along its critical path shorten it further; the answer stays on the data-parallel graph, which
+    # simulate rebuilds from the recipe (not from the carried document)
+    g, c = load_graph(str(SAMPLES / "zoo" / "resnet50.json.gz")), load_cluster("4xV100-pcie")
+    p = registry.place(g, c, "auto", params={"evaluations": 300, "quiet": True})
     est = p.estimate
     assert est["winner"] == "data-parallel" and est["refined"]
     assert est["makespan_s"] < est["start_makespan_s"]
     assert est["graph"] == "split" and est["judged_on"] == "derived graph (split_graph)"
     assert p.derivation == {"steps": [{"transform": "data-parallel", "replicas": 4, "scaling": "strong",
-                                       "overhead_s": DEFAULT_OVERHEAD_S}]}
+                                       "overhead_s": DEFAULT_OVERHEAD_S, "bucket_mb": 25.0}]}
     assert p.split_graph is not None and p.graph == g.name
     dp = registry.place(g, c, "data-parallel")
     assert set(p.assignment) == set(dp.assignment) and p.assignment != dp.assignment  # moved, same nodes

@@ -262,3 +262,134 @@ def test_proportional_shares_on_identical_devices_are_equal_and_weak_is_refused(
         registry.place(g, cl, "data-parallel", params={"shares": "proportional", "scaling": "weak"})
     with pytest.raises(InvalidInput, match="3 positive batch fractions"):
         data_parallel_graph(g, 3, shares=[0.5, 0.5])
+
+
+# ------------------------------------------------------ bucket_mb (DDP gradient bucketing)
+def three(sizes=(100, 100, 100), k_time: float = 6.0) -> Graph:
+    """A backward chain b3 -> b2 -> b1 (6 s each at the whole batch), b_i sending a gradient g_i of
+    sizes[3 - i] bytes to its own SGD update u_i (0 s): gradients become ready g3, g2, g1."""
+    nodes = [node("b3", k_time), node("b2", k_time), node("b1", k_time)]
+    edges = [edge("b3", "b2", 0, tensor="d3"), edge("b2", "b1", 0, tensor="d2")]
+    for i, gb in zip((3, 2, 1), sizes):
+        nodes.append(node(f"u{i}", 0.0, op="optim.sgd", colocation=f"p{i}"))
+        edges.append(edge(f"b{i}", f"u{i}", gb, tensor=f"g{i}"))
+    return build("three", nodes, edges, meta={"phase": "training"})
+
+
+def _place(g, cl, mb):
+    return registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0, "bucket_mb": mb})
+
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_bucket_bytes_and_node_count_by_hand(k):
+    g = three((100, 200, 301))
+    cl = uniform(k, bandwidth=1000.0, latency=0.0)
+    per, one = _place(g, cl, 0), _place(g, cl, 1.0)  # 1 MiB holds all 601 bytes: one bucket
+    assert one.estimate["buckets"] == 1 and one.estimate["bucket_mb"] == 1.0 and "buckets" not in per.estimate
+    # the bucket's ring: 2 (k-1)/k of its 601 bytes per device; per gradient, the floors add up to less
+    assert one.estimate["allreduce_bytes_per_device"] == 2 * (k - 1) * 601 // k == {2: 601, 3: 801}[k]
+    assert per.estimate["allreduce_bytes_per_device"] == sum(2 * (k - 1) * x // k for x in (100, 200, 301))
+    rep = simulate(g, cl, one)
+    # every link of the ring carries the bucket's 2 (k-1) chunks, in 2 (k-1) transfers
+    assert sum(ln["bytes"] for ln in rep["links"]) == 2 * (k - 1) * 601
+    assert all(ln["transfers"] == 2 * (k - 1) for ln in rep["links"]) and len(rep["links"]) == k
+    # 6 nodes per replica; a ring is k (2k-2) reduce-scatter/all-gather nodes + k results, a bucket adds k
+    # bucket nodes: per gradient 6k + 3 k (2k-1), bucketed 6k + k + k (2k-2) + k
+    assert len(per.split_graph["nodes"]) == 6 * k + 3 * k * (2 * k - 1) == {2: 30, 3: 63}[k]
+    assert len(one.split_graph["nodes"]) == 6 * k + 2 * k * k == {2: 20, 3: 36}[k]
+
+
+def test_bucketing_wins_where_latency_dominates_by_hand():
+    # link latency 10 s, bandwidth ~infinite.  k=2: b's run 3 s each; g3 is ready at 3, g1 at 9.
+    # Per gradient: the channel gpu0->gpu1 carries 3 reduce-scatter and 3 all-gather transfers of 10 s
+    # back to back from t=3 (FIFO): 3 + 6 x 10 = 63.  One bucket: ready at 9, one reduce-scatter and one
+    # all-gather step: 9 + 2 x 10 = 29.  (Plus the bytes / 1e12 and the adds, 3 x chunk / COPY_BANDWIDTH.)
+    g = three()
+    cl = uniform(2, bandwidth=1e12, latency=10.0)
+    per, one = _place(g, cl, 0), _place(g, cl, 1.0)
+    add50, add150 = 3 * 50 / COPY_BANDWIDTH_BPS, 3 * 150 / COPY_BANDWIDTH_BPS
+    assert per.estimate["makespan_s"] == pytest.approx(63.0, abs=1e-8)
+    assert one.estimate["makespan_s"] == pytest.approx(9 + 2 * (10 + 150 / 1e12) + add150, rel=1e-13)
+    assert per.estimate["makespan_s"] > 63.0 + add50
+    # k=3: b's 2 s each.  Per gradient 12 transfers of 10 s on each channel from t=2: 122; bucketed
+    # ready at 6, 2 (k-1) = 4 steps: 46
+    cl3 = uniform(3, bandwidth=1e12, latency=10.0)
+    assert _place(g, cl3, 0).estimate["makespan_s"] == pytest.approx(122.0, abs=1e-8)
+    assert _place(g, cl3, 1.0).estimate["makespan_s"] == pytest.approx(46.0, abs=1e-8)
+
+
+def test_bucketing_loses_when_the_bucket_waits_for_its_last_gradient_by_hand():
+    # no latency, 100 B/s: a 50-byte chunk takes 0.5 s.  k=2, b's 3 s each.  Per gradient: g3's
+    # reduce-scatter transfer 3-3.5 and g2's 6-6.5 overlap the backward; its adds wait for the device
+    # (b1 outranks them) until 9; g1's transfer 9-9.5, then the three all-gather transfers queue on the
+    # channel: 9.5-10, 10-10.5, 10.5-11.  One bucket of 300 B waits for g1 (9): its 150-byte chunks take
+    # 1.5 s each way: 9 + 1.5 + add + 1.5 = 12.
+    g = three()
+    cl = uniform(2, bandwidth=100.0, latency=0.0)
+    per, one = _place(g, cl, 0), _place(g, cl, 1.0)
+    assert per.estimate["makespan_s"] == pytest.approx(11.0, rel=1e-12)
+    assert one.estimate["makespan_s"] == pytest.approx(12.0 + 3 * 150 / COPY_BANDWIDTH_BPS, rel=1e-12)
+
+
+def test_buckets_follow_the_ready_order_and_close_at_the_cap():
+    g = three((100, 200, 301))
+    # g3 (100) + g2 (200) reach a 300-byte cap: the bucket closes; g1 alone
+    d = data_parallel_graph(g, 2, bucket_mb=300 / MIB)
+    info = d.node_extra[d.index["bucket0/allreduce/bucket/rep1"]]["allreduce"]
+    assert info == {"bucket": 0, "of": ["b3", "b2"], "tensor": ["g3", "g2"], "phase": "bucket", "bytes": 300}
+    assert "b1/allreduce0/rep0" in d.index  # a bucket of one gradient is that gradient's ring
+    assert d.meta["data_parallel"]["buckets"] == 2
+    # the bucket's result feeds both updates with their own gradient, under its name
+    res = d.index["bucket0/allreduce/rep1"]
+    assert sorted((d.ids[d.edge_dst[e]], d.edge_bytes[e], d.tensor_name[d.edge_tensor[e]])
+                  for e in d.out_edges[res]) == [("u2/rep1", 200, "g2"), ("u3/rep1", 100, "g3")]
+    # a cap below every gradient: the per-gradient graph, node for node and edge for edge
+    small, per = data_parallel_graph(g, 3, bucket_mb=1 / MIB).to_dict(), data_parallel_graph(g, 3).to_dict()
+    assert small["nodes"] == per["nodes"] and small["edges"] == per["edges"]
+
+
+def test_a_gradient_made_after_an_update_of_the_bucket_starts_a_new_bucket():
+    # u3 -> b1: g1's producer runs after g3's update, so g1 cannot join g3's bucket (a cycle)
+    doc = three().to_dict()
+    doc["edges"].append({"src": "u3", "dst": "b1", "bytes": 0, "tensor": "step"})
+    g = Graph.from_dict(doc)
+    d = data_parallel_graph(g, 2, bucket_mb=1.0)
+    assert d.meta["data_parallel"]["buckets"] == 2 and "b1/allreduce0/rep0" in d.index
+    assert d.node_extra[d.index["bucket0/allreduce/bucket/rep0"]]["allreduce"]["of"] == ["b3", "b2"]
+
+
+def test_bucket_recipe_round_trip_and_forgeries_through_the_cli(tmp_path):
+    gpath = tmp_path / "three.json"
+    gpath.write_text(json.dumps(three().to_dict()))
+    cl = ["--cluster", "8xA100-nvswitch"]
+    r = CliRunner().invoke(main, ["place", str(gpath), "--algo", "data-parallel", "-p", "bucket_mb=1", *cl,
+                                  "--no-timings"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["derivation"]["steps"][0]["bucket_mb"] == 1.0 and doc["estimate"]["buckets"] == 1
+    ppath = tmp_path / "p.json"
+    ppath.write_text(r.stdout)
+    ok = CliRunner().invoke(main, ["simulate", str(gpath), "-P", str(ppath), *cl])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["makespan_s"] == pytest.approx(doc["estimate"]["makespan_s"], rel=1e-12)
+    # 8 replicas x 6 nodes, then the bucket nodes where the recipe's bucket_mb=0 gives g3's ring
+    for value, message in ((0, "split_graph node #48 does not derive from graph 'three': it is "
+                               "'bucket0/allreduce/bucket/rep0', the derivation gives 'b3/allreduce0/rs0/rep0'"),
+                           (-1, "bucket_mb must be between 0 and"), ("1", "has a field of the wrong type")):
+        forged = copy.deepcopy(doc)
+        forged["derivation"]["steps"][0]["bucket_mb"] = value
+        ppath.write_text(json.dumps(forged))
+        bad = CliRunner().invoke(main, ["simulate", str(gpath), "-P", str(ppath), *cl])
+        assert bad.exit_code == 1 and bad.stdout == "", (value, bad.output)
+        assert message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, (value, bad.stderr)
+    # without the recipe's bucket_mb the carried bucketed graph does not derive: rejected, not re-bucketed
+    forged = copy.deepcopy(doc)
+    del forged["derivation"]["steps"][0]["bucket_mb"]
+    ppath.write_text(json.dumps(forged))
+    bad = CliRunner().invoke(main, ["simulate", str(gpath), "-P", str(ppath), *cl])
+    assert bad.exit_code == 1 and "does not derive from graph 'three'" in bad.stderr
+    usage = CliRunner().invoke(main, ["place", str(gpath), "--algo", "data-parallel", "-p", "bucket_mb=-2"])
+    assert usage.exit_code in (1, 2) and usage.stdout == "" and "bucket_mb" in usage.stderr

@@ -245,6 +245,34 @@ def test_cli_usage_and_input_errors(tmp_path):
     assert r.exit_code == 1 and "no such file" in r.output
 
 
+def test_profile_request_library_call(tmp_path):
+    """The click command is a thin layer: make() gives the same documents, and the same usage rules."""
+    from celeritas_cli.profile.request import ProfileRequest, fit_lines, make, summary_line
+
+    res = make(ProfileRequest(synthetic="layered", nodes=50, seed=2))
+    assert res.kind == "graph" and res.doc == synthetic("layered", 50, 2) and res.table is None
+    assert summary_line(res.doc).startswith("layered_n50_s2: 50 nodes")
+    m = tmp_path / "m.json"
+    m.write_text(json.dumps(meas_doc()))
+    res = make(ProfileRequest(measurements=str(m), target_batch=16))
+    assert res.doc["nodes"][0]["memory_bytes"] == 1000 + 100 * 16
+    assert res.table is not None and res.how.startswith("leave-one-out")    # three sizes: 2, 4, 8
+    s = tmp_path / "s.json"
+    s.write_text(json.dumps(samples_doc()))
+    said = []
+    res = make(ProfileRequest(comm_fit=str(s)), said.append)
+    assert res.kind == "cluster" and any(line.startswith("gpu0->gpu1: k = 1e-10 s/B") for line in fit_lines(res.doc))
+    for req, message in ((ProfileRequest(), "got none"),
+                         (ProfileRequest(synthetic="layered", model="x"), "got --model, --synthetic"),
+                         (ProfileRequest(synthetic="layered", processes=2), "--processes goes with --comm-bench"),
+                         (ProfileRequest(measurements=str(m)), "needs --target-batch"),
+                         (ProfileRequest(model="x", batch_sizes=[2, 4]), "--batch-sizes needs --target-batch"),
+                         (ProfileRequest(model="x", target_batch=8), "--target-batch needs --batch-sizes")):
+        assert message in req.usage_problem()
+        with pytest.raises(InvalidInput, match=message.replace("-", "\\-")):
+            make(req)
+
+
 def test_torch_parts_raise_missing_dependency_without_torch(monkeypatch):
     from celeritas_cli.profile.capture import require_torch
 

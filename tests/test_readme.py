@@ -109,8 +109,8 @@ def needs(command: str) -> set[str]:
         want.add("torch")
     if "--executor ray" in command:
         want.add("ray")
-    if "--comm-bench" in command:
-        want.add("gpus")
+    if "--comm-bench" in command and "--processes" not in command:
+        want.add("gpus")  # --comm-bench --processes N measures between processes, on CPUs too
     return want
 
 
@@ -164,6 +164,30 @@ def test_comment_stripping_and_stage_parsing():
     assert reads == ["x.json", "examples/e.json"] and writes == ["out.json"]
     [(args, reads, writes)] = segments("placer profile --model models/net.py:Net -b 4 -o g.json")
     assert reads == ["models/net.py"] and writes == ["g.json"]
+
+
+def test_needs_gpus_only_for_the_cuda_comm_bench():
+    assert needs("placer profile --comm-bench -o c.json") == {"gpus"}
+    assert needs("placer profile --comm-bench --processes 2 -o cpu2.json") == set()
+
+
+def test_layout_lists_every_subpackage():
+    text = README.read_text()
+    layout = text[text.index("## Layout"):]
+    packages = sorted(p.name for p in (ROOT / "celeritas_cli").iterdir()
+                      if p.is_dir() and not p.name.startswith("_") and p.name != "__pycache__")
+    assert {"run", "optimize", "sim", "model"} <= set(packages)
+    for name in packages:
+        assert f"\n  {name}/ " in layout, f"README.md's Layout does not list celeritas_cli/{name}/"
+
+
+def test_algorithm_tables_list_every_registered_name():
+    from celeritas_cli import registry
+    text = README.read_text()
+    listed = registry.names() + registry.coarsener_names()
+    assert "auto" in listed and "cpd" in listed
+    for name in listed:
+        assert f"| `{name}` |" in text, f"README.md's algorithm tables do not list `{name}`"
 
 
 def _fresh_clone(tmp: Path) -> Path:

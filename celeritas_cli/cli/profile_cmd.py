@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 
 from ..errors import InvalidInput
-from ..model.graph import Graph
-from ..model.jsonio import label_of, read_json
+from ..profile.request import ProfileRequest, fit_lines, make, summary_line
 from .common import emit, output_option, seed_option, stderr_console
 
 
@@ -36,18 +37,6 @@ def _config(pairs: tuple[str, ...]) -> dict:
         else:
             out[k.strip()] = {"true": True, "false": False}.get(v.strip().lower(), v.strip())
     return out
-
-
-def _summary(console, doc: dict) -> None:
-    from ..model.costs import cost_model
-    from ..model.io import load_cluster
-
-    g = Graph.from_dict(doc, doc.get("name", "graph"))
-    ccr = cost_model(g, load_cluster(None)).ccr() if g.m else 0.0
-    measured = (doc.get("meta") or {}).get("measured")
-    where = f"measured on {measured['device']}" if isinstance(measured, dict) else "V100"
-    console.print(f"placer profile: {g.name}: {g.n} nodes, {g.m} edges, CCR {ccr:.2f} on 4xV100-pcie, "
-                  f"memory {g.total_memory() / 2**30:.2f} GiB, compute {sum(g.compute):.4f} s ({where})")
 
 
 @click.command("profile")
@@ -109,96 +98,38 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
 
     Only the JSON document goes to stdout; progress and the fit report go to stderr.
     """
+    req = ProfileRequest(model=model, batch_size=batch_size, phase=phase, target_batch=target_batch,
+                         measurements=measurements, measure=measure, threads=threads, comm_fit=comm_fit,
+                         comm_bench=comm_bench, processes=processes, synthetic=synthetic, nodes=nodes, seed=seed)
+    if req.sources() == ["--model"] and processes is None:   # parsed only where they are used
+        req = replace(req, batch_sizes=_sizes(batch_sizes), config=_config(config))
+    problem = req.usage_problem()
+    if problem:
+        raise click.UsageError(problem)
     console = stderr_console()
-    modes = [m for m, on in (("--model", model is not None), ("--from-measurements", measurements is not None),
-                             ("--comm-fit", comm_fit is not None), ("--comm-bench", comm_bench),
-                             ("--synthetic", synthetic is not None)) if on]
-    if len(modes) != 1:
-        raise click.UsageError("give exactly one of --model, --from-measurements, --comm-fit, --comm-bench, "
-                               f"--synthetic (got {', '.join(modes) or 'none'})")
-    mode = modes[0]
-    if processes is not None and mode != "--comm-bench":
-        raise click.UsageError("--processes goes with --comm-bench")
 
     def progress(msg: str) -> None:
         console.print(f"placer profile: {msg}")
 
-    if mode == "--synthetic":
-        from ..profile import synthetic as make
+    res = make(req, progress)
+    if res.kind == "cluster":
+        for line in fit_lines(res.doc):
+            progress(line)
+    else:
+        _report(res, console, progress)
+    emit(res.doc, output)
 
-        doc = make(synthetic, nodes, seed)
-        _summary(console, doc)
-        emit(doc, output)
-        return
-    if mode in ("--comm-fit", "--comm-bench"):
-        from ..log import warn
-        from ..model.cluster import Cluster
-        from ..profile.commfit import comm_bench as bench
-        from ..profile.commfit import fit_cluster
 
-        if mode == "--comm-bench" and processes is not None:
-            from ..run.commbench import bench_processes
-
-            samples = bench_processes(processes, threads=threads, progress=progress)
-            label = "comm-bench"
-        elif mode == "--comm-bench":
-            samples = bench(progress=progress)
-            label = "comm-bench"
-        else:
-            samples = read_json(comm_fit)
-            label = label_of(comm_fit)
-        doc = fit_cluster(samples, label=label, warn=warn, weighting="relative" if processes else "none")
-        if samples.get("meta"):
-            doc["meta"]["comm_bench"] = samples["meta"]
-        Cluster.from_dict(doc, label="fitted cluster")
-        for pair, f in doc["meta"]["fit"].items():
-            console.print(f"placer profile: {pair}: k = {f['k']:.4g} s/B (bandwidth {1 / f['k'] / 1e9:.3f} GB/s), "
-                          f"b = {f['b']:.3g} s, R^2 = {f['r2']:.4f}, {f['n']} samples")
-        emit(doc, output)
-        return
-
+def _report(res, console, progress) -> None:
+    """The Standard Evaluation deviation (or why there is none) and the graph's summary, on stderr."""
     from ..profile.regression import print_deviation
 
-    if mode == "--from-measurements":
-        from ..profile import from_measurements
-
-        if target_batch is None:
-            raise click.UsageError("--from-measurements needs --target-batch")
-        doc, table, how = from_measurements(read_json(measurements), target_batch, label=label_of(measurements))
-    else:
-        sizes = _sizes(batch_sizes)
-        cfg = _config(config)
-        if sizes is not None:
-            if target_batch is None:
-                raise click.UsageError("--batch-sizes needs --target-batch")
-            from ..profile import standard_evaluation
-
-            doc, table, how = standard_evaluation(model, sizes, target_batch, phase=phase, config=cfg,
-                                                  measure=measure, threads=threads, progress=progress)
-        else:
-            if target_batch is not None:
-                raise click.UsageError("--target-batch needs --batch-sizes (or --from-measurements)")
-            from ..profile import capture_model
-
-            if batch_size is None:
-                from ..profile.capture import require_torch
-
-                require_torch()
-                from ..profile.zoo import ZOO
-
-                batch_size = ZOO[model].paper_batch if model in ZOO else 32
-                progress(f"no --batch-size given, using {batch_size}")
-            progress(f"capturing {model} ({phase}) at batch {batch_size}")
-            doc = capture_model(model, batch_size, phase=phase, config=cfg, measure=measure, threads=threads,
-                                progress=progress)
-            table, how = None, ""
-    if table is not None:
-        print_deviation(table, title=f"Standard Evaluation fit, per-node relative deviation ({how}); "
-                                     f"cf. Celeritas Table 5", console=console)
-    elif how:
-        progress(f"no deviation report: {how}")
+    if res.table is not None:
+        print_deviation(res.table, title=f"Standard Evaluation fit, per-node relative deviation ({res.how}); "
+                                         f"cf. Celeritas Table 5", console=console)
+    elif res.how:
+        progress(f"no deviation report: {res.how}")
     try:
-        _summary(console, doc)
+        progress(summary_line(res.doc))
     except InvalidInput as exc:
         raise InvalidInput(f"profile produced an invalid graph (a bug, please report): {exc}") from None
-    emit(doc, output)

@@ -3,7 +3,7 @@
 Each *cell* places one graph on one cluster with one registered algorithm
 (optionally on a coarse graph made by a registered coarsening method), times
 the placement (Celeritas 6.3 / Table 4), simulates it on the **original**
-graph (the judge, DESIGN.md) and keeps the makespan, OOM status, makespan /
+graph (the judge, docs/design.md) and keeps the makespan, OOM status, makespan /
 lower bound, utilisation, transfer totals and times as one flat result row
 (``placer.compare/v1``).  The package, by responsibility:
 

@@ -7,7 +7,7 @@ References
 ----------
 Celeritas 6.3 and Table 4 (placement generation time, coarse graph
 generation included); the simulated makespan stands in for the measured
-step time (DESIGN.md: the simulator is the judge).
+step time (docs/design.md: the simulator is the judge).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Algorithms have their own palette (:data:`ALGO_PALETTE`, unlike the
 operation-type colours of the Gantt charts) and a legend; columns are named
 as in the tables (``cpd+adjusting`` for an algorithm placed on the cpd
 coarse graph).  Each panel draws a labelled dashed line at the lower bound
-(DESIGN.md, simulator item 6), the best bar outlined, OOM cells as hatched
+(docs/design.md, simulator item 6), the best bar outlined, OOM cells as hatched
 red bars (the simulated makespan of a placement that would not fit), failed
 cells as a cross.  PNG output needs matplotlib (the ``plot`` extra) and
 draws the same figure; the Gantt charts come from :mod:`celeritas_cli.sim.gantt`.

@@ -1,7 +1,8 @@
 """The ``estimate`` of a placement: what the algorithm predicts, and on what.
 
-DESIGN.md: "``estimate`` is the algorithm's own prediction.  Reports never
-quote it as the result: the result is what ``simulate`` computes."  An
+docs/design.md: "``estimate`` is the algorithm's own prediction and solver
+status.  Reports never quote it as the result: the result is what
+``simulate`` computes."  An
 estimate is only useful when it says where its numbers come from, so the
 typed record :class:`Estimate` carries, next to ``makespan_s`` and
 ``status`` (their meaning unchanged):
@@ -86,7 +87,7 @@ class Estimate(Mapping):
         if self.graph not in GRAPH_KINDS:
             raise ValueError(f"estimate: graph must be one of {GRAPH_KINDS}, got {self.graph!r}")
         if self.makespan_s is not None and self.makespan_by is None:
-            # DESIGN.md: the estimate is the algorithm's own prediction
+            # docs/design.md: the estimate is the algorithm's own prediction
             self.makespan_by = "model"
 
     # ------------------------------------------------------------- build
@@ -94,7 +95,7 @@ class Estimate(Mapping):
     def from_dict(cls, doc: Mapping | None, label: str = "estimate") -> "Estimate":
         """An :class:`Estimate` from a flat mapping (an algorithm's dict, or
         the ``estimate`` object of a placement file).  A makespan without
-        ``makespan_by`` is the algorithm's own model's (DESIGN.md).
+        ``makespan_by`` is the algorithm's own model's (docs/design.md).
 
         Raises
         ------

@@ -34,101 +34,125 @@ def layered_doc(n: int, seed: int = 0, *, training: bool = True, name: str | Non
         raise ValueError("n must be >= 1")
     if n == 1:
         training = False
-    rng = random.Random(seed)
-    nodes: list[dict] = []
-    edges: list[dict] = []
-    out_bytes: list[int] = []
-    fwd_edges: list[tuple[int, int]] = []
-    is_param: list[bool] = []
+    b = _Builder(random.Random(seed), training, bytes_scale, memory_scale)
+    b.forward(n, residual_prob)
+    nf = len(b.nodes)
+    for s, d in b.fwd_edges:
+        b.edges.append({"src": b.nodes[s]["id"], "dst": b.nodes[d]["id"], "bytes": b.out_bytes[s],
+                        "tensor": "out0"})
+    if training:
+        grad = b.backward(nf)
+        b.updates(nf, grad, n)
+    return {"schema": GRAPH_SCHEMA, "name": name or f"layered_n{n}_s{seed}",
+            "meta": {"source": f"synthetic layered n={n} seed={seed}",
+                     "phase": "training" if training else "inference"},
+            "nodes": b.nodes, "edges": b.edges}
 
-    def budget(f: int, p: int) -> int:
-        return 2 * f + p if training else f
 
-    def add_node(op: str) -> int:
-        i = len(nodes)
+class _Builder:
+    """The growing document of :func:`layered_doc`; one method per pass, drawing from one ``rng`` in a
+    fixed order (forward, backward, updates), so ``(n, seed)`` fixes the graph."""
+
+    def __init__(self, rng: random.Random, training: bool, bytes_scale: float, memory_scale: float):
+        self.rng, self.training = rng, training
+        self.bytes_scale, self.memory_scale = bytes_scale, memory_scale
+        self.nodes: list[dict] = []
+        self.edges: list[dict] = []
+        self.out_bytes: list[int] = []
+        self.fwd_edges: list[tuple[int, int]] = []
+        self.is_param: list[bool] = []
+        self.nparams = 0
+
+    def budget(self) -> int:
+        """Nodes the graph will have once the backward pass and updates are added."""
+        f = len(self.nodes)
+        return 2 * f + self.nparams if self.training else f
+
+    def add_node(self, op: str) -> int:
+        rng = self.rng
+        i = len(self.nodes)
         heavy = op in HEAVY
-        act = int(rng.lognormvariate(0.4, 0.8) * MiB * bytes_scale)
+        act = int(rng.lognormvariate(0.4, 0.8) * MiB * self.bytes_scale)
         # light ops are memory-bound (read + write at ~900 GB/s); heavy ops skewed
         comp = rng.lognormvariate(-11.1, 1.0) if heavy else 2.0 * act / 9.0e11 * rng.uniform(0.8, 1.5)
-        params = int(rng.lognormvariate(-0.3, 1.2) * MiB * memory_scale) if heavy else 0
-        mem = act + (4 * params if training else params)  # weights, grads, 2 Adam moments
-        nodes.append({"id": f"{op.split('.')[-1]}_{i}", "op": op, "compute_s": round(comp, 9),
-                      "memory_bytes": mem})
+        params = int(rng.lognormvariate(-0.3, 1.2) * MiB * self.memory_scale) if heavy else 0
+        mem = act + (4 * params if self.training else params)  # weights, grads, 2 Adam moments
+        self.nodes.append({"id": f"{op.split('.')[-1]}_{i}", "op": op, "compute_s": round(comp, 9),
+                           "memory_bytes": mem})
         if heavy:
-            nodes[-1]["splittable"] = ["batch", "channel"] if op == "aten.convolution" else ["batch"]
-            nodes[-1]["batch_independent"] = {"memory_bytes": mem - act, "state_bytes": params}
-        out_bytes.append(act)
-        is_param.append(heavy)
+            self.nodes[-1]["splittable"] = ["batch", "channel"] if op == "aten.convolution" else ["batch"]
+            self.nodes[-1]["batch_independent"] = {"memory_bytes": mem - act, "state_bytes": params}
+        self.out_bytes.append(act)
+        self.is_param.append(heavy)
+        self.nparams += heavy
         return i
 
-    def add_edge(s: int, d: int) -> None:
-        fwd_edges.append((s, d))
+    def forward(self, n: int, residual_prob: float) -> None:
+        """Blocks of 1-4 branches of 1-4 ops (a heavy op, then light ones), a join and maybe a residual
+        edge, until the finished graph would reach *n* nodes."""
+        rng = self.rng
+        prev = self.add_node("aten.convolution")
+        while self.budget() < n:
+            width = rng.choice((1, 1, 1, 2, 3, 4))
+            tails = []
+            for _ in range(width):
+                length = rng.randint(1, 4)
+                cur = prev
+                for j in range(length):
+                    if self.budget() >= n:
+                        break
+                    v = self.add_node(rng.choice(HEAVY) if j == 0 else rng.choice(LIGHT))
+                    self.fwd_edges.append((cur, v))
+                    cur = v
+                if cur != prev:
+                    tails.append(cur)
+            if self.budget() >= n or not tails:
+                break
+            join = self.add_node("aten.cat" if len(tails) > 1 else "aten.add")
+            for t in tails:
+                self.fwd_edges.append((t, join))
+            if rng.random() < residual_prob and prev not in tails:
+                self.fwd_edges.append((prev, join))
+            prev = join
 
-    nparams = 0
-    prev = add_node("aten.convolution")
-    nparams += 1
-    while budget(len(nodes), nparams) < n:
-        width = rng.choice((1, 1, 1, 2, 3, 4))
-        tails = []
-        for _ in range(width):
-            length = rng.randint(1, 4)
-            cur = prev
-            for j in range(length):
-                if budget(len(nodes), nparams) >= n:
-                    break
-                op = rng.choice(HEAVY) if j == 0 else rng.choice(LIGHT)
-                v = add_node(op)
-                nparams += is_param[v]
-                add_edge(cur, v)
-                cur = v
-            if cur != prev:
-                tails.append(cur)
-        if budget(len(nodes), nparams) >= n or not tails:
-            break
-        join = add_node("aten.cat" if len(tails) > 1 else "aten.add")
-        for t in tails:
-            add_edge(t, join)
-        if rng.random() < residual_prob and prev not in tails:
-            add_edge(prev, join)
-        prev = join
-
-    nf = len(nodes)
-    for s, d in fwd_edges:
-        edges.append({"src": nodes[s]["id"], "dst": nodes[d]["id"], "bytes": out_bytes[s],
-                      "tensor": "out0"})
-    if training:
+    def backward(self, nf: int) -> list[int]:
+        """One gradient op per forward op (reverse order), the reversed edges and the saved activation
+        edges; returns forward node -> its gradient node."""
+        nodes, edges, out_bytes = self.nodes, self.edges, self.out_bytes
         grad = [0] * nf
         for v in reversed(range(nf)):
             g = len(nodes)
             base = nodes[v]
             nodes.append({"id": f"grad_{base['id']}", "op": base["op"] + "_backward",
-                          "compute_s": round(base["compute_s"] * rng.uniform(1.5, 2.5), 9),
+                          "compute_s": round(base["compute_s"] * self.rng.uniform(1.5, 2.5), 9),
                           "memory_bytes": out_bytes[v]})
             grad[v] = g
-        for s, d in fwd_edges:
+        for s, d in self.fwd_edges:
             # gradient flows d -> s; the gradient of s's output is as large as s's output
             edges.append({"src": nodes[grad[d]]["id"], "dst": nodes[grad[s]]["id"], "bytes": out_bytes[s],
                           "tensor": f"dgrad_{nodes[s]['id']}"})
         for v in range(nf):
             edges.append({"src": nodes[v]["id"], "dst": nodes[grad[v]]["id"], "bytes": out_bytes[v],
                           "tensor": "out0"})
-        updates = [v for v in range(nf) if is_param[v]]
+        return grad
+
+    def updates(self, nf: int, grad: list[int], n: int) -> None:
+        """An Adam update per parameterised op (as many as fit in *n* nodes), colocated with it and fed
+        by its gradient op."""
+        nodes = self.nodes
+        updates = [v for v in range(nf) if self.is_param[v]]
         excess = 2 * nf + len(updates) - n
         if excess > 0:
             updates = updates[:len(updates) - excess]
         for v in updates:
             group = f"w:{nodes[v]['id']}"
             nodes[v]["colocation"] = group
-            pbytes = max(1, (nodes[v]["memory_bytes"] - out_bytes[v]) // 4)
+            pbytes = max(1, (nodes[v]["memory_bytes"] - self.out_bytes[v]) // 4)
             u = {"id": f"update_{nodes[v]['id']}", "op": "aten._fused_adam",
-                 "compute_s": round(rng.lognormvariate(-11.0, 0.5), 9), "memory_bytes": 0,
+                 "compute_s": round(self.rng.lognormvariate(-11.0, 0.5), 9), "memory_bytes": 0,
                  "colocation": group}
             nodes.append(u)
-            edges.append({"src": nodes[grad[v]]["id"], "dst": u["id"], "bytes": pbytes, "tensor": "wgrad"})
-    return {"schema": GRAPH_SCHEMA, "name": name or f"layered_n{n}_s{seed}",
-            "meta": {"source": f"synthetic layered n={n} seed={seed}",
-                     "phase": "training" if training else "inference"},
-            "nodes": nodes, "edges": edges}
+            self.edges.append({"src": nodes[grad[v]]["id"], "dst": u["id"], "bytes": pbytes, "tensor": "wgrad"})
 
 
 def layered(n: int, seed: int = 0, **kwargs) -> Graph:

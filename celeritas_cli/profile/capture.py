@@ -215,124 +215,170 @@ def trace_to_doc(tr: Trace, *, name: str, meta: dict, optimizer: str = "adam") -
     meta : written to ``meta`` (source, phase, batch size ...).
     optimizer : ``adam`` (2 moments per parameter) or ``sgd`` (no state).
     """
-    import torch
-
     sm = map_trace(tr, optimizer)
-    n_params, n_buffers = len(tr.param_names), len(tr.buffer_names)
-    state_names = sm.state_names
     nodes = [{"id": nid, "op": op} for nid, op in zip(sm.ids, sm.ops)]
-    fx_of, in_refs, state_refs, out_bytes = sm.fx_of, sm.in_refs, sm.state_refs, sm.out_bytes
-    opt_nodes, owner, backward_from = sm.opt_param, sm.owner, sm.backward_from
+    n_state = len(tr.param_names) + len(tr.buffer_names)
     placeholders = [n for n in tr.gm.graph.nodes if n.op == "placeholder"]
+    state_bytes, state_numel = _state_sizes(placeholders[:n_state], n_state)
+    colocation = _colocation(sm)
+    state_edges = _state_edges(sm)
+    batch_dep = _batch_dependent(sm)
+    state_readers = _state_readers(sm, state_edges)
+    kept_grad: dict[int, set[int]] = {}      # node -> its outputs an optimizer update reads (kept gradients)
+    for v in sm.opt_param:
+        for (u, k) in sm.in_refs[v]:
+            kept_grad.setdefault(u, set()).add(k)
+    for v, nd in enumerate(nodes):
+        _fill_node(nd, v, sm, optimizer=optimizer, state_bytes=state_bytes, state_numel=state_numel,
+                   kept=sum(sm.out_bytes[v][k] for k in sorted(kept_grad.get(v, ()))),
+                   batch_dep=batch_dep[v], readers=state_readers.get(v), colocation=colocation.get(v))
+    edges = _edges(sm, state_edges, state_bytes)
+    return {"schema": GRAPH_SCHEMA, "name": name, "meta": _meta(meta, sm, state_bytes, state_numel),
+            "nodes": nodes, "edges": edges}
 
-    # ---- colocation of each owner with its parameters' updates (module docstring, point 4)
-    state_bytes = [0] * (n_params + n_buffers)
-    state_numel = [0] * (n_params + n_buffers)
-    for k, ph in enumerate(placeholders[:n_params + n_buffers]):
+
+def _state_sizes(placeholders: list, n_state: int) -> tuple[list[int], list[int]]:
+    """Bytes and element counts of every parameter and buffer (placeholders in state order)."""
+    state_bytes = [0] * n_state
+    state_numel = [0] * n_state
+    for k, ph in enumerate(placeholders):
         state_bytes[k] = nbytes(ph.meta.get("val"))
         state_numel[k] = int(ph.meta["val"].numel()) if _is_tensor(ph.meta.get("val")) else 0
+    return state_bytes, state_numel
+
+
+def _colocation(sm) -> dict[int, str]:
+    """Colocation of each owner with its parameters' updates (module docstring, point 4):
+    node -> ``param:<first owned state name>``."""
+    owner = sm.owner
     group_of: dict[int, str] = {}            # owner node -> group name (its first owned state)
     for st in sorted(owner, key=lambda x: (owner[x], x)):
-        group_of.setdefault(owner[st], "param:" + state_names[st])
+        group_of.setdefault(owner[st], "param:" + sm.state_names[st])
     colocation: dict[int, str] = dict(group_of)
-    for v, p in opt_nodes.items():
+    for v, p in sm.opt_param.items():
         colocation[v] = group_of[owner[p]]
-    state_edges: list[list[tuple[int, int]]] = [[] for _ in nodes]   # v -> [(owner, state)]
-    for v, refs in enumerate(state_refs):
-        if v in opt_nodes:
+    return colocation
+
+
+def _state_edges(sm) -> list[list[tuple[int, int]]]:
+    """Per node, the ``(owner, state)`` pairs it reads from another node (parameter reads cross devices)."""
+    state_edges: list[list[tuple[int, int]]] = [[] for _ in sm.ids]
+    for v, refs in enumerate(sm.state_refs):
+        if v in sm.opt_param:
             continue
         for st in refs:
-            u = owner[st]
+            u = sm.owner[st]
             if u != v and (u, st) not in state_edges[v]:
                 state_edges[v].append((u, st))
+    return state_edges
 
-    total_state_unowned = 0
-    for s in range(n_params + n_buffers):
-        if s not in owner:
-            total_state_unowned += state_bytes[s]
 
-    # ---- node fields
-    kept_grad: dict[int, set[int]] = {}
-    for v in opt_nodes:
-        for (u, k) in in_refs[v]:
-            kept_grad.setdefault(u, set()).add(k)
-    # batch-dependent nodes: reached from a model input (state and constants do not depend on the batch)
-    batch_dep = [False] * len(nodes)
-    for v in range(len(nodes)):
-        if v in opt_nodes:
+def _batch_dependent(sm) -> list[bool]:
+    """Nodes reached from a model input (state and constants do not depend on the batch)."""
+    batch_dep = [False] * len(sm.ids)
+    for v in range(len(sm.ids)):
+        if v in sm.opt_param:
             continue
-        batch_dep[v] = fx_of[v] is not None and fx_of[v].op == "placeholder" or any(
-            batch_dep[u] for (u, _) in in_refs[v])
+        batch_dep[v] = sm.fx_of[v] is not None and sm.fx_of[v].op == "placeholder" or any(
+            batch_dep[u] for (u, _) in sm.in_refs[v])
+    return batch_dep
+
+
+def _state_readers(sm, state_edges) -> dict[int, list[str]]:
+    """Owner node -> the tensors (``<owner>:<state name>``) carrying its state to later readers."""
     state_readers: dict[int, list[str]] = {}
-    for v in range(len(nodes)):
+    for v in range(len(sm.ids)):
         for (u, st) in state_edges[v]:
-            tname = f"{nodes[u]['id']}:{state_names[st]}"
+            tname = f"{sm.ids[u]}:{sm.state_names[st]}"
             if tname not in state_readers.setdefault(u, []):
                 state_readers[u].append(tname)
-    for v, nd in enumerate(nodes):
-        fxn = fx_of[v]
-        grads_kept = sum(out_bytes[v][k] for k in sorted(kept_grad.get(v, ())))
-        if backward_from <= v and v not in opt_nodes:
-            # backward outputs are transient, except parameter gradients (kept until the update)
-            mem = grads_kept
-        else:
-            mem = sum(out_bytes[v])
-        owned = sum(state_bytes[s] for s in state_refs[v] if owner.get(s) == v)
-        read = sum(state_bytes[s] for s in state_refs[v])  # own and others' parameters this node reads
-        mem += owned
-        if v in opt_nodes:
-            p = opt_nodes[v]
-            moments = 2 if optimizer == "adam" else 0
-            mem += moments * state_bytes[p]
-            flops = (12 if optimizer == "adam" else 2) * state_numel[p]
-            moved = (7 if optimizer == "adam" else 3) * state_bytes[p]
-            dtype, tc = "float32", False
-        elif fxn.op == "placeholder":
-            flops, moved, dtype, tc = 0, 0, "float32", False
-        else:
-            flops = _flops(fxn, nd["op"])
-            ins = [a.meta.get("val") for a in dict.fromkeys(
-                x for x in flat((fxn.args, fxn.kwargs)) if isinstance(x, torch.fx.Node))]
-            moved = sum(nbytes(a) for a in ins if _is_tensor(a)) + sum(out_bytes[v])
-            dtype = _dtype_name(ins + outputs(fxn.meta.get("val")))
-            tc = is_tensor_core_op(nd["op"])
-        by_type = dev.times_by_type(flops, moved, dtype=dtype, tensor_core_op=tc)
-        nd["compute_s"] = by_type[dev.REFERENCE]
-        nd["compute_by_type"] = by_type
-        nd["memory_bytes"] = int(mem)
-        if v in colocation:
-            nd["colocation"] = colocation[v]
-        split = SPLITTABLE.get(short(nd["op"]))
-        if split and batch_dep[v]:
-            nd["splittable"] = split
-        nd["flops"] = int(flops)
-        nd["bytes_moved"] = int(moved)
-        nd["output_bytes"] = int(sum(out_bytes[v]))
-        fixed = {"memory_bytes": int(mem if not batch_dep[v] else owned + grads_kept),
-                 "state_bytes": int(owned),
-                 "bytes_moved": int(moved if not batch_dep[v] else min(moved, read + grads_kept))}
-        if state_readers.get(v):
-            fixed["state_tensors"] = state_readers[v]
-        if any(fixed.values()):
-            nd["batch_independent"] = fixed
+    return state_readers
 
+
+def _work(nd: dict, v: int, sm, optimizer: str, state_bytes, state_numel) -> tuple[int, int, str, bool]:
+    """FLOPs, bytes moved, dtype and tensor-core use of graph node *v* (module docstring, point 6)."""
+    import torch
+
+    if v in sm.opt_param:
+        p = sm.opt_param[v]
+        flops = (12 if optimizer == "adam" else 2) * state_numel[p]
+        moved = (7 if optimizer == "adam" else 3) * state_bytes[p]
+        return flops, moved, "float32", False
+    fxn = sm.fx_of[v]
+    if fxn.op == "placeholder":
+        return 0, 0, "float32", False
+    flops = _flops(fxn, nd["op"])
+    ins = [a.meta.get("val") for a in dict.fromkeys(
+        x for x in flat((fxn.args, fxn.kwargs)) if isinstance(x, torch.fx.Node))]
+    moved = sum(nbytes(a) for a in ins if _is_tensor(a)) + sum(sm.out_bytes[v])
+    return flops, moved, _dtype_name(ins + outputs(fxn.meta.get("val"))), is_tensor_core_op(nd["op"])
+
+
+def _fill_node(nd: dict, v: int, sm, *, optimizer: str, state_bytes, state_numel, kept: int, batch_dep: bool,
+               readers: list[str] | None, colocation: str | None) -> None:
+    """Costs, memory, ``splittable`` and ``batch_independent`` of graph node *v* (module docstring, 5-7);
+    *kept* = bytes of its outputs kept as parameter gradients."""
+    owner = sm.owner
+    refs = sm.state_refs[v]
+    if sm.backward_from <= v and v not in sm.opt_param:
+        # backward outputs are transient, except parameter gradients (kept until the update)
+        mem = kept
+    else:
+        mem = sum(sm.out_bytes[v])
+    owned = sum(state_bytes[s] for s in refs if owner.get(s) == v)
+    read = sum(state_bytes[s] for s in refs)  # own and others' parameters this node reads
+    mem += owned
+    if v in sm.opt_param:
+        mem += (2 if optimizer == "adam" else 0) * state_bytes[sm.opt_param[v]]
+    flops, moved, dtype, tc = _work(nd, v, sm, optimizer, state_bytes, state_numel)
+    by_type = dev.times_by_type(flops, moved, dtype=dtype, tensor_core_op=tc)
+    nd["compute_s"] = by_type[dev.REFERENCE]
+    nd["compute_by_type"] = by_type
+    nd["memory_bytes"] = int(mem)
+    if colocation is not None:
+        nd["colocation"] = colocation
+    split = SPLITTABLE.get(short(nd["op"]))
+    if split and batch_dep:
+        nd["splittable"] = split
+    nd["flops"] = int(flops)
+    nd["bytes_moved"] = int(moved)
+    nd["output_bytes"] = int(sum(sm.out_bytes[v]))
+    fixed = {"memory_bytes": int(mem if not batch_dep else owned + kept),
+             "state_bytes": int(owned),
+             "bytes_moved": int(moved if not batch_dep else min(moved, read + kept))}
+    if readers:
+        fixed["state_tensors"] = readers
+    if any(fixed.values()):
+        nd["batch_independent"] = fixed
+
+
+def _edges(sm, state_edges, state_bytes) -> list[dict]:
+    """Data edges (one per producer output read), then each node's parameter reads from their owners."""
+    ids = sm.ids
     edges = []
-    for v in range(len(nodes)):
-        for (u, k) in in_refs[v]:
-            edges.append({"src": nodes[u]["id"], "dst": nodes[v]["id"],
-                          "bytes": int(out_bytes[u][k] if k < len(out_bytes[u]) else 0),
-                          "tensor": f"{nodes[u]['id']}:{k}"})
+    for v in range(len(ids)):
+        for (u, k) in sm.in_refs[v]:
+            edges.append({"src": ids[u], "dst": ids[v],
+                          "bytes": int(sm.out_bytes[u][k] if k < len(sm.out_bytes[u]) else 0),
+                          "tensor": f"{ids[u]}:{k}"})
         for (u, st) in state_edges[v]:
-            edges.append({"src": nodes[u]["id"], "dst": nodes[v]["id"], "bytes": int(state_bytes[st]),
-                          "tensor": f"{nodes[u]['id']}:{state_names[st]}"})
+            edges.append({"src": ids[u], "dst": ids[v], "bytes": int(state_bytes[st]),
+                          "tensor": f"{ids[u]}:{sm.state_names[st]}"})
+    return edges
+
+
+def _meta(meta: dict, sm, state_bytes, state_numel) -> dict:
+    """The caller's *meta* plus parameter counts, unused state and the cost model used."""
     meta = dict(meta)
+    n_params = sm.n_params
     meta["parameters"] = int(sum(state_numel[:n_params]))
     meta["parameter_bytes"] = int(sum(state_bytes[:n_params]))
-    if total_state_unowned:
-        meta["unused_state_bytes"] = int(total_state_unowned)
+    unowned = sum(b for s, b in enumerate(state_bytes) if s not in sm.owner)
+    if unowned:
+        meta["unused_state_bytes"] = int(unowned)
     meta["cost_model"] = (f"roofline on {', '.join(dev.DEVICES)}; compute_s = {dev.REFERENCE} "
                           f"(celeritas_cli.profile.devices)")
-    return {"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges}
+    return meta
 
 
 def profile_model(spec: str, batch: int, *, phase: str = "training", config: dict | None = None,

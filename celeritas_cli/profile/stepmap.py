@@ -144,89 +144,104 @@ def map_trace(tr, optimizer: str = "adam") -> StepMap:
     """
     import torch
 
-    gm = tr.gm
-    n_params, n_buffers = len(tr.param_names), len(tr.buffer_names)
-    sm = StepMap(state_names=tr.param_names + tr.buffer_names, n_params=n_params)
-    src = sm.src
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    expected = n_params + n_buffers + tr.n_inputs + 1          # the target (None in inference) is last
-    if len(placeholders) != expected:
-        raise InvalidInput(f"trace has {len(placeholders)} inputs, expected {expected}; the model's forward "
-                           f"arguments must be tensors")
-    for k, ph in enumerate(placeholders):
-        if k < n_params + n_buffers:
-            src[ph] = ("state", k)
-            continue
-        j = k - n_params - n_buffers
-        if j >= tr.n_inputs and not tr.has_target:
-            src[ph] = ("const",)
-            continue
-        nid = f"input_{j}" if j < tr.n_inputs else "target"
-        src[ph] = ("node", sm.add(nid, "placeholder", ph, [nbytes(ph.meta.get("val"))]), 0)
-
+    sm = StepMap(state_names=tr.param_names + tr.buffer_names, n_params=len(tr.param_names))
+    _map_placeholders(tr, sm)
     output_node = None
-    for fxn in gm.graph.nodes:
+    for fxn in tr.gm.graph.nodes:
         if fxn.op == "output":
             output_node = fxn
-            continue
-        if fxn.op != "call_function":
-            continue
-        op = op_name(fxn)
-        base = short(op) if op != "getitem" else "getitem"
-        tensor_args = [a for a in flat((fxn.args, fxn.kwargs)) if isinstance(a, torch.fx.Node)]
-        if base in VIEW_OPS:
-            first = tensor_args[0] if tensor_args else None
-            s = src.get(first, ("const",)) if first is not None else ("const",)
-            if base == "getitem" and s[0] == "node" and isinstance(fxn.args[1], int):
-                producer = sm.fx_of[s[1]]
-                producer_val = producer.meta.get("val") if producer is not None else None
-                if isinstance(producer_val, (tuple, list)) and first is producer:
-                    s = ("node", s[1], fxn.args[1])
-            src[fxn] = s
-            continue
-        srcs = [src.get(a, ("const",)) for a in tensor_args]
-        if base in FACTORY_OPS or all(s[0] == "const" for s in srcs):
-            # constants, and ops computed from constants only (a causal mask), are made where used
-            src[fxn] = ("const",)
-            continue
-        if not fxn.users and not any(s[0] == "node" for s in srcs):
-            # bookkeeping on state alone whose result nobody reads (BatchNorm's num_batches_tracked += 1)
-            src[fxn] = ("const",)
-            continue
-        outs = [nbytes(o) if isinstance(o, torch.Tensor) else 0 for o in outputs(fxn.meta.get("val"))]
-        v = sm.add(fxn.name, op, fxn, outs)
-        for s in srcs:
-            if s[0] == "node" and s[1] != v and (s[1], s[2]) not in sm.in_refs[v]:
-                sm.in_refs[v].append((s[1], s[2]))
-            elif s[0] == "state" and s[1] not in sm.state_refs[v]:
-                sm.state_refs[v].append(s[1])
-        src[fxn] = ("node", v, 0)
-
-    # ---- optimizer nodes (training): one per parameter with a gradient
+        elif fxn.op == "call_function":
+            _map_call(fxn, sm, torch.fx.Node, torch.Tensor)
     sm.backward_from = len(sm.ids)
     if output_node is not None and tr.grad_of:
-        outs = flat(output_node.args)
-        sm.loss = outs[0]
-        loss_src = src.get(outs[0], ("const",))
-        if loss_src[0] == "node":
-            sm.backward_from = loss_src[1] + 1
-        for p, g in zip(tr.grad_of, outs[1:]):
-            if not isinstance(g, torch.fx.Node):
-                continue
-            gs = src.get(g, ("const",))
-            kind = "adam" if optimizer == "adam" else "sgd"
-            v = sm.add(f"{kind}.{sm.state_names[p]}", f"optim.{kind}", None, [])
-            if gs[0] == "node":
-                sm.in_refs[v].append((gs[1], gs[2]))
-            sm.state_refs[v].append(p)
-            sm.opt_param[v] = p
-            sm.grad_fx[v] = g
+        _add_updates(sm, tr.grad_of, flat(output_node.args), optimizer, torch.fx.Node)
     elif output_node is not None:
         outs = flat(output_node.args)
         sm.loss = outs[0] if outs and isinstance(outs[0], torch.fx.Node) else None
-
-    # ---- parameter ownership (capture docstring, point 4)
+    # ---- parameter ownership (capture docstring, point 4): the first reader owns a state
     for v, refs in enumerate(sm.state_refs):
         for st in refs:
             sm.owner.setdefault(st, v)
     return sm
+
+
+def _map_placeholders(tr, sm: StepMap) -> None:
+    """Sources of the trace's inputs: parameters and buffers are state, model inputs and the
+    target are graph nodes (``input_<k>``, ``target``), an absent target (inference) is a constant."""
+    n_state = len(sm.state_names)
+    placeholders = [n for n in tr.gm.graph.nodes if n.op == "placeholder"]
+    expected = n_state + tr.n_inputs + 1          # the target (None in inference) is last
+    if len(placeholders) != expected:
+        raise InvalidInput(f"trace has {len(placeholders)} inputs, expected {expected}; the model's forward "
+                           f"arguments must be tensors")
+    for k, ph in enumerate(placeholders):
+        if k < n_state:
+            sm.src[ph] = ("state", k)
+            continue
+        j = k - n_state
+        if j >= tr.n_inputs and not tr.has_target:
+            sm.src[ph] = ("const",)
+            continue
+        nid = f"input_{j}" if j < tr.n_inputs else "target"
+        sm.src[ph] = ("node", sm.add(nid, "placeholder", ph, [nbytes(ph.meta.get("val"))]), 0)
+
+
+def _map_call(fxn, sm: StepMap, node_type, tensor_type) -> None:
+    """Classify one ``call_function`` fx node: a view of its first input, a constant, or a new graph node
+    reading the nodes and states its tensor arguments come from."""
+    src = sm.src
+    op = op_name(fxn)
+    base = short(op) if op != "getitem" else "getitem"
+    tensor_args = [a for a in flat((fxn.args, fxn.kwargs)) if isinstance(a, node_type)]
+    if base in VIEW_OPS:
+        src[fxn] = _view_source(fxn, base, tensor_args, sm)
+        return
+    srcs = [src.get(a, ("const",)) for a in tensor_args]
+    if base in FACTORY_OPS or all(s[0] == "const" for s in srcs):
+        # constants, and ops computed from constants only (a causal mask), are made where used
+        src[fxn] = ("const",)
+        return
+    if not fxn.users and not any(s[0] == "node" for s in srcs):
+        # bookkeeping on state alone whose result nobody reads (BatchNorm's num_batches_tracked += 1)
+        src[fxn] = ("const",)
+        return
+    outs = [nbytes(o) if isinstance(o, tensor_type) else 0 for o in outputs(fxn.meta.get("val"))]
+    v = sm.add(fxn.name, op, fxn, outs)
+    for s in srcs:
+        if s[0] == "node" and s[1] != v and (s[1], s[2]) not in sm.in_refs[v]:
+            sm.in_refs[v].append((s[1], s[2]))
+        elif s[0] == "state" and s[1] not in sm.state_refs[v]:
+            sm.state_refs[v].append(s[1])
+    src[fxn] = ("node", v, 0)
+
+
+def _view_source(fxn, base: str, tensor_args: list, sm: StepMap) -> tuple:
+    """Source of a view: its first input's, or output ``k`` of a graph node for ``getitem(node, k)``."""
+    first = tensor_args[0] if tensor_args else None
+    s = sm.src.get(first, ("const",)) if first is not None else ("const",)
+    if base == "getitem" and s[0] == "node" and isinstance(fxn.args[1], int):
+        producer = sm.fx_of[s[1]]
+        producer_val = producer.meta.get("val") if producer is not None else None
+        if isinstance(producer_val, (tuple, list)) and first is producer:
+            s = ("node", s[1], fxn.args[1])
+    return s
+
+
+def _add_updates(sm: StepMap, grad_of: list[int], outs: list, optimizer: str, node_type) -> None:
+    """Training: the loss, where the backward pass starts, and one optimizer node per parameter with a
+    gradient (*outs* = the step's outputs: the loss, then the gradients of the parameters *grad_of*)."""
+    sm.loss = outs[0]
+    loss_src = sm.src.get(outs[0], ("const",))
+    if loss_src[0] == "node":
+        sm.backward_from = loss_src[1] + 1
+    kind = "adam" if optimizer == "adam" else "sgd"
+    for p, g in zip(grad_of, outs[1:]):
+        if not isinstance(g, node_type):
+            continue
+        gs = sm.src.get(g, ("const",))
+        v = sm.add(f"{kind}.{sm.state_names[p]}", f"optim.{kind}", None, [])
+        if gs[0] == "node":
+            sm.in_refs[v].append((gs[1], gs[2]))
+        sm.state_refs[v].append(p)
+        sm.opt_param[v] = p
+        sm.grad_fx[v] = g

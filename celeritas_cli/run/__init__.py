@@ -14,11 +14,12 @@ device of every value, execution order, transfers), and it is
 Importing this package never imports torch; :func:`run_placement`,
 :func:`prepare` and :func:`export_source` need it.
 
-Not executed (yet): placements that transform the graph (``split_graph`` of
-operation splitting; data-parallel replicas) are refused with one line.  A
-data-parallel placement fits the same pieces: one rank per replica runs the
-step captured at its share of the batch with a :class:`.executor.Runner`
-whose ``grad_hook`` all-reduces each gradient before its update.
+A plain data-parallel placement (one ``data-parallel`` derivation step) runs
+one rank per replica (:mod:`.data_parallel`): each runs the step captured at
+its share of the batch with a :class:`.executor.Runner` whose ``grad_hook``
+all-reduces each gradient before its update.  Other placements that
+transform the graph (operation splitting, a coarse ``base``) are refused
+with one line.
 
 References
 ----------

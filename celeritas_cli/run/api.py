@@ -231,9 +231,6 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
         report = run_placement("tensor_holography", 2, placement, cluster, backend="gloo")
         assert report["match"]
     """
-    import torch
-
-    from .reference import reference_step
     from .report import build_report, compare, load_average
 
     say = progress or (lambda msg: None)
@@ -248,37 +245,47 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
         return _run_data_parallel(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
                                   threads=threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
                                   progress=progress)
-    step, prog, tdev, used = pre.step, pre.prog, pre.tdev, pre.prog.devices
-    n_threads = default_threads(backend, len(used), threads, pre.sim_graph, cluster)
-    ref_dev = tdev[used[0]]
+    step, prog, tdev = pre.step, pre.prog, pre.tdev
+    n_threads = default_threads(backend, len(prog.devices), threads, pre.sim_graph, cluster)
     load = load_average()
-    saved_threads = torch.get_num_threads()
-    torch.set_num_threads(n_threads)
-    try:
-        say(f"running the unplaced step on {ref_dev} ({n_threads} thread(s))")
-        ref = reference_step(step, ref_dev, seed=seed)
-        where = ", ".join(f"{cluster.ids[d]}={tdev[d]}" for d in used)
-        if backend == "local":
-            say(f"running {len(prog.sequence)} nodes on {where} in one process: 1 checked step, "
-                f"{warmup - 1} more warm-up, {steps} timed")
-            measured = _run_local(prog, tdev, ref.rng_states, steps, warmup)
-            dist_backend = None
-        else:
-            from .dist import run_processes
-
-            job = dist_job(pre, ref.rng_states, steps=steps, warmup=warmup, threads=n_threads, timeout=timeout)
-            dist_backend = job["dist_backend"]
-            say(f"starting {len(used)} processes ({dist_backend}: {where}; {n_threads} thread(s) each): "
-                f"1 checked step, {warmup - 1} more warm-up, {steps} timed")
-            measured = _merge_ranks(run_processes(job, timeout=timeout))
-    finally:
-        torch.set_num_threads(saved_threads)
+    ref, measured, dist_backend = _execute(pre, cluster, backend=backend, steps=steps, warmup=warmup, seed=seed,
+                                           threads=n_threads, timeout=timeout, say=say)
     numerics = compare(measured["loss"], measured["params"], ref, rtol=rtol, atol=atol)
     counts = {d: prog.device_of.count(d) for d in prog.devices}
     return build_report(step=step, counts=counts, placement=placement, label=label, cluster=cluster, sim=pre.sim,
                         sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=tdev, backend=backend,
                         dist_backend=dist_backend, threads=n_threads, steps=steps, warmup=warmup,
                         numerics=numerics, measured=measured, congestion=congestion, load=load)
+
+
+def _execute(pre: Prepared, cluster: Cluster, *, backend: str, steps: int, warmup: int, seed: int, threads: int,
+             timeout: float, say: Callable[[str], None]):
+    """Run the unplaced reference step, then the placed step (one process, or one per device);
+    returns ``(reference, measured, dist_backend or None)``.  torch's thread count is restored after."""
+    import torch
+
+    from .reference import reference_step
+
+    prog, tdev, used = pre.prog, pre.tdev, pre.prog.devices
+    ref_dev = tdev[used[0]]
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        say(f"running the unplaced step on {ref_dev} ({threads} thread(s))")
+        ref = reference_step(pre.step, ref_dev, seed=seed)
+        where = ", ".join(f"{cluster.ids[d]}={tdev[d]}" for d in used)
+        if backend == "local":
+            say(f"running {len(prog.sequence)} nodes on {where} in one process: 1 checked step, "
+                f"{warmup - 1} more warm-up, {steps} timed")
+            return ref, _run_local(prog, tdev, ref.rng_states, steps, warmup), None
+        from .dist import run_processes
+
+        job = dist_job(pre, ref.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout)
+        say(f"starting {len(used)} processes ({job['dist_backend']}: {where}; {threads} thread(s) each): "
+            f"1 checked step, {warmup - 1} more warm-up, {steps} timed")
+        return ref, _merge_ranks(run_processes(job, timeout=timeout)), job["dist_backend"]
+    finally:
+        torch.set_num_threads(saved_threads)
 
 
 def _run_data_parallel(pre, placement, cluster, *, label, backend, steps, warmup, threads, timeout, rtol, atol,

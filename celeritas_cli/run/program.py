@@ -6,7 +6,7 @@ is recomputed where it is needed, as the graph file assumes: a view of a
 tensor is taken on the consumer's device from the transferred tensor, and a
 constant (a factory op, a dropout mask, a causal mask) is made on each
 device that uses it.  A tensor crosses to another device once per
-(tensor, destination device), when its producer finishes (DESIGN.md,
+(tensor, destination device), when its producer finishes (docs/design.md,
 simulator point 3); a parameter read on another device than its owner's
 crosses as the tensor ``"<owner>:<parameter>"``.  :meth:`Program.link_bytes`
 totals these transfers per link, which must equal the simulator's, since

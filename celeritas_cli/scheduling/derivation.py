@@ -20,7 +20,9 @@ placed a coarse graph).  Steps, applied in order:
 
 * ``{"transform": "data-parallel", "replicas": k, "scaling": "strong" |
   "weak", "overhead_s": s}`` (and ``"shares": [f0, ...]``, the replicas'
-  batch fractions, when they are not equal):
+  batch fractions, when they are not equal; ``"bucket_mb": x``, when the
+  gradients are all-reduced in DDP buckets of ``x`` MiB, absent = 0 = one
+  ring per gradient):
   :func:`~celeritas_cli.scheduling.replicate.data_parallel_graph`;
 * ``{"transform": "split", "node": id, "dim": "batch" | "channel", "n": n,
   "overhead_s": s}``: :func:`~celeritas_cli.scheduling.splitting.split_operation`
@@ -53,12 +55,17 @@ TRANSFORMS = ("data-parallel", "split")
 REL_TOL = 1e-9
 
 
-def data_parallel_step(replicas: int, scaling: str, overhead_s: float, shares: list[float] | None = None) -> dict:
+def data_parallel_step(replicas: int, scaling: str, overhead_s: float, shares: list[float] | None = None,
+                       bucket_mb: float = 0.0) -> dict:
     """The recipe step of :func:`~.replicate.data_parallel_graph` (``shares``
-    only when the batch shares are not equal)."""
-    step = {"transform": "data-parallel", "replicas": int(replicas), "scaling": scaling, "overhead_s": overhead_s}
+    only when the batch shares are not equal, ``bucket_mb`` only when
+    gradients are bucketed)."""
+    step: dict[str, Any] = {"transform": "data-parallel", "replicas": int(replicas), "scaling": scaling,
+                            "overhead_s": overhead_s}
     if shares is not None:
         step["shares"] = [float(x) for x in shares]
+    if bucket_mb:
+        step["bucket_mb"] = float(bucket_mb)
     return step
 
 
@@ -103,7 +110,8 @@ def apply_step(graph: Graph, step: dict, label: str = "derivation") -> Graph:
         overhead = float(step.get("overhead_s", 2.0e-6))
         if kind == "data-parallel":
             return data_parallel_graph(graph, int(step["replicas"]), scaling=str(step.get("scaling", "strong")),
-                                       overhead_s=overhead, shares=step.get("shares"))
+                                       overhead_s=overhead, shares=step.get("shares"),
+                                       bucket_mb=_number(step.get("bucket_mb", 0.0)))
         if kind == "split":
             return split_operation(graph, str(step["node"]), str(step["dim"]), int(step["n"]), overhead_s=overhead)
     except KeyError as exc:
@@ -111,6 +119,13 @@ def apply_step(graph: Graph, step: dict, label: str = "derivation") -> Graph:
     except (TypeError, ValueError):
         raise InvalidInput(f"{label}: step {step!r} has a field of the wrong type") from None
     raise InvalidInput(f"{label}: unknown transform {kind!r} (known: {', '.join(TRANSFORMS)})")
+
+
+def _number(x: Any) -> float:
+    """A recipe's number: an int or float (not a bool, not a string)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(x)
+    return float(x)
 
 
 def derive(graph: Graph, derivation: dict, label: str = "derivation") -> Graph:

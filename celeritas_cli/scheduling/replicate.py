@@ -52,15 +52,41 @@ Structure
   ``2·(k-1)`` chunks, ``2·(k-1)/k · G`` bytes.  Every ring node has an
   ``allreduce`` field (``of``: producer id, ``tensor``, ``phase``:
   ``reduce-scatter`` / ``all-gather`` / ``result``, ``step``, ``chunk``,
-  ``bytes``) and ``replica``.  Gradients are reduced one tensor at a time
-  (no DDP bucketing).  A graph without update nodes (inference, or a graph
-  that does not model the optimizer) has nothing to reduce: the replicas
-  are independent.
+  ``bytes``) and ``replica``.  With ``bucket_mb = 0`` gradients are
+  reduced one tensor at a time.  A graph without update nodes (inference,
+  or a graph that does not model the optimizer) has nothing to reduce: the
+  replicas are independent.
+* Buckets (``bucket_mb > 0``; PyTorch DDP, Li et al. VLDB 2020, 3.2.2
+  "Gradient Bucketing"): the gradients are grouped into buckets of about
+  ``bucket_mb`` MiB in the order they become ready (:func:`gradient_buckets`)
+  and each bucket is reduced by one ring as above, of the bucket's total
+  bytes ``B``.  A bucket of one gradient is that gradient's ring (same ids
+  and fields).  A bucket of two or more gradients gets, on every replica
+  ``q``, a zero-cost node ``bucket<b>/allreduce/bucket/rep<q>`` (the flat
+  bucket buffer, DDP with ``gradient_as_bucket_view``: no copy is charged)
+  fed by every gradient of the bucket on ``q`` (same device: no transfer),
+  so the ring starts when the bucket's last gradient is ready; then
+  ``bucket<b>/allreduce/rs<s>/rep<q>``, ``.../ag<s>/rep<q>`` and the
+  result ``bucket<b>/allreduce/rep<q>``, which feeds every consumer of
+  every gradient of the bucket on ``q`` (each edge the gradient's bytes,
+  under the gradient's tensor name, prefixed with its producer's id when
+  two gradients of the bucket share a name).  Their ``allreduce`` field:
+  ``bucket`` (index), ``phase`` (``bucket`` / ``reduce-scatter`` /
+  ``all-gather`` / ``result``), ``bytes`` (``B``), ``step``, ``chunk``;
+  the bucket and result nodes also list ``of`` (producer ids) and
+  ``tensor`` (tensor names) in bucket order.  Rings of different buckets
+  are not serialised (NCCL runs DDP's bucket all-reduces in order on one
+  stream): they share the links under the congestion rule, as
+  per-gradient rings do.  Each replica sends ``2·(k-1)/k · B`` bytes per
+  bucket, in ``2·(k-1)`` transfers instead of ``2·(k-1)`` per gradient:
+  fewer link latencies and fewer nodes, but a bucket waits for its last
+  gradient.
 * ``meta.data_parallel``: ``replicas``, ``scaling``, ``batch_fraction``,
   ``global_batch`` / ``replica_batch`` (when ``meta.batch_size`` is known),
   ``gradients`` (count), ``gradient_bytes`` and
-  ``allreduce_bytes_per_device`` (the sum over gradients of ``2·(k-1)·G //
-  k``; with uneven chunks a replica's bytes differ by a byte per chunk).
+  ``allreduce_bytes_per_device`` (the sum over gradients, or buckets, of
+  ``2·(k-1)·G // k``; with uneven chunks a replica's bytes differ by a byte
+  per chunk); with buckets also ``bucket_mb`` and ``buckets`` (count).
 
 References
 ----------
@@ -73,6 +99,7 @@ optimizer, local BatchNorm statistics).
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Any
 
@@ -88,6 +115,8 @@ from .split_cost import (
 from .splitting import edge_dicts, fresh_namer
 
 SCALINGS = ("strong", "weak")
+#: the largest bucket capacity accepted (MiB): 1 TiB, every model's gradients in one bucket
+BUCKET_MB_MAX = 2**20
 
 
 def _part_bytes(x: int, k: int, frac: float, equal: bool) -> int:
@@ -120,6 +149,116 @@ def chunk_sizes(nbytes: int, k: int) -> list[int]:
     [3, 3, 2, 2]
     """
     return [nbytes // k + (1 if c < nbytes % k else 0) for c in range(k)]
+
+
+def gradient_buckets(graph: Graph, grads: list[int], cap_bytes: int) -> list[list[int]]:
+    """Gradient tensors *grads* grouped into all-reduce buckets (PyTorch DDP,
+    Li et al. VLDB 2020, 3.2.2 "Gradient Bucketing").
+
+    Order: the order the gradients become ready, taken as the order their
+    producers run when one replica runs alone on one device under the
+    simulator's rule without an order (:func:`ready_order`).  DDP builds its
+    buckets from the reverse order of parameter registration and, after the
+    first iteration, rebuilds them in the order the gradients actually
+    became ready; this is the second, read from the model instead of a run.
+
+    Filling (DDP's ``compute_bucket_assignment_by_size``): gradients are
+    appended to the current bucket in that order, and the bucket closes once
+    it holds at least *cap_bytes* (so a gradient larger than the cap ends
+    the bucket it joins).  A gradient whose producer depends on a consumer
+    of a gradient already in the current bucket starts a new bucket (its
+    all-reduce could not start before that bucket's result, a cycle).
+    *cap_bytes* <= 0: every gradient alone, in tensor order (no bucketing).
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("b", [{"id": "l2", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "l1", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "u", "op": "optim.sgd", "compute_s": 1, "memory_bytes": 0}],
+    ...           [{"src": "l2", "dst": "l1", "bytes": 8}, {"src": "l1", "dst": "u", "bytes": 30, "tensor": "g1"},
+    ...            {"src": "l2", "dst": "u", "bytes": 20, "tensor": "g2"}])
+    >>> [[g.tensor_name[t] for t in b] for b in gradient_buckets(g, [1, 2], 40)]
+    [['g2', 'g1']]
+    >>> [[g.tensor_name[t] for t in b] for b in gradient_buckets(g, [1, 2], 20)]
+    [['g2'], ['g1']]
+    """
+    if cap_bytes <= 0:
+        return [[t] for t in grads]
+    topo = graph.topo_order()
+    run = ready_order(graph)
+    src = graph.tensor_src
+    order = sorted(grads, key=lambda t: (run[src[t]], t))
+    consumers = [dict.fromkeys(graph.edge_dst[e] for e in graph.tensor_edges[t]) for t in range(len(src))]
+    # nodes downstream of a consumer of a gradient: only their producers need the cycle check
+    below = [False] * graph.n
+    starts = {d for t in grads for d in consumers[t]}
+    for v in topo:
+        below[v] = any(u in starts or below[u] for u in graph.pred[v])
+    buckets: list[list[int]] = []
+    cur: list[int] = []
+    size = 0
+    for t in order:
+        if cur and below[src[t]] and _reaches({d for x in cur for d in consumers[x]}, src[t], graph):
+            buckets.append(cur)
+            cur, size = [], 0
+        cur.append(t)
+        size += graph.tensor_bytes[t]
+        if size >= cap_bytes:
+            buckets.append(cur)
+            cur, size = [], 0
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def ready_order(graph: Graph) -> list[int]:
+    """Position of every node in the order it runs when *graph* runs alone
+    on one device and the device always takes the ready node of largest
+    upward rank (``compute_s`` summed along the longest path to a sink),
+    ties by topological index: the simulator's rule without an order
+    (docs/design.md, rule 4) on a single device, where no transfer costs.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("r", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "short", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "long", "compute_s": 5, "memory_bytes": 0}],
+    ...           [{"src": "a", "dst": "short", "bytes": 1}, {"src": "a", "dst": "long", "bytes": 1}])
+    >>> ready_order(g)
+    [0, 2, 1]
+    """
+    topo = graph.topo_order()
+    pos = graph.topo_index()
+    rank = [0.0] * graph.n
+    for v in reversed(topo):
+        rank[v] = graph.compute[v] + max((rank[s] for s in graph.succ[v]), default=0.0)
+    need = [len(p) for p in graph.pred]
+    heap = [(-rank[v], pos[v], v) for v in range(graph.n) if not need[v]]
+    heapq.heapify(heap)
+    out = [0] * graph.n
+    i = 0
+    while heap:
+        v = heapq.heappop(heap)[2]
+        out[v] = i
+        i += 1
+        for s in graph.succ[v]:
+            need[s] -= 1
+            if not need[s]:
+                heapq.heappush(heap, (-rank[s], pos[s], s))
+    return out
+
+
+def _reaches(sources: set[int], target: int, graph: Graph) -> bool:
+    """True when *target* is a descendant of a node in *sources*."""
+    seen = {target}
+    stack = [target]
+    while stack:
+        v = stack.pop()
+        for u in graph.pred[v]:
+            if u in sources:
+                return True
+            if u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return False
 
 
 def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: bool, overhead_s: float,
@@ -164,7 +303,8 @@ def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: 
 
 
 def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
-                        overhead_s: float = DEFAULT_OVERHEAD_S, shares: list[float] | None = None) -> Graph:
+                        overhead_s: float = DEFAULT_OVERHEAD_S, shares: list[float] | None = None,
+                        bucket_mb: float = 0.0) -> Graph:
     """The data-parallel graph of *graph* with *replicas* replicas (see the
     module docstring).
 
@@ -195,7 +335,8 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     ------
     InvalidInput
         ``replicas < 1``, an unknown scaling, or *shares* that are not
-        ``k`` positive fractions summing to 1 (or given with weak scaling).
+        ``k`` positive fractions summing to 1 (or given with weak scaling),
+        or a negative or non-finite *bucket_mb*.
 
     Example
     -------
@@ -219,6 +360,7 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     if scaling not in SCALINGS:
         raise InvalidInput(f"data-parallel: unknown scaling '{scaling}' (use strong or weak)")
     strong = scaling == "strong"
+    cap = _bucket_cap(bucket_mb)
     if shares is not None:
         if not strong:
             raise InvalidInput("data-parallel: batch shares need strong scaling (weak: every replica runs the "
@@ -257,27 +399,55 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
                     out.pop("comm_s_by_pair", None)
             edges.append(out)
     grads = [t for t in range(len(graph.tensor_src)) if prof.gradient[t]] if reduce else []
-    index_of_producer: dict[int, int] = {}
-    for t in grads:
-        p = graph.tensor_src[t]
-        j = index_of_producer.get(p, 0)
-        index_of_producer[p] = j + 1
-        _ring(graph, t, j, k, rep_id, fresh, nodes, edges)
+    ring_of = {t: j for t, j in zip(grads, _ring_index(graph, grads))}
+    buckets = gradient_buckets(graph, grads, cap)
+    for b, ts in enumerate(buckets):
+        if len(ts) == 1:
+            _ring(graph, ts[0], ring_of[ts[0]], k, rep_id, fresh, nodes, edges)
+        else:
+            _bucket_ring(graph, b, ts, k, rep_id, fresh, nodes, edges)
     meta = dict(graph.meta)
-    meta["data_parallel"] = _info(graph, k, scaling, shares, grads)
+    meta["data_parallel"] = _info(graph, k, scaling, shares, grads, buckets if cap > 0 else None, bucket_mb)
     name = f"{graph.name}+dp{k}"
     return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
                            label=name)
 
 
-def _info(graph: Graph, k: int, scaling: str, shares: list[float] | None, grads: list[int]) -> dict[str, Any]:
+def _bucket_cap(bucket_mb) -> int:
+    """Bucket capacity in bytes of *bucket_mb* MiB (0: no bucketing)."""
+    try:
+        mb = float(bucket_mb)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"data-parallel: bucket_mb must be a number of MiB, got {bucket_mb!r}") from None
+    if not math.isfinite(mb) or mb < 0 or mb > BUCKET_MB_MAX:
+        raise InvalidInput(f"data-parallel: bucket_mb must be between 0 and {BUCKET_MB_MAX} MiB, got {bucket_mb!r}")
+    return math.ceil(mb * 2**20)
+
+
+def _ring_index(graph: Graph, grads: list[int]) -> list[int]:
+    """``j`` of ``<producer>/allreduce<j>``: the gradient's rank among its producer's gradients."""
+    count: dict[int, int] = {}
+    out = []
+    for t in grads:
+        p = graph.tensor_src[t]
+        out.append(count.get(p, 0))
+        count[p] = out[-1] + 1
+    return out
+
+
+def _info(graph: Graph, k: int, scaling: str, shares: list[float] | None, grads: list[int],
+          buckets: list[list[int]] | None, bucket_mb: float) -> dict[str, Any]:
     """``meta.data_parallel`` of the data-parallel graph (module docstring)."""
     strong = scaling == "strong"
     frac: Any = (1.0 / k if shares is None else shares) if strong else 1.0
+    groups = buckets if buckets is not None else [[t] for t in grads]
+    sizes = [sum(graph.tensor_bytes[t] for t in ts) for ts in groups]
     info: dict[str, Any] = {"from": graph.name, "replicas": k, "scaling": scaling, "batch_fraction": frac,
                             "gradients": len(grads), "gradient_bytes": sum(graph.tensor_bytes[t] for t in grads),
-                            "allreduce_bytes_per_device": sum(2 * (k - 1) * sum(chunk_sizes(graph.tensor_bytes[t], k))
-                                                              // k for t in grads) if k > 1 else 0}
+                            "allreduce_bytes_per_device": sum(2 * (k - 1) * x // k for x in sizes) if k > 1 else 0}
+    if buckets is not None:
+        info["bucket_mb"] = float(bucket_mb)
+        info["buckets"] = len(buckets)
     b = graph.meta.get("batch_size")
     if isinstance(b, (int, float)) and not isinstance(b, bool):
         info["global_batch"] = b if strong else b * k
@@ -292,11 +462,62 @@ def _ring(graph: Graph, t: int, j: int, k: int, rep_id: list[list[str]], fresh, 
     pid = graph.ids[p]
     tname = graph.tensor_name[t]
     size = graph.tensor_bytes[t]
+    consumers = list(dict.fromkeys(graph.edge_dst[e] for e in graph.tensor_edges[t]))
+
+    def feed(q: int, res: str) -> None:
+        for d in consumers:
+            edges.append({"src": res, "dst": rep_id[q][d], "bytes": size, "tensor": tname})
+
+    _ring_nodes(f"{pid}/allreduce{j}", {"of": pid, "tensor": tname}, {}, size, k, [rep_id[q][p] for q in range(k)],
+                tname, fresh, nodes, edges, feed)
+
+
+def _bucket_ring(graph: Graph, b: int, ts: list[int], k: int, rep_id: list[list[str]], fresh, nodes: list[dict],
+                 edges: list[dict]) -> None:
+    """Append the ring all-reduce of bucket *b*, gradient tensors *ts* (two
+    or more, in bucket order; module docstring): a ``bucket`` node per
+    replica gathers them, one ring reduces the bucket's bytes, and the
+    result node of each replica feeds every consumer of every gradient."""
+    size = sum(graph.tensor_bytes[t] for t in ts)
+    of = [graph.ids[graph.tensor_src[t]] for t in ts]
+    names = [graph.tensor_name[t] for t in ts]
+    prefix = f"bucket{b}/allreduce"
+    whole = {"bucket": b, "of": of, "tensor": names}
+    # the name a result edge carries: the gradient's, unless two gradients of the bucket share it
+    seen: dict[str, int] = {}
+    for x in names:
+        seen[x] = seen.get(x, 0) + 1
+    out_name = [x if seen[x] == 1 else f"{pid}/{x}" for x, pid in zip(names, of)]
+    packs = []
+    for q in range(k):
+        nid = fresh(f"{prefix}/bucket/rep{q}")
+        nodes.append({"id": nid, "op": "allreduce.bucket", "compute_s": 0.0, "memory_bytes": 0, "replica": q,
+                      "allreduce": {**whole, "phase": "bucket", "bytes": size}})
+        for t, x in zip(ts, out_name):
+            edges.append({"src": rep_id[q][graph.tensor_src[t]], "dst": nid, "bytes": graph.tensor_bytes[t],
+                          "tensor": graph.tensor_name[t]})
+        packs.append(nid)
+
+    def feed(q: int, res: str) -> None:
+        for t, x in zip(ts, out_name):
+            for d in dict.fromkeys(graph.edge_dst[e] for e in graph.tensor_edges[t]):
+                edges.append({"src": res, "dst": rep_id[q][d], "bytes": graph.tensor_bytes[t], "tensor": x})
+
+    _ring_nodes(prefix, {"bucket": b}, whole, size, k, packs, f"bucket{b}", fresh, nodes, edges, feed)
+
+
+def _ring_nodes(prefix: str, head: dict, result_head: dict, size: int, k: int, src: list[str], tname: str, fresh,
+                nodes: list[dict], edges: list[dict], feed) -> None:
+    """The ring all-reduce of *size* bytes held by node ``src[q]`` on every
+    replica ``q``: reduce-scatter, all-gather and result nodes (module
+    docstring); ring nodes carry ``allreduce`` = *head* + phase fields
+    (*result_head* on the result nodes when given); ``feed(q, result_id)``
+    appends the result's out-edges."""
     chunks = chunk_sizes(size, k)
-    prefix = f"{pid}/allreduce{j}"
 
     def ring_node(nid: str, phase: str, q: int, step: int | None, chunk: int | None, cost: float) -> str:
-        info: dict[str, Any] = {"of": pid, "tensor": tname, "phase": phase, "bytes": size}
+        info: dict[str, Any] = {**(result_head if phase == "result" and result_head else head), "phase": phase,
+                                "bytes": size}
         if step is not None:
             info["step"] = step
         if chunk is not None:
@@ -311,22 +532,20 @@ def _ring(graph: Graph, t: int, j: int, k: int, rep_id: list[list[str]], fresh, 
             c = (q - 1 - s) % k
             rs[s][q] = ring_node(fresh(f"{prefix}/rs{s}/rep{q}"), "reduce-scatter", q, s, c,
                                  3.0 * chunks[c] / COPY_BANDWIDTH_BPS)
-            src = rep_id[(q - 1) % k][p] if s == 0 else rs[s - 1][(q - 1) % k]
-            edges.append({"src": src, "dst": rs[s][q], "bytes": chunks[c],
+            source = src[(q - 1) % k] if s == 0 else rs[s - 1][(q - 1) % k]
+            edges.append({"src": source, "dst": rs[s][q], "bytes": chunks[c],
                           "tensor": f"{tname}/chunk{c}" if s == 0 else "partial"})
-            edges.append({"src": rep_id[q][p], "dst": rs[s][q], "bytes": chunks[c], "tensor": f"{tname}/chunk{c}"})
+            edges.append({"src": src[q], "dst": rs[s][q], "bytes": chunks[c], "tensor": f"{tname}/chunk{c}"})
     ag = [[""] * k for _ in range(k - 1)]
     for s in range(k - 1):
         for q in range(k):
             c = (q - s) % k
             ag[s][q] = ring_node(fresh(f"{prefix}/ag{s}/rep{q}"), "all-gather", q, s, c, 0.0)
-            src = rs[k - 2][(q - 1) % k] if s == 0 else ag[s - 1][(q - 1) % k]
-            edges.append({"src": src, "dst": ag[s][q], "bytes": chunks[c], "tensor": "reduced"})
-    consumers = [graph.edge_dst[e] for e in graph.tensor_edges[t]]
+            source = rs[k - 2][(q - 1) % k] if s == 0 else ag[s - 1][(q - 1) % k]
+            edges.append({"src": source, "dst": ag[s][q], "bytes": chunks[c], "tensor": "reduced"})
     for q in range(k):
         res = ring_node(fresh(f"{prefix}/rep{q}"), "result", q, None, None, 0.0)
         edges.append({"src": rs[k - 2][q], "dst": res, "bytes": chunks[(q + 1) % k], "tensor": "reduced"})
         for s in range(k - 1):
             edges.append({"src": ag[s][q], "dst": res, "bytes": chunks[(q - s) % k], "tensor": "reduced"})
-        for d in dict.fromkeys(consumers):
-            edges.append({"src": res, "dst": rep_id[q][d], "bytes": size, "tensor": tname})
+        feed(q, res)

@@ -1,7 +1,7 @@
 """Lower bounds on the simulated makespan, each labelled with where it
 comes from.
 
-:func:`celeritas_cli.sim.simulator.lower_bound` (DESIGN.md, simulator item 6)
+:func:`celeritas_cli.sim.simulator.lower_bound` (docs/design.md, simulator item 6)
 ignores communication, so on graphs with a high communication-to-computation
 ratio ``makespan / LB`` says little.  :func:`memory_cut_bound` adds the
 communication that memory forces: a graph that fits on no single device must
@@ -102,7 +102,7 @@ def edge_path_weights(graph: Graph, costs: CostModel) -> list[float]:
     Why it is a lower bound: *u* cannot finish before ``head(u) +
     fastest(u)`` (every predecessor chain runs at least that long, whatever
     the devices and transfers); when *v* is on another device its input
-    leaves *u*'s device no earlier than *u* finishes (DESIGN.md rule 3: a
+    leaves *u*'s device no earlier than *u* finishes (docs/design.md rule 3: a
     transfer starts when its producer finishes, and congestion only delays
     it) and takes at least ``comm_min(e)``; *v* starts no earlier than its
     arrival (rule 2), and the makespan is at least *v*'s start plus the

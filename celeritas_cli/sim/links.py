@@ -2,7 +2,7 @@
 
 A transfer of a tensor from device ``a`` to device ``b`` takes
 ``CostModel.tensor_comm`` seconds and, under the *congestion rule*, holds
-some links while it runs (DESIGN.md, "The simulator", rule 3):
+some links while it runs (docs/design.md, "The simulator (the judge)", rule 3):
 
 * ``channel`` (the default): the directed channel ``a->b``; a channel carries
   one transfer at a time (Moirai Eq. 8, Celeritas 6.1 "the data transmission
