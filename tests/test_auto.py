@@ -236,7 +236,8 @@ def test_portfolio_plan_respects_budget_and_names():
     c = load_cluster("4xV100-pcie")
     small = plan(g, c, 30)
     big = plan(g, c, 3000)
-    assert sum(ch + 1 for _, ch in small) <= 0.4 * 30 + 1e-9
+    dp = [ch + 1 for s, ch in small if "data-parallel" in (s.algo, s.on)]
+    assert sum(ch + 1 for s, ch in small) - sum(dp) <= 0.3 * 30 + 1e-9 and sum(dp) <= 0.3 * 30 + 1e-9
     assert len(big) > len(small) and any(s.R is not None for s, _ in big)
     only = plan(g, c, 3000, ["metis"])
     assert only and all(s.algo == "metis" for s, _ in only)
@@ -322,17 +323,17 @@ def test_uneven_devices_bring_proportional_data_parallelism():
 
 # ------------------------------------- generality fixes (benchmarks/bench_generality.py)
 def test_replicating_members_are_charged_by_device_count():
-    # data-parallel builds k replicas and k-step rings: on 16 devices it costs ~k^2 simulations of the input
-    # graph (measured), so a budget of 300 cannot pay for it (the old flat charge of 2 let it take 50 % of
+    # data-parallel builds k replicas and k-step rings: on 16 devices it costs ~k^2 / 4 simulations of the
+    # input graph (measured), so a budget of 150 cannot pay for it (the old flat charge of 2 let it run past
     # the wall clock); os-dpos' split trials grow with k too.  On 2 devices data-parallel still runs.
     from celeritas_cli.optimize.portfolio import DP_SHARE, MEMBER_SHARE, Spec, member_cost
 
     g = layered(400, seed=2)
-    assert member_cost(Spec("data-parallel"), 16) == 256.0 and member_cost(Spec("data-parallel"), 2) == 4.0
+    assert member_cost(Spec("data-parallel"), 16) == 64.0 and member_cost(Spec("data-parallel"), 2) == 2.0
     assert member_cost(Spec("os-dpos"), 4) == 4.0 * 16 * (1 + 2 * 8 * 3)
-    many = [s.algo for s, _ in plan(g, uniform(16, memory=64 * GiB), 300)]
+    many = [s.algo for s, _ in plan(g, uniform(16, memory=64 * GiB), 150)]
     assert "data-parallel" not in many and "os-dpos" not in many and "heft" in many
-    two = plan(g, uniform(2, memory=64 * GiB), 300)
+    two = plan(g, uniform(2, memory=64 * GiB), 150)
     assert any(s.algo == "data-parallel" for s, _ in two)
     charges = plan(g, uniform(4, memory=64 * GiB), 300)
     dp = sum(ch + 1 for s, ch in charges if s.algo == "data-parallel" or s.on == "data-parallel")

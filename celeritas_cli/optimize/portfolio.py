@@ -72,9 +72,9 @@ from ..model.placement import Placement
 COST = {"metis": 1.5, "scotch": 2.0, "m-topo": 0.3, "single-device": 0.2, "data-parallel": 2.0, "heft": 5.0,
         "dpos": 5.0, "adjusting": 7.0, "m-etf": 10.0, "order-place": 2.0, "fd-dps": 4.0, "m-sct": 8.0,
         "os-dpos": 60.0}
-#: data-parallel's cost per squared device count, in simulations of the input graph (measured on layered
-#: graphs of 1,000 nodes on 4, 8 and 16 devices: 0.9, 0.9, 0.85 k**2; the zoo on 4 devices: 1.0-2.1)
-DP_COST = 1.0
+#: data-parallel's cost per squared device count, in simulations of the input graph (measured with 25 MiB
+#: buckets on layered graphs of 1,000 nodes on 4, 8 and 16 devices: 0.38, 0.21, 0.21 k**2)
+DP_COST = 0.25
 #: os-dpos' cost per squared device count and split trial (measured as above: 3.4-4.9)
 OS_DPOS_COST = 4.0
 #: dpos@data-parallel runs only when data-parallel's makespan is at most this factor over the best so far
@@ -174,7 +174,7 @@ def member_cost(spec: Spec, k: int) -> float:
     simulations of that graph, for *k* devices (module docstring).
 
     >>> member_cost(Spec("metis"), 8), member_cost(Spec("data-parallel"), 8)
-    (1.5, 64.0)
+    (1.5, 16.0)
     >>> member_cost(Spec("os-dpos", (("max_ops", 1),)), 4)
     448.0
     """
