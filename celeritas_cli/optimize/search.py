@@ -33,7 +33,7 @@ from ..model.graph import Graph
 from ..sim.simulator import lower_bound
 from .evaluator import Budget, Evaluator, Score
 from .levels import Level, hierarchy
-from .portfolio import Candidate, Runner, Spec, plan, run_portfolio, wants_milp
+from .portfolio import DP_GATE, Candidate, Runner, Spec, plan, run_portfolio, wants_milp
 from .refine import State, refine
 
 #: simulated nodes + edges per second assumed by :func:`default_evaluations`
@@ -144,7 +144,9 @@ class Search:
         return self.derived[key]
 
     def _judge(self, cand: Candidate) -> bool:
-        res = self._problem(cand).ev.evaluate(cand.device_of, cand.order)
+        # a member that ran is judged even past the deadline (one simulation): its work is paid for,
+        # and dropping it could lose the best start; the count still refuses it
+        res = self._problem(cand).ev.evaluate(cand.device_of, cand.order, clock=False)
         if res is None:
             return False
         cand.score = res[0]
@@ -164,7 +166,7 @@ class Search:
         runner = Runner(self.graph, self.cluster, self.costs, self.seed)
         specs = plan(self.graph, self.cluster, self.budget.limit, self.algos)
         skipped = lambda s, e: self.log(f"auto: candidate {s.name} skipped: {e}")  # noqa: E731
-        run_portfolio(runner, specs, self._judge, self.budget, on_error=skipped)
+        run_portfolio(runner, specs, self._judge, self.budget, on_error=skipped, wanted=self._wanted)
         feasible = any(c.score.feasible for c in self.candidates)
         where = wants_milp(self.graph, self.cluster, {R: g.n for R, g in runner.coarse.items()}, feasible)
         if where is not None and (self.algos is None or "milp" in self.algos) and not self.budget.exhausted():
@@ -173,6 +175,15 @@ class Search:
             charge = 0.25 * (self.budget.limit - self.budget.spent)
             run_portfolio(runner, [(Spec("milp", (), where or None), charge)], self._judge, self.budget,
                           lambda spec: milp, on_error=skipped)
+
+    def _wanted(self, spec: Spec) -> bool:
+        """A member on the data-parallel graph runs only when that graph's
+        own candidate is within :data:`~.portfolio.DP_GATE` of the best so far."""
+        if spec.on != "data-parallel":
+            return True
+        base = [c.score for c in self.candidates if c.spec == Spec(spec.on)]
+        best = min((c.score for c in self.candidates), key=lambda s: (s.overflow, s.makespan), default=None)
+        return bool(base) and base[0].feasible == best.feasible and base[0].makespan <= DP_GATE * best.makespan
 
     def starts(self) -> list[tuple[Candidate, State]]:
         """Refinement starts: candidates best first, distinct assignments,
