@@ -314,7 +314,7 @@ def test_uneven_devices_bring_proportional_data_parallelism():
     g = build("ab", [node("a", 4.0), node("b", 4.0)], [edge("a", "b", 100)])
     c = uniform(2, bandwidth=100.0, latency=0.0, speeds=[1.0, 3.0])
     assert any(s.params == (("shares", "proportional"),) for s, _ in plan(g, c, 1000))
-    assert not any(s.params for s, _ in plan(g, uniform(2), 1000) if s.algo == "data-parallel")
+    assert not any(dict(s.params).get("shares") for s, _ in plan(g, uniform(2), 1000) if s.algo == "data-parallel")
     p = registry.place(g, c, "auto", params={"evaluations": 60, "quiet": True})
     assert p.estimate["winner"] == "data-parallel(shares=proportional)"
     assert p.estimate["makespan_s"] == pytest.approx(2.0 + 2 * DEFAULT_OVERHEAD_S, rel=1e-6)
@@ -381,3 +381,20 @@ def test_dpos_on_the_data_parallel_graph_needs_the_model_to_fit_a_device():
     small = uniform(4, memory=g.total_memory() // 2)
     assert not any(s.on for s, _ in plan(g, small, 5000))
     assert any(s.on == "data-parallel" for s, _ in plan(g, uniform(4, memory=64 * GiB), 5000))
+
+
+def test_auto_tries_one_ring_per_gradient_where_a_ddp_bucket_waits():
+    # tests/test_data_parallel.py's three-gradient model on 2 devices at 100 B/s, no latency: the default
+    # 25 MiB bucket waits for the last gradient (12 s + three adds), one ring per gradient overlaps the
+    # backward (11 s, hand-computed there); auto offers both and keeps the faster
+    from .test_data_parallel import three
+
+    g, cl = three(), uniform(2, bandwidth=100.0, latency=0.0)
+    specs = [s for s, _ in plan(g, cl, 1000.0)]
+    assert any(s.algo == "data-parallel" and dict(s.params).get("bucket_mb") == 0.0 for s in specs)
+    p = auto(g, cl, algos="data-parallel", quiet=True)
+    assert p.estimate["winner"] == "data-parallel(bucket_mb=0.0)"
+    per_gradient = registry.place(g, cl, "data-parallel", params={"bucket_mb": 0}).estimate["makespan_s"]
+    bucketed = registry.place(g, cl, "data-parallel").estimate["makespan_s"]
+    assert per_gradient == pytest.approx(11.0, abs=1e-4) and bucketed > 12.0  # (+ the replicas' op overheads)
+    assert p.estimate["makespan_s"] <= per_gradient

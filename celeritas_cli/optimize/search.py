@@ -33,7 +33,7 @@ from ..model.graph import Graph
 from ..sim.simulator import lower_bound
 from .evaluator import Budget, Evaluator, Score
 from .levels import Level, hierarchy
-from .portfolio import DP_GATE, Candidate, Runner, Spec, plan, run_portfolio, wants_milp
+from .portfolio import DP_GATE, Candidate, Runner, Spec, plan, run_portfolio, unbucketed, wants_milp
 from .refine import State, refine
 
 #: simulated nodes + edges per second assumed by :func:`default_evaluations`
@@ -177,11 +177,12 @@ class Search:
                           lambda spec: milp, on_error=skipped)
 
     def _wanted(self, spec: Spec) -> bool:
-        """A member on the data-parallel graph runs only when that graph's
-        own candidate is within :data:`~.portfolio.DP_GATE` of the best so far."""
-        if spec.on != "data-parallel":
+        """A member on the data-parallel graph, and data parallelism with one
+        ring per gradient, run only when the (bucketed) data-parallel
+        candidate is within :data:`~.portfolio.DP_GATE` of the best so far."""
+        if spec.on != "data-parallel" and not unbucketed(spec):
             return True
-        base = [c.score for c in self.candidates if c.spec == Spec(spec.on)]
+        base = [c.score for c in self.candidates if c.spec == Spec("data-parallel")]
         best = min((c.score for c in self.candidates), key=lambda s: (s.overflow, s.makespan), default=None)
         return bool(base) and base[0].feasible == best.feasible and base[0].makespan <= DP_GATE * best.makespan
 
