@@ -87,7 +87,8 @@ OS_DPOS_COST = 4.0
 #: data-parallel with one ring per gradient (bucket_mb=0) costs about 1 + k * this times the bucketed one
 #: (graph sizes of the zoo models: 3x, 5x, 9x on 4, 8, 16 devices)
 UNBUCKETED_FACTOR = 0.5
-#: dpos@data-parallel and unbucketed data-parallel run only when data-parallel's makespan is at most this factor over the best so far
+#: dpos@data-parallel and unbucketed data-parallel run only when data-parallel's makespan is at most
+#: this factor over the best so far
 DP_GATE = 1.5
 #: cost of building one cpd coarse graph, in simulations of the input graph
 CPD_COST = 5.0
