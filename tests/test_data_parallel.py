@@ -17,7 +17,8 @@ from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.generate import layered
 from celeritas_cli.model.graph import Graph, build
 from celeritas_cli.profile.devices import roofline_time
-from celeritas_cli.scheduling.replicate import chunk_sizes, data_parallel_graph
+from celeritas_cli.scheduling.allreduce import chunk_sizes
+from celeritas_cli.scheduling.replicate import data_parallel_graph
 from celeritas_cli.scheduling.split_cost import (
     COPY_BANDWIDTH_BPS,
     batch_profile,

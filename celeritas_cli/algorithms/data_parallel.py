@@ -35,8 +35,9 @@ from ..model.graph import Graph
 from ..model.limits import TIME_MAX
 from ..model.placement import Placement, finite_or_none
 from ..registry import Param, register
+from ..scheduling.allreduce import BUCKET_MB_MAX
 from ..scheduling.derivation import attach, data_parallel_step
-from ..scheduling.replicate import BUCKET_MB_MAX, SCALINGS, data_parallel_graph
+from ..scheduling.replicate import SCALINGS, data_parallel_graph
 from ..scheduling.split_cost import DEFAULT_OVERHEAD_S, batch_profile
 from ..sim.simulator import lower_bound, run_schedule
 
@@ -153,7 +154,7 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         An addition, not in FastT (PyTorch DDP, Li et al. VLDB 2020, 3.2.2
         "Gradient Bucketing"): ``> 0`` groups the gradients into buckets of
         ``bucket_mb`` MiB in the order they become ready
-        (:func:`~.replicate.gradient_buckets`) and reduces each bucket by
+        (:func:`~celeritas_cli.scheduling.allreduce.gradient_buckets`) and reduces each bucket by
         one ring all-reduce of its total bytes once all its gradients are
         ready; ``0`` reduces every gradient by its own ring.  Recorded in
         the recipe.  Default 25 MiB, DDP's default ``bucket_cap_mb``.
