@@ -19,9 +19,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from ..errors import CycleError, InvalidInput
+from ..errors import CycleError
+from .graph_read import check_totals, read_edges, read_nodes
 from .jsonio import check_depth, validate
-from .limits import BYTES_MAX, TIME_MAX
 
 GRAPH_SCHEMA = "placer.graph/v1"
 
@@ -260,9 +260,9 @@ class Graph:
         name = doc.get("name") or (label.rsplit("/", 1)[-1].removesuffix(".json") if label != "<stdin>" else "graph")
         meta = dict(doc.get("meta") or {})
         check_depth(meta, label, "field meta")
-        nd = _read_nodes(doc["nodes"], label)
-        ed = _read_edges(doc["edges"], nd.index, label)
-        _check_totals(nd, ed, label)
+        nd = read_nodes(doc["nodes"], label)
+        ed = read_edges(doc["edges"], nd.index, label)
+        check_totals(nd, ed, label)
         g = cls(name=name, meta=meta, ids=nd.ids, op=nd.op, compute=nd.compute, memory=nd.memory,
                 compute_by_type=nd.cbt, colocation=nd.coloc, splittable=nd.split, members=nd.members,
                 edge_src=ed.src, edge_dst=ed.dst, edge_bytes=ed.bytes, edge_tensor=ed.tensor, edge_comm=ed.comm,
@@ -350,141 +350,6 @@ def build(
     """
     doc = {"schema": GRAPH_SCHEMA, "name": name, "meta": meta or {}, "nodes": list(nodes), "edges": list(edges)}
     return Graph.from_dict(doc, label=name)
-
-
-_KNOWN_NODE_FIELDS = frozenset({"id", "op", "compute_s", "compute_by_type", "memory_bytes", "colocation",
-                                "splittable", "members"})
-
-
-@dataclass
-class _Nodes:
-    """Per-node columns read from a document's ``nodes`` (:meth:`Graph.from_dict`)."""
-
-    ids: list[str] = field(default_factory=list)
-    index: dict[str, int] = field(default_factory=dict)
-    op: list[str] = field(default_factory=list)
-    compute: list[float] = field(default_factory=list)
-    memory: list[int] = field(default_factory=list)
-    cbt: list[dict | None] = field(default_factory=list)
-    coloc: list[str | None] = field(default_factory=list)
-    split: list[list[str] | None] = field(default_factory=list)
-    members: list[list[str] | None] = field(default_factory=list)
-    extra: list[dict | None] = field(default_factory=list)
-
-
-@dataclass
-class _Edges:
-    """Per-edge and per-tensor columns read from a document's ``edges`` (:meth:`Graph.from_dict`)."""
-
-    src: list[int] = field(default_factory=list)
-    dst: list[int] = field(default_factory=list)
-    bytes: list[int] = field(default_factory=list)
-    tensor: list[int] = field(default_factory=list)
-    comm: list[dict | None] = field(default_factory=list)
-    tsrc: list[int] = field(default_factory=list)
-    tbytes: list[int] = field(default_factory=list)
-    tname: list[str] = field(default_factory=list)
-    tedges: list[list[int]] = field(default_factory=list)
-
-
-def _check_finite(values: dict, where: str) -> None:
-    """Reject a non-finite number in a per-type / per-pair map, naming *where* and the key."""
-    for key, val in values.items():
-        if not math.isfinite(val):
-            raise InvalidInput(f"{where}.{key}: must be a finite number, got {val}")
-
-
-def _read_nodes(nodes: list[dict], label: str) -> _Nodes:
-    """Columns of the (schema-valid) node list; rejects duplicate ids, non-finite times, deep extras."""
-    out = _Nodes()
-    ids, index, compute, memory, op, cbt = out.ids, out.index, out.compute, out.memory, out.op, out.cbt
-    coloc, split, members, extra = out.coloc, out.split, out.members, out.extra
-    known = _KNOWN_NODE_FIELDS
-    for i, nd in enumerate(nodes):
-        nid = nd["id"]
-        if nid in index:
-            raise InvalidInput(f"{label}: node '{nid}' is defined twice (nodes #{index[nid]} and #{i})")
-        index[nid] = i
-        ids.append(nid)
-        c = float(nd["compute_s"])
-        if not math.isfinite(c):
-            raise InvalidInput(f"{label}: node '{nid}' field compute_s: must be a finite number, got {c}")
-        compute.append(c)
-        memory.append(int(nd["memory_bytes"]))
-        op.append(nd.get("op", "op"))
-        by = nd.get("compute_by_type")
-        if by:
-            _check_finite(by, f"{label}: node '{nid}' field compute_by_type")
-            by = {k: float(val) for k, val in by.items()}
-        cbt.append(by or None)
-        coloc.append(nd.get("colocation"))
-        split.append(list(nd["splittable"]) if nd.get("splittable") else None)
-        members.append(list(nd["members"]) if "members" in nd else None)
-        if nd.keys() <= known:
-            extra.append(None)
-        else:
-            ex = {k: v for k, v in nd.items() if k not in known}
-            for k, val in ex.items():
-                check_depth(val, label, f"node '{nid}' field {k}")
-            extra.append(ex)
-    return out
-
-
-def _read_edges(edges: list[dict], index: dict[str, int], label: str) -> _Edges:
-    """Columns of the (schema-valid) edge list, numbering tensors ``(src, tensor)`` in order of first
-    appearance; rejects unknown endpoints, self-loops, a tensor with two sizes, non-finite comm times."""
-    out = _Edges()
-    tensor_ids: dict[tuple[int, str], int] = {}
-    esrc, edst, ebytes, etensor, ecomm = out.src, out.dst, out.bytes, out.tensor, out.comm
-    tsrc, tbytes, tname, tedges = out.tsrc, out.tbytes, out.tname, out.tedges
-    for k, ed in enumerate(edges):
-        s, d = ed["src"], ed["dst"]
-        si, di = index.get(s), index.get(d)
-        if si is None:
-            raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): unknown source node '{s}'")
-        if di is None:
-            raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): unknown destination node '{d}'")
-        if si == di:
-            raise InvalidInput(f"{label}: edge {s}->{d} (#{k}): self-loop on node '{s}'")
-        b = int(ed["bytes"])
-        tkey = ed.get("tensor")
-        key = (si, tkey if tkey is not None else f"\x00edge{k}")
-        t = tensor_ids.get(key)
-        if t is None:
-            t = len(tsrc)
-            tensor_ids[key] = t
-            tsrc.append(si)
-            tbytes.append(b)
-            tname.append(tkey if tkey is not None else f"{s}->{d}#{k}")
-            tedges.append([])
-        elif tbytes[t] != b:
-            raise InvalidInput(
-                f"{label}: edge {s}->{d} (#{k}): tensor '{tkey}' of node '{s}' has {b} bytes here "
-                f"but {tbytes[t]} on an earlier edge; edges sharing a tensor must agree")
-        tedges[t].append(k)
-        cm = ed.get("comm_s_by_pair")
-        if cm:
-            _check_finite(cm, f"{label}: edge {s}->{d} (#{k}) field comm_s_by_pair")
-        esrc.append(si)
-        edst.append(di)
-        ebytes.append(b)
-        etensor.append(t)
-        ecomm.append(dict(cm) if cm else None)
-    return out
-
-
-def _check_totals(nd: _Nodes, ed: _Edges, label: str) -> None:
-    """Totals within :mod:`~celeritas_cli.model.limits`: memory, distinct tensor bytes, compute."""
-    for what, total in (("memory_bytes over all nodes", sum(nd.memory)),
-                        ("bytes over all distinct tensors (edges)", sum(ed.tbytes))):
-        if total > BYTES_MAX:
-            raise InvalidInput(f"{label}: the total of {what} is {total}, above 2^53-1 bytes (8 PiB), "
-                               f"the most placer accepts")
-    # every sum of node times (a coarse node, a device's work) stays within one node's range
-    work = math.fsum(max(c, *b.values()) if b else c for c, b in zip(nd.compute, nd.cbt))
-    if work > TIME_MAX:
-        raise InvalidInput(f"{label}: the total compute over all nodes is {work:.12g} s (compute_s or the "
-                           f"slowest compute_by_type), above 1e12 s, the most placer accepts")
 
 
 def _add_new(big: dict, key: tuple, lst: list, w: int) -> bool:
