@@ -57,21 +57,7 @@ class Level:
 
 def atoms(graph: Graph) -> Level:
     """Level 0: colocation groups as one unit each, other nodes alone."""
-    unit_of = [-1] * graph.n
-    members: list[list[int]] = []
-    group_unit: dict[str, int] = {}
-    for v in range(graph.n):
-        g = graph.colocation[v]
-        if g is not None and g in group_unit:
-            u = group_unit[g]
-            members[u].append(v)
-        else:
-            u = len(members)
-            members.append([v])
-            if g is not None:
-                group_unit[g] = u
-        unit_of[v] = u
-    return Level(unit_of, members)
+    return Level(*graph.colocation_units())
 
 
 def _adjacency(graph: Graph, unit_of: list[int], nu: int) -> list[dict[int, float]]:
