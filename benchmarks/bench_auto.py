@@ -39,7 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from celeritas_cli import registry  # noqa: E402
+from timing import fmt_makespan, run_cell  # noqa: E402  (benchmarks/timing.py)
+
 from celeritas_cli.compare.inputs import default_algorithms  # noqa: E402
 from celeritas_cli.compare.tasks import algorithm_params  # noqa: E402
 from celeritas_cli.model.costs import cost_model  # noqa: E402
@@ -59,27 +60,6 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_algo(graph, cluster, costs, algo: str, params: dict) -> dict:
-    """One cell: place, then simulate; wall time of the ``place`` call."""
-    t0 = time.perf_counter()
-    try:
-        p = registry.place(graph, cluster, algo, params=params, costs=costs)
-        wall = time.perf_counter() - t0
-        rep = simulate(graph, cluster, p, costs=costs)
-    except Exception as exc:  # a failing cell is a note, not a crash
-        return {"status": "error", "error": f"{type(exc).__name__}: {exc}", "wall_s": time.perf_counter() - t0}
-    return {"status": rep["status"], "makespan_s": rep["makespan_s"], "lower_bound_s": rep["lower_bound_s"],
-            "wall_s": wall, "estimate": p.estimate}
-
-
-def _fmt(r: dict | None) -> str:
-    if r is None:
-        return "-"
-    if r["status"] == "error":
-        return "error"
-    return f"{r['makespan_s']:.4g}" + ("" if r["status"] == "OK" else f" ({r['status']})")
-
-
 def case_row(gname: str, cname: str, others: list[str]) -> tuple[str, float | None]:
     """The table row of one (graph, cluster) case and its auto / best-other ratio."""
     g = load_graph(str(ROOT / "sample_graphs" / "zoo" / f"{gname}.json.gz"))
@@ -88,19 +68,19 @@ def case_row(gname: str, cname: str, others: list[str]) -> tuple[str, float | No
     res = {}
     for a in others:
         log(f"bench_auto: {gname} on {cname}: {a}")
-        res[a] = run_algo(g, cluster, costs, a, algorithm_params(a, {}, {}, None, quick=True))
+        res[a] = run_cell(g, cluster, costs, a, algorithm_params(a, {}, {}, None, quick=True))
     log(f"bench_auto: {gname} on {cname}: auto")
-    mine = run_algo(g, cluster, costs, "auto", {"quiet": True})
+    mine = run_cell(g, cluster, costs, "auto", {"quiet": True})
     ok = {a: r["makespan_s"] for a, r in res.items() if r["status"] == "OK"}
     best = min(ok, key=lambda a: (ok[a], a)) if ok else None
     ratio = mine["makespan_s"] / ok[best] if best is not None and mine["status"] == "OK" else None
-    est = mine.get("estimate") or {}
     lb = mine.get("lower_bound_s") or 0.0
     over_lb = f"{mine['makespan_s'] / lb:.3f}" if lb > 0 and "makespan_s" in mine else "-"
-    won = f"{est.get('winner', '-')}{' + refinement' if est.get('refined') else ''}"
-    row = (f"| {gname} | {cname} | {g.n} | {best or '-'} | {_fmt(res.get(best))} | {_fmt(res.get('data-parallel'))} "
-           f"| {_fmt(mine)} | **{'-' if ratio is None else f'{ratio:.3f}'}** | {over_lb} | {won} | "
-           f"{100 * (est.get('refinement_gain') or 0):.1f} % | {mine['wall_s']:.1f} |")
+    won = f"{mine.get('winner') or '-'}{' + refinement' if mine.get('refined') else ''}"
+    row = (f"| {gname} | {cname} | {g.n} | {best or '-'} | {fmt_makespan(res.get(best))} | "
+           f"{fmt_makespan(res.get('data-parallel'))} "
+           f"| {fmt_makespan(mine)} | **{'-' if ratio is None else f'{ratio:.3f}'}** | {over_lb} | {won} | "
+           f"{100 * (mine.get('refinement_gain') or 0):.1f} % | {mine['wall_s']:.1f} |")
     return row, ratio
 
 

@@ -40,24 +40,22 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
+from timing import fmt_makespan, run_cell  # noqa: E402  (benchmarks/timing.py)
 
 from celeritas_cli import registry  # noqa: E402
 from celeritas_cli.compare.inputs import default_algorithms  # noqa: E402
 from celeritas_cli.compare.tasks import algorithm_params  # noqa: E402
-from celeritas_cli.log import quiet  # noqa: E402
 from celeritas_cli.model.cluster import Cluster  # noqa: E402
 from celeritas_cli.model.costs import cost_model  # noqa: E402
 from celeritas_cli.model.generate import layered_doc  # noqa: E402
 from celeritas_cli.model.graph import Graph  # noqa: E402
 from celeritas_cli.model.io import load_cluster, load_graph  # noqa: E402
-from celeritas_cli.sim.simulator import simulate  # noqa: E402
 
 #: cluster memory / graph memory of the tight variants
 TIGHT = 1.25
@@ -139,19 +137,6 @@ ROWS: list[tuple[str, str, bool]] = [
 
 
 # ------------------------------------------------------------------- cells
-def run_algo(graph: Graph, cluster: Cluster, costs, algo: str, params: dict) -> dict:
-    """One cell: place, then simulate; wall time of the ``place`` call."""
-    t0 = time.perf_counter()
-    try:
-        with quiet():
-            p = registry.place(graph, cluster, algo, params=params, costs=costs)
-        wall = time.perf_counter() - t0
-        rep = simulate(graph, cluster, p, costs=costs)
-    except Exception as exc:  # a failing cell is a note, not a crash
-        return {"status": "error", "error": f"{type(exc).__name__}: {exc}", "wall_s": time.perf_counter() - t0}
-    est = p.estimate or {}
-    return {"status": rep["status"], "makespan_s": rep["makespan_s"], "wall_s": wall,
-            "winner": est.get("winner"), "refined": est.get("refined"), "clock_cut": est.get("clock_cut")}
 
 
 def others_for(graph: Graph) -> list[str]:
@@ -161,14 +146,6 @@ def others_for(graph: Graph) -> list[str]:
             continue
         out.append(a)
     return out
-
-
-def _fmt(r: dict | None) -> str:
-    if r is None:
-        return "-"
-    if r["status"] == "error":
-        return "error"
-    return f"{r['makespan_s']:.4g}" + ("" if r["status"] == "OK" else f" ({r['status']})")
 
 
 def row(gname: str, cname: str, time_limit: float, cache: dict) -> dict:
@@ -181,10 +158,10 @@ def row(gname: str, cname: str, time_limit: float, cache: dict) -> dict:
         res = {}
         for a in others_for(g):
             log(f"bench_generality: {gname} on {cname}: {a}")
-            res[a] = run_algo(g, cluster, costs, a, algorithm_params(a, {}, {}, None, quick=True))
+            res[a] = run_cell(g, cluster, costs, a, algorithm_params(a, {}, {}, None, quick=True))
         cache[key] = res
     log(f"bench_generality: {gname} on {cname}: auto")
-    mine = run_algo(g, cluster, costs, "auto", {"quiet": True, "time_limit": time_limit})
+    mine = run_cell(g, cluster, costs, "auto", {"quiet": True, "time_limit": time_limit})
     ok = {a: r["makespan_s"] for a, r in res.items() if r["status"] == "OK"}
     best = min(ok, key=lambda a: (ok[a], a)) if ok else None
     ratio = mine["makespan_s"] / ok[best] if best is not None and mine["status"] == "OK" else None
@@ -207,8 +184,8 @@ def table(rows: list[dict], time_limit: float) -> list[str]:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
         won = f"{a.get('winner', '-')}{' + refinement' if a.get('refined') else ''}"
         flag = " (overrun)" if r["overrun"] else ""
-        lines.append(f"| {r['graph']} | {r['cluster']} | {r['n']} | {r['best'] or '-'} | {_fmt(r['best_r'])} | "
-                     f"{_fmt(a)} | **{ratio}** | {r['fit']}/{r['tried']} | {a['status']} | {won} | "
+        lines.append(f"| {r['graph']} | {r['cluster']} | {r['n']} | {r['best'] or '-'} | {fmt_makespan(r['best_r'])} | "
+                     f"{fmt_makespan(a)} | **{ratio}** | {r['fit']}/{r['tried']} | {a['status']} | {won} | "
                      f"{a['wall_s']:.1f}{flag} |")
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
     loses = [f"{r['graph']} on {r['cluster']} ({r['ratio']:.3f})" for r in rows
