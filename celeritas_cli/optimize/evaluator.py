@@ -85,16 +85,20 @@ class Budget:
             return True
         return False
 
+    def over_count(self, weight: float = 1.0) -> bool:
+        """One more simulation (of a graph *weight* times the input's size)
+        would take the count over its limit."""
+        return self.spent + 1 > self.limit or (weight > 1 and self.spent + weight > self.limit)
+
     def exhausted(self) -> bool:
-        return self.spent + 1 > self.limit or self.out_of_time()
+        return self.over_count() or self.out_of_time()
 
     def take(self, weight: float = 1.0, clock: bool = True) -> bool:
         """Spend one simulation; one of a graph *weight* times the input
         graph's size also charges ``weight - 1``.  ``clock=False``: the
         deadline does not refuse it (only the count does), for judging work
         already paid for."""
-        over = self.spent + 1 > self.limit or (weight > 1 and self.spent + weight > self.limit)
-        if over or (clock and self.out_of_time()):
+        if self.over_count(weight) or (clock and self.out_of_time()):
             return False
         self.used += 1
         self.charged += max(0.0, weight - 1.0)

@@ -224,7 +224,7 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
     offers: list[list[tuple[Spec, float]]] = []
     for item in PRIORITY:
         if item == "dpos@data-parallel":
-            if max(graph.total_memory(), 1) <= min(d.memory for d in cluster.devices) and k > 1:
+            if max(graph.total_memory(), 1) <= cluster.min_memory() and k > 1:
                 spec = Spec("dpos", on="data-parallel")
                 offers.append([(spec, member_cost(spec, k))])
         elif isinstance(item, str):
