@@ -4,7 +4,7 @@ For each target size (default 50, 100, 250 coarse nodes) a synthetic
 layered training graph of ``fine`` x size nodes is coarsened - with the
 registered ``cpd`` method (Celeritas Optimal_BP) when present, its range R
 bisected to land near the size, else by cutting the topological order into
-equal chunks with :func:`celeritas_cli.coarsening.contract.contract` - and placed by
+equal chunks with :func:`celeritas_cli.transform.contract.contract` - and placed by
 ``milp`` under a time limit.  Prints a Markdown table to stdout:
 
     size | fine | status | makespan | hint | ratio | gap | bound | time
@@ -32,7 +32,7 @@ import sys
 import time
 
 from celeritas_cli import registry
-from celeritas_cli.coarsening.contract import contract
+from celeritas_cli.transform.contract import contract
 from celeritas_cli.model.generate import layered
 from celeritas_cli.model.io import load_cluster
 from celeritas_cli.sim.simulator import simulate

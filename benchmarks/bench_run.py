@@ -57,7 +57,7 @@ def main(steps: int = 5) -> None:
     from celeritas_cli.profile import capture_model
     from celeritas_cli.profile.commfit import fit_cluster
     from celeritas_cli.run import api
-    from celeritas_cli.run.commbench import bench_processes
+    from celeritas_cli.profile.commbench import bench_processes
     from celeritas_cli.run.step import capture_real
 
     t0 = time.perf_counter()

@@ -4,9 +4,9 @@ strategy every placement should be compared against.
 The model is replicated on ``k`` devices, each replica runs its share of the
 batch, and the gradients are reduced by a ring all-reduce (reduce-scatter +
 all-gather, explicit transfers on the links) before each replica's optimizer
-update: :func:`~celeritas_cli.scheduling.replicate.data_parallel_graph`
+update: :func:`~celeritas_cli.transform.replicate.data_parallel_graph`
 builds that graph with the split cost model of
-:mod:`~celeritas_cli.scheduling.split_cost`; replica ``r`` and its ring
+:mod:`~celeritas_cli.transform.split_cost`; replica ``r`` and its ring
 nodes go to the ``r``-th chosen device.  Per-device memory = parameters +
 gradients + optimizer state + the replica's share of the activations; a
 device over capacity makes the placement ``OOM``, reported like any other.
@@ -35,10 +35,10 @@ from ..model.graph import Graph
 from ..model.limits import TIME_MAX
 from ..model.placement import Placement, finite_or_none
 from ..registry import Param, register
-from ..scheduling.allreduce import BUCKET_MB_MAX
-from ..scheduling.derivation import attach, data_parallel_step
-from ..scheduling.replicate import SCALINGS, data_parallel_graph
-from ..scheduling.split_cost import DEFAULT_OVERHEAD_S, batch_profile
+from ..transform.allreduce import BUCKET_MB_MAX
+from ..transform.derivation import attach, data_parallel_step
+from ..transform.replicate import SCALINGS, data_parallel_graph
+from ..transform.split_cost import DEFAULT_OVERHEAD_S, batch_profile
 from ..sim.simulator import lower_bound, run_schedule
 
 SHARES = ("equal", "proportional")
@@ -79,7 +79,7 @@ def proportional_shares(graph: Graph, costs: CostModel, devs: list[int]) -> list
     """Batch shares of replicas on *devs* in proportion to each device's
     throughput on *graph*: ``share_r ∝ 1 / T(devs[r])``, where ``T(d)`` is
     the time of the graph's batch-dependent nodes on device ``d`` (the
-    linear part of a replica's time, :mod:`~celeritas_cli.scheduling.split_cost`),
+    linear part of a replica's time, :mod:`~celeritas_cli.transform.split_cost`),
     so every replica's batch-dependent work takes the same time.  None
     (equal shares) when every device has the same ``T``.
 
@@ -154,7 +154,7 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         An addition, not in FastT (PyTorch DDP, Li et al. VLDB 2020, 3.2.2
         "Gradient Bucketing"): ``> 0`` groups the gradients into buckets of
         ``bucket_mb`` MiB in the order they become ready
-        (:func:`~celeritas_cli.scheduling.allreduce.gradient_buckets`) and reduces each bucket by
+        (:func:`~celeritas_cli.transform.allreduce.gradient_buckets`) and reduces each bucket by
         one ring all-reduce of its total bytes once all its gradients are
         ready; ``0`` reduces every gradient by its own ring.  Recorded in
         the recipe.  Default 25 MiB, DDP's default ``bucket_cap_mb``.

@@ -294,7 +294,7 @@ def dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     critical-path device nor the max-cost ranks of FastT 5.1 cause the gap;
     under the simulator's default rule DPOS is 1.4-2x faster than HEFT,
     whose contention-free plan saturates the links
-    (``tests/test_fastt.py::test_dpos_versus_heft_depends_on_the_judges_congestion_rule``).
+    (``tests/algorithms/test_fastt.py::test_dpos_versus_heft_depends_on_the_judges_congestion_rule``).
 
     Example
     -------

@@ -1,7 +1,7 @@
 """FD-DPS: scheduling by the dynamic critical path and node priority
 (FD-DPS sections 4.2-4.3, Definitions 8-12, Formulas 6-12, Algorithms 1-2),
 optionally on a graph whose critical operators were split
-(:mod:`celeritas_cli.scheduling.splitting`, section 4.1).
+(:mod:`celeritas_cli.transform.splitting`, section 4.1).
 
 The paper's extracted text omits its formulas; this module follows the
 definitions it builds on (Kwok and Ahmad's DCP, its reference [20]) and
@@ -66,8 +66,8 @@ Reading of sections 4.2-4.3 (the text omits the formulas):
   unscheduled graph (Definition 10), heaviest first, at most
   *max_splits*, are split along their first allowed dimension into
   *split_parts* parts (0 = number of devices) by
-  :func:`~celeritas_cli.scheduling.splitting.split_operation` (the
-  split cost model of :mod:`celeritas_cli.scheduling.split_cost`, shared
+  :func:`~celeritas_cli.transform.splitting.split_operation` (the
+  split cost model of :mod:`celeritas_cli.transform.split_cost`, shared
   with OS-DPOS and data parallelism); both graphs are scheduled and the
   one with the smaller simulated makespan (under *congestion*, the rule
   the schedules were planned for) is kept (the split graph travels in
@@ -86,10 +86,10 @@ from ..model.graph import Graph
 from ..model.limits import TIME_MAX
 from ..model.placement import Placement
 from ..registry import Param, register
-from ..scheduling.derivation import attach, split_step
+from ..transform.derivation import attach, split_step
 from ..scheduling.memory import DeviceMemory
-from ..scheduling.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
-from ..scheduling.splitting import split_operation
+from ..transform.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
+from ..transform.splitting import split_operation
 from ..scheduling.timeline import Timeline
 from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION, InputArrivals
 from ..sim.simulator import makespan_of
@@ -305,7 +305,7 @@ def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int
                     overhead_s: float) -> tuple[Graph, list[dict]]:
     """Split the splittable critical nodes (Definition 10 on the unscheduled
     graph), heaviest first, at most *max_splits*, along their first allowed
-    dimension (:func:`~celeritas_cli.scheduling.split_cost.splittable_dims`)
+    dimension (:func:`~celeritas_cli.transform.split_cost.splittable_dims`)
     into *parts* parts; returns the split graph and its recipe steps."""
     _, _, _, crit = est_lst(graph, costs)
     topo = graph.topo_index()

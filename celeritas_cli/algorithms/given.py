@@ -10,7 +10,7 @@ from ..model.graph import Graph
 from ..model.io import load_placement
 from ..model.placement import Placement
 from ..registry import Param, register
-from ..scheduling.derivation import rebuild
+from ..transform.derivation import rebuild
 
 
 @register("given", paper="baseline", section="HRL Table 1 (human experts)",
@@ -23,7 +23,7 @@ def given(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
     judge it like any algorithm's output.  A placement of a derived graph
     (``derivation``: operation splits, data parallelism) is checked against
     the derived graph rebuilt from *graph*
-    (:func:`~celeritas_cli.scheduling.derivation.rebuild`) and keeps its
+    (:func:`~celeritas_cli.transform.derivation.rebuild`) and keeps its
     recipe.
 
     Raises

@@ -4,11 +4,11 @@ section 5.2, Algorithm 2).
 The input graph is FastT's: when the model fits one device, the
 data-parallel graph (the model replicated once per device, each replica on
 ``1/k`` of the batch, gradients ring-all-reduced,
-:func:`~celeritas_cli.scheduling.replicate.data_parallel_graph`); otherwise
+:func:`~celeritas_cli.transform.replicate.data_parallel_graph`); otherwise
 the model's DAG.  DPOS places it; the operations on the critical path are
 then tried, in decreasing computation time, for a split along each of their
 parallelizable dimensions into ``n = 2..k`` parts
-(:func:`~celeritas_cli.scheduling.splitting.split_operation`, Algorithm 2's
+(:func:`~celeritas_cli.transform.splitting.split_operation`, Algorithm 2's
 ``SplitOperation``), re-running DPOS on each split graph.  The best split of
 an operation is kept only if it shortens the finish time; the first
 operation whose best split does not is where the search stops.
@@ -25,10 +25,10 @@ from ..model.graph import Graph
 from ..model.limits import TIME_MAX
 from ..model.placement import Placement
 from ..registry import Param, register
-from ..scheduling.derivation import attach, data_parallel_step, split_step
-from ..scheduling.replicate import data_parallel_graph
-from ..scheduling.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
-from ..scheduling.splitting import split_operation
+from ..transform.derivation import attach, data_parallel_step, split_step
+from ..transform.replicate import data_parallel_graph
+from ..transform.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
+from ..transform.splitting import split_operation
 from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION
 from ..sim.simulator import critical_path, run_schedule
 from .data_parallel import replica_devices
@@ -109,7 +109,7 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
       (:func:`~celeritas_cli.sim.simulator.critical_path`).
     * line 5: sorted by decreasing computation time on the assigned device
       (ties by topological index).  Only operations with a parallelizable
-      dimension are candidates (:func:`~celeritas_cli.scheduling.split_cost.splittable_dims`:
+      dimension are candidates (:func:`~celeritas_cli.transform.split_cost.splittable_dims`:
       the node's ``splittable`` list, with backward ops split along the
       batch only - their partial weight gradients are summed - and no
       batch split of a batch-independent op); the others are skipped, not a
@@ -144,7 +144,7 @@ def os_dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
         Candidate critical-path operations tried at most (0 = all).
     overhead_s : float
         Sub-operation overhead of the split cost model
-        (:mod:`celeritas_cli.scheduling.splitting`).
+        (:mod:`celeritas_cli.transform.splitting`).
     congestion : str
         Congestion rule of the scoring simulation and of DPOS's own link
         model (:class:`~celeritas_cli.sim.links.InputArrivals`).

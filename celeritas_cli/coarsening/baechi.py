@@ -27,7 +27,7 @@ another path ``A -> X -> ... -> B`` exists.  If ``A``'s only successor is
 ``B`` every path out of ``A`` starts with the edge ``A -> B``; if ``B``'s
 only predecessor is ``A`` every path into ``B`` ends with it; either way
 there is no other path, so each contraction keeps the quotient a DAG.
-:func:`celeritas_cli.coarsening.contract.is_acyclic` re-checks the result (tests too).
+:func:`celeritas_cli.transform.contract.is_acyclic` re-checks the result (tests too).
 
 Colocation.  Groups are kept as constraints, not fused: :func:`contract`
 gives every coarse node that holds a group member the group's
@@ -43,7 +43,7 @@ from ..model.cluster import Cluster
 from ..model.costs import CostModel
 from ..model.graph import Graph
 from ..registry import register_coarsener
-from .contract import contract, is_acyclic
+from ..transform.contract import contract, is_acyclic
 
 
 def baechi_clusters(graph: Graph) -> list[int]:

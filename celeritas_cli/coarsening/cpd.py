@@ -5,7 +5,7 @@ and the sequence is cut at the breakpoints that minimise the total
 communication cost between consecutive clusters (Kernighan's sequential
 partitioning, Celeritas Eq. 4-6), each cluster spanning at most ``R`` nodes
 and ``M`` bytes.  Clusters become coarse nodes with
-:func:`celeritas_cli.coarsening.contract.contract`; because every cluster is a contiguous
+:func:`celeritas_cli.transform.contract.contract`; because every cluster is a contiguous
 piece of a topological order, the coarse graph is a DAG (Lemma 2).
 
 Colocation groups (the reading chosen here; the paper only says TensorFlow
@@ -67,7 +67,7 @@ from ..model.graph import Graph
 from ..model.limits import BYTES_MAX
 from ..registry import Param, register_coarsener
 from ..scheduling.orders import cpd_topo
-from .contract import contract, is_acyclic
+from ..transform.contract import contract, is_acyclic
 
 DEFAULT_M = 0.25
 DEFAULT_R = 200       # the paper's exploration range

@@ -20,7 +20,7 @@ Our reading of Algorithm 1 (the text gives its functions, not code):
   connection; ``u_{i+1}`` may have other predecessors).
 * Such a path cannot create a cycle: any other path from ``u_i`` leaves
   through its only out-edge, i.e. along the path itself.  The result is
-  re-checked with :func:`celeritas_cli.coarsening.contract.is_acyclic`.
+  re-checked with :func:`celeritas_cli.transform.contract.is_acyclic`.
 
 Op types match on the last dotted component of the node's ``op`` (or
 the one before it, for overload names like "aten.add.Tensor"),
@@ -47,7 +47,7 @@ from ..model.cluster import Cluster
 from ..model.costs import CostModel
 from ..model.graph import Graph
 from ..registry import Param, register_coarsener
-from .contract import contract, is_acyclic
+from ..transform.contract import contract, is_acyclic
 
 DEFAULT_RULES: list[list[str]] = [["conv", "bn"], ["conv", "bn", "relu"], ["conv", "bn", "add", "relu"]]
 

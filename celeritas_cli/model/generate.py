@@ -8,7 +8,7 @@ forward op -> its gradient op), and an optimizer update per parameterised
 op, colocated with it (``colocation = "w:<op>"``, as TensorFlow colocates a
 variable's ops).  Heavy ops (conv / matmul) have log-normally skewed times
 and hold parameters (``batch_independent``: the weights, gradients and Adam
-moments a heavy op holds, :mod:`celeritas_cli.scheduling.split_cost`); light
+moments a heavy op holds, :mod:`celeritas_cli.transform.split_cost`); light
 ops (bn, relu, add) are short.  Tensor sizes are
 chosen so the CCR (Celeritas Eq. 1) on 4xV100 over PCIe is in the 20-50
 range the paper's Table 2 reports for real models.  The same ``(n, seed)``

@@ -10,9 +10,9 @@ and, when the algorithm placed a graph it derived from the input:
   order: ``{"transform": "data-parallel", "replicas": k, "scaling":
   "strong"|"weak", "overhead_s": s}`` (the data-parallel graph: ``k``
   replicas, ring all-reduce of the gradients,
-  :mod:`celeritas_cli.scheduling.replicate`) and ``{"transform": "split",
+  :mod:`celeritas_cli.transform.replicate`) and ``{"transform": "split",
   "node": id, "dim": "batch"|"channel", "n": n, "overhead_s": s}`` (one
-  operation split, :mod:`celeritas_cli.scheduling.splitting`).  ``base``
+  operation split, :mod:`celeritas_cli.transform.splitting`).  ``base``
   (``{"graph": name, "members": [[ids], ...]}``) is present when the
   algorithm's input was a coarse graph: its nodes' members, in order.
 * ``split_graph``: the derived graph document the assignment and order
@@ -22,7 +22,7 @@ and, when the algorithm placed a graph it derived from the input:
 
 The simulator rebuilds the derived graph from the graph it is given and the
 recipe and rejects a ``split_graph`` that differs
-(:func:`celeritas_cli.scheduling.derivation.rebuild`); a ``split_graph``
+(:func:`celeritas_cli.transform.derivation.rebuild`); a ``split_graph``
 without a ``derivation`` is rejected.
 
 Algorithms work on node and device indices and build their result with

@@ -46,7 +46,7 @@ How a model becomes a graph (Celeritas 4.2.1 and 6.1; FastT section 4):
    ``compute_s`` is the V100 time.  Extra node fields ``flops``,
    ``bytes_moved`` and ``output_bytes`` keep the raw numbers.
 7. What does not scale with the batch (for the split cost model,
-   :mod:`celeritas_cli.scheduling.split_cost`): node field
+   :mod:`celeritas_cli.transform.split_cost`): node field
    ``batch_independent`` = ``memory_bytes`` (owned parameters/buffers,
    kept gradients, optimizer state; all of a node not reached from a model
    input), ``state_bytes`` (owned parameters/buffers), ``bytes_moved``
@@ -64,7 +64,7 @@ from typing import Any, Callable
 
 from ..errors import InvalidInput, MissingDependency
 from ..model.graph import GRAPH_SCHEMA
-from . import devices as dev
+from ..model import devices as dev
 from .flops import formula_flops, is_tensor_core_op, short
 from .models import resolve_model
 from .stepmap import FACTORY_OPS, VIEW_OPS, flat, map_trace, nbytes, outputs  # noqa: F401 (re-exported)
@@ -377,7 +377,7 @@ def _meta(meta: dict, sm, state_bytes, state_numel) -> dict:
     if unowned:
         meta["unused_state_bytes"] = int(unowned)
     meta["cost_model"] = (f"roofline on {', '.join(dev.DEVICES)}; compute_s = {dev.REFERENCE} "
-                          f"(celeritas_cli.profile.devices)")
+                          f"(celeritas_cli.model.devices)")
     return meta
 
 

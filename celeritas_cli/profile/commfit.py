@@ -226,7 +226,7 @@ def comm_bench(*, sizes: list[int] | None = None, repeats: int = 5, warmup: int 
         import torch
     except ImportError:
         raise MissingDependency("--comm-bench needs torch: pip install -e .[torch]") from None
-    from .devices import device_type_of
+    from ..model.devices import device_type_of
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n < 2:

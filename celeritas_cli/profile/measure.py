@@ -27,7 +27,7 @@ import math
 import time
 
 from .capture import Trace, require_torch
-from .devices import device_type_of
+from ..model.devices import device_type_of
 
 
 def local_device():
@@ -151,7 +151,7 @@ def _measure(doc: dict, tr: Trace, warmup: int, repeats: int, progress) -> dict:
             progress(f"measuring node {i}/{total} on {dtype_name}")
         try:
             if fxn is None:       # one Adam step on a parameter of this size (see capture: 12 FLOPs/element)
-                from ..run.executor import adam_update  # the update placer run executes
+                from .optim import adam_update  # the update placer run executes
 
                 n = max(1, int(nd.get("flops", 12)) // 12)
                 p, g = torch.randn(n, device=device), torch.randn(n, device=device)

@@ -224,7 +224,7 @@ def extrapolate(meas: dict, target: int, *, name: str | None = None, sizes_used:
     b], "compute_by_type": {type: [a, b]}, "memory_bytes": [a, b]}`` the
     fitted lines ``y = a + b * batch`` (a constant is ``[y, 0]``), which the
     split cost model uses to time the node on part of the batch
-    (:mod:`celeritas_cli.scheduling.split_cost`).
+    (:mod:`celeritas_cli.transform.split_cost`).
 
     References
     ----------

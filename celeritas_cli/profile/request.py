@@ -151,7 +151,7 @@ def _fitted_cluster(req: ProfileRequest, say: Callable[[str], None]) -> dict:
     from .commfit import comm_bench, fit_cluster
 
     if req.comm_bench and req.processes is not None:
-        from ..run.commbench import bench_processes
+        from .commbench import bench_processes
 
         samples = bench_processes(req.processes, threads=req.threads, progress=say)
         label = "comm-bench"

@@ -206,7 +206,7 @@ def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmu
     import torch
 
     from .executor import ADAM
-    from .launch import launch
+    from ..profile.launch import launch
     from .reference import Reference, adam_reference, reference_grads
     from .report import build_report, compare
 
@@ -265,6 +265,6 @@ def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmu
 
 
 if __name__ == "__main__":
-    from .launch import worker_main
+    from ..profile.launch import worker_main
 
     worker_main(dp_rank_main)

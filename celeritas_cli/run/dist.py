@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidInput
-from .launch import launch, worker_main
+from ..profile.launch import launch, worker_main
 
 
 def _perm(meta) -> list[int] | None:

@@ -1,2 +1,3 @@
-"""Building blocks shared by the placement algorithms: per-device timelines and
-memory, node orders (CPD-TOPO), operation splitting."""
+"""Building blocks shared by the placement algorithms: per-device timelines
+(insertion slots), memory bookkeeping, node orders (CPD-TOPO) and the
+METIS / Scotch inputs.  Graph rewrites live in :mod:`celeritas_cli.transform`."""

@@ -40,9 +40,9 @@ def work_bound(graph: Graph, cluster: Cluster, costs: CostModel | None = None) -
     node's time on *d* is ``compute_s / speed(d)``).
 
     It holds for every placement of *graph* and of every graph
-    :mod:`~celeritas_cli.scheduling.derivation` derives from it: a part of a
+    :mod:`~celeritas_cli.transform.derivation` derives from it: a part of a
     node on a fraction ``f`` of its batch never takes less than ``f`` of the
-    node's time on any device (:func:`~celeritas_cli.scheduling.split_cost.part_times`:
+    node's time on any device (:func:`~celeritas_cli.transform.split_cost.part_times`:
     never better than linear), the parts of a node cover at least its whole
     batch (``k`` replicas of ``1/k``, ``n`` split parts of ``1/n``, or
     ``f = 1`` for weak scaling and batch-independent nodes), and a derivation

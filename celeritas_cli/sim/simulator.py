@@ -54,7 +54,7 @@ from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement, finite_or_none
-from ..scheduling.derivation import rebuild
+from ..transform.derivation import rebuild
 from .bounds import lower_bounds
 from .links import CONGESTION_RULES, DEFAULT_CONGESTION, LinkState, check_congestion
 
@@ -386,7 +386,7 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     splitting, data parallelism: ``derivation`` and ``split_graph``), the
     derived graph is rebuilt from *graph* and the recipe and simulated; a
     carried ``split_graph`` that differs from it is rejected
-    (:func:`~celeritas_cli.scheduling.derivation.rebuild`).  When
+    (:func:`~celeritas_cli.transform.derivation.rebuild`).  When
     *schedule_out* is a list, the :class:`Schedule` is appended to it (for
     ``--gantt`` / ``--trace``).  *costs* is the cost model to judge under
     (default: the file's costs; re-bound to a split graph when there is one).

@@ -1,0 +1,257 @@
+"""Gradient all-reduce for the data-parallel graph
+(:mod:`~celeritas_cli.transform.replicate`): ring all-reduce nodes and
+transfers, and PyTorch DDP's gradient buckets.
+
+* :func:`gradient_ring` appends the ring all-reduce of one gradient tensor:
+  reduce-scatter and all-gather over ``k`` replicas in ``k`` chunks
+  (:func:`chunk_sizes`), each step an explicit node and a transfer between
+  adjacent replicas, so the simulator's congestion rule applies (Patarasuk
+  and Yuan, JPDC 2009: ``2 (k - 1) / k`` of the data sent per replica).
+* :func:`gradient_buckets` groups gradients into buckets of at most
+  ``bucket_mb`` MiB in the order they become ready (:func:`ready_order`),
+  as DDP does (Li et al., "PyTorch Distributed", VLDB 2020, 3.2.2
+  "Gradient Bucketing"); :func:`bucket_ring` reduces a bucket of two or
+  more gradients by one ring of the bucket's bytes.
+
+The node and field layout is described in
+:mod:`~celeritas_cli.transform.replicate` and docs/design.md.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+from ..errors import InvalidInput
+from ..model.graph import Graph
+from .split_cost import COPY_BANDWIDTH_BPS
+
+#: the largest bucket capacity accepted (MiB): 1 TiB, every model's gradients in one bucket
+BUCKET_MB_MAX = 2**20
+
+
+def chunk_sizes(nbytes: int, k: int) -> list[int]:
+    """Bytes of the ``k`` ring chunks of an ``nbytes`` tensor.
+
+    >>> chunk_sizes(10, 4)
+    [3, 3, 2, 2]
+    """
+    return [nbytes // k + (1 if c < nbytes % k else 0) for c in range(k)]
+
+
+def gradient_buckets(graph: Graph, grads: list[int], cap_bytes: int) -> list[list[int]]:
+    """Gradient tensors *grads* grouped into all-reduce buckets (PyTorch DDP,
+    Li et al. VLDB 2020, 3.2.2 "Gradient Bucketing").
+
+    Order: the order the gradients become ready, taken as the order their
+    producers run when one replica runs alone on one device under the
+    simulator's rule without an order (:func:`ready_order`).  DDP builds its
+    buckets from the reverse order of parameter registration and, after the
+    first iteration, rebuilds them in the order the gradients actually
+    became ready; this is the second, read from the model instead of a run.
+
+    Filling (DDP's ``compute_bucket_assignment_by_size``): gradients are
+    appended to the current bucket in that order, and the bucket closes once
+    it holds at least *cap_bytes* (so a gradient larger than the cap ends
+    the bucket it joins).  A gradient whose producer depends on a consumer
+    of a gradient already in the current bucket starts a new bucket (its
+    all-reduce could not start before that bucket's result, a cycle).
+    *cap_bytes* <= 0: every gradient alone, in tensor order (no bucketing).
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("b", [{"id": "l2", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "l1", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "u", "op": "optim.sgd", "compute_s": 1, "memory_bytes": 0}],
+    ...           [{"src": "l2", "dst": "l1", "bytes": 8}, {"src": "l1", "dst": "u", "bytes": 30, "tensor": "g1"},
+    ...            {"src": "l2", "dst": "u", "bytes": 20, "tensor": "g2"}])
+    >>> [[g.tensor_name[t] for t in b] for b in gradient_buckets(g, [1, 2], 40)]
+    [['g2', 'g1']]
+    >>> [[g.tensor_name[t] for t in b] for b in gradient_buckets(g, [1, 2], 20)]
+    [['g2'], ['g1']]
+    """
+    if cap_bytes <= 0:
+        return [[t] for t in grads]
+    topo = graph.topo_order()
+    run = ready_order(graph)
+    src = graph.tensor_src
+    order = sorted(grads, key=lambda t: (run[src[t]], t))
+    consumers = [dict.fromkeys(graph.edge_dst[e] for e in graph.tensor_edges[t]) for t in range(len(src))]
+    # nodes downstream of a consumer of a gradient: only their producers need the cycle check
+    below = [False] * graph.n
+    starts = {d for t in grads for d in consumers[t]}
+    for v in topo:
+        below[v] = any(u in starts or below[u] for u in graph.pred[v])
+    buckets: list[list[int]] = []
+    cur: list[int] = []
+    size = 0
+    for t in order:
+        if cur and below[src[t]] and _reaches({d for x in cur for d in consumers[x]}, src[t], graph):
+            buckets.append(cur)
+            cur, size = [], 0
+        cur.append(t)
+        size += graph.tensor_bytes[t]
+        if size >= cap_bytes:
+            buckets.append(cur)
+            cur, size = [], 0
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+def ready_order(graph: Graph) -> list[int]:
+    """Position of every node in the order it runs when *graph* runs alone
+    on one device and the device always takes the ready node of largest
+    upward rank (``compute_s`` summed along the longest path to a sink),
+    ties by topological index: the simulator's rule without an order
+    (docs/design.md, rule 4) on a single device, where no transfer costs.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("r", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "short", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "long", "compute_s": 5, "memory_bytes": 0}],
+    ...           [{"src": "a", "dst": "short", "bytes": 1}, {"src": "a", "dst": "long", "bytes": 1}])
+    >>> ready_order(g)
+    [0, 2, 1]
+    """
+    topo = graph.topo_order()
+    pos = graph.topo_index()
+    rank = [0.0] * graph.n
+    for v in reversed(topo):
+        rank[v] = graph.compute[v] + max((rank[s] for s in graph.succ[v]), default=0.0)
+    need = [len(p) for p in graph.pred]
+    heap = [(-rank[v], pos[v], v) for v in range(graph.n) if not need[v]]
+    heapq.heapify(heap)
+    out = [0] * graph.n
+    i = 0
+    while heap:
+        v = heapq.heappop(heap)[2]
+        out[v] = i
+        i += 1
+        for s in graph.succ[v]:
+            need[s] -= 1
+            if not need[s]:
+                heapq.heappush(heap, (-rank[s], pos[s], s))
+    return out
+
+
+def _reaches(sources: set[int], target: int, graph: Graph) -> bool:
+    """True when *target* is a descendant of a node in *sources*."""
+    seen = {target}
+    stack = [target]
+    while stack:
+        v = stack.pop()
+        for u in graph.pred[v]:
+            if u in sources:
+                return True
+            if u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return False
+
+
+def bucket_cap(bucket_mb) -> int:
+    """Bucket capacity in bytes of *bucket_mb* MiB (0: no bucketing)."""
+    try:
+        mb = float(bucket_mb)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"data-parallel: bucket_mb must be a number of MiB, got {bucket_mb!r}") from None
+    if not math.isfinite(mb) or mb < 0 or mb > BUCKET_MB_MAX:
+        raise InvalidInput(f"data-parallel: bucket_mb must be between 0 and {BUCKET_MB_MAX} MiB, got {bucket_mb!r}")
+    return math.ceil(mb * 2**20)
+
+
+def gradient_ring(graph: Graph, t: int, j: int, k: int, rep_id: list[list[str]], fresh, nodes: list[dict],
+          edges: list[dict]) -> None:
+    """Append the ring all-reduce of gradient tensor *t* (module docstring)."""
+    p = graph.tensor_src[t]
+    pid = graph.ids[p]
+    tname = graph.tensor_name[t]
+    size = graph.tensor_bytes[t]
+    consumers = list(dict.fromkeys(graph.edge_dst[e] for e in graph.tensor_edges[t]))
+
+    def feed(q: int, res: str) -> None:
+        for d in consumers:
+            edges.append({"src": res, "dst": rep_id[q][d], "bytes": size, "tensor": tname})
+
+    _ring_nodes(f"{pid}/allreduce{j}", {"of": pid, "tensor": tname}, {}, size, k, [rep_id[q][p] for q in range(k)],
+                tname, fresh, nodes, edges, feed)
+
+
+def bucket_ring(graph: Graph, b: int, ts: list[int], k: int, rep_id: list[list[str]], fresh, nodes: list[dict],
+                 edges: list[dict]) -> None:
+    """Append the ring all-reduce of bucket *b*, gradient tensors *ts* (two
+    or more, in bucket order; module docstring): a ``bucket`` node per
+    replica gathers them, one ring reduces the bucket's bytes, and the
+    result node of each replica feeds every consumer of every gradient."""
+    size = sum(graph.tensor_bytes[t] for t in ts)
+    of = [graph.ids[graph.tensor_src[t]] for t in ts]
+    names = [graph.tensor_name[t] for t in ts]
+    prefix = f"bucket{b}/allreduce"
+    whole = {"bucket": b, "of": of, "tensor": names}
+    # the name a result edge carries: the gradient's, unless two gradients of the bucket share it
+    seen: dict[str, int] = {}
+    for x in names:
+        seen[x] = seen.get(x, 0) + 1
+    out_name = [x if seen[x] == 1 else f"{pid}/{x}" for x, pid in zip(names, of)]
+    packs = []
+    for q in range(k):
+        nid = fresh(f"{prefix}/bucket/rep{q}")
+        nodes.append({"id": nid, "op": "allreduce.bucket", "compute_s": 0.0, "memory_bytes": 0, "replica": q,
+                      "allreduce": {**whole, "phase": "bucket", "bytes": size}})
+        for t, x in zip(ts, out_name):
+            edges.append({"src": rep_id[q][graph.tensor_src[t]], "dst": nid, "bytes": graph.tensor_bytes[t],
+                          "tensor": graph.tensor_name[t]})
+        packs.append(nid)
+
+    def feed(q: int, res: str) -> None:
+        for t, x in zip(ts, out_name):
+            for d in dict.fromkeys(graph.edge_dst[e] for e in graph.tensor_edges[t]):
+                edges.append({"src": res, "dst": rep_id[q][d], "bytes": graph.tensor_bytes[t], "tensor": x})
+
+    _ring_nodes(prefix, {"bucket": b}, whole, size, k, packs, f"bucket{b}", fresh, nodes, edges, feed)
+
+
+def _ring_nodes(prefix: str, head: dict, result_head: dict, size: int, k: int, src: list[str], tname: str, fresh,
+                nodes: list[dict], edges: list[dict], feed) -> None:
+    """The ring all-reduce of *size* bytes held by node ``src[q]`` on every
+    replica ``q``: reduce-scatter, all-gather and result nodes (module
+    docstring); ring nodes carry ``allreduce`` = *head* + phase fields
+    (*result_head* on the result nodes when given); ``feed(q, result_id)``
+    appends the result's out-edges."""
+    chunks = chunk_sizes(size, k)
+
+    def ring_node(nid: str, phase: str, q: int, step: int | None, chunk: int | None, cost: float) -> str:
+        info: dict[str, Any] = {**(result_head if phase == "result" and result_head else head), "phase": phase,
+                                "bytes": size}
+        if step is not None:
+            info["step"] = step
+        if chunk is not None:
+            info["chunk"] = chunk
+        nodes.append({"id": nid, "op": f"allreduce.{phase}", "compute_s": cost, "memory_bytes": 0,
+                      "replica": q, "allreduce": info})
+        return nid
+
+    rs = [[""] * k for _ in range(k - 1)]
+    for s in range(k - 1):
+        for q in range(k):
+            c = (q - 1 - s) % k
+            rs[s][q] = ring_node(fresh(f"{prefix}/rs{s}/rep{q}"), "reduce-scatter", q, s, c,
+                                 3.0 * chunks[c] / COPY_BANDWIDTH_BPS)
+            source = src[(q - 1) % k] if s == 0 else rs[s - 1][(q - 1) % k]
+            edges.append({"src": source, "dst": rs[s][q], "bytes": chunks[c],
+                          "tensor": f"{tname}/chunk{c}" if s == 0 else "partial"})
+            edges.append({"src": src[q], "dst": rs[s][q], "bytes": chunks[c], "tensor": f"{tname}/chunk{c}"})
+    ag = [[""] * k for _ in range(k - 1)]
+    for s in range(k - 1):
+        for q in range(k):
+            c = (q - s) % k
+            ag[s][q] = ring_node(fresh(f"{prefix}/ag{s}/rep{q}"), "all-gather", q, s, c, 0.0)
+            source = rs[k - 2][(q - 1) % k] if s == 0 else ag[s - 1][(q - 1) % k]
+            edges.append({"src": source, "dst": ag[s][q], "bytes": chunks[c], "tensor": "reduced"})
+    for q in range(k):
+        res = ring_node(fresh(f"{prefix}/rep{q}"), "result", q, None, None, 0.0)
+        edges.append({"src": rs[k - 2][q], "dst": res, "bytes": chunks[(q + 1) % k], "tensor": "reduced"})
+        for s in range(k - 1):
+            edges.append({"src": ag[s][q], "dst": res, "bytes": chunks[(q - s) % k], "tensor": "reduced"})
+        feed(q, res)

@@ -1,0 +1,324 @@
+"""The data-parallel graph: the model replicated ``k`` times, each replica on
+its share of the batch, gradients reduced by a ring all-reduce before each
+optimizer update (FastT section 5.2's "data parallel graph based on the
+model DAG ... replicated as many times as the number of devices"; the DP
+baseline of its Tables 1-2; PyTorch DDP / Horovod semantics).
+
+:func:`data_parallel_graph` returns a new validated
+:class:`~celeritas_cli.model.graph.Graph`; ``data-parallel`` places replica
+``r`` on the ``r``-th chosen device, and ``os-dpos`` starts from this graph
+when the model fits one device.
+
+Structure
+---------
+* ``<id>/rep<r>`` for every node and replica ``r = 0..k-1``, with extra
+  fields ``replica`` (``r``) and ``origin`` (the original id), and the
+  colocation group ``<group>/rep<r>`` (each replica has its own variables
+  and its own optimizer update, as in DDP).  Replicas of a coarse node
+  carry no ``members`` (one node on ``k`` devices cannot be expanded back).
+* Time and memory of a replica node (:mod:`~celeritas_cli.transform.split_cost`):
+  a batch-dependent node runs on ``f = 1/k`` of the batch (strong scaling,
+  the default: the global batch stays the graph's; ``f = shares[r]`` for
+  replica ``r`` with uneven ``shares``) or the whole of it
+  (``scaling="weak"``: every replica runs the graph's batch, the global
+  batch is ``k`` times larger), with :func:`~.split_cost.part_times`;
+  memory = batch-independent memory (parameters, gradients, optimizer
+  state, held in full by every replica) + ``ceil(f * activations)``.
+  Optimizer updates and batch-independent nodes run in full in every
+  replica.  ``flops``, ``bytes_moved``, ``output_bytes`` and ``batch_line``
+  are rescaled the same way, so a replica node can be split again.
+* Edges inside a replica: the same tensors; bytes ``ceil(f * b)`` for
+  tensors that scale with the batch, whole for batch-independent ones.
+  Measured ``comm_s_by_pair`` entries are kept only on tensors whose size
+  does not change.
+* Gradients (tensors consumed by an update, :func:`~.split_cost.batch_profile`):
+  for each gradient tensor of ``G`` bytes produced by ``p``, a ring
+  all-reduce over the replicas in order ``0 -> 1 -> ... -> k-1 -> 0``, in
+  ``k`` chunks (``G // k`` bytes, the first ``G % k`` one byte more):
+
+  - reduce-scatter, steps ``s = 0..k-2``: ``<p>/allreduce<j>/rs<s>/rep<q>``
+    on replica ``q`` receives from replica ``q-1`` its partial sum of chunk
+    ``c = (q-1-s) mod k`` (its raw chunk when ``s = 0``), adds its own
+    chunk ``c`` (``compute_s = 3·chunk / 9e11``: read two, write one);
+    after step ``k-2`` replica ``q`` holds the reduced chunk ``(q+1) mod k``;
+  - all-gather, steps ``s = 0..k-2``: ``<p>/allreduce<j>/ag<s>/rep<q>``
+    (zero cost) receives from replica ``q-1`` the reduced chunk
+    ``(q-s) mod k`` and forwards it at the next step;
+  - ``<p>/allreduce<j>/rep<q>`` (zero cost): the reduced gradient on
+    replica ``q``; it feeds every consumer of the gradient there.
+
+  Every ring transfer is an edge between adjacent replicas, so it crosses a
+  link and the simulator's congestion rule applies; each replica sends
+  ``2·(k-1)`` chunks, ``2·(k-1)/k · G`` bytes.  Every ring node has an
+  ``allreduce`` field (``of``: producer id, ``tensor``, ``phase``:
+  ``reduce-scatter`` / ``all-gather`` / ``result``, ``step``, ``chunk``,
+  ``bytes``) and ``replica``.  With ``bucket_mb = 0`` gradients are
+  reduced one tensor at a time.  A graph without update nodes (inference,
+  or a graph that does not model the optimizer) has nothing to reduce: the
+  replicas are independent.
+* Buckets (``bucket_mb > 0``; PyTorch DDP, Li et al. VLDB 2020, 3.2.2
+  "Gradient Bucketing"): the gradients are grouped into buckets of about
+  ``bucket_mb`` MiB in the order they become ready (:func:`~.allreduce.gradient_buckets`)
+  and each bucket is reduced by one ring as above, of the bucket's total
+  bytes ``B``.  A bucket of one gradient is that gradient's ring (same ids
+  and fields).  A bucket of two or more gradients gets, on every replica
+  ``q``, a zero-cost node ``bucket<b>/allreduce/bucket/rep<q>`` (the flat
+  bucket buffer, DDP with ``gradient_as_bucket_view``: no copy is charged)
+  fed by every gradient of the bucket on ``q`` (same device: no transfer),
+  so the ring starts when the bucket's last gradient is ready; then
+  ``bucket<b>/allreduce/rs<s>/rep<q>``, ``.../ag<s>/rep<q>`` and the
+  result ``bucket<b>/allreduce/rep<q>``, which feeds every consumer of
+  every gradient of the bucket on ``q`` (each edge the gradient's bytes,
+  under the gradient's tensor name, prefixed with its producer's id when
+  two gradients of the bucket share a name).  Their ``allreduce`` field:
+  ``bucket`` (index), ``phase`` (``bucket`` / ``reduce-scatter`` /
+  ``all-gather`` / ``result``), ``bytes`` (``B``), ``step``, ``chunk``;
+  the bucket and result nodes also list ``of`` (producer ids) and
+  ``tensor`` (tensor names) in bucket order.  Rings of different buckets
+  are not serialised (NCCL runs DDP's bucket all-reduces in order on one
+  stream): they share the links under the congestion rule, as
+  per-gradient rings do.  Each replica sends ``2·(k-1)/k · B`` bytes per
+  bucket, in ``2·(k-1)`` transfers instead of ``2·(k-1)`` per gradient:
+  fewer link latencies and fewer nodes, but a bucket waits for its last
+  gradient.
+* ``meta.data_parallel``: ``replicas``, ``scaling``, ``batch_fraction``,
+  ``global_batch`` / ``replica_batch`` (when ``meta.batch_size`` is known),
+  ``gradients`` (count), ``gradient_bytes`` and
+  ``allreduce_bytes_per_device`` (the sum over gradients, or buckets, of
+  ``2·(k-1)·G // k``; with uneven chunks a replica's bytes differ by a byte
+  per chunk); with buckets also ``bucket_mb`` and ``buckets`` (count).
+
+References
+----------
+FastT (Yi et al., CoNEXT 2020), 5.2 and 6.2 (DP baseline, strong and weak
+scaling); Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
+clusters of workstations", JPDC 2009 (the ring: ``2(k-1)/k`` of the data per
+node); Li et al., "PyTorch Distributed", VLDB 2020 (DDP: replicated
+optimizer, local BatchNorm statistics).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import InvalidInput
+from ..model.graph import GRAPH_SCHEMA, Graph
+from .allreduce import bucket_cap, bucket_ring, gradient_buckets, gradient_ring
+from .split_cost import (
+    DEFAULT_OVERHEAD_S,
+    BatchProfile,
+    batch_profile,
+    part_times,
+)
+from .splitting import edge_dicts, fresh_namer
+
+SCALINGS = ("strong", "weak")
+
+
+def _part_bytes(x: int, k: int, frac: float, equal: bool) -> int:
+    """Bytes of a replica's share of *x*: ``ceil(x / k)`` for equal shares,
+    ``ceil(frac * x)`` otherwise."""
+    return -(-int(x) // k) if equal else math.ceil(frac * int(x))
+
+
+def check_shares(shares, k: int) -> list[float]:
+    """*shares* as a list of ``k`` positive batch fractions summing to 1.
+
+    Raises
+    ------
+    InvalidInput
+        Wrong length, a non-positive or non-finite share, or a sum not 1.
+    """
+    try:
+        out = [float(x) for x in shares]
+    except (TypeError, ValueError):
+        raise InvalidInput(f"data-parallel: shares must be a list of numbers, got {shares!r}") from None
+    if len(out) != k or not all(math.isfinite(x) and x > 0 for x in out) or abs(math.fsum(out) - 1.0) > 1e-9:
+        raise InvalidInput(f"data-parallel: shares must be {k} positive batch fractions summing to 1, got {shares!r}")
+    return out
+
+
+def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: bool, overhead_s: float,
+                      fixed_out: int, share: float | None = None) -> dict:
+    """Node document of one replica of node *v* (without id and colocation);
+    *fixed_out* = bytes of its batch-independent output tensors; *share*
+    the replica's batch fraction when shares are not equal."""
+    equal = share is None
+    frac = (1.0 / k if equal else share) if strong else 1.0
+    scales = strong and k > 1 and not prof.fixed_node[v]
+    fixed = prof.fixed_memory[v]
+    out: dict[str, Any] = {"op": graph.op[v]}
+    if scales:
+        c, by = part_times(graph, v, frac, overhead_s=overhead_s)
+    else:
+        c, by = graph.compute[v], (dict(graph.compute_by_type[v]) if graph.compute_by_type[v] else None)
+    out["compute_s"] = c
+    if by:
+        out["compute_by_type"] = by
+    act = graph.memory[v] - fixed
+    out["memory_bytes"] = fixed + (_part_bytes(act, k, frac, equal) if scales else act)
+    if graph.splittable[v]:
+        out["splittable"] = list(graph.splittable[v])
+    extra = dict(graph.node_extra[v] or {}) if graph.node_extra else {}
+    extra.pop("replica", None)
+    extra.pop("origin", None)
+    if scales:
+        bi = extra.get("batch_independent") if isinstance(extra.get("batch_independent"), dict) else {}
+        if isinstance(extra.get("flops"), (int, float)):
+            extra["flops"] = int(round(extra["flops"] * frac))
+        if isinstance(extra.get("bytes_moved"), (int, float)):
+            mf = bi.get("bytes_moved", 0)
+            extra["bytes_moved"] = int(round(mf + (extra["bytes_moved"] - mf) * frac))
+        if isinstance(extra.get("output_bytes"), int):
+            rest = max(0, extra["output_bytes"] - fixed_out)
+            extra["output_bytes"] = fixed_out + _part_bytes(rest, k, frac, equal)
+        line = extra.get("batch_line")
+        if isinstance(line, dict) and isinstance(line.get("batch"), (int, float)):
+            extra["batch_line"] = {**line, "batch": line["batch"] * frac}
+    out.update(extra)
+    return out
+
+
+def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
+                        overhead_s: float = DEFAULT_OVERHEAD_S, shares: list[float] | None = None,
+                        bucket_mb: float = 0.0) -> Graph:
+    """The data-parallel graph of *graph* with *replicas* replicas (see the
+    module docstring).
+
+    Parameters
+    ----------
+    graph : Graph
+        The model's graph (fine or coarse).
+    replicas : int
+        ``k >= 1``.
+    scaling : str
+        ``"strong"`` (the global batch is the graph's; every replica runs
+        ``1/k`` of it) or ``"weak"`` (every replica runs the graph's batch).
+    overhead_s : float
+        Extra time of a replica node whose time is scaled linearly
+        (:func:`~.split_cost.part_times`).
+    shares : list of float, optional
+        Strong scaling only: replica ``r`` runs the fraction ``shares[r]``
+        of the batch instead of ``1/k`` (uneven batch shares, e.g. in
+        proportion to device speed; :func:`check_shares`).  Its times,
+        activations and activation tensors scale by its share; gradients,
+        and so the all-reduce, are whole in every replica.
+
+    Returns
+    -------
+    Graph
+
+    Raises
+    ------
+    InvalidInput
+        ``replicas < 1``, an unknown scaling, or *shares* that are not
+        ``k`` positive fractions summing to 1 (or given with weak scaling),
+        or a negative or non-finite *bucket_mb*.
+
+    Example
+    -------
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("m", [{"id": "x", "compute_s": 4.0, "memory_bytes": 400},
+    ...                 {"id": "w", "compute_s": 8.0, "memory_bytes": 500, "colocation": "p",
+    ...                  "batch_independent": {"memory_bytes": 100, "state_bytes": 100}},
+    ...                 {"id": "g", "compute_s": 8.0, "memory_bytes": 100},
+    ...                 {"id": "u", "op": "optim.sgd", "compute_s": 1.0, "memory_bytes": 0, "colocation": "p"}],
+    ...           [{"src": "x", "dst": "w", "bytes": 400}, {"src": "w", "dst": "g", "bytes": 400},
+    ...            {"src": "g", "dst": "u", "bytes": 100}])
+    >>> d = data_parallel_graph(g, 2, overhead_s=0.0)
+    >>> d.compute[d.index["w/rep1"]], d.memory[d.index["w/rep1"]], d.compute[d.index["u/rep1"]]
+    (4.0, 300, 1.0)
+    >>> d.meta["data_parallel"]["allreduce_bytes_per_device"]
+    100
+    """
+    k = int(replicas)
+    if k < 1:
+        raise InvalidInput(f"data-parallel: the number of replicas must be at least 1, got {replicas}")
+    if scaling not in SCALINGS:
+        raise InvalidInput(f"data-parallel: unknown scaling '{scaling}' (use strong or weak)")
+    strong = scaling == "strong"
+    cap = bucket_cap(bucket_mb)
+    if shares is not None:
+        if not strong:
+            raise InvalidInput("data-parallel: batch shares need strong scaling (weak: every replica runs the "
+                               "whole batch)")
+        shares = check_shares(shares, k)
+    prof = batch_profile(graph)
+    fresh = fresh_namer(graph)
+    n = graph.n
+    fixed_out = [0] * n
+    for t, p in enumerate(graph.tensor_src):
+        if prof.fixed_tensor[t]:
+            fixed_out[p] += graph.tensor_bytes[t]
+    base = [_replica_template(graph, v, prof, k, strong, overhead_s, fixed_out[v]) for v in range(n)] \
+        if shares is None else None
+    templates = [base or [_replica_template(graph, v, prof, k, strong, overhead_s, fixed_out[v], shares[r])
+                          for v in range(n)] for r in range(k)]
+    rep_id = [[fresh(f"{graph.ids[v]}/rep{r}") for v in range(n)] for r in range(k)]
+    nodes: list[dict] = []
+    for r in range(k):
+        for v in range(n):
+            nd = {"id": rep_id[r][v], **templates[r][v], "replica": r, "origin": graph.ids[v]}
+            if graph.colocation[v] is not None:
+                nd["colocation"] = f"{graph.colocation[v]}/rep{r}"
+            nodes.append(nd)
+    reduce = k > 1
+    edges: list[dict] = []
+    for r in range(k):
+        for e, ed in enumerate(edge_dicts(graph)):
+            t = graph.edge_tensor[e]
+            if reduce and prof.gradient[t]:
+                continue
+            out = {**ed, "src": rep_id[r][graph.edge_src[e]], "dst": rep_id[r][graph.edge_dst[e]]}
+            if strong and not prof.fixed_tensor[t]:
+                out["bytes"] = _part_bytes(ed["bytes"], k, shares[r] if shares else 0.0, shares is None)
+                if out["bytes"] != ed["bytes"]:
+                    out.pop("comm_s_by_pair", None)
+            edges.append(out)
+    grads = [t for t in range(len(graph.tensor_src)) if prof.gradient[t]] if reduce else []
+    ring_of = {t: j for t, j in zip(grads, _ring_index(graph, grads))}
+    buckets = gradient_buckets(graph, grads, cap)
+    for b, ts in enumerate(buckets):
+        if len(ts) == 1:
+            gradient_ring(graph, ts[0], ring_of[ts[0]], k, rep_id, fresh, nodes, edges)
+        else:
+            bucket_ring(graph, b, ts, k, rep_id, fresh, nodes, edges)
+    meta = dict(graph.meta)
+    meta["data_parallel"] = _info(graph, k, scaling, shares, grads, buckets if cap > 0 else None, bucket_mb)
+    name = f"{graph.name}+dp{k}"
+    return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
+                           label=name)
+
+
+def _ring_index(graph: Graph, grads: list[int]) -> list[int]:
+    """``j`` of ``<producer>/allreduce<j>``: the gradient's rank among its producer's gradients."""
+    count: dict[int, int] = {}
+    out = []
+    for t in grads:
+        p = graph.tensor_src[t]
+        out.append(count.get(p, 0))
+        count[p] = out[-1] + 1
+    return out
+
+
+def _info(graph: Graph, k: int, scaling: str, shares: list[float] | None, grads: list[int],
+          buckets: list[list[int]] | None, bucket_mb: float) -> dict[str, Any]:
+    """``meta.data_parallel`` of the data-parallel graph (module docstring)."""
+    strong = scaling == "strong"
+    frac: Any = (1.0 / k if shares is None else shares) if strong else 1.0
+    groups = buckets if buckets is not None else [[t] for t in grads]
+    sizes = [sum(graph.tensor_bytes[t] for t in ts) for ts in groups]
+    info: dict[str, Any] = {"from": graph.name, "replicas": k, "scaling": scaling, "batch_fraction": frac,
+                            "gradients": len(grads), "gradient_bytes": sum(graph.tensor_bytes[t] for t in grads),
+                            "allreduce_bytes_per_device": sum(2 * (k - 1) * x // k for x in sizes) if k > 1 else 0}
+    if buckets is not None:
+        info["bucket_mb"] = float(bucket_mb)
+        info["buckets"] = len(buckets)
+    b = graph.meta.get("batch_size")
+    if isinstance(b, (int, float)) and not isinstance(b, bool):
+        info["global_batch"] = b if strong else b * k
+        info["replica_batch"] = (b / k if shares is None else [b * x for x in shares]) if strong else b
+    return info
+
+
