@@ -99,7 +99,7 @@ def _too_large(label: str, what: str, cap: int) -> TooLarge:
 
 def _read_capped(fh, label: str, cap: int, what: str) -> bytes:
     """All of *fh*, refused as soon as more than *cap* bytes came out (memory
-    stays within the cap plus one chunk)."""
+    stays within the cap plus a few 1 MiB chunks)."""
     chunks: list[bytes] = []
     total = 0
     while True:
