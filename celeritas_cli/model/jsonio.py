@@ -336,7 +336,7 @@ def validate(doc: Any, schema_tag: str, label: str) -> dict:
         raise InvalidInput(f"{label}: expected a JSON object with \"schema\": \"{schema_tag}\"")
     tag = doc.get("schema")
     if tag != schema_tag:
-        if tag in SCHEMAS:
+        if isinstance(tag, str) and tag in SCHEMAS:  # a list or object tag is unhashable
             raise InvalidInput(f"{label}: is a {tag} document, expected {schema_tag}")
         raise InvalidInput(f"{label}: field schema is {tag!r}, expected \"{schema_tag}\"")
     try:
