@@ -210,9 +210,10 @@ def pipeline_orders(derived: Graph, graph: Graph, stage_of: Sequence[int], stage
         s, kind, i = blocks[x]
         key = (stage_dev[s], kind) if i < 0 else (s, kind, i)
         groups.setdefault(key, []).append(x)
-    rank = upward_rank(derived, derived.compute.__getitem__, lambda e: 0.0)
+    up = upward_rank(derived, derived.compute.__getitem__, lambda e: 0.0)
     for key, xs in groups.items():
-        groups[key] = _block_order(derived, xs, rank, topo)
+        if len(key) == 3:
+            groups[key] = _block_order(derived, xs, up, topo)
     order: list[list[int]] = [[] for _ in range(k)]
     for rank in range(p):
         d = stage_dev[rank]

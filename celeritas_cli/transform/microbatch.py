@@ -103,7 +103,7 @@ from .splitting import edge_dicts, fresh_namer
 
 ACCUMULATE_OP = "accumulate_grad"
 __all__ = ["ACCUMULATE_OP", "apply_microbatch_step", "declares_resident", "microbatch_batches", "microbatch_graph",
-           "microbatch_step", "once_nodes"]
+           "microbatch_size", "microbatch_step", "once_nodes"]
 
 
 def _extra(graph: Graph, v: int) -> dict:
@@ -197,6 +197,44 @@ def once_nodes(graph: Graph) -> list[bool]:
             for t in out_tensors[v]:
                 once_t[t] = True
     return once
+
+
+def microbatch_size(graph: Graph, m: int) -> tuple[int, int]:
+    """``(nodes, edges)`` of :func:`microbatch_graph` of *graph* with *m*
+    micro-batches, counted without building it (a recipe is sized before
+    it is built): once nodes and their edges once, every other node and
+    edge ``m`` times, a ``weights`` node with an edge to each copy, and
+    ``m - 1`` accumulations of two input edges per accumulated node.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("s", [{"id": "x", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "u", "op": "optim.sgd", "compute_s": 1, "memory_bytes": 0}],
+    ...           [{"src": "x", "dst": "u", "bytes": 4}], meta={"batch_size": 4})
+    >>> microbatch_size(g, 4), (lambda d: (d.n, d.m))(microbatch_graph(g, 4))
+    ((8, 7), (8, 7))
+    """
+    prof = batch_profile(graph)
+    once = once_nodes(graph)
+    cons = graph.tensor_consumers()
+    grads = [-1] * graph.n  # bytes of the accumulated tensors of a copied node (-1: none)
+    for t, p in enumerate(graph.tensor_src):
+        if not once[p] and t not in prof.state_out[p] and any(once[d] for d in cons[t]):
+            grads[p] = max(grads[p], 0) + graph.tensor_bytes[t]
+    nodes = 0
+    edges = sum(1 if once[d] else m for d in graph.edge_dst)
+    for v in range(graph.n):
+        if once[v]:
+            nodes += 1
+            continue
+        nodes += m
+        params = prof.param_bytes[v]
+        if params > 0 or prof.state_out[v] or prof.fixed_memory[v] > max(grads[v], 0):
+            nodes += 1
+            edges += m if params > 0 else 0
+        if grads[v] >= 0:
+            nodes += m - 1
+            edges += 2 * (m - 1)
+    return nodes, edges
 
 
 def microbatch_graph(graph: Graph, m: int, *, overhead_s: float = DEFAULT_OVERHEAD_S,

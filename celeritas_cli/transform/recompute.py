@@ -62,7 +62,7 @@ from .passes import node_passes
 from .split_cost import batch_profile
 from .splitting import edge_dicts, fresh_namer
 
-__all__ = ["apply_recompute_step", "recompute_graph", "recompute_step", "resolve_nodes"]
+__all__ = ["apply_recompute_step", "recompute_graph", "recompute_size", "recompute_step", "resolve_nodes"]
 
 
 def recompute_step(nodes: list[str]) -> dict:
@@ -139,22 +139,9 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
     >>> [r.ids[v] for v in range(r.n)], [(r.ids[r.edge_src[e]], r.ids[r.edge_dst[e]]) for e in range(r.m)]
     (['a', 'b', 'db', 'da', 'a/recompute'], [('a', 'b'), ('b', 'db'), ('a/recompute', 'da'), ('db', 'da')])
     """
-    chosen = resolve_nodes(graph, nodes)
+    moved = _moved(graph, resolve_nodes(graph, nodes))
     passes = node_passes(graph)
     prof = batch_profile(graph)
-    recomputed = set(chosen)
-    cons = graph.tensor_consumers()
-    out_tensors: list[list[int]] = [[] for _ in range(graph.n)]
-    for t, p in enumerate(graph.tensor_src):
-        out_tensors[p].append(t)
-    state = [set(prof.state_out[v]) for v in range(graph.n)]
-    # the activation tensors of v that a backward node or a clone reads, decided from the last node backwards
-    moved: dict[int, set[int]] = {}
-    for v in sorted(chosen, key=lambda x: -graph.topo_index()[x]):
-        ts = {t for t in out_tensors[v] if t not in state[v]
-              and any(passes[d] == "backward" or (d in moved and d != v) for d in cons[t])}
-        if ts:
-            moved[v] = ts
     fresh = fresh_namer(graph)
     docs = graph.to_dict()["nodes"]
     resident = declares_resident(graph)
@@ -189,6 +176,42 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
     doc = {"schema": GRAPH_SCHEMA, "name": graph.name if "recompute" in graph.meta else f"{graph.name}+rc",
            "meta": meta, "nodes": docs + new_nodes, "edges": edges + extra_edges}
     return Graph.from_dict(doc, label=doc["name"])
+
+
+def _moved(graph: Graph, chosen: list[int]) -> dict[int, set[int]]:
+    """For each node of *chosen* that gets a clone: its tensors the clone
+    sends (activations a backward node or another clone reads), decided
+    from the last node backwards."""
+    passes = node_passes(graph)
+    state = batch_profile(graph).state_out
+    cons = graph.tensor_consumers()
+    out_tensors: list[list[int]] = [[] for _ in range(graph.n)]
+    for t, p in enumerate(graph.tensor_src):
+        out_tensors[p].append(t)
+    moved: dict[int, set[int]] = {}
+    for v in sorted(chosen, key=lambda x: -graph.topo_index()[x]):
+        ts = {t for t in out_tensors[v] if t not in state[v]
+              and any(passes[d] == "backward" or (d in moved and d != v) for d in cons[t])}
+        if ts:
+            moved[v] = ts
+    return moved
+
+
+def recompute_size(graph: Graph, nodes: list[str]) -> tuple[int, int]:
+    """``(nodes, edges)`` of :func:`recompute_graph`, counted without
+    building it: a clone per recomputed node, and a copy of each of its
+    input edges.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("r", [{"id": "a", "compute_s": 1, "memory_bytes": 8, "pass": "forward"},
+    ...                 {"id": "b", "compute_s": 1, "memory_bytes": 8, "pass": "forward"},
+    ...                 {"id": "db", "compute_s": 1, "memory_bytes": 0, "pass": "backward"}],
+    ...           [{"src": "a", "dst": "b", "bytes": 8}, {"src": "b", "dst": "db", "bytes": 8}])
+    >>> recompute_size(g, ["b"]), (lambda r: (r.n, r.m))(recompute_graph(g, ["b"]))
+    ((4, 3), (4, 3))
+    """
+    moved = _moved(graph, resolve_nodes(graph, nodes))
+    return graph.n + len(moved), graph.m + sum(1 for d in graph.edge_dst if d in moved)
 
 
 def apply_recompute_step(graph: Graph, step: dict, label: str) -> Graph:

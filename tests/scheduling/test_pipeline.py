@@ -94,3 +94,16 @@ def test_stages_of_synthetic_graphs_form_a_chain(seed):
         if passes[v] == "update" and g.colocation[v] is not None:
             holders = [u for u in range(g.n) if g.colocation[u] == g.colocation[v]]
             assert len({st.stage_of[u] for u in holders}) == 1
+
+
+def test_balancing_on_the_micro_batched_graph_counts_what_a_stage_runs():
+    from celeritas_cli.transform.microbatch import microbatch_graph
+
+    g = layer_chain(3, tf=2.0, tb=4.0, grad=9 * 10**8, batch=4)
+    c = uniform(3)
+    plain = balanced_stages(g, c, [0, 1, 2])
+    mb = balanced_stages(g, c, [0, 1, 2], microbatched=microbatch_graph(g, 4, overhead_s=0.0))
+    # linear copies do the layer's work; each stage also adds its 3 gradient accumulations (3 * 0.9 GB / 9e11 B/s)
+    assert plain.stage_time_s == pytest.approx([6.0] * 3)
+    assert mb.stage_time_s == pytest.approx([6.0 + 3 * 0.003] * 3)
+    assert mb.stage_of == plain.stage_of

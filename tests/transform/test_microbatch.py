@@ -158,16 +158,17 @@ def test_recipe_rebuilds_and_tampering_is_rejected():
     c = uniform(1)
     p = Placement.from_indices(d, c, [0] * d.n, algorithm="test")
     attach(p, g, d, [microbatch_step(2, 4, [2, 2], 2e-6)])
-    assert rebuild(g, p.derivation, p.split_graph).n == d.n
+    carried = d.to_dict()  # what a file may carry as split_graph
+    assert rebuild(g, p.derivation, carried).n == d.n
     assert simulate(g, c, p)["status"] == "OK"
     bad = {"steps": [{**p.derivation["steps"][0], "m": 4}]}
     with pytest.raises(InvalidInput, match=r"micro_batches \[2, 2\], but graph 'chain2' with m=4 gives 4 and "
                                            r"\[1, 1, 1, 1\]"):
-        rebuild(g, bad, p.split_graph)
+        rebuild(g, bad, carried)
     bad = {"steps": [{**p.derivation["steps"][0], "micro_batches": [3, 1]}]}
     with pytest.raises(InvalidInput, match="records global_batch 4 and micro_batches"):
-        rebuild(g, bad, p.split_graph)
-    doc = dict(p.split_graph, nodes=[dict(nd) for nd in p.split_graph["nodes"]])
+        rebuild(g, bad, carried)
+    doc = dict(carried, nodes=[dict(nd) for nd in carried["nodes"]])
     doc["nodes"][ids(d).index("f0/mb1")]["compute_s"] = 0.0
     with pytest.raises(InvalidInput, match="split_graph node 'f0/mb1' does not derive .*compute_s is 0.0"):
         rebuild(g, p.derivation, doc)
@@ -184,3 +185,26 @@ def test_declaring_graphs_stay_declaring():
     bare = layer_chain(2, params=10, grad=8, passes=False, resident=False)
     d = microbatch_graph(bare, 2)
     assert not any("resident_bytes" in nd or "pass" in nd for nd in d.to_dict()["nodes"])
+
+
+@pytest.mark.parametrize("make", [lambda: layer_chain(3, params=10, grad=8, batch=8),
+                                  lambda: data_parallel_graph(layer_chain(2, params=10, grad=8, batch=8), 2),
+                                  lambda: data_parallel_graph(layer_chain(2, grad=8, batch=8), 2, bucket_mb=1.0)])
+def test_size_is_counted_before_building(make):
+    from celeritas_cli.transform.microbatch import microbatch_size
+
+    g = make()
+    for m in (1, 2, 4):
+        d = microbatch_graph(g, m)
+        assert microbatch_size(g, m) == (d.n, d.m)
+
+
+def test_size_of_a_zoo_graph():
+    from celeritas_cli.model.io import load_graph
+    from celeritas_cli.transform.microbatch import microbatch_size
+
+    from ..conftest import SAMPLES
+
+    g = load_graph(SAMPLES / "zoo" / "tensor_holography.json.gz")
+    d = microbatch_graph(g, 3)
+    assert microbatch_size(g, 3) == (d.n, d.m)

@@ -41,7 +41,7 @@ def test_recomputation_trades_memory_for_time_by_hand():
     results = {}
     for rc in (None, ["f1", "f2"]):
         g, c, p = plan(rc)
-        d = rebuild(g, p.derivation, p.split_graph)
+        d = rebuild(g, p.derivation, None)
         dev, order = p.resolve(d, c)
         sched = run_schedule(d, c, dev, order)
         results[bool(rc)] = (sched.makespan, peaks(d, sched, 1)[0])
@@ -106,6 +106,15 @@ def test_recipe_is_rebuilt_and_a_forged_one_rejected():
     assert simulate(g, c, p)["makespan_s"] == pytest.approx(14.0)
     forged = {"steps": [p.derivation["steps"][0], {"transform": "recompute", "nodes": ["f2"]}]}
     with pytest.raises(InvalidInput, match="does not derive from graph 'two'"):
-        rebuild(g, forged, p.split_graph)
+        rebuild(g, forged, rebuild(g, p.derivation, None).to_dict())
     with pytest.raises(InvalidInput, match="wrong type"):
         rebuild(g, {"steps": [{"transform": "recompute", "nodes": "f1"}]}, None)
+
+
+def test_size_is_counted_before_building():
+    from celeritas_cli.transform.recompute import recompute_size
+
+    g = microbatch_graph(layer_chain(3, params=10, grad=8), 2)
+    for nodes in (["f0"], ["f0", "f1", "f2"], ["x", "f1/mb0"]):
+        r = recompute_graph(g, nodes)
+        assert recompute_size(g, nodes) == (r.n, r.m)
