@@ -74,7 +74,7 @@ from .pipeline import _device
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 __all__ = ["SCHEDULES", "StageMemory", "bubble_fraction", "device_idle", "hand_peak_bytes", "in_flight",
-           "pipeline_orders", "pipeline_plan", "schedule_steps", "stage_memory"]
+           "pipeline_orders", "pipeline_plan", "recomputable", "schedule_steps", "stage_memory"]
 
 
 def schedule_steps(schedule: str, p: int, m: int, rank: int, v: int = 1) -> list[tuple[str, int, int]]:
@@ -279,7 +279,13 @@ def pipeline_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int], stage
     recompute : list of str, optional
         Ids of forward nodes of *graph* whose activations are recomputed in
         the backward (every micro-batch's copy; a recipe step after
-        ``microbatch``).
+        ``microbatch``).  Only nodes whose activations are read by the
+        backward of their own stage are recomputed (:func:`recomputable`;
+        Megatron recomputes inside a stage): an activation the next stage's
+        backward reads is kept there, received, and a clone on this stage
+        would make that backward wait for this one.  One ``recompute``
+        step per stage, so a clone reads the clones of its own stage and
+        the forward outputs of the stages before it (their checkpoints).
     overhead_s, assume_batch
         Passed to :func:`~celeritas_cli.transform.microbatch.microbatch_graph`.
     algorithm, params, seed
@@ -339,9 +345,11 @@ def pipeline_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int], stage
     derived = microbatch_graph(graph, m, overhead_s=overhead_s, assume_batch=assume_batch)
     mb = derived.meta["microbatch"]
     steps = [microbatch_step(m, mb["global_batch"], mb["micro_batches"], overhead_s, assume_batch)]
-    if recompute:
-        steps.append(recompute_step(list(recompute)))
-        derived = recompute_graph(derived, list(recompute))
+    keep = recomputable(graph, stage_of, recompute or [])
+    for s in sorted({stage_of[graph.index[x]] for x in keep}):  # one step per stage: a clone reads
+        ids = [x for x in keep if stage_of[graph.index[x]] == s]  # clones of its own stage only
+        steps.append(recompute_step(ids))
+        derived = recompute_graph(derived, ids)
     device_of, order = pipeline_orders(derived, graph, stage_of, devs, cluster.k, schedule, m, v)
     estimate = {"graph": "split", "graph_nodes": derived.n, "schedule": schedule, "stages": S, "pipeline_devices": p,
                 "virtual_stages": v, "microbatches": m, "micro_batches": mb["micro_batches"],
@@ -368,6 +376,35 @@ class StageMemory:
     resident: int = 0
     activation: list[int] = field(default_factory=list)
     gradients: int = 0
+
+
+def recomputable(graph: Graph, stage_of: Sequence[int], ids: Sequence[str]) -> list[str]:
+    """The ids of *ids* (forward nodes of *graph*) whose activations only
+    backward nodes of their own stage read, in the order given, each once.
+
+    Raises
+    ------
+    InvalidInput
+        An id that is not a node of *graph*.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> nd = lambda i, p: {"id": i, "compute_s": 1, "memory_bytes": 8, "pass": p}
+    >>> g = build("r", [nd("a", "forward"), nd("b", "forward"), nd("db", "backward"), nd("da", "backward")],
+    ...           [{"src": "a", "dst": "b", "bytes": 8}, {"src": "b", "dst": "db", "bytes": 8},
+    ...            {"src": "a", "dst": "db", "bytes": 8}, {"src": "db", "dst": "da", "bytes": 8}])
+    >>> recomputable(g, [0, 1, 1, 0], ["a", "b"])
+    ['b']
+    """
+    passes = node_passes(graph)
+    out = []
+    for nid in dict.fromkeys(ids):
+        v = graph.index.get(nid)
+        if v is None:
+            raise InvalidInput(f"pipeline: recompute names node '{nid}', which is not in graph '{graph.name}'")
+        readers = [graph.edge_dst[e] for e in graph.out_edges[v] if passes[graph.edge_dst[e]] == "backward"]
+        if all(stage_of[d] == stage_of[v] for d in readers):
+            out.append(nid)
+    return out
 
 
 def stage_memory(derived: Graph, graph: Graph, stage_of: Sequence[int], device_of: Sequence[int],

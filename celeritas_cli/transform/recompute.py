@@ -15,7 +15,7 @@ For every listed forward node ``v`` whose activation a backward node reads:
 
 * ``<v>/recompute`` (field ``recompute_of`` = ``v``; ``v``'s other fields
   kept, so a micro-batch copy's clone keeps its ``microbatch`` and
-  ``origin``) has ``v``'s op and times, and ``v``'s activation as memory
+  ``origin``; ``origin`` = ``v`` when ``v`` has none) has ``v``'s op and times, and ``v``'s activation as memory
   (``resident_bytes`` 0, ``batch_independent.memory_bytes`` 0): it holds
   the recomputed activation until its backward readers finish.  It keeps
   ``v``'s colocation (in a plain graph ``v`` reads its parameters on its
@@ -157,6 +157,7 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
         if isinstance(nd.get("batch_line"), dict):
             nd["batch_line"] = {k: x for k, x in nd["batch_line"].items() if k != "memory_bytes"}
         nd["recompute_of"] = graph.ids[v]
+        nd.setdefault("origin", graph.ids[v])  # what the clone copies: v's origin, or v
         if resident:
             nd["resident_bytes"] = 0
         new_nodes.append(nd)

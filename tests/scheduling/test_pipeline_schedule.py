@@ -201,3 +201,22 @@ def test_placer_simulate_judges_a_pipeline_file_and_rejects_a_forged_recipe(tmp_
                                   "-P", str(tmp_path / "bad.json")])
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr.strip().count("\n") == 0 and "with m=2 gives 4 and [2, 2]" in r.stderr
+
+
+def test_recomputing_every_stage_costs_one_more_forward_per_micro_batch():
+    from celeritas_cli.scheduling.pipeline import stage_forward_nodes
+
+    g = layer_chain(3, batch=4, tu=0.5)
+    fwd = forward_order(g, g.topo_order())
+    stage_of = stages_from_cuts(g, fwd, [0, 2, 3])
+    c = uniform(3, **FAST)
+    p = pipeline_plan(g, c, stage_of, [0, 1, 2], 4, "1f1b", recompute=stage_forward_nodes(g, stage_of, [0, 1, 2]),
+                      overhead_s=0.0)
+    # one recompute step per stage, so a stage's clones read the previous stage's forward output (its
+    # checkpoint, already received) and never wait for another stage's backward.  By hand (f = clone = 1,
+    # b = 2): stage 2 runs F0 2-3, c0 3-4, b0 4-6, ...; a clone needs no gradient, so it fills the wait
+    # for one (stage 0: c0 3-4 while b0 waits until 8); stage 0's last backward ends at 22, its update
+    # at 22.5 (18.5 without recomputation; a clone per step that filled nothing would give 24.5)
+    assert [s["nodes"] for s in p.derivation["steps"][1:]] == [["x", "f0"], ["f1"], ["f2"]]
+    _, sched = run(g, c, p)
+    assert sched.makespan == pytest.approx(22.5)
