@@ -61,8 +61,7 @@ Structure
   kept on copies; ``weights`` nodes are ``forward``, accumulators
   ``backward`` (PyTorch's ``AccumulateGrad`` runs in the backward).
 * ``meta.microbatch``: ``from``, ``m``, ``global_batch``, ``micro_batches``,
-  ``accumulations`` (nodes whose gradients are accumulated) and
-  ``gradient_bytes`` (their bytes, counted once).
+  ``accumulations`` (nodes accumulated), ``gradient_bytes`` (counted once).
 
 Composition with data parallelism
 ---------------------------------
@@ -78,8 +77,7 @@ Composition with data parallelism
   the rings reduce the accumulated gradient.
 
 Refused, in one line: a graph that declares no batch (``meta.batch_size``;
-``assume_batch`` asserts one) and a batch smaller than ``m`` (a
-micro-batch needs a whole sample).
+``assume_batch`` asserts one), a batch smaller than ``m``.
 
 References
 ----------
@@ -287,8 +285,7 @@ def microbatch_graph(graph: Graph, m: int, *, overhead_s: float = DEFAULT_OVERHE
 
 
 class _Builder:
-    """One micro-batching in progress (the nodes and edges in the order they
-    go into the new graph)."""
+    """One micro-batching in progress (nodes and edges in graph order)."""
 
     def __init__(self, graph: Graph, mbs: list[int], unit: int, overhead_s: float):
         self.g, self.mbs, self.unit, self.overhead_s = graph, mbs, unit, overhead_s
@@ -469,6 +466,7 @@ class _Builder:
 
 
 def _fresh_tensor(name: str, taken: set[str]) -> str:
+    """*name*, with ``~`` appended until no tensor of the producer has it."""
     while name in taken:
         name += "~"
     return name
@@ -480,12 +478,9 @@ def apply_microbatch_step(graph: Graph, step: dict, label: str) -> Graph:
     give (a recipe that records other batches is refused, like a
     ``split_graph`` that does not derive from its recipe).
 
-    Raises
-    ------
-    KeyError, TypeError, ValueError
-        A missing field or one of the wrong type (the caller words them).
-    InvalidInput
-        The recorded batches differ, or :func:`microbatch_graph` refuses.
+    Raises KeyError, TypeError or ValueError for a missing field or one of
+    the wrong type (the caller words them), InvalidInput when the recorded
+    batches differ or :func:`microbatch_graph` refuses.
     """
     m = step["m"]
     if isinstance(m, bool) or not isinstance(m, int):
