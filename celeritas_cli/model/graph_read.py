@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..errors import InvalidInput
 from .jsonio import check_depth
 from .limits import BYTES_MAX, TIME_MAX
+from .residency import PASSES
 
 #: node fields with a column of their own; any other field is kept in ``extra``
 KNOWN_NODE_FIELDS = frozenset({"id", "op", "compute_s", "compute_by_type", "memory_bytes", "colocation",
@@ -91,6 +92,9 @@ def read_nodes(nodes: list[dict], label: str) -> NodeColumns:
                 check_depth(val, label, f"node '{nid}' field {k}")
             if "resident_bytes" in ex:
                 ex["resident_bytes"] = check_resident(ex["resident_bytes"], memory[-1], f"{label}: node '{nid}'")
+            if "pass" in ex and ex["pass"] not in PASSES:
+                raise InvalidInput(f"{label}: node '{nid}' field pass: must be {', '.join(PASSES[:-1])} or "
+                                   f"{PASSES[-1]}, got {ex['pass']!r}")
             extra.append(ex)
     return out
 

@@ -36,7 +36,7 @@ def test_loading_checks_name_the_node_and_field():
         build("g", [node("a", 1, 5, resident_bytes=-1)], [])
     with pytest.raises(InvalidInput, match=r"node 'a' field resident_bytes: must be integer"):
         build("g", [node("a", 1, 5, resident_bytes=1.5)], [])
-    with pytest.raises(InvalidInput, match=r"node 'a' field pass: must be one of"):
+    with pytest.raises(InvalidInput, match=r"node 'a' field pass: must be forward, backward or update, got 'sideways'"):
         build("g", [node("a", 1, 5, **{"pass": "sideways"})], [])
 
 
