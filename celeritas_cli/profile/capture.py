@@ -266,6 +266,8 @@ def trace_to_doc(tr: Trace, *, name: str, meta: dict, optimizer: str = "adam") -
                    kept=sum(sm.out_bytes[v][k] for k in sorted(kept_grad.get(v, ()))),
                    batch_dep=batch_dep[v], readers=state_readers.get(v), colocation=colocation.get(v))
     edges = _edges(sm, state_edges, state_bytes)
+    meta = dict(meta)
+    meta.setdefault("precision", tr.precision)
     return {"schema": GRAPH_SCHEMA, "name": name, "meta": _meta(meta, sm, state_bytes, state_numel),
             "nodes": nodes, "edges": edges}
 
@@ -407,7 +409,6 @@ def _edges(sm, state_edges, state_bytes) -> list[dict]:
 def _meta(meta: dict, sm, state_bytes, state_numel) -> dict:
     """The caller's *meta* plus parameter counts, unused state and the cost model used."""
     meta = dict(meta)
-    meta.setdefault("precision", "fp32")
     n_params = sm.n_params
     meta["parameters"] = int(sum(state_numel[:n_params]))
     meta["parameter_bytes"] = int(sum(state_bytes[:n_params]))
@@ -416,7 +417,7 @@ def _meta(meta: dict, sm, state_bytes, state_numel) -> dict:
         meta["unused_state_bytes"] = int(unowned)
     meta["cost_model"] = (f"roofline on {', '.join(dev.DEVICES)}; compute_s = {dev.REFERENCE} "
                           f"(celeritas_cli.model.devices)")
-    if meta["precision"] != "fp32":
+    if meta.get("precision", "fp32") != "fp32":
         meta["cost_model"] += (f"; {meta['precision']} matmuls and attention at "
                                f"{dev.TENSOR_CORE_EFFICIENCY:.0%} of the tensor-core peak")
     return meta

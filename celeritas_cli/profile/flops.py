@@ -68,7 +68,8 @@ EMBED = frozenset(("embedding", "embedding_dense_backward", "index_select", "gat
                    "index_add", "index_put", "index", "_unsafe_index", "_unsafe_index_put", "embedding_bag"))
 #: Ops eligible for tensor cores (matmul/convolution family, fused attention kernels).
 TENSOR_CORE = frozenset(("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward", "_convolution",
-                         "matmul", "linear", "cudnn_convolution", "_slow_conv2d_forward", "_scaled_mm")) | ATTN_FWD | ATTN_BWD
+                         "matmul", "linear", "cudnn_convolution", "_slow_conv2d_forward", "_scaled_mm")
+                        ) | ATTN_FWD | ATTN_BWD
 #: FLOPs per parameter element of one Adam step (m, v, bias correction, update).
 ADAM_FLOPS_PER_ELEMENT = 12
 

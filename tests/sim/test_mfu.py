@@ -90,3 +90,23 @@ def test_tensor_core_rate_and_precision_peaks():
     # a compute-bound bf16 matmul: 1 s of work at the derated rate, plus one launch
     t = dev.roofline_time(312e12 * eff, 0, "A100", dtype="bfloat16", tensor_core_op=True)
     assert math.isclose(t, 1.0 + a100.launch_s)
+
+
+def test_simulate_table_prints_mfu(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from celeritas_cli.cli import main
+
+    g = _graph("bf16").to_dict()
+    c = uniform(2, bandwidth=100.0, latency=0.0, dtype="A100").to_dict()
+    p = Placement("g", c["name"], "given", {"a": "gpu0", "b": "gpu1"}).to_dict()
+    for name, doc in (("g.json", g), ("c.json", c), ("p.json", p)):
+        (tmp_path / name).write_text(json.dumps(doc))
+    args = ["simulate", str(tmp_path / "g.json"), "-P", str(tmp_path / "p.json"), "-c", str(tmp_path / "c.json")]
+    r = CliRunner().invoke(main, args + ["--format", "table"])
+    assert r.exit_code == 0, r.output
+    assert "model FLOPs utilisation (MFU): 0.4%" in r.stdout          # 9e12 / (4 s x 624e12) = 0.36 %
+    r = CliRunner().invoke(main, args)
+    assert json.loads(r.stdout)["mfu"] == pytest.approx(9.0e12 / (4.0 * 2 * 312e12))
