@@ -64,3 +64,16 @@ def test_data_parallel_6_7b_is_oom_on_8xa100(gpt):
     assert rep["status"] == "OOM" and len(rep["oom_devices"]) == 8
     # what it would reach with the memory: MFU of the graph given, not of the 8 replicas
     assert 0.3 < rep["mfu"] < BAND[1]
+
+
+@pytest.mark.parametrize("name", ["gpt_1.3b", "gpt_6.7b", "transformer", "inception_v3", "nmt"])
+def test_pass_field_agrees_with_the_structural_fallback(name):
+    """Two independent paths: the capture knows where the backward starts (the loss), the fallback of
+    transform/passes.py finds it from the graph's shape (gradient-op names reached from the loss seed)."""
+    from celeritas_cli.model.graph import Graph
+    from celeritas_cli.model.jsonio import read_json
+    from celeritas_cli.transform.passes import node_passes
+
+    doc = read_json(str(ZOO / f"{name}.json.gz"))
+    field = [nd.pop("pass") for nd in doc["nodes"]]
+    assert node_passes(Graph.from_dict(doc)) == field
