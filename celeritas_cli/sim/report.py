@@ -23,6 +23,7 @@ from ..model.graph import Graph
 from ..model.placement import Placement, finite_or_none
 from .bounds import lower_bounds
 from .memory import DEFAULT_RULE, judge_memory
+from .mfu import mfu
 
 if TYPE_CHECKING:
     from .simulator import Schedule
@@ -113,4 +114,5 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: "S
         "memory_timeline": {cluster.ids[d]: prof.timeline[d] for d in range(k)},
         "estimate": placement.estimate.to_dict(),
         "placement_time_s": placement.placement_time_s,
+        "mfu": mfu(given if given is not None else graph, cluster, makespan),   # sim/mfu.py (WP llm)
     }
