@@ -29,12 +29,12 @@ def render_report(report: dict) -> None:
         console.print(f"tighter lower bound {report['tight_lower_bound_s']:.6g} s ({tight})   "
                       f"makespan/LB {report['makespan_over_tight_lb']:.3f}", markup=False)
     t = Table(title=f"devices (memory: peak under the {report['memory_rule']} rule)")
-    for col in ("device", "type", "nodes", "busy (s)", "utilisation", "idle (s)", "peak (GiB)", "peak at (s)",
-                "static (GiB)", "capacity (GiB)", "OOM"):
+    for col in ("device", "type", "nodes", "busy s", "util", "idle s", "peak GiB", "at s", "static GiB",
+                "cap GiB", "OOM"):
         t.add_column(col, justify="right" if col not in ("device", "type") else "left")
     for d in report["devices"]:
-        t.add_row(d["id"], d["type"], str(d["nodes"]), f"{d['busy_s']:.6g}", f"{d['utilisation']:.1%}",
-                  f"{d['idle_s']:.6g}", f"{d['memory_bytes'] / 2**30:.2f}", f"{d['peak_at_s']:.6g}",
+        t.add_row(d["id"], d["type"], str(d["nodes"]), f"{d['busy_s']:.4g}", f"{d['utilisation']:.1%}",
+                  f"{d['idle_s']:.4g}", f"{d['memory_bytes'] / 2**30:.2f}", f"{d['peak_at_s']:.4g}",
                   f"{d['static_memory_bytes'] / 2**30:.2f}", f"{d['capacity_bytes'] / 2**30:.2f}",
                   "[red]OOM[/]" if d["oom"] else "")
     console.print(t)
