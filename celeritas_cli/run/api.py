@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from ..errors import InvalidInput
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.graph import Graph
 from ..model.placement import Placement
 
@@ -151,7 +152,7 @@ class Prepared:
 
 def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, label: str = "placement",
             config: dict | None = None, graph: Graph | None = None, graph_label: str = "graph",
-            device_map: dict[str, str] | None = None, seed: int = 0, congestion: str = "channel",
+            device_map: dict[str, str] | None = None, seed: int = 0, congestion: str = DEFAULT_CONGESTION,
             progress: Callable[[str], None] | None = None, step=None):
     """Capture *spec* at *batch* with real values (or take *step*, an earlier
     :func:`~celeritas_cli.run.step.capture_real` of it), check that *placement*
@@ -192,7 +193,7 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
 def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster, *, label: str = "placement",
                   config: dict | None = None, graph: Graph | None = None, graph_label: str = "graph",
                   device_map: dict[str, str] | None = None, backend: str = "local", steps: int = 5,
-                  warmup: int = 1, seed: int = 0, threads: int | None = None, congestion: str = "channel",
+                  warmup: int = 1, seed: int = 0, threads: int | None = None, congestion: str = DEFAULT_CONGESTION,
                   rtol: float = 1.0e-4, atol: float = 1.0e-5, timeout: float = 1800.0,
                   progress: Callable[[str], None] | None = None, prepared: Prepared | None = None) -> dict:
     """Execute *placement* of the training step of model *spec* at *batch* and

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
+from ..model.congestion import DEFAULT_CONGESTION
 
 
 def dp_recipe(placement, label: str) -> dict | None:
@@ -76,8 +77,8 @@ class DPPrepared:
 
 
 def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label: str, config: dict | None,
-               graph=None, graph_label: str = "graph", device_map=None, seed: int = 0, congestion: str = "channel",
-               progress=None, step=None) -> DPPrepared:
+               graph=None, graph_label: str = "graph", device_map=None, seed: int = 0,
+               congestion: str = DEFAULT_CONGESTION, progress=None, step=None) -> DPPrepared:
     """Capture the step at the graph's batch (to simulate and check the placement) and at the
     replica batch (to run), cut the global batch into shards, and find each replica's device."""
     from ..model.graph import Graph
