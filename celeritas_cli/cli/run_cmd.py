@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .common import congestion_option, emit, output_option, positive_seconds
+from .common import congestion_option, emit, nonnegative_finite, one_line, output_option, positive_seconds
 from .placed_step import check_exportable, placed_step_options, prepare_step, write_source
 
 
@@ -25,8 +25,10 @@ from .placed_step import check_exportable, placed_step_options, prepare_step, wr
               help="torch threads per process (default: those --graph was measured with, else those of the "
                    "cluster's --comm-bench, else CPUs / processes for gloo and torch's default for local).")
 @congestion_option("Link rule of the simulation it is compared with.")
-@click.option("--rtol", type=float, default=1.0e-4, show_default=True, help="Relative tolerance of the check.")
-@click.option("--atol", type=float, default=1.0e-5, show_default=True, help="Absolute tolerance of the check.")
+@click.option("--rtol", type=float, default=1.0e-4, show_default=True, callback=nonnegative_finite,
+              help="Relative tolerance of the check (finite, >= 0).")
+@click.option("--atol", type=float, default=1.0e-5, show_default=True, callback=nonnegative_finite,
+              help="Absolute tolerance of the check (finite, >= 0).")
 @click.option("--timeout", type=float, default=1800.0, show_default=True, callback=positive_seconds,
               help="Seconds the gloo processes may take in all (at most 1e12).")
 @click.option("--export", "export_path", metavar="FILE.py", default=None,
@@ -75,7 +77,7 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
     else:
         emit(report, output)
     if not report["match"]:
-        print(f"Error: {label}: the placed step differs from the unplaced step (loss |diff| "
-              f"{report['loss_max_abs_diff']:.3g}, parameters max |diff| {report['params_max_abs_diff']:.3g}, "
-              f"rtol {rtol:g}, atol {atol:g})", file=sys.stderr)
+        print(one_line(f"Error: {label}: the placed step differs from the unplaced step (loss |diff| "
+                       f"{report['loss_max_abs_diff']:.3g}, parameters max |diff| {report['params_max_abs_diff']:.3g}, "
+                       f"rtol {rtol:g}, atol {atol:g})"), file=sys.stderr)
         raise SystemExit(1)
