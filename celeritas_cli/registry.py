@@ -10,19 +10,12 @@ Every algorithm module in :mod:`celeritas_cli.algorithms` registers itself::
 
 and every coarsening module in :mod:`celeritas_cli.coarsening` with
 :func:`register_coarsener` (``func(graph, cluster, *, costs=None, **params) -> Graph``).
-What :func:`place` passes to an algorithm and what it must return is the
-:class:`Algorithm` protocol; :func:`signature_problems` checks a registered
-function against it and its ``Param`` defaults against its signature (the
-all-algorithms test runs it over every entry).  ``costs`` is the
-:class:`~celeritas_cli.model.costs.CostModel` the caller built once for
-(graph, cluster); a function called directly builds the default one with
-:func:`~celeritas_cli.model.costs.cost_model`.
-
+What :func:`place` passes and what it must return is the :class:`Algorithm`
+protocol, which :func:`signature_problems` checks (the all-algorithms test).
 Shared parameters have one definition each: :func:`congestion_param` and
-:func:`time_limit_param` (0 = no limit); an algorithm with a time limit also
-takes ``deadline`` (:func:`deadline`), so ``--time-limit`` bounds the whole
-command for all.  :func:`with_flags` copies command-line flags into an
-algorithm's parameters (``place``, ``compare``).
+:func:`time_limit_param` (0 = no limit; such an algorithm also takes
+``deadline``, :func:`deadline`); :func:`with_flags` copies command-line flags
+into an algorithm's parameters (``place``, ``compare``).
 
 Modules are discovered by name (sorted), so adding an algorithm is adding a
 module.  ``names()`` feeds ``--algo``'s choices, ``placer place --list`` and
