@@ -368,7 +368,7 @@ def lower_bound(graph: Graph, cluster: Cluster, costs: CostModel | None = None) 
     return max(cp, work)
 
 
-def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion: str = "channel",
+def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion: str = DEFAULT_CONGESTION,
              label: str = "placement", schedule_out: list | None = None,
              costs: CostModel | None = None, memory: str = DEFAULT_RULE) -> dict:
     """Simulate *placement* of *graph* on *cluster* and return the
@@ -423,7 +423,7 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
 
 
 def makespan_of(graph: Graph, cluster: Cluster, device_of: Sequence[int],
-                order: Sequence[Sequence[int]] | None = None, *, congestion: str = "channel",
+                order: Sequence[Sequence[int]] | None = None, *, congestion: str = DEFAULT_CONGESTION,
                 costs: CostModel | None = None) -> float:
     """Simulated makespan of an index-level placement (for algorithms that
     score candidates, e.g. OS-DPOS, the Hierarchical Planner)."""
