@@ -15,26 +15,21 @@ memory's step function, max-pooled to at most 2000 points a device).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..model.cluster import Cluster
 from ..model.costs import CostModel
 from ..model.graph import Graph
 from ..model.placement import Placement, finite_or_none
-from .bounds import lower_bounds
 from .memory import DEFAULT_RULE, judge_memory
 from .mfu import mfu
-
-if TYPE_CHECKING:
-    from .simulator import Schedule
 
 REPORT_SCHEMA = "placer.report/v1"
 
 
-def critical_path(graph: Graph, sched: "Schedule") -> list[int]:
+def critical_path(graph: Graph, sched) -> list[int]:
     """Nodes of the realised schedule's critical path, first to last: from
     the node that finishes last, back through ``sched.binding`` (the node
-    that let each node start)."""
+    that let each node start; *sched* is a
+    :class:`~celeritas_cli.sim.simulator.Schedule`)."""
     if graph.n == 0:
         return []
     v = max(range(graph.n), key=lambda x: (sched.finish[x], -x))
@@ -48,12 +43,14 @@ def critical_path(graph: Graph, sched: "Schedule") -> list[int]:
     return path
 
 
-def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: "Schedule",
-                 costs: CostModel, congestion: str, given: Graph | None = None, memory: str = DEFAULT_RULE) -> dict:
-    """The report of *sched* (a schedule of *graph*, the graph simulated)
-    for *placement*; *given* is the graph the user gave when *graph* is
-    derived from it (bounds say which graph they hold for); *memory* the
-    rule asked for (module docstring)."""
+def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched, costs: CostModel, congestion: str,
+                 bounds: list[dict], given: Graph | None = None, memory: str = DEFAULT_RULE) -> dict:
+    """The report of *sched* (a :class:`~celeritas_cli.sim.simulator.Schedule`
+    of *graph*, the graph simulated) for *placement*; *bounds* are its
+    :func:`~celeritas_cli.sim.bounds.lower_bounds` (``path_and_work``
+    first); *given* is the graph the user gave when *graph* is derived from
+    it (MFU counts its FLOPs); *memory* the rule asked for (module
+    docstring)."""
     k = cluster.k
     busy = [0.0] * k
     count = [0] * k
@@ -80,7 +77,6 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: "S
         st[2] += 1
     link_rows = [{"src": cluster.ids[a], "dst": cluster.ids[b], "busy_s": st[0], "bytes": st[1], "transfers": st[2]}
                  for (a, b), st in sorted(links.items())]
-    bounds = lower_bounds(graph, cluster, costs, given=given, derivation=placement.derivation)
     lb = bounds[0]["value_s"]  # path_and_work: lower_bound()
     # the tightest bound that holds for this placement: memory_cut needs it to fit under the static rule
     # (a graph whose static sum fits no device may still fit one under the time rule, with no crossing)

@@ -63,6 +63,7 @@ from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..transform.derivation import rebuild
+from .bounds import lower_bounds
 from .links import CONGESTION_RULES, DEFAULT_CONGESTION, LinkState, check_congestion
 from .memory import DEFAULT_RULE, RULES as MEMORY_RULES, check_rule
 from .report import REPORT_SCHEMA, build_report, critical_path
@@ -419,7 +420,8 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs, label=label)
     if schedule_out is not None:
         schedule_out.append(sched)
-    return build_report(graph, cluster, placement, sched, costs, congestion, given=given, memory=memory)
+    bounds = lower_bounds(graph, cluster, costs, given=given, derivation=placement.derivation)
+    return build_report(graph, cluster, placement, sched, costs, congestion, bounds, given=given, memory=memory)
 
 
 def makespan_of(graph: Graph, cluster: Cluster, device_of: Sequence[int],
