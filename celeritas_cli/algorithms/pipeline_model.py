@@ -1,0 +1,314 @@
+"""The cost model and the stage cutter of placer's ``pipeline`` planner.
+
+A *shape* fixes everything but the cuts: the devices of each (virtual)
+stage and its lanes (``R`` replicas of the whole pipeline), ``m``
+micro-batches per replica, the schedule and whether recomputation may be
+used.  :func:`cut` chooses the cuts of a
+:class:`~celeritas_cli.scheduling.stages.LayerSequence` for a shape, and
+:func:`evaluate` predicts the step time and the memory of each device.
+
+Step time (per replica pipeline; Alpa's objective, Zheng et al., OSDI'22,
+5.2, Eq. 2, with Megatron-LM's interleaved bubble, Narayanan et al., SC'21,
+2.2.2, placer's link and all-reduce terms)::
+
+    T = sum_r t_r / v + (m - 1) max(max_r t_r, max_j x_j) + sum_j x_j + max_j (u_j + a_j)
+
+with ``t_r`` the time of one micro-batch (forward + backward, recomputation
+and gradient accumulation included) of pipeline rank ``r`` (all its ``v``
+chunks) on its device, ``x_j`` the transfer of the activations and
+gradients crossing the cut after virtual stage ``j`` (per micro-batch, on
+the link between the two devices), ``u_j`` the once-per-step work
+(optimizer updates) and ``a_j`` the ring all-reduce of stage ``j``'s
+gradients over its ``R`` lanes (``2 (R - 1) / R`` of the bytes over the
+slowest link of the ring, plus a latency per ring step and gradient).  For
+``v = 1`` it is Alpa's ``sum_j t_j + (B - 1) max_j t_j`` plus traffic.
+
+Memory (the time rule; :meth:`~celeritas_cli.scheduling.stages.LayerSequence.memory`):
+a device holds its stages' resident state and gradient buffer and the
+activations of the micro-batches in flight under the schedule (GPipe:
+``m``; 1F1B: ``min(p - r, m)``;
+:func:`~celeritas_cli.scheduling.pipeline_schedule.in_flight`), with
+recomputation (Chen et al. 2016; SC'21, 3.5) only the stage's input per
+micro-batch plus one micro-batch's activations.
+
+Cuts (:func:`cut`): bisection on the largest stage time ``T`` with a greedy
+test - each stage in turn takes the most positions whose time is at most
+``T`` and whose memory fits its device, with recomputation where only that
+fits (``recompute="auto"``), leaving one position per remaining stage; the
+test is exact for contiguous cuts (time and memory only grow with a stage),
+so the bisection finds the least ``T`` any cut can meet.  Then, as Alpa
+enumerates ``t_max`` (Algorithm 1), slightly larger ``T`` are tried too
+(on mixed devices a larger ``T`` moves work to the first, faster stages
+and can lower the sum) and the cut of the least ``T`` in the model wins.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+from ..model.cluster import Cluster
+from ..scheduling.pipeline_schedule import in_flight
+from ..scheduling.stages import LayerSequence
+from ..transform.split_cost import COPY_BANDWIDTH_BPS
+
+#: ``T`` above the least feasible one tried as Alpa's larger ``t_max`` (relative)
+T_MAX_STEPS = (0.0, 0.02, 0.05, 0.1)
+#: the model calls a device full above this share of its memory (the model is an estimate)
+MEMORY_MARGIN = 0.96
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What :func:`cut` keeps fixed: ``groups[j]`` the devices (lanes) of
+    virtual stage ``j`` (``p`` ranks, ``v`` chunks each), ``m`` micro-batches
+    per replica pipeline, the ``schedule``, ``recompute`` (``off``, ``auto``:
+    where only that fits, ``on``: every stage) and the replicas' batch
+    ``shares`` (None: equal)."""
+
+    groups: tuple
+    m: int
+    schedule: str
+    recompute: str = "auto"
+    shares: tuple | None = None
+
+    @property
+    def S(self) -> int:
+        return len(self.groups)
+
+    @property
+    def R(self) -> int:
+        return len(self.groups[0])
+
+    @property
+    def p(self) -> int:
+        return len(dict.fromkeys(self.groups))
+
+    @property
+    def v(self) -> int:
+        return self.S // self.p
+
+
+@dataclass
+class Plan:
+    """A shape with its cuts (first position of each virtual stage), the
+    stages that recompute, and the model's prediction."""
+
+    shape: Shape
+    cuts: list[int]
+    rc: list[bool]
+    time_s: float = math.inf
+    memory: list[int] = field(default_factory=list)  # per rank (its first lane's device)
+    capacity: list[int] = field(default_factory=list)
+    stage_time: list[float] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return all(x <= MEMORY_MARGIN * c for x, c in zip(self.memory, self.capacity))
+
+    @property
+    def key(self) -> tuple:
+        return (not self.fits, self.time_s)
+
+
+class Model:
+    """:func:`evaluate` and :func:`cut` for one layer sequence, with the
+    quantities they share cached."""
+
+    def __init__(self, seq: LayerSequence, cluster: Cluster, batch: int):
+        self.seq, self.cluster, self.batch = seq, cluster, batch
+        cnt = [0] * seq.n
+        for v in range(seq.graph.n):
+            if not seq.once[v] and seq.gradients[seq.att[v] + 1] > seq.gradients[seq.att[v]]:
+                cnt[seq.att[v]] += 1
+        self.grad_count = [0]
+        for x in cnt:
+            self.grad_count.append(self.grad_count[-1] + x)
+        self._flight: dict[tuple, int] = {}
+        self._classes: dict[tuple, list[int]] = {}
+
+    # ------------------------------------------------------------ pieces
+    def fraction(self, shape: Shape) -> float:
+        """The batch fraction of one micro-batch of one replica (uneven
+        shares are timed at the even share: the shares follow the devices'
+        speeds, so each replica takes about as long)."""
+        return 1.0 / (shape.R * shape.m)
+
+    def link(self, nbytes: float, a: int, b: int) -> float:
+        if a == b or nbytes <= 0:
+            return 0.0
+        return self.seq.costs.link_time(nbytes, a, b)
+
+    def stage_time(self, shape: Shape, j: int, a: int, b: int, rc: bool) -> float:
+        """One micro-batch of positions ``a .. b-1`` on stage *j*'s slowest
+        lane (a lane with an uneven batch share: its class's time at the
+        even share, scaled by its share)."""
+        t = self.seq.times(self.fraction(shape))
+        worst = 0.0
+        lanes = shape.groups[j]
+        classes = self._classes.get(lanes)
+        if classes is None:
+            classes = self._classes[lanes] = [self.seq.class_of[x] for x in lanes]
+        for i, d in enumerate(classes):
+            fw, bw, _ = t.stage(d, a, b)
+            x = fw + bw + (fw if rc else 0.0)
+            worst = max(worst, x if shape.shares is None else x * shape.shares[i] * shape.R)
+        if shape.m > 1:
+            worst += 3.0 * (self.seq.gradients[b] - self.seq.gradients[a]) / COPY_BANDWIDTH_BPS
+        return worst
+
+    def flight(self, shape: Shape, j: int) -> int:
+        """Micro-batches of virtual stage *j* in flight on its device."""
+        p, v = shape.p, shape.v
+        key = (shape.schedule, p, shape.m, j % p, v)
+        if key not in self._flight:
+            self._flight[key] = math.ceil(in_flight(*key) / v)
+        return self._flight[key]
+
+    def stage_memory(self, shape: Shape, j: int, a: int, b: int, rc: bool) -> int:
+        f = self.fraction(shape) if shape.shares is None else max(shape.shares) / shape.m
+        return self.seq.memory(a, b, f, self.flight(shape, j), rc)
+
+    def capacity(self, shape: Shape, j: int) -> int:
+        return min(self.cluster.devices[d].memory for d in shape.groups[j]) // shape.v
+
+    def allreduce(self, shape: Shape, a: int, b: int, lanes) -> float:
+        """One ring all-reduce per gradient of positions ``a .. b-1`` over
+        the *lanes*: ``2 (R - 1)`` steps of ``1/R`` of each gradient over
+        the ring's slowest link, a latency per step and gradient."""
+        R = len(lanes)
+        if R < 2:
+            return 0.0
+        g = self.seq.gradients[b] - self.seq.gradients[a]
+        n = self.grad_count[b] - self.grad_count[a]
+        ring = list(zip(lanes, list(lanes[1:]) + [lanes[0]]))
+        bw = min(self.cluster.bandwidth[x][y] for x, y in ring)
+        lat = max(self.cluster.latency[x][y] for x, y in ring)
+        return 2 * (R - 1) * (n * lat + g / R / bw)
+
+    # ------------------------------------------------------------ evaluate
+    def evaluate(self, shape: Shape, cuts: list[int], rc: list[bool]) -> Plan:
+        """The model's step time and memory of *shape* cut at *cuts*."""
+        seq, S, p, v = self.seq, shape.S, shape.p, shape.v
+        f = self.fraction(shape)
+        ends = cuts[1:] + [seq.n]
+        times = [self.stage_time(shape, j, a, b, rc[j]) for j, (a, b) in enumerate(zip(cuts, ends))]
+        ranks = [sum(times[j] for j in range(r, S, p)) for r in range(p)]
+        xs, tail = [], 0.0
+        tt = seq.times(f)
+        for j, (a, b) in enumerate(zip(cuts, ends)):
+            lane = shape.groups[j][0]
+            if j + 1 < S:
+                nxt = shape.groups[j + 1][0]
+                xs.append(self.link(math.ceil(f * seq.cross_fwd[b]), lane, nxt)
+                          + self.link(math.ceil(f * seq.cross_bwd[b]), nxt, lane))
+            once = max(tt.stage(seq.class_of[d], a, b)[2] for d in shape.groups[j])
+            tail = max(tail, once + self.allreduce(shape, a, b, shape.groups[j]))
+        m = shape.m
+        step = sum(ranks) / v + (m - 1) * max(max(ranks), max(xs, default=0.0) / 2) + sum(xs) + tail
+        mem, cap = [], []
+        for r in range(p):
+            chunks = range(r, S, p)
+            mem.append(sum(self.stage_memory(shape, j, cuts[j], ends[j], rc[j]) for j in chunks))
+            cap.append(min(self.cluster.devices[d].memory for d in shape.groups[r]))
+        return Plan(shape, list(cuts), list(rc), step, mem, cap, times)
+
+    # ------------------------------------------------------------------ cut
+    def _greedy(self, shape: Shape, T: float) -> tuple[list[int], list[bool]] | None:
+        seq, S = self.seq, shape.S
+        cuts, rcs, a = [], [], 0
+        modes = {"off": (False,), "on": (True,), "auto": (False, True)}[shape.recompute]
+        for j in range(S):
+            last = j == S - 1
+            hi = seq.n if last else seq.n - (S - 1 - j)
+            best_b, best_rc = a, False
+            cap = MEMORY_MARGIN * self.capacity(shape, j)
+            for rc in modes:
+                if last:
+                    b = hi if (self.stage_time(shape, j, a, hi, rc) <= T
+                               and self.stage_memory(shape, j, a, hi, rc) <= cap) else a
+                else:
+                    b = self._largest(lambda e: self.stage_time(shape, j, a, e, rc) <= T
+                                      and self.stage_memory(shape, j, a, e, rc) <= cap, a, hi)
+                if b > best_b:
+                    best_b, best_rc = b, rc
+            if best_b <= a:
+                return None
+            cuts.append(a)
+            rcs.append(best_rc)
+            a = best_b
+        return cuts, rcs
+
+    @staticmethod
+    def _largest(ok, a: int, hi: int) -> int:
+        """The largest ``b`` in ``a+1 .. hi`` with ``ok(b)`` (monotone: true
+        up to some ``b``), or *a*."""
+        lo, top = a, hi
+        while lo < top:
+            mid = (lo + top + 1) // 2
+            if ok(mid):
+                lo = mid
+            else:
+                top = mid - 1
+        return lo
+
+    def cut(self, shape: Shape) -> Plan | None:
+        """The cut of *shape* of least model time (module docstring), or
+        None when no cut fits memory (or there are fewer positions than
+        stages)."""
+        seq = self.seq
+        if shape.S > seq.n:
+            return None
+        hi = max(self.stage_time(shape, j, 0, seq.n, True) for j in range(shape.S))
+        if self._greedy(shape, hi) is None:
+            return None
+        lo = 0.0
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            if self._greedy(shape, mid) is None:
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo <= 1e-4 * hi:
+                break
+        best = None
+        for step in T_MAX_STEPS:
+            got = self._greedy(shape, hi * (1 + step))
+            if got is None:
+                continue
+            plan = self.evaluate(shape, *got)
+            if best is None or plan.key < best.key:
+                best = plan
+        return best
+
+
+def fixed_cuts_plan(model: Model, shape: Shape, cuts: list[int], rc: list[bool] | None = None) -> Plan:
+    """:meth:`Model.evaluate` of given cuts (recomputation per stage as the
+    shape says, or where only it fits for ``auto``)."""
+    if rc is None:
+        ends = cuts[1:] + [model.seq.n]
+        rc = []
+        for j, (a, b) in enumerate(zip(cuts, ends)):
+            want = shape.recompute == "on" or (shape.recompute == "auto" and model.stage_memory(
+                shape, j, a, b, False) > MEMORY_MARGIN * model.capacity(shape, j))
+            rc.append(want)
+    return model.evaluate(shape, list(cuts), rc)
+
+
+def positions_to_cuts(bounds: list[int], layer_cuts: list[int]) -> list[int]:
+    """Layer cuts (first layer of each stage) as position cuts.
+
+    >>> positions_to_cuts([0, 3, 5, 9], [0, 2])
+    [0, 5]
+    """
+    return [bounds[c] for c in layer_cuts]
+
+
+def cut_at(bounds: list[int], position: int) -> int:
+    """The layer a position is in.
+
+    >>> cut_at([0, 3, 5, 9], 4)
+    1
+    """
+    return bisect.bisect_right(bounds, position) - 1
