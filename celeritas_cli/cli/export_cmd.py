@@ -12,6 +12,7 @@ from .run_cmd import (
     check_exportable,
     load_inputs,
     parse_device_map,
+    placed_source,
     placed_step_options,
 )
 
@@ -49,14 +50,10 @@ def export(model, batch_size, config, placement_path, graph_path, cluster_path, 
     spec, batch, cfg, placement, label, graph, glabel, cluster = load_inputs(
         model, batch_size, config, placement_path, graph_path, cluster_path, say)
     from ..run.api import prepare
-    from ..run.export import export_source
 
     pre = prepare(spec, batch, placement, cluster, label=label, config=cfg, graph=graph, graph_label=glabel,
                   device_map=parse_device_map(device_map), seed=seed, progress=say)
     check_exportable(pre, label)
-    src = export_source(pre.prog, cluster.ids, pre.tdev, graph=pre.sim_graph.name, cluster=cluster.name,
-                        label=label, algorithm=placement.algorithm)
+    src, what = placed_source(pre, cluster, label, placement.algorithm)
     write_bytes(src.encode(), output)
-    if output != "-":
-        say(f"wrote {output}: {len(pre.prog.sequence)} nodes on {len(pre.prog.devices)} device(s), "
-            f"{len(pre.prog.transfers)} copies")
+    say(f"wrote {'the placed step' if output == '-' else output}: {what}")

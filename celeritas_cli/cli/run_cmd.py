@@ -58,12 +58,30 @@ def placed_step_options(fn):
 
 
 def check_exportable(pre, label: str) -> None:
-    """Export writes one process's placed step; a data-parallel placement is not one."""
+    """Export writes one process's placed step, or a pipeline; a plain data-parallel placement is neither."""
     from ..run.api import Prepared
+    from ..run.mb_plan import MBPrepared
 
-    if not isinstance(pre, Prepared):
+    if not isinstance(pre, (Prepared, MBPrepared)):
         raise InvalidInput(f"{label}: a data-parallel placement is not exported (it is one model per process: use "
                            f"torch DistributedDataParallel); run it with placer run --backend gloo")
+
+
+def placed_source(pre, cluster, label: str, algorithm: str) -> tuple[str, str]:
+    """``(Python source, what it is)`` of a prepared placement (:mod:`celeritas_cli.run.export`, or
+    :mod:`celeritas_cli.run.mb_export` for micro-batched and pipelined ones)."""
+    from ..run.mb_plan import MBPrepared
+
+    if isinstance(pre, MBPrepared):
+        from ..run.mb_export import export_derived
+
+        return export_derived(pre, cluster, label=label, algorithm=algorithm)
+    from ..run.export import export_source
+
+    src = export_source(pre.prog, cluster.ids, pre.tdev, graph=pre.sim_graph.name, cluster=cluster.name,
+                        label=label, algorithm=algorithm)
+    return src, (f"placer's own code (torch.fx): {len(pre.prog.sequence)} nodes on {len(pre.prog.devices)} "
+                 f"device(s), {len(pre.prog.transfers)} copies")
 
 
 def load_inputs(model, batch_size, config, placement_path, graph_path, cluster_path, say):
@@ -160,12 +178,9 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
                            warmup=warmup, seed=seed, threads=threads, congestion=congestion, rtol=rtol, atol=atol,
                            timeout=timeout, progress=say, prepared=pre)
     if export_path:
-        from ..run.export import export_source
-
-        src = export_source(pre.prog, cluster.ids, pre.tdev, graph=pre.sim_graph.name, cluster=cluster.name,
-                            label=label, algorithm=placement.algorithm)
+        src, what = placed_source(pre, cluster, label, placement.algorithm)
         write_bytes(src.encode(), export_path)
-        say(f"wrote the placed step to {export_path}")
+        say(f"wrote the placed step to {export_path}: {what}")
     if fmt == "table":
         from ..run.report import render_table
 
