@@ -175,7 +175,8 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
     say = progress or (lambda msg: None)
     steps = executed_recipe(placement, label)
     if steps is not None:  # micro-batches, pipelines, recomputation (+ data parallelism): run/mb_*.py
-        return prepare_mb(spec, batch, placement, cluster, steps, label=label, config=config, graph=graph,
+        return prepare_mb(spec, batch, placement, cluster, steps, label=label, config=config,
+                          graph_check=check_graph_file, device_map_of=default_device_map, graph=graph,
                           graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
                           progress=progress, step=step)
     recipe = dp_recipe(placement, label)
