@@ -213,6 +213,31 @@ def test_recomputed_nodes_really_run_again(monkeypatch):
     assert rep["match"] and rep["microbatch"]["per_microbatch"]["params_max_abs_diff"] == 0.0
 
 
+def test_recompute_alone_and_after_data_parallelism_run_exactly():
+    from celeritas_cli.model.placement import Placement
+    from celeritas_cli.transform.derivation import apply_step, attach, data_parallel_step
+    from celeritas_cli.transform.recompute import recompute_graph, recompute_step
+
+    g = graph_of(DROP, 8)
+    d = recompute_graph(g, ["addmm", "relu"])           # no micro-batches: one instance of the whole batch
+    p = Placement.from_indices(d, uniform(1), [0] * d.n, algorithm="rc")
+    attach(p, g, d, [recompute_step(["addmm", "relu"])])
+    rep = run(DROP, 8, p, uniform(1), steps=1)
+    assert rep["match"] and rep["loss_max_abs_diff"] == 0.0 and rep["params_max_abs_diff"] == 0.0
+    assert rep["microbatch"]["recomputed"] == 2        # relu (read by its backward) and addmm (read by the clone)
+    dp = data_parallel_step(2, "strong", 0.0)
+    r = apply_step(g, dp)
+    rc = [r.ids[x] for x in range(r.n) if (r.node_extra[x] or {}).get("origin") == "relu"]
+    d = recompute_graph(r, rc)
+    p = Placement.from_indices(d, uniform(2), [int((d.node_extra[x] or {}).get("replica", 0)) for x in range(d.n)],
+                               algorithm="dp+rc")
+    attach(p, g, d, [dp, recompute_step(rc)])
+    rep = run(DROP, 8, p, uniform(2), steps=1)
+    mb = rep["microbatch"]
+    assert rep["match"] and mb["instance_batches"] == [4, 4] and mb["recomputed"] == 2
+    assert mb["per_microbatch"]["params_max_abs_diff"] == 0.0 and rep["loss_max_abs_diff"] <= 1e-6
+
+
 def test_hybrid_replicated_pipelines_run_locally_with_the_ring_as_planned():
     g = graph_of(MLP, 12)
     p = hybrid_plan(g, uniform(6), at_l2(g), 2, "1f1b", 3)
@@ -294,6 +319,34 @@ def test_gloo_ranks_follow_each_schedule_without_deadlock_and_match_exactly(sche
     assert compare(loss, params, per_mb, rtol=0, atol=0)["match"]
     assert compare(loss, params, whole, rtol=1e-4, atol=1e-5)["match"]
     assert len(measured["walls"]) == 2
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_gloo_ranks_follow_any_valid_order_without_deadlock(seed):
+    """Per-device orders cut from a random topological order of a hybrid plan's derived graph: any order the
+    simulator can follow, not only the schedules'."""
+    import copy
+    import random
+
+    g = graph_of(MLP, 8)
+    p = copy.deepcopy(hybrid_plan(g, uniform(4), at_l2(g), 2, "gpipe", 2))
+    d = Graph.from_dict(p.split_graph)
+    rng = random.Random(seed)
+    need = [len(set(d.pred[x])) for x in range(d.n)]
+    ready, topo = [x for x in range(d.n) if not need[x]], []
+    while ready:
+        x = ready.pop(rng.randrange(len(ready)))
+        topo.append(x)
+        for y in set(d.succ[x]):
+            need[y] -= 1
+            if not need[y]:
+                ready.append(y)
+    p.order = {did: [d.ids[x] for x in topo if p.assignment[d.ids[x]] == did] for did in uniform(4).ids}
+    pre, prog, measured, per_mb, _ = ranks_in_threads(MLP, 8, p, uniform(4))
+    for dev, did in enumerate(uniform(4).ids):
+        assert [pre.graph.ids[x] for x in prog.sequence if prog.device_of[x] == dev] == p.order[did]
+    loss, params, _ = placed_result(prog, measured)
+    assert compare(loss, params, per_mb, rtol=0, atol=0)["match"]
 
 
 def test_gloo_hybrid_replicated_pipelines_in_threads_match_exactly():
