@@ -277,13 +277,11 @@ class MBPrepared:
 
 
 def prepare_mb(spec: str, batch: int, placement, cluster, recipe: list[dict], *, label: str, config: dict | None,
-               graph_check, device_map_of, graph=None, graph_label: str = "graph", device_map=None, seed: int = 0,
-               congestion: str = "channel", progress=None, step=None) -> MBPrepared:
+               graph=None, graph_label: str = "graph", device_map=None, seed: int = 0, congestion: str = "channel",
+               progress=None, step=None) -> MBPrepared:
     """Capture the step at the graph's batch (to check and simulate the
     placement), rebuild the derived graph, capture the step again at every
     distinct instance size, and cut the global batch into the instances' rows.
-    *graph_check* and *device_map_of* are ``placer run``'s graph-file check and
-    default device map (:mod:`.api`, which calls this).
 
     Raises
     ------
@@ -294,6 +292,7 @@ def prepare_mb(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
     """
     from ..model.graph import Graph
     from ..sim.simulator import simulate
+    from .checks import check_graph_file, default_device_map
     from .step import capture_real, example_batch
 
     say = progress or (lambda msg: None)
@@ -301,7 +300,7 @@ def prepare_mb(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
         say(f"capturing {spec} at batch {batch} (the graph's) with real parameters (seed {seed})")
         step = capture_real(spec, batch, config=config, seed=seed)
     if graph is not None:
-        graph_check(step.doc, graph, graph_label)
+        check_graph_file(step.doc, graph, graph_label)
     sim_graph = graph if graph is not None else Graph.from_dict(step.doc, step.doc["name"])
     scheds: list = []
     sim = simulate(sim_graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
@@ -332,7 +331,7 @@ def prepare_mb(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
     device_of = list(sched.device_of)
     _check_updates(derived, infos, device_of, step, cluster, label)
     sequence = merged_sequence(derived, device_of, sched.device_order, sched.start)
-    tdev = device_map_of(cluster, sorted(set(device_of)), device_map)
+    tdev = default_device_map(cluster, sorted(set(device_of)), device_map)
     return MBPrepared(batch=batch, steps_by_size=steps_by_size, whole=whole, recipe=recipe, layout=layout, graph=derived,
                       infos=infos, device_of=device_of, sequence=sequence, inputs=rows, sim=sim, sim_graph=sim_graph,
                       tdev=tdev, graph_from_file=graph is not None)

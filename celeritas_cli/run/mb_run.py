@@ -66,7 +66,7 @@ def mb_rank_main(rank: int, job: dict, *, prog=None, peers=None) -> dict:
     step, ``warmup - 1`` more, then the timed ones, each after a barrier."""
     import torch
 
-    from .dist import DistChannel, Peers
+    from .dist import DistChannel, Peers, timed_steps
     from .mb_runner import MBRunner
 
     prog = prog or program_from_job(job)
@@ -80,14 +80,8 @@ def mb_rank_main(rank: int, job: dict, *, prog=None, peers=None) -> dict:
     first = runner.step()
     out: dict[str, Any] = {"rank": rank, "device": me, "loss": {i: v.cpu() for i, v in first["loss"].items()},
                            "params": {k: t.detach().cpu() for k, t in runner.params().items()},
-                           "link": {k: list(v) for k, v in channel.link.items()}, "walls": [], "busy": [], "cpu": []}
-    for i in range(job["warmup"] - 1 + job["steps"]):
-        peers.barrier()
-        res = runner.step()
-        if i >= job["warmup"] - 1:
-            out["walls"].append(res["wall_s"])
-            out["busy"].append(res["busy"][me])
-            out["cpu"].append(res["cpu"][me])
+                           "link": {k: list(v) for k, v in channel.link.items()}}
+    out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=peers.barrier))
     return out
 
 
@@ -176,8 +170,9 @@ def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, ste
         else:
             from ..profile.launch import launch
 
-            cuda = [pre.tdev[d] for d in used if pre.tdev[d].startswith("cuda")]
-            dist_backend = "nccl" if len(cuda) == len(used) and len(set(cuda)) == len(cuda) else "gloo"
+            from .checks import dist_backend as which
+
+            dist_backend = which(pre.tdev, used)
             job = mb_job(pre, whole.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout,
                          dist_backend=dist_backend)
             say(f"starting {len(used)} processes ({dist_backend}: {where}; {threads} thread(s) each): 1 checked "
