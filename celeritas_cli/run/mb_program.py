@@ -132,6 +132,9 @@ class MBProgram:
         self.actions: dict[int, Action] = {}
         self.reads: dict[int, list[tuple]] = {}
         self._edge_src()
+        #: bucket index -> the tensor names its ring reduces (on its bucket and result nodes only)
+        self.bucket_tensors = {int(i.ring["bucket"]): i.ring["tensor"] for i in self.infos
+                               if i.kind == "ring" and "bucket" in i.ring and "tensor" in i.ring}
         for x in range(self.graph.n):
             self._plan(x)
         self._transfers()
@@ -257,7 +260,8 @@ class MBProgram:
         return sorted(out)
 
     def _ring_keys(self, ring: dict) -> list[tuple[int, int]]:
-        names = ring["tensor"] if isinstance(ring["tensor"], list) else [ring["tensor"]]
+        names = ring["tensor"] if "tensor" in ring else self.bucket_tensors.get(int(ring.get("bucket", -1)), [])
+        names = names if isinstance(names, list) else [names]
         out = []
         for nm in names:
             u, _, k = str(nm).rpartition(":")

@@ -39,8 +39,10 @@ PyTorch ``torch.distributed.pipelining`` (``pipeline``, ``SplitPoint``,
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
+from ..errors import InvalidInput
 from ..scheduling.pipeline_schedule import SCHEDULES, schedule_steps
 from ..transform.passes import node_passes
 
@@ -95,7 +97,7 @@ def infer_schedule(prog) -> dict | None:
             continue
         try:
             want = {d: [(k, i) for k, _, i in schedule_steps(schedule, p, lay.m, rank[d], v)] for d in devs}
-        except Exception:  # noqa: BLE001 - InvalidInput: the schedule does not apply (m not a multiple of p)
+        except InvalidInput:  # the schedule does not apply (interleaved: m not a multiple of p)
             continue
         if all(_collapse(want[d]) == blocks[d] for d in devs):
             return {"schedule": schedule, "p": p, "v": v, "rank": rank, "replica": replica}
@@ -172,8 +174,6 @@ def why_not(prog, module_kinds: dict[str, str] | None = None) -> tuple[Pipelinin
     order = sorted(place) + fwd          # the inputs first: a node reading only them is on the first stage
     cuts = [0] + [order.index(next(u for u in fwd if stage_of[u] == s)) for s in range(1, p * v)]
     att = attribution(graph, order)
-    import bisect
-
     for u in range(graph.n):
         if u in place:
             continue

@@ -10,13 +10,13 @@ from celeritas_cli.transform.microbatch import microbatch_graph, microbatch_step
 
 
 def hybrid_plan(graph: Graph, cluster, stage_of: list[int], m: int, schedule: str, k: int,
-                dp_first: bool = False) -> Placement:
+                dp_first: bool = False, bucket_mb: float = 0.0) -> Placement:
     """``k`` replicas of a pipeline of ``S = max(stage_of) + 1`` stages, replica ``r``'s stage ``s`` on device
     ``r * S + s``.  Micro-batched then replicated (replicated pipelines): every device follows its pipeline's
     *schedule* (:func:`pipeline_orders`), the ring all-reduce nodes before the once-per-step tail.  Replicated
-    then micro-batched (*dp_first*): no order (the simulator's rule)."""
+    then micro-batched (*dp_first*): no order (the simulator's rule).  *bucket_mb*: DDP buckets of the all-reduce."""
     S = max(stage_of) + 1
-    dp = data_parallel_step(k, "strong", 0.0)
+    dp = data_parallel_step(k, "strong", 0.0, bucket_mb=bucket_mb)
     if dp_first:
         rep = apply_step(graph, dp)
         mb = microbatch_graph(rep, m, overhead_s=0.0)
@@ -66,6 +66,8 @@ def _device(derived, x, graph, stage_of, S, dp_first):
     if "allreduce" in ex:
         of = ex["allreduce"].get("of")
         of = of[0] if isinstance(of, list) else of
+        if of is None:  # a step of a bucket's ring: on the replica's first stage
+            return int(ex["replica"]) * S
         while of not in graph.index:
             of = of.rsplit("/", 1)[0]
         return int(ex["replica"]) * S + stage_of[graph.index[of]]

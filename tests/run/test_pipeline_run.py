@@ -238,12 +238,17 @@ def test_recompute_alone_and_after_data_parallelism_run_exactly():
     assert mb["per_microbatch"]["params_max_abs_diff"] == 0.0 and rep["loss_max_abs_diff"] <= 1e-6
 
 
-def test_hybrid_replicated_pipelines_run_locally_with_the_ring_as_planned():
+@pytest.mark.parametrize("dp_first,bucket_mb", [(False, 0.0), (True, 1.0)])
+def test_hybrid_replicated_pipelines_run_locally_with_the_ring_as_planned(dp_first, bucket_mb):
+    """3 replicas of a 2-stage pipeline: micro-batched then replicated (1F1B orders, a ring per gradient), or
+    replicated then micro-batched (the simulator's orders, one DDP bucket: a ring of all gradients at once)."""
     g = graph_of(MLP, 12)
-    p = hybrid_plan(g, uniform(6), at_l2(g), 2, "1f1b", 3)
+    p = hybrid_plan(g, uniform(6), at_l2(g), 2, "1f1b", 3, dp_first=dp_first, bucket_mb=bucket_mb)
     rep = run(MLP, 12, p, uniform(6), steps=1)
     mb = rep["microbatch"]
-    assert rep["match"] and (mb["replicas"], mb["micro_batches"], mb["schedule"]) == (3, 2, "1f1b")
+    assert mb["recipe"] == (["data-parallel", "microbatch"] if dp_first else ["microbatch", "data-parallel"])
+    assert rep["match"] and (mb["replicas"], mb["micro_batches"]) == (3, 2)
+    assert dp_first or mb["schedule"] == "1f1b"          # without orders: whatever the simulator's rule ran
     assert mb["per_microbatch"]["params_max_abs_diff"] == 0.0 and mb["replica_spread"] == 0.0
     # the ring all-reduce moves 2 (k-1)/k of every gradient per replica, chunked by elements (the simulator by
     # bytes): within a few bytes per chunk of the simulated ring
