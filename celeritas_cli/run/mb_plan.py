@@ -332,9 +332,9 @@ def prepare_mb(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
     _check_updates(derived, infos, device_of, step, cluster, label)
     sequence = merged_sequence(derived, device_of, sched.device_order, sched.start)
     tdev = default_device_map(cluster, sorted(set(device_of)), device_map)
-    return MBPrepared(batch=batch, steps_by_size=steps_by_size, whole=whole, recipe=recipe, layout=layout, graph=derived,
-                      infos=infos, device_of=device_of, sequence=sequence, inputs=rows, sim=sim, sim_graph=sim_graph,
-                      tdev=tdev, graph_from_file=graph is not None)
+    return MBPrepared(batch=batch, steps_by_size=steps_by_size, whole=whole, recipe=recipe, layout=layout,
+                      graph=derived, infos=infos, device_of=device_of, sequence=sequence, inputs=rows, sim=sim,
+                      sim_graph=sim_graph, tdev=tdev, graph_from_file=graph is not None)
 
 
 def state_homes(derived, infos: list[NodeInfo], sm) -> dict[tuple[int, int], int]:

@@ -55,7 +55,8 @@ def program_from_job(job: dict):
     base = steps[job["batch"]]
     derived, infos = node_infos(Graph.from_dict(base.doc, base.doc["name"]), job["recipe"])
     layout = batch_layout(job["recipe"], job["batch"])
-    pre = MBPrepared(batch=job["batch"], steps_by_size=steps, whole=steps[layout.total], recipe=job["recipe"], layout=layout,
+    pre = MBPrepared(batch=job["batch"], steps_by_size=steps, whole=steps[layout.total], recipe=job["recipe"],
+                     layout=layout,
                      graph=derived, infos=infos, device_of=job["device_of"], sequence=job["sequence"],
                      inputs=job["inputs"], sim={}, sim_graph=None, tdev=job["torch_devices"], graph_from_file=False)
     return MBProgram(pre)

@@ -314,10 +314,11 @@ def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: 
     ranks = sorted({d for d in plan.stage_devices}, key=plan.stage_devices.index)
     uneven = "" if len(set(lay.sizes.values())) == 1 else (
         "; with micro-batches of unequal size this weighs each micro-batch equally, placer by its samples")
-    return _SOURCE.format(graph=graph, cluster=cluster, label=label, algorithm=algorithm, stages=len(plan.stage_devices),
-                          schedule_words=words[plan.schedule], m=plan.m, batch=lay.total, torch_class=TORCH_CLASS[
-                              plan.schedule], p=plan.p, uneven=uneven, spec=whole.spec, config=whole.config,
-                          seed=whole.seed, splits=", ".join(f"{s!r}: SplitPoint.BEGINNING" for s in plan.split_points),
+    return _SOURCE.format(graph=graph, cluster=cluster, label=label, algorithm=algorithm,
+                          stages=len(plan.stage_devices), schedule_words=words[plan.schedule], m=plan.m,
+                          batch=lay.total, torch_class=TORCH_CLASS[plan.schedule], p=plan.p, uneven=uneven,
+                          spec=whole.spec, config=whole.config, seed=whole.seed,
+                          splits=", ".join(f"{s!r}: SplitPoint.BEGINNING" for s in plan.split_points),
                           stage_devices=[cluster_ids[d] for d in plan.stage_devices],
                           rank_of={cluster_ids[d]: r for r, d in enumerate(ranks)},
                           devices={cluster_ids[d]: tdev[d] for d in ranks}, lr=ADAM["lr"], betas=ADAM["betas"],
