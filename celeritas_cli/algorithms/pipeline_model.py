@@ -65,13 +65,15 @@ class Shape:
     virtual stage ``j`` (``p`` ranks, ``v`` chunks each), ``m`` micro-batches
     per replica pipeline, the ``schedule``, ``recompute`` (``off``, ``auto``:
     where only that fits, ``on``: every stage) and the replicas' batch
-    ``shares`` (None: equal)."""
+    ``shares`` (None: equal) and DDP's gradient ``bucket_mb`` (one stage
+    only; 0: a ring per gradient)."""
 
     groups: tuple
     m: int
     schedule: str
     recompute: str = "auto"
     shares: tuple | None = None
+    bucket_mb: float = 0.0
 
     @property
     def S(self) -> int:
@@ -182,6 +184,8 @@ class Model:
             return 0.0
         g = self.seq.gradients[b] - self.seq.gradients[a]
         n = self.grad_count[b] - self.grad_count[a]
+        if shape.bucket_mb:
+            n = min(n, math.ceil(g / (shape.bucket_mb * 2**20)))
         ring = list(zip(lanes, list(lanes[1:]) + [lanes[0]]))
         bw = min(self.cluster.bandwidth[x][y] for x, y in ring)
         lat = max(self.cluster.latency[x][y] for x, y in ring)

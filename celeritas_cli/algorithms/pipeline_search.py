@@ -51,6 +51,8 @@ BUILD_COST = 3.0
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
 #: forward orders tried
 ORDERS = ("cpd", "alap")
+#: gradient buckets of single-stage (data-parallel) shapes besides one ring per gradient: PyTorch DDP's default
+DDP_BUCKET_MB = 25.0
 #: derived graphs kept for reuse (plans of one m and replication share one)
 KEEP_DERIVED = 3
 #: share of the budget the first simulations may take; the rest is for moving boundaries
@@ -138,7 +140,8 @@ def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed) -> li
                 if schedule == "interleaved" and (p < 2 or m % p or m < p):
                     continue
                 for shares in share_sets:
-                    out.append(Shape(tuple(groups) * v, m, schedule, fixed.recompute, shares))
+                    for bucket in ((DDP_BUCKET_MB, 0.0) if p == 1 and R > 1 else (0.0,)):
+                        out.append(Shape(tuple(groups) * v, m, schedule, fixed.recompute, shares, bucket))
     return out
 
 
@@ -183,7 +186,7 @@ class PipelineSearch:
     def derive(self, plan: Plan, stage_of: list[int], seq: LayerSequence) -> Derived | None:
         shape = plan.shape
         ids = self._recompute(seq, stage_of, plan.rc)
-        key = (shape.m, tuple(len(g) for g in shape.groups), shape.shares, tuple(ids))
+        key = (shape.m, tuple(len(g) for g in shape.groups), shape.shares, shape.bucket_mb, tuple(ids))
         if key in self._derived:
             self._derived[key] = self._derived.pop(key)  # most recently used last
         else:
@@ -192,7 +195,8 @@ class PipelineSearch:
                 return None
             self.budget.charge(BUILD_COST * guess)
             d = derive_pipeline(self.graph, stage_of, [len(g) for g in shape.groups], shape.m, shape.schedule,
-                                shape.v, recompute=ids, assume_batch=self.assume, shares=shape.shares)
+                                shape.v, recompute=ids, assume_batch=self.assume, shares=shape.shares,
+                                bucket_mb=shape.bucket_mb)
             self._derived[key] = d
             while len(self._derived) > KEEP_DERIVED:  # derived graphs are large
                 self._derived.pop(next(iter(self._derived)))
@@ -305,6 +309,9 @@ def describe_shape(shape: Shape, cluster: Cluster, rc: list[bool] | None = None)
         out += ", recompute " + ("off" if not n else "on" if n == len(rc) else f"{n} of {len(rc)} stages")
     if shape.shares is not None:
         out += ", batch shares by device speed"
+    if p == 1 and shape.R > 1:
+        out += f", gradients all-reduced in {shape.bucket_mb:g} MiB buckets" if shape.bucket_mb else \
+            ", one all-reduce ring per gradient"
     return out
 
 

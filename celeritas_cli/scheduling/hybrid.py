@@ -216,11 +216,13 @@ class Derived:
 def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], m: int, schedule: str = "1f1b",
                     v: int = 1, *, recompute: Sequence[str] = (), except_last: bool = False,
                     overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
-                    shares: Sequence[float] | None = None) -> Derived:
+                    shares: Sequence[float] | None = None, bucket_mb: float = 0.0) -> Derived:
     """The derived graph of a pipeline with ``reps[s]`` replicas of stage
     ``s`` (module docstring; parameters as :func:`staged_plan`).  Depends
     on *stage_of* only through the recomputed nodes, so a planner that moves
     stage boundaries without recomputation reuses it (:func:`layout`).
+    *bucket_mb* > 0 all-reduces the gradients in DDP buckets (one stage only:
+    a bucket must not mix the gradients of two stages).
 
     Raises
     ------
@@ -237,6 +239,8 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
         raise InvalidInput("pipeline: the interleaved schedule needs every stage replicated alike")
     if shares is not None and (R < 2 or len(shares) != R):
         raise InvalidInput("pipeline: batch shares need one share per replica of every stage")
+    if bucket_mb and S > 1:
+        raise InvalidInput("pipeline: gradient buckets would mix the gradients of two stages; use bucket_mb=0")
     lane_mb = [[list(range(m))] * r if uniform_reps else [list(range(j, m, r)) for j in range(r)] for r in reps]
     if any(not mbs for lanes in lane_mb for mbs in lanes):
         raise InvalidInput(f"pipeline: {m} micro-batches leave a replica of a stage without work")
@@ -258,8 +262,9 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
     derived = mbg
     if R > 1:
         derived = data_parallel_graph(mbg, R, scaling="strong", overhead_s=overhead_s,
-                                      shares=list(shares) if shares is not None else None, bucket_mb=0.0)
-        steps.append(data_parallel_step(R, "strong", overhead_s, list(shares) if shares is not None else None, 0.0))
+                                      shares=list(shares) if shares is not None else None, bucket_mb=bucket_mb)
+        steps.append(data_parallel_step(R, "strong", overhead_s, list(shares) if shares is not None else None,
+                                        bucket_mb))
     return Derived(graph, derived, mbg, steps, R, list(reps), lane_mb, list(mb["micro_batches"]),
                    len(mbg.meta.get("recompute", [])), not uniform_reps)
 
@@ -296,14 +301,19 @@ def _lanes(derived: Graph, mbg: Graph, blocks: list, R: int, reps: list[int]) ->
         for s, kind, i in blocks:
             out.append((s, i % reps[s] if i >= 0 else 0, kind, i))
         return out
+    bucket_stage: dict = {}
+    for x in range(derived.n):
+        ring = (derived.node_extra[x] or {}).get("allreduce")
+        if isinstance(ring, dict) and isinstance(ring.get("of"), list) and ring["of"]:
+            bucket_stage[ring.get("bucket")] = blocks[mbg.index[ring["of"][0]]][0]
     for x in range(derived.n):
         ex = derived.node_extra[x] or {}
         r = int(ex.get("replica", 0))
         ring = ex.get("allreduce")
-        if isinstance(ring, dict):
+        if isinstance(ring, dict):  # a gradient's ring, or a bucket's (whose rs / ag nodes name only the bucket)
             of = ring.get("of")
-            src = mbg.index[of if isinstance(of, str) else of[0]]
-            out.append((blocks[src][0], r, "ring", -1))
+            s = blocks[mbg.index[of]][0] if isinstance(of, str) else bucket_stage.get(ring.get("bucket"), 0)
+            out.append((s, r, "ring", -1))
         else:
             s, kind, i = blocks[mbg.index[ex["origin"]]]
             out.append((s, r, kind, i))
