@@ -7,8 +7,9 @@
    sorted by the model's time on them, then memory; stage ``s`` takes the
    ``s``-th group of ``R``, so a stage's lanes are alike where the cluster
    allows), each ``m`` in 1, 2, 4, ..., 64 that whole samples allow, each
-   schedule (GPipe, 1F1B, interleaved with two chunks per device), with
-   recomputation where only it fits.  A single-rank shape (``p = 1``) is
+   schedule (GPipe, 1F1B, interleaved), with
+   recomputation where only it fits; interleaved with 2 or 4 model chunks
+   per device.  A single-rank shape (``p = 1``) is
    data parallelism with gradient accumulation over ``m`` micro-batches; on
    mixed devices its replicas' batch shares follow their speed.
 2. **Cuts**: :meth:`~.pipeline_model.Model.cut` (Alpa's objective with
@@ -49,6 +50,8 @@ from .pipeline_model import Model, Plan, Shape
 BUILD_COST = 3.0
 #: micro-batch counts tried
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
+#: model chunks per device tried by the interleaved schedule (Megatron-LM's v)
+CHUNKS = (2, 4)
 #: forward orders tried
 ORDERS = ("cpd", "alap")
 #: gradient buckets of single-stage (data-parallel) shapes besides one ring per gradient: PyTorch DDP's default
@@ -136,12 +139,12 @@ def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed) -> li
                 if (fixed.schedule is not None and schedule != fixed.schedule) or \
                         (p == 1 and schedule != "1f1b" and fixed.schedule is None):
                     continue
-                v = 2 if schedule == "interleaved" else 1
-                if schedule == "interleaved" and (p < 2 or m % p or m < p):
-                    continue
-                for shares in share_sets:
-                    for bucket in ((DDP_BUCKET_MB, 0.0) if p == 1 and R > 1 else (0.0,)):
-                        out.append(Shape(tuple(groups) * v, m, schedule, fixed.recompute, shares, bucket))
+                for v in ((1,) if schedule != "interleaved" else CHUNKS):
+                    if schedule == "interleaved" and (p < 2 or m % p or p * v > seq.n):
+                        continue
+                    for shares in share_sets:
+                        for bucket in ((DDP_BUCKET_MB, 0.0) if p == 1 and R > 1 else (0.0,)):
+                            out.append(Shape(tuple(groups) * v, m, schedule, fixed.recompute, shares, bucket))
     return out
 
 

@@ -180,7 +180,7 @@ def plan_estimate(d: "Derived", devs: Sequence[Sequence[int]], cluster: Cluster,
     return est
 
 
-def placement_of(d: "Derived", cluster: Cluster, device_of: Sequence[int], order: list[list[int]], *,
+def placement_of(d: "Derived", cluster: Cluster, device_of: Sequence[int], order: list[list[int]] | None, *,
                  algorithm: str, params: dict, seed: int | None, estimate: dict) -> Placement:
     """The :class:`~celeritas_cli.model.placement.Placement` of a laid-out
     pipeline, with its recipe from the base graph."""
@@ -270,14 +270,19 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
 
 
 def layout(d: Derived, stage_of: Sequence[int], devs: Sequence[Sequence[int]], schedule: str,
-           k: int) -> tuple[list[int], list[list[int]]]:
+           k: int) -> tuple[list[int], list[list[int]] | None]:
     """``(device_of, order)`` of *d*'s graph with stages *stage_of* on the
-    device groups *devs* (module docstring)."""
+    device groups *devs* (module docstring).  One stage whose lanes run one
+    micro-batch each has no schedule to follow: no order (the simulator's
+    own rule, which overlaps the all-reduce with the backward pass as for
+    ``data-parallel``)."""
     p, v, _ = plan_shape(devs, schedule)
     check_chain(d.base, stage_of)
     blocks = _blocks(d.mbg, d.base, stage_of)
     where = _lanes(d.graph, d.mbg, blocks, d.R, d.reps)
     device_of = [devs[s][lane] for s, lane, _, _ in where]
+    if len(devs) == 1 and all(len(mbs) == 1 for mbs in d.lane_mb[0]):
+        return device_of, None
     return device_of, _orders(d.graph, where, [list(g) for g in devs], d.lane_mb, schedule, p, v, k)
 
 
