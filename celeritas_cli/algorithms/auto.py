@@ -29,6 +29,7 @@ from ..model.graph import Graph
 from ..model.limits import TIME_MAX
 from ..model.placement import Placement, finite_or_none
 from ..optimize.search import Search
+from ..sim.describe import describe_placement
 from ..registry import Param, register
 from ..registry import names as registered
 from ..sim.simulator import CONGESTION_RULES
@@ -109,12 +110,12 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
             raise InvalidInput(f"'auto' parameter algos: unknown or not allowed: {', '.join(unknown)}")
     costs = cost_model(graph, cluster, costs)
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
-                    congestion=congestion, algos=names, log=warn if chatty() and not quiet else None)
+                    congestion=congestion, algos=names, log=warn if chatty() and not quiet else None, notice=warn)
     out = search.run()
+    spent = _spent(search)
     if out.clock_cut:
-        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({search.budget.spent:.0f} of "
-             f"{search.budget.limit:.0f} evaluations spent), so another run may differ; raise --time-limit or "
-             f"lower -p evaluations for a repeatable result")
+        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({spent}), so another run may differ; "
+             f"raise --time-limit or lower -p evaluations for a repeatable result")
     winner = out.winner.spec.name if out.winner is not None else None
     start = out.start_score.makespan if out.start_score is not None else out.score.makespan
     estimate = {
@@ -137,6 +138,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         "clock_cut": out.clock_cut,
         "candidates": out.candidates,
     }
+    if out.skipped:
+        estimate["skipped"] = out.skipped
     p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", order=out.order, seed=seed,
                                estimate=estimate)
     if out.graph is not graph:  # a derived graph (splits, data parallelism): carry it and its recipe
@@ -146,6 +149,14 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         p.graph = graph.original_name
     if chatty() and not quiet:
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
-             f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), "
-             f"{out.evaluations} evaluations")
+             f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), {spent}")
+        warn(f"auto: the plan: {describe_placement(p, graph)}")
     return p
+
+
+def _spent(search: Search) -> str:
+    """The budget's account in one phrase, the same wherever it is said:
+    simulations made, plus the members' estimated work, of the budget."""
+    b = search.budget
+    return (f"{b.spent:.1f} of {b.limit:.0f} evaluations spent: {b.used} simulations + {b.charged:.1f} charged "
+            f"by estimate for the placers' work and larger graphs")

@@ -5,12 +5,15 @@ from __future__ import annotations
 import click
 
 from ..model.io import bundled_cluster_names, load_graph, load_placement
+from ..sim.describe import describe_placement
 from ..sim.simulator import CONGESTION_RULES
 from ..sim.simulator import simulate as run_simulation
 from .common import emit, get_cluster, output_option
 
 
-def render_report(report: dict) -> None:
+def render_report(report: dict, plan: str | None = None) -> None:
+    """The report as a table on stdout; *plan* the placement's plan in words
+    (:func:`celeritas_cli.sim.describe.describe_placement`)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -19,6 +22,8 @@ def render_report(report: dict) -> None:
     ratio = report["makespan_over_lb"]
     console.print(f"[bold]{report['graph']}[/] on [bold]{report['cluster']}[/] by {report['algorithm']} "
                   f"(congestion: {report['congestion']})")
+    if plan:
+        console.print(f"plan: {plan}", markup=False)
     console.print(f"makespan {report['makespan_s']:.6g} s   lower bound {lb:.6g} s   "
                   f"makespan/LB {ratio:.3f}   status {report['status']}" if ratio is not None else
                   f"makespan {report['makespan_s']:.6g} s   status {report['status']}")
@@ -99,7 +104,7 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
 
         write_trace(sim_graph, cluster, scheds[0], trace)
     if fmt == "table":
-        render_report(report)
+        render_report(report, describe_placement(placement, graph, cluster))
         if output != "-":
             emit(report, output)
     else:
