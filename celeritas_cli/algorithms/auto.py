@@ -16,7 +16,14 @@ is memory-feasible whenever any candidate is.
 Deterministic for a seed: the budget is counted in simulations
 (``evaluations``; by default derived from ``time_limit`` and the graph's size),
 and the wall clock only caps it - the result says so on stderr and in
-``estimate.clock_cut``.  The machinery lives in :mod:`celeritas_cli.optimize`.
+``estimate.clock_cut``.  ``time_limit`` bounds the whole call (for ``placer
+place`` the whole command, loading included): no member starts that is not
+expected to end before the deadline, and every member left out is said with
+its reason (stderr, ``estimate.skipped``) - on a 36,000-node graph with a
+5 s limit, METIS and m-TOPO run and data parallelism (a replica cannot fit a
+device) does not (issue 24, N16).  The machinery lives in
+:mod:`celeritas_cli.optimize`; the last stderr line says the plan in words
+(:mod:`celeritas_cli.sim.describe`).
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ from ..sim.simulator import CONGESTION_RULES
           params={"time_limit": Param(float, 10.0, "wall-clock cap of the whole search (s)", gt=0, max=TIME_MAX),
                   "evaluations": Param(int, 0, "simulations the search may make (0 = from time_limit and the "
                                               "graph size, so the clock normally never decides)", min=0),
-                  "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice)"),
+                  "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice); "
+                                          "each named one runs, or stderr says why not"),
                   "congestion": Param(str, "channel", "congestion rule the simulator judges with",
                                       choices=CONGESTION_RULES),
                   "quiet": Param(bool, False, "no progress lines on stderr")},
@@ -67,7 +75,10 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         Simulation budget; 0 derives it from *time_limit* and the graph size
         (:func:`~celeritas_cli.optimize.search.default_evaluations`).
     algos : str
-        Comma-separated registered algorithms to use as the portfolio.
+        Comma-separated registered algorithms to use as the portfolio; each
+        runs (``milp`` and ``hierarchical`` with a share of the time limit),
+        or stderr and ``estimate.skipped`` say why it cannot (``given``
+        needs a placement file; an extra that is not installed).
     congestion : {"channel", "port", "none"}
         The simulator's congestion rule for every judgement.
     quiet : bool

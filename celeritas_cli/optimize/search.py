@@ -24,9 +24,9 @@ is not expected to end before it: a portfolio member is sized before it
 starts (its cost in simulations at the measured speed of simulations,
 :meth:`~celeritas_cli.optimize.evaluator.Budget.affordable`), and so is
 building the refinement's levels (:data:`LEVELS_COST`) and every
-refinement simulation; :data:`FINISH_COST` simulations' worth of time (at
-least :data:`RESERVE` of the limit) is kept for the answer's bound and its
-document.  What is skipped is said, with the reason.
+refinement simulation; :data:`RESERVE` of the limit plus
+:data:`FINISH_COST` simulations' worth of time is kept for the answer's
+bound and its document.  What is skipped is said, with the reason.
 """
 
 from __future__ import annotations
