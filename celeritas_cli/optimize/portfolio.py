@@ -88,8 +88,8 @@ from ..model.graph import Graph
 from ..transform.split_cost import batch_profile
 from .runner import Candidate, Runner, Spec, available, run_portfolio
 
-__all__ = ["OVER_SHARE", "Candidate", "Runner", "Spec", "available", "member_cost", "plan", "replica_memory",
-           "run_portfolio", "wants_milp"]
+__all__ = ["OVER_SHARE", "Candidate", "Runner", "Spec", "available", "dp_misfit", "member_cost", "plan",
+           "replica_memory", "run_portfolio", "wants_milp"]
 
 #: rough cost of a member in simulations of the graph it runs on (measured on one core)
 COST = {"metis": 1.5, "scotch": 2.0, "m-topo": 0.3, "single-device": 0.2, "data-parallel": 2.0, "heft": 5.0,
@@ -227,6 +227,40 @@ def replica_memory(graph: Graph, k: int) -> int:
     return total
 
 
+def dp_misfit(graph: Graph, cluster: Cluster, spec: Spec) -> str | None:
+    """Why the data-parallel member *spec* cannot fit memory, or None.
+    Equal shares: one replica (:func:`replica_memory`) exceeds the smallest
+    device.  Uneven shares (``shares=proportional``): no split of the batch
+    fits - a device holds less than the batch-independent memory ``F`` every
+    replica holds, or the devices' room beyond ``F`` is less than the
+    activations ``A`` to share (``sum(M_d - F) < A``); a sound test, never
+    leaving out a member that could fit.
+
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> g = layered(60, seed=1)
+    >>> dp_misfit(g, uniform(4, memory=replica_memory(g, 4)), Spec("data-parallel")) is None
+    True
+    >>> dp_misfit(g, uniform(4, memory=replica_memory(g, 4) - 1), Spec("data-parallel"))[:17]
+    'one replica needs'
+    """
+    k = cluster.k
+    if dict(spec.params).get("shares", "equal") == "equal":
+        need = replica_memory(graph, k)
+        if need <= cluster.min_memory():
+            return None
+        return (f"one replica needs {need / 2**30:.3g} GiB (parameters and optimizer state in full, 1/{k} of the "
+                f"activations) and the smallest device holds {cluster.min_memory() / 2**30:.3g} GiB")
+    prof = batch_profile(graph)
+    fixed = sum(prof.fixed_memory[v] if not prof.fixed_node[v] else graph.memory[v] for v in range(graph.n))
+    act = graph.total_memory() - fixed
+    room = sum(max(0, d.memory - fixed) for d in cluster.devices)
+    if fixed <= cluster.min_memory() and room >= act:
+        return None
+    return (f"every replica holds {fixed / 2**30:.3g} GiB of parameters and optimizer state and the devices' room "
+            f"beyond it ({room / 2**30:.3g} GiB) cannot hold the {act / 2**30:.3g} GiB of activations")
+
+
 def _offers(graph: Graph, cluster: Cluster) -> list[list[tuple[Spec, float]]]:
     """Every member auto would consider, grouped (a coarse graph's members
     together), in :data:`PRIORITY` order, with its :func:`member_cost`."""
@@ -302,7 +336,6 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
         offers.sort(key=lambda group: group[0][0].algo not in ANCHORS or group[0][0].R is not None)
     out: list[tuple[Spec, float]] = []
     spent = dp_spent = 0.0
-    replica: list[int] = []  # one replica's memory, computed when a data-parallel member is first admitted
     for members in offers:
         built = False
         for spec, charge in members:
@@ -331,12 +364,9 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
             if over:  # named: runs whatever its cost, charged at most its share (so it can still be judged)
                 charge = min(charge, max(0.0, share * budget - 1))
             if spec.algo == "data-parallel" and not names and k > 1:
-                if not replica:
-                    replica.append(replica_memory(graph, k))
-                if replica[0] > cluster.min_memory():
-                    say(spec.name, f"one replica needs {replica[0] / 2**30:.1f} GiB (parameters and optimizer "
-                                   f"state in full, 1/{k} of the activations) and the smallest device holds "
-                                   f"{cluster.min_memory() / 2**30:.1f} GiB")
+                misfit = dp_misfit(graph, cluster, spec)
+                if misfit:
+                    say(spec.name, misfit)
                     continue
             built = built or spec.R is not None
             if dp:

@@ -231,3 +231,28 @@ def test_n16_auto_on_large_synthetic_graphs(tmp_path, nodes, limit):
                        capture_output=True, text=True)
     if "(OK)" in m.stderr:
         assert est["status"] == "FEASIBLE"
+
+
+def test_uneven_shares_are_kept_when_they_can_fit():
+    # nmt on moirai-intra-server: equal shares overflow the small device, shares by speed fit; the gate for
+    # uneven shares is sound (any split of the batch that fits), so that member stays - and does fit
+    from celeritas_cli.model.cluster import Cluster
+    from celeritas_cli.optimize.portfolio import dp_misfit
+    from celeritas_cli.transform.split_cost import batch_profile
+
+    g = layered(200, seed=3)
+    prof = batch_profile(g)
+    fixed = sum(g.memory[v] if prof.fixed_node[v] else prof.fixed_memory[v] for v in range(g.n))
+    act = g.total_memory() - fixed
+    doc = {"schema": "placer.cluster/v1", "name": "uneven",
+           "devices": [{"id": "slow", "type": "V100", "memory_bytes": fixed + int(0.3 * act), "speed": 1.0},
+                       {"id": "fast", "type": "V100", "memory_bytes": fixed + int(0.8 * act), "speed": 3.0}],
+           "links": {"default": {"bandwidth_Bps": 1e10, "latency_s": 1e-5}}}
+    c = Cluster.from_dict(doc, "uneven")
+    equal, uneven = Spec("data-parallel"), Spec("data-parallel", (("shares", "proportional"),))
+    assert dp_misfit(g, c, equal) and dp_misfit(g, c, uneven) is None
+    specs = [s for s, _ in plan(g, c, 10**5)]
+    assert uneven in specs and equal not in specs
+    p = registry.place(g, c, "data-parallel", params={"shares": "proportional"})
+    assert p.estimate["status"] == "FEASIBLE"
+    assert registry.place(g, c, "data-parallel").estimate["status"] == "OOM"
