@@ -44,6 +44,7 @@ from ..sim.simulator import lower_bound
 from .evaluator import Budget, Evaluator, Score
 from .levels import Level, hierarchy
 from .portfolio import (
+    ANCHORS,
     DP_GATE,
     MILP_NAMED_MAX_NODES,
     OVER_SHARE,
@@ -358,13 +359,13 @@ class Search:
 
     def run(self) -> Outcome:
         self.portfolio()
-        if not self.candidates:  # nothing ran: the cheapest placer, judged once, whatever the budget says
+        if not self.candidates:  # nothing ran: a cheap placer, judged once, whatever the budget says
+            fallback = next(a for a in (*ANCHORS, "m-topo") if available(a))
             if self.algos is not None:
-                self.notice(f"auto: none of {', '.join(self.algos)} gave a candidate; the answer is m-topo's, "
-                            f"the cheapest placer")
+                self.notice(f"auto: none of {', '.join(self.algos)} gave a candidate; the answer is {fallback}'s")
             self.budget.limit = self.budget.spent + 1
             self.budget.deadline = None
-            run_portfolio(Runner(self.graph, self.cluster, self.costs, self.seed), [(Spec("m-topo"), 0.0)],
+            run_portfolio(Runner(self.graph, self.cluster, self.costs, self.seed), [(Spec(fallback), 0.0)],
                           self._judge, self.budget)
         start = min(self.candidates, key=lambda c: (c.score.overflow, c.score.makespan))
         self.log(f"auto: best start {start.spec.name}: {_fmt(start.score)}; refining "

@@ -189,7 +189,7 @@ def test_algos_milp_runs_milp():
 def test_algos_given_says_why_it_cannot_run():
     doc, err = _place("-p", "algos=given")
     assert "candidate given skipped" in err and "-p file=" in err
-    assert "none of given gave a candidate; the answer is m-topo's" in err
+    assert "none of given gave a candidate; the answer is metis's" in err
     assert doc["estimate"]["skipped"][0]["name"] == "given"
 
 
