@@ -7,7 +7,9 @@ four replicas shows more than 3,000 nodes per device.  :func:`describe`
 says what the plan is from the placement's recipe (``derivation.steps``)
 and the graph it was derived from, e.g. ``data parallelism: 4 replicas of
 transformer_b256, 1,304 nodes each, each on 1/4 of the batch + ring
-all-reduce of the gradients in 25 MiB buckets``; a placement without a
+all-reduce of the gradients in 25 MiB buckets`` or ``16 micro-batches of 16
+samples (global batch 256) of transformer_b256, gradients accumulated``;
+a placement without a
 recipe is an operator placement (``operator placement: 1,304 nodes over 4
 devices (gpu0 410, ...)``).
 
@@ -79,6 +81,24 @@ def _split(steps: list[dict], ctx: Context) -> str:
     how = ", ".join(f"{d} {c}" for d, c in sorted(dims.items()))
     return (f"operator splitting: {len(nodes)} operation{'s' if len(nodes) != 1 else ''} of {ctx.name} split "
             f"into {into} parts ({how})")
+
+
+@describer("microbatch")
+def _microbatch(steps: list[dict], ctx: Context) -> str:
+    out = []
+    for step in steps:
+        sizes = step.get("micro_batches") or []
+        each = (f" of {sizes[0]} samples" if sizes and len(set(sizes)) == 1 else
+                f" of {min(sizes)}-{max(sizes)} samples" if sizes else "")
+        batch = f" (global batch {step['global_batch']})" if step.get("global_batch") else ""
+        out.append(f"{step.get('m')} micro-batches{each}{batch} of {ctx.name}, gradients accumulated")
+    return "; ".join(out)
+
+
+@describer("recompute")
+def _recompute(steps: list[dict], ctx: Context) -> str:
+    n = sum(len(s.get("nodes") or []) for s in steps)
+    return f"recomputation: {n:,} forward node{'s' * (n != 1)} run again in the backward pass instead of kept"
 
 
 def _spread(ctx: Context) -> str:

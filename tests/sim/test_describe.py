@@ -43,12 +43,17 @@ def test_operator_placement_and_single_device():
     assert text.startswith(f"operator placement: 60 nodes of {g.name} over ") and sum(counts) == 60
 
 
-def test_splits_and_unknown_transforms_are_named():
+def test_splits_micro_batches_and_unknown_transforms_are_named():
     steps = [{"transform": "split", "node": "a", "dim": "batch", "n": 2},
              {"transform": "split", "node": "b", "dim": "channel", "n": 4},
-             {"transform": "microbatch", "m": 16}]
+             {"transform": "microbatch", "m": 4, "global_batch": 64, "micro_batches": [16, 16, 16, 16]},
+             {"transform": "recompute", "nodes": ["a", "b", "c"]},
+             {"transform": "fsdp-to-come", "stage": 3}]
     text = describe({"steps": steps}, Context("g", 10))
-    assert text == "operator splitting: 2 operations of g split into 2-4 parts (batch 1, channel 1); microbatch (1 step)"
+    assert text == ("operator splitting: 2 operations of g split into 2-4 parts (batch 1, channel 1); "
+                    "4 micro-batches of 16 samples (global batch 64) of g, gradients accumulated; "
+                    "recomputation: 3 forward nodes run again in the backward pass instead of kept; "
+                    "fsdp-to-come (1 step)")
 
 
 def test_a_new_transform_plugs_in_one_function():
@@ -72,3 +77,13 @@ def test_simulate_table_says_the_plan(tmp_path):
     assert f"plan: data parallelism: 4 replicas of {g.name}, 40 nodes each" in r.stdout
     r = CliRunner().invoke(main, ["place", G60, "-p", "evaluations=30"])
     assert "auto: the plan: " in r.stderr
+
+
+def test_the_pipeline_steps_read_as_their_builders_write_them():
+    from celeritas_cli.transform.microbatch import microbatch_step
+    from celeritas_cli.transform.recompute import recompute_step
+
+    steps = [microbatch_step(3, 10, [4, 3, 3], 0.0), recompute_step(["x", "y"])]
+    assert describe({"steps": steps}, Context("m", 7)) == (
+        "3 micro-batches of 3-4 samples (global batch 10) of m, gradients accumulated; "
+        "recomputation: 2 forward nodes run again in the backward pass instead of kept")
