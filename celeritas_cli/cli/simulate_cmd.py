@@ -49,6 +49,8 @@ def render_report(report: dict, plan: str | None = None) -> None:
         console.print(lt)
     console.print(f"transfers: {report['transfers']['count']} ({report['transfers']['bytes'] / 2**20:.1f} MiB); "
                   f"critical path: {len(report['critical_path'])} nodes")
+    if report.get("mfu") is not None:
+        console.print(f"model FLOPs utilisation (MFU): {report['mfu']:.1%}")
 
 
 @click.command(context_settings={"max_content_width": 100})

@@ -57,6 +57,7 @@ from ..model.placement import Placement, finite_or_none
 from ..transform.derivation import rebuild
 from .bounds import lower_bounds
 from .links import CONGESTION_RULES, DEFAULT_CONGESTION, LinkState, check_congestion
+from .mfu import mfu
 
 __all__ = ["CONGESTION_RULES", "Schedule", "Transfer", "build_report", "check_colocation", "critical_path",
            "lower_bound", "makespan_of", "run_schedule", "simulate"]
@@ -479,6 +480,7 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: Sc
         "critical_path": cp_ids,
         "estimate": placement.estimate.to_dict(),
         "placement_time_s": placement.placement_time_s,
+        "mfu": mfu(given if given is not None else graph, cluster, makespan),   # sim/mfu.py (WP llm)
     }
 
 
