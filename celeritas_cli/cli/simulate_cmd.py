@@ -6,9 +6,8 @@ import click
 
 from ..model.io import bundled_cluster_names, load_graph, load_placement
 from ..sim.describe import describe_placement
-from ..sim.simulator import CONGESTION_RULES
 from ..sim.simulator import simulate as run_simulation
-from .common import emit, get_cluster, output_option
+from .common import congestion_option, emit, get_cluster, output_option
 
 
 def render_report(report: dict, plan: str | None = None) -> None:
@@ -60,8 +59,7 @@ def render_report(report: dict, plan: str | None = None) -> None:
 @click.option("--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
               help="Cluster file or bundled name. Default: the placement's cluster if it is a bundled one, "
                    "else 4xV100-pcie.")
-@click.option("--congestion", type=click.Choice(CONGESTION_RULES), default="channel", show_default=True,
-              help="channel: one transfer at a time per directed link; port: one uplink and one downlink "
+@congestion_option("channel: one transfer at a time per directed link; port: one uplink and one downlink "
                    "per device; none: transfers overlap freely.")
 @click.option("--no-congestion", is_flag=True, help="Short for --congestion none.")
 @click.option("--gantt", metavar="FILE", help="Write a Gantt chart (.svg, or .png with matplotlib).")

@@ -376,7 +376,7 @@ def critical_path(graph: Graph, sched: Schedule) -> list[int]:
     return path
 
 
-def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion: str = "channel",
+def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion: str = DEFAULT_CONGESTION,
              label: str = "placement", schedule_out: list | None = None,
              costs: CostModel | None = None) -> dict:
     """Simulate *placement* of *graph* on *cluster* and return the
@@ -485,7 +485,7 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: Sc
 
 
 def makespan_of(graph: Graph, cluster: Cluster, device_of: Sequence[int],
-                order: Sequence[Sequence[int]] | None = None, *, congestion: str = "channel",
+                order: Sequence[Sequence[int]] | None = None, *, congestion: str = DEFAULT_CONGESTION,
                 costs: CostModel | None = None) -> float:
     """Simulated makespan of an index-level placement (for algorithms that
     score candidates, e.g. OS-DPOS, the Hierarchical Planner)."""
