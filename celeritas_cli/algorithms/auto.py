@@ -96,7 +96,10 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     -------
     Placement
         ``estimate`` records the judge, the winner and what refinement gained
-        (``makespan_s`` is the simulator's on the graph given).
+        (``makespan_s`` is the simulator's on the graph given), the budget's
+        account (``evaluations``: simulations made; ``evaluations_spent``:
+        those plus the members' estimated work, of ``evaluation_budget``),
+        every candidate, and ``skipped``: each member left out, with why.
 
     Raises
     ------
