@@ -105,6 +105,7 @@ class CompareOptions:
     seed: int = 0
     time_limit: float | None = None
     congestion: str = DEFAULT_CONGESTION
+    memory: str = "time"
     jobs: int = 1
     executor: str = "auto"
     ray_address: str | None = None
@@ -121,7 +122,7 @@ class CompareOptions:
         return dict(coarsen=self.coarsen, coarsen_params=self.coarsen_params, common_params=self.common_params,
                     per_algo_params=self.per_algo_params, seed=self.seed, time_limit=self.time_limit,
                     congestion=self.congestion, quick=self.quick, keep_placement=bool(self.plot),
-                    verbose=self.verbose)
+                    verbose=self.verbose, memory=self.memory)
 
 
 @dataclass

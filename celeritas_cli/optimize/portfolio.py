@@ -85,6 +85,7 @@ import math
 from .. import registry
 from ..model.cluster import Cluster
 from ..model.graph import Graph
+from ..model.residency import resident_list
 from ..transform.split_cost import batch_profile
 from .runner import Candidate, Runner, Spec, available, run_portfolio
 
@@ -228,30 +229,43 @@ def replica_memory(graph: Graph, k: int) -> int:
 
 
 def dp_misfit(graph: Graph, cluster: Cluster, spec: Spec) -> str | None:
-    """Why the data-parallel member *spec* cannot fit memory, or None.
-    Equal shares: one replica (:func:`replica_memory`) exceeds the smallest
-    device.  Uneven shares (``shares=proportional``): no split of the batch
-    fits - a device holds less than the batch-independent memory ``F`` every
-    replica holds, or the devices' room beyond ``F`` is less than the
-    activations ``A`` to share (``sum(M_d - F) < A``); a sound test, never
-    leaving out a member that could fit.
+    """Why the data-parallel member *spec* cannot fit memory under the
+    rule the judge applies, or None; a sound test, never leaving out a
+    member that could fit.  Time rule (the graph declares
+    ``resident_bytes``): every replica holds the model's resident state in
+    full for the whole step, so its peak is at least that - over the
+    smallest device, no split of the batch fits.  Static rule, equal
+    shares: one replica (:func:`replica_memory`) exceeds the smallest
+    device; uneven shares (``shares=proportional``): no split of the batch
+    fits - a device holds less than the batch-independent memory ``F``
+    every replica holds, or the devices' room beyond ``F`` is less than the
+    activations ``A`` to share (``sum(M_d - F) < A``).
 
     >>> from celeritas_cli.model.generate import layered
     >>> from celeritas_cli.model.cluster import uniform
-    >>> g = layered(60, seed=1)
-    >>> dp_misfit(g, uniform(4, memory=replica_memory(g, 4)), Spec("data-parallel")) is None
+    >>> g = layered(60, seed=1)  # declares resident_bytes: the time rule
+    >>> dp_misfit(g, uniform(4, memory=2**40), Spec("data-parallel")) is None
     True
-    >>> dp_misfit(g, uniform(4, memory=replica_memory(g, 4) - 1), Spec("data-parallel"))[:17]
-    'one replica needs'
+    >>> dp_misfit(g, uniform(4, memory=2**20), Spec("data-parallel"))[:36]
+    "every replica holds the model's resi"
     """
     k = cluster.k
+    prof = batch_profile(graph)
+    resident = resident_list(graph)
+    if resident is not None:
+        held = sum(min(resident[v], graph.memory[v] if prof.fixed_node[v] else prof.fixed_memory[v])
+                   for v in range(graph.n))
+        if held <= cluster.min_memory():
+            return None
+        return (f"every replica holds the model's resident state ({held / 2**30:.3g} GiB of parameters, buffers "
+                f"and optimizer state) for the whole step and the smallest device holds "
+                f"{cluster.min_memory() / 2**30:.3g} GiB")
     if dict(spec.params).get("shares", "equal") == "equal":
         need = replica_memory(graph, k)
         if need <= cluster.min_memory():
             return None
         return (f"one replica needs {need / 2**30:.3g} GiB (parameters and optimizer state in full, 1/{k} of the "
                 f"activations) and the smallest device holds {cluster.min_memory() / 2**30:.3g} GiB")
-    prof = batch_profile(graph)
     fixed = sum(prof.fixed_memory[v] if not prof.fixed_node[v] else graph.memory[v] for v in range(graph.n))
     act = graph.total_memory() - fixed
     room = sum(max(0, d.memory - fixed) for d in cluster.devices)
