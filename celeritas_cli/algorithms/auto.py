@@ -39,7 +39,7 @@ from ..model.placement import Placement, finite_or_none
 from ..optimize.search import DEFAULT_TIME_LIMIT, Search
 from ..registry import Param, congestion_param, register, time_limit_param
 from ..registry import names as registered
-from ..sim.describe import describe_placement
+from ..sim.describe import PIPELINE_FIELDS, describe_placement
 
 
 @register("auto", paper="placer", section="portfolio + simulator-in-the-loop multilevel refinement",
@@ -161,6 +161,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     }
     if out.skipped:
         estimate["skipped"] = out.skipped
+    won = out.winner.placement.estimate if out.winner is not None and out.graph is not graph else {}
+    estimate.update({key: won[key] for key in PIPELINE_FIELDS if key in won})  # a pipeline's plan, for its words
     p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", order=out.order, seed=seed,
                                estimate=estimate)
     if out.graph is not graph:  # a derived graph (splits, data parallelism): carry it and its recipe
@@ -171,7 +173,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     if chatty() and not quiet:
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
              f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), {spent}")
-        warn(f"auto: the plan: {describe_placement(p, graph)}")
+        warn(f"auto: the plan: {describe_placement(p, graph, cluster)}")
     return p
 
 

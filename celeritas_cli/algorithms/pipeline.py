@@ -49,7 +49,7 @@ from ..registry import Param, register, time_limit_param
 from ..scheduling.pipeline_schedule import SCHEDULES
 from ..transform.batch import BATCH_MAX, declared_batch
 from ..transform.derivation import attach
-from .pipeline_search import Fixed, PipelineSearch, default_budget, estimate_of, fits_text, parse_groups
+from .pipeline_search import Fixed, PipelineSearch, default_budget, estimate_of, fits_text, parse_groups, shape_fields
 
 RECOMPUTE = ("auto", "off", "on")
 
@@ -77,7 +77,7 @@ RECOMPUTE = ("auto", "off", "on")
                   "assume_batch": Param(int, 0, "the batch the graph's costs hold for, when it declares none "
                                                 "(meta.batch_size); 0 = the graph's own", min=0, max=BATCH_MAX),
                   "quiet": Param(bool, True, "no progress lines on stderr")},
-          quick_params={"evaluations": 400})
+          quick_params={"evaluations": 150})
 def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, stages: int = 0,
              replicas: int = 0, microbatches: int = 0, schedule: str = "auto", recompute: str = "auto",
              groups: str = "", order: str = "auto", time_limit: float = 10.0, evaluations: int = 0,
@@ -156,12 +156,9 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
 
 
 def _shape_fields(best, cluster: Cluster) -> dict:
-    shape, d = best.plan.shape, best.derived
-    return {"schedule": shape.schedule, "stages": shape.S, "pipeline_devices": shape.p, "virtual_stages": shape.v,
-            "replicas": shape.R, "microbatches": shape.m, "micro_batches": d.micro_batches,
-            "stage_devices": [[cluster.ids[x] for x in g] for g in shape.groups],
-            "recomputed_stages": [j for j, r in enumerate(best.plan.rc) if r], "recomputed": d.recomputed,
-            "graph": "split", "graph_nodes": d.graph.n}
+    d = best.derived
+    return {**shape_fields(best.plan.shape, cluster, best.plan.rc), "micro_batches": d.micro_batches,
+            "recomputed": d.recomputed, "graph": "split", "graph_nodes": d.graph.n}
 
 
 def _check(fixed: Fixed, cluster: Cluster, batch: int) -> None:

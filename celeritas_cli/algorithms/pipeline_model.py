@@ -7,21 +7,21 @@ used.  :func:`cut` chooses the cuts of a
 :class:`~celeritas_cli.scheduling.stages.LayerSequence` for a shape, and
 :func:`evaluate` predicts the step time and the memory of each device.
 
-Step time (per replica pipeline; Alpa's objective, Zheng et al., OSDI'22,
-5.2, Eq. 2, with Megatron-LM's interleaved bubble, Narayanan et al., SC'21,
-2.2.2, placer's link and all-reduce terms)::
-
-    T = sum_r t_r / v + (m - 1) max(max_r t_r, max_j x_j) + sum_j x_j + max_j (u_j + a_j)
-
-with ``t_r`` the time of one micro-batch (forward + backward, recomputation
-and gradient accumulation included) of pipeline rank ``r`` (all its ``v``
-chunks) on its device, ``x_j`` the transfer of the activations and
-gradients crossing the cut after virtual stage ``j`` (per micro-batch, on
-the link between the two devices), ``u_j`` the once-per-step work
-(optimizer updates) and ``a_j`` the ring all-reduce of stage ``j``'s
-gradients over its ``R`` lanes (``2 (R - 1) / R`` of the bytes over the
-slowest link of the ring, plus a latency per ring step and gradient).  For
-``v = 1`` it is Alpa's ``sum_j t_j + (B - 1) max_j t_j`` plus traffic.
+Step time (per replica pipeline): the schedule replayed on the stages'
+times (:func:`schedule_time`) - each rank runs its steps (Megatron-LM's
+orders, :func:`~celeritas_cli.scheduling.pipeline_schedule.schedule_steps`)
+one after the other, a forward when the previous stage's activation has
+arrived over the link, a backward when the next stage's gradient has -
+then each rank's once-per-step work (optimizer updates) and the ring
+all-reduce of its stages' gradients over their ``R`` lanes (``2 (R - 1) /
+R`` of the bytes over the ring's slowest link, a latency per step and
+gradient).  A stage's time per micro-batch is its forward, and its
+backward with the recomputed forward and the gradient accumulation, on its
+device at the micro-batch's size (the split cost model).  For equal stages
+and free links it is Alpa's objective ``sum_i t_i + (m - 1) max_j t_j``
+(Zheng et al., OSDI'22, 5.2, Eq. 2) and Megatron-LM's bubble ``(p - 1) /
+(v m)`` (Narayanan et al., SC'21, 2.2); unlike the formulas it also sees
+unequal forward and backward times, warm-up, and traffic.
 
 Memory (the time rule; :meth:`~celeritas_cli.scheduling.stages.LayerSequence.memory`):
 a device holds its stages' resident state and gradient buffer and the
@@ -143,21 +143,39 @@ class Model:
         return self.seq.costs.link_time(nbytes, a, b)
 
     def stage_time(self, shape: Shape, j: int, a: int, b: int, rc: bool) -> float:
-        """One micro-batch of positions ``a .. b-1`` on stage *j*'s slowest
-        lane (a lane with an uneven batch share: its class's time at the
-        even share, scaled by its share)."""
+        """One micro-batch (forward + backward) of positions ``a .. b-1`` on
+        stage *j*'s slowest lane (:meth:`stage_passes`)."""
+        fw, bw, _ = self.stage_passes(shape, j, a, b, rc)
+        return fw + bw
+
+    def stage_passes(self, shape: Shape, j: int, a: int, b: int, rc: bool) -> tuple[float, float, float]:
+        """``(forward, backward, weight gradients)`` of one micro-batch of
+        positions ``a .. b-1`` on stage *j*'s slowest lane (a lane with an
+        uneven batch share: its class's time at the even share, scaled by
+        its share); the backward includes the recomputed forward and the
+        gradient accumulation (``3 G`` bytes at :data:`COPY_BANDWIDTH_BPS`,
+        scaled by the device's speed), which with the weight-gradient nodes
+        the previous stage does not wait for (a step's nodes run by upward
+        rank, the input gradient first)."""
         t = self.seq.times(self.fraction(shape))
-        worst = 0.0
         lanes = shape.groups[j]
         classes = self._classes.get(lanes)
         if classes is None:
             classes = self._classes[lanes] = [self.seq.class_of[x] for x in lanes]
+        worst = (0.0, 0.0, 0.0)
         for i, d in enumerate(classes):
             fw, bw, _ = t.stage(d, a, b)
-            x = fw + bw + (fw if rc else 0.0)
-            worst = max(worst, x if shape.shares is None else x * shape.shares[i] * shape.R)
-        if shape.m > 1:
-            worst += 3.0 * (self.seq.gradients[b] - self.seq.gradients[a]) / COPY_BANDWIDTH_BPS
+            wg = t.weight_gradients(d, a, b)
+            bw += fw if rc else 0.0
+            if shape.m > 1:
+                speed = self.cluster.devices[self.seq.class_device[d]].speed
+                acc = 3.0 * (self.seq.gradients[b] - self.seq.gradients[a]) / COPY_BANDWIDTH_BPS / speed
+                bw, wg = bw + acc, wg + acc
+            if shape.shares is not None:
+                x = shape.shares[i] * shape.R
+                fw, bw, wg = fw * x, bw * x, wg * x
+            if fw + bw > worst[0] + worst[1]:
+                worst = (fw, bw, wg)
         return worst
 
     def flight(self, shape: Shape, j: int) -> int:
@@ -193,30 +211,34 @@ class Model:
 
     # ------------------------------------------------------------ evaluate
     def evaluate(self, shape: Shape, cuts: list[int], rc: list[bool]) -> Plan:
-        """The model's step time and memory of *shape* cut at *cuts*."""
-        seq, S, p, v = self.seq, shape.S, shape.p, shape.v
+        """The model's step time and memory of *shape* cut at *cuts*: the
+        schedule replayed on the stages' times (:func:`schedule_time`),
+        then each rank's once-per-step work and all-reduces."""
+        seq, S, p = self.seq, shape.S, shape.p
         f = self.fraction(shape)
         ends = cuts[1:] + [seq.n]
-        times = [self.stage_time(shape, j, a, b, rc[j]) for j, (a, b) in enumerate(zip(cuts, ends))]
-        ranks = [sum(times[j] for j in range(r, S, p)) for r in range(p)]
-        xs, tail = [], 0.0
+        passes = [self.stage_passes(shape, j, a, b, rc[j]) for j, (a, b) in enumerate(zip(cuts, ends))]
+        xf, xb, tails, heads = [], [], [0.0] * p, [0.0] * p
         tt = seq.times(f)
         for j, (a, b) in enumerate(zip(cuts, ends)):
             lane = shape.groups[j][0]
             if j + 1 < S:
                 nxt = shape.groups[j + 1][0]
-                xs.append(self.link(math.ceil(f * seq.cross_fwd[b]), lane, nxt)
-                          + self.link(math.ceil(f * seq.cross_bwd[b]), nxt, lane))
-            once = max(tt.stage(seq.class_of[d], a, b)[2] for d in shape.groups[j])
-            tail = max(tail, once + self.allreduce(shape, a, b, shape.groups[j]))
-        m = shape.m
-        step = sum(ranks) / v + (m - 1) * max(max(ranks), max(xs, default=0.0) / 2) + sum(xs) + tail
+                xf.append(self.link(math.ceil(f * seq.cross_fwd[b]), lane, nxt))
+                xb.append(self.link(math.ceil(f * seq.cross_bwd[b]), nxt, lane))
+            head = max(tt.head_time(seq.class_of[d], a, b) for d in shape.groups[j])
+            once = max(tt.stage(seq.class_of[d], a, b)[2] for d in shape.groups[j]) - head
+            heads[j % p] += head
+            tails[j % p] += once + self.allreduce(shape, a, b, shape.groups[j])
+        ends_at = schedule_time(shape.schedule, p, shape.v, shape.m, [x[0] for x in passes],
+                                [x[1] for x in passes], xf, xb, [x[2] for x in passes], heads)
+        step = max(e + t for e, t in zip(ends_at, tails))
         mem, cap = [], []
         for r in range(p):
             chunks = range(r, S, p)
             mem.append(sum(self.stage_memory(shape, j, cuts[j], ends[j], rc[j]) for j in chunks))
             cap.append(min(self.cluster.devices[d].memory for d in shape.groups[r]))
-        return Plan(shape, list(cuts), list(rc), step, mem, cap, times)
+        return Plan(shape, list(cuts), list(rc), step, mem, cap, [x[0] + x[1] for x in passes])
 
     # ------------------------------------------------------------------ cut
     def _greedy(self, shape: Shape, T: float) -> tuple[list[int], list[bool]] | None:
@@ -285,6 +307,60 @@ class Model:
             if best is None or plan.key < best.key:
                 best = plan
         return best
+
+
+def schedule_time(schedule: str, p: int, v: int, m: int, fwd: list[float], bwd: list[float], xf: list[float],
+                  xb: list[float], wgrad: list[float] | None = None, start: list[float] | None = None) -> list[float]:
+    """When each of the *p* ranks finishes its last step of *schedule*
+    (:func:`~celeritas_cli.scheduling.pipeline_schedule.schedule_steps`),
+    virtual stage ``j`` taking ``fwd[j]`` / ``bwd[j]`` per micro-batch on
+    its rank, ``xf[j]`` / ``xb[j]`` to send a micro-batch's activation /
+    gradient between stages ``j`` and ``j + 1``, the last ``wgrad[j]`` of
+    a backward computing weight gradients only (its input gradient is sent
+    before them), rank ``r`` free from ``start[r]`` on (its once-per-step
+    forward work): the schedule replayed
+    step by step (a rank runs its steps in order, each when its input has
+    arrived), so warm-up, bubbles and uneven stages count as in the
+    simulator, without building the graph.
+
+    >>> schedule_time("1f1b", 3, 1, 4, [1.0] * 3, [2.0] * 3, [0.0] * 2, [0.0] * 2)  # (m + p - 1) x 3
+    [18.0, 16.0, 14.0]
+    """
+    from ..scheduling.pipeline_schedule import schedule_steps
+
+    S = p * v
+    steps = [schedule_steps(schedule, p, m, r, v) for r in range(p)]
+    done_f = [[None] * m for _ in range(S)]
+    done_b = [[None] * m for _ in range(S)]  # when stage j's input gradient of micro-batch i is ready
+    wgrad = wgrad or [0.0] * S
+    free = list(start) if start is not None else [0.0] * p
+    at = [0] * p
+    left = sum(len(x) for x in steps)
+    while left:
+        moved = False
+        for r in range(p):
+            while at[r] < len(steps[r]):
+                kind, chunk, i = steps[r][at[r]]
+                j = chunk * p + r
+                if kind == "F":
+                    dep = 0.0 if j == 0 else (None if done_f[j - 1][i] is None else done_f[j - 1][i] + xf[j - 1])
+                else:
+                    dep = done_f[j][i] if j == S - 1 else \
+                        (None if done_b[j + 1][i] is None else done_b[j + 1][i] + xb[j])
+                if dep is None:
+                    break
+                start = max(free[r], dep)
+                free[r] = start + (fwd[j] if kind == "F" else bwd[j])
+                if kind == "F":
+                    done_f[j][i] = free[r]
+                else:
+                    done_b[j][i] = free[r] - wgrad[j]
+                at[r] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise AssertionError(f"schedule {schedule} deadlocks (p={p}, v={v}, m={m})")
+    return free
 
 
 def fixed_cuts_plan(model: Model, shape: Shape, cuts: list[int], rc: list[bool] | None = None) -> Plan:

@@ -24,6 +24,7 @@ from ..model.limits import COUNT_MAX
 from ..model.placement import Placement
 from ..optimize.evaluator import Evaluator
 from ..registry import Param
+from ..sim.describe import pipeline_words
 from ..scheduling.hybrid import derive_pipeline, layout, placement_of, plan_estimate, plan_shape
 from ..transform.batch import BATCH_MAX
 
@@ -97,5 +98,9 @@ def realise(graph, cluster: Cluster, costs: CostModel, stage_of: Sequence[int], 
     score, _ = Evaluator(d.graph, cluster, costs.for_graph(d.graph)).evaluate(device_of, order)
     est = {"makespan_s": score.makespan, "makespan_by": "simulator", "status": "FEASIBLE" if score.feasible else "OOM",
            "judge": "simulator", **plan_estimate(d, groups, cluster, schedule, per), **estimate}
+    rc = {s for s, _ in enumerate(groups) if any(stage_of[graph.index[x]] == s for x in recompute)} if recompute \
+        else set()
+    est["recomputed_stages"] = sorted(rc) if d.recomputed else []
+    est["plan"] = pipeline_words(est, lambda x: cluster.devices[cluster.index[x]].type)
     return placement_of(d, cluster, device_of, order, algorithm=algorithm, seed=0, estimate=est,
                         params={"microbatches": per, "schedule": schedule, **params})

@@ -43,6 +43,7 @@ from ..scheduling.hybrid import Derived, derive_pipeline, layout
 from ..scheduling.pipeline import stages_from_cuts
 from ..scheduling.pipeline_schedule import SCHEDULES, recomputable
 from ..scheduling.stages import LayerSequence
+from ..sim.describe import pipeline_words
 from ..transform.batch import whole_samples
 from .pipeline_model import Model, Plan, Shape
 
@@ -283,39 +284,28 @@ class PipelineSearch:
         return Outcome(best, self.tried, moves, len(ranked))
 
 
+def shape_fields(shape: Shape, cluster: Cluster, rc: list[bool] | None = None) -> dict:
+    """The estimate fields of a plan of *shape*
+    (:data:`~celeritas_cli.sim.describe.PIPELINE_FIELDS`)."""
+    out = {"schedule": shape.schedule, "stages": shape.S, "pipeline_devices": shape.p,
+           "virtual_stages": shape.v, "replicas": [len(g) for g in shape.groups], "microbatches": shape.m,
+           "stage_devices": [[cluster.ids[x] for x in g] for g in shape.groups],
+           "recomputed_stages": [j for j, r in enumerate(rc or []) if r]}
+    if shape.shares is not None:
+        out["shares_by_speed"] = True
+    if shape.p == 1 and shape.R > 1:
+        out["bucket_mb"] = shape.bucket_mb
+    return out
+
+
 def describe_shape(shape: Shape, cluster: Cluster, rc: list[bool] | None = None) -> str:
-    """A shape in words: ``"4-stage 1F1B, 16 micro-batches, stages V100 |
-    V100 | P100 | P100"``; replicated: ``"2-stage 1F1B x 2 replicas, ...,
-    stages 2xV100 | 2xP100"``.
+    """A plan of *shape* in words (:func:`~celeritas_cli.sim.describe.pipeline_words`).
 
     >>> from celeritas_cli.model.cluster import uniform
-    >>> describe_shape(Shape(((0,), (1,)), 8, "1f1b"), uniform(2))
-    '2-stage 1F1B, 8 micro-batches, stages V100 | V100'
+    >>> describe_shape(Shape(((0,), (1,)), 8, "1f1b"), uniform(2), [False, False])
+    '2-stage 1F1B, 8 micro-batches, stages 2xV100, recompute off'
     """
-    name = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}[shape.schedule]
-    p, v, R = shape.p, shape.v, shape.R
-    if p == 1:
-        head = f"data parallelism x {R}" if R > 1 else "one device"
-        head += f", {shape.m} micro-batches accumulated" if shape.m > 1 else ""
-    else:
-        head = f"{p}-stage {name}" + (f" ({v} chunks per device)" if v > 1 else "") + \
-               (f" x {R} replicas" if R > 1 else "") + f", {shape.m} micro-batch{'es' if shape.m != 1 else ''}"
-    stages = []
-    for g in shape.groups[:p]:
-        types = [cluster.devices[d].type for d in g]
-        stages.append(" + ".join(f"{len(types) if len(set(types)) == 1 and len(types) > 1 else ''}"
-                                 f"{'x' if len(set(types)) == 1 and len(types) > 1 else ''}{t}"
-                                 for t in (dict.fromkeys(types) if len(set(types)) == 1 else types)))
-    out = f"{head}, stages {' | '.join(stages)}" if p > 1 else f"{head} on {stages[0]}"
-    if rc is not None:
-        n = sum(rc)
-        out += ", recompute " + ("off" if not n else "on" if n == len(rc) else f"{n} of {len(rc)} stages")
-    if shape.shares is not None:
-        out += ", batch shares by device speed"
-    if p == 1 and shape.R > 1:
-        out += f", gradients all-reduced in {shape.bucket_mb:g} MiB buckets" if shape.bucket_mb else \
-            ", one all-reduce ring per gradient"
-    return out
+    return pipeline_words(shape_fields(shape, cluster, rc), lambda d: cluster.devices[cluster.index[d]].type) or ""
 
 
 def parse_groups(text: str, cluster: Cluster) -> list[list[int]] | None:

@@ -36,6 +36,13 @@ Which members run is decided from the graph's size and the time limit alone
   the activations, :func:`replica_memory`) exceeds the smallest device: the
   answer would be OOM (issue 24, N16: the data-parallel member of a 92 GiB
   model on 32 GiB devices took 7 s and was the only candidate);
+* the planners (:mod:`.planners`: ``pipeline``, and ``fsdp`` when WP
+  "fsdp" registers it - it counts with the data-parallel members) plan the
+  whole step: ``pipeline`` searches with :data:`~.planners.PLAN_SHARE` of
+  the budget as its own evaluations, when that pays for one plan; it runs
+  right after METIS when one data-parallel replica does not fit the
+  smallest device (:func:`replica_memory`: the model is memory-tight, and
+  the pipeline is likely the answer), else after the data-parallel members;
 * ``milp`` (Moirai's exact model) joins only for tiny problems with tight
   memory (:func:`wants_milp`), where exact packing can be the only feasible
   answer;
@@ -87,6 +94,7 @@ from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.residency import resident_list
 from ..transform.split_cost import batch_profile
+from .planners import FSDP_COST, PLANNERS, planner_charge
 from .runner import Candidate, Runner, Spec, available, run_portfolio
 
 __all__ = ["OVER_SHARE", "Candidate", "Runner", "Spec", "available", "dp_misfit", "member_cost", "plan",
@@ -137,8 +145,8 @@ GRANULARITY = (4, 16, 64)
 #: about 16 nodes per device (all of :data:`COARSE` on it).  Partitioners, data parallelism (when
 #: registered) and list schedulers on coarse graphs first (cheap, strong starts), then list schedulers on
 #: the input graph, then the rest.
-PRIORITY = ("metis", "data-parallel", "dpos@data-parallel", 16, "dpos", "heft", "adjusting", 4, 64, "scotch", "m-etf",
-            "single-device", "fd-dps", "m-topo", "order-place", "m-sct", "os-dpos")
+PRIORITY = ("metis", "data-parallel", "fsdp", "dpos@data-parallel", "pipeline", 16, "dpos", "heft", "adjusting", 4, 64,
+            "scotch", "m-etf", "single-device", "fd-dps", "m-topo", "order-place", "m-sct", "os-dpos")
 MILP_MAX_NODES = 40
 #: a named ``milp`` (-p algos=milp) runs on the input graph up to this size, else on the largest coarse graph
 #: within it
@@ -189,6 +197,8 @@ def member_cost(spec: Spec, k: int) -> float:
     if spec.algo == "data-parallel":
         cost = max(COST["data-parallel"], DP_COST * k * k)
         return cost * (1 + UNBUCKETED_FACTOR * k) if unbucketed(spec) else cost
+    if spec.algo == "fsdp":  # WP "fsdp": replace by its measured cost
+        return max(COST["data-parallel"], FSDP_COST * k * k)
     if spec.on == "data-parallel":
         return COST.get(spec.algo, 10.0) * k
     if spec.algo == "os-dpos":
@@ -283,7 +293,11 @@ def _offers(graph: Graph, cluster: Cluster) -> list[list[tuple[Spec, float]]]:
     per_node = (graph.n + graph.m) / graph.n if graph.n else 1.0
     coarse_R = granularities(graph, cluster)
     offers: list[list[tuple[Spec, float]]] = []
-    for item in PRIORITY:
+    priority = list(PRIORITY)
+    if "pipeline" in priority and replica_memory(graph, k) > cluster.min_memory():
+        priority.remove("pipeline")  # memory-tight: a replica does not fit, so the pipeline runs right after metis
+        priority.insert(1, "pipeline")
+    for item in priority:
         if item == "dpos@data-parallel":
             if max(graph.total_memory(), 1) <= cluster.min_memory() and k > 1:
                 spec = Spec("dpos", on="data-parallel")
@@ -361,7 +375,14 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
                 continue  # its base graph is built by that member, which must run first
             if spec.R is not None and not built:
                 charge += CPD_COST
-            dp = spec.algo == "data-parallel" or spec.on == "data-parallel"
+            if spec.algo in PLANNERS:  # a budget of its own (optimize/planners.py)
+                charge, why = planner_charge(spec, budget, k)
+                if why is None or names:
+                    out.append((spec, charge))
+                else:
+                    say(spec.name, why)
+                continue
+            dp = spec.algo in ("data-parallel", "fsdp") or spec.on == "data-parallel"
             anchor = tight and spec.algo in ANCHORS and spec.R is None
             if dp:
                 share = DP_SHARE

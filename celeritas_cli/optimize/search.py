@@ -45,6 +45,7 @@ from ..model.graph import Graph
 from ..sim.simulator import lower_bound
 from .evaluator import Budget, Evaluator, Score
 from .levels import Level, hierarchy
+from .planners import PLANNERS, planner_params
 from .portfolio import (
     ANCHORS,
     DP_GATE,
@@ -211,7 +212,9 @@ class Search:
             self.log(f"auto: {len(over)} members left out, each over its share of the {self.budget.limit:.0f} "
                      f"evaluations: {', '.join(plain)}" + (f" and {coarse} on coarse graphs" if coarse else ""))
         failed = lambda s, e: self._skip(s.name, f"it failed: {e}")  # noqa: E731
-        run_portfolio(runner, specs, self._judge, self.budget, on_error=failed, wanted=self._wanted,
+        charges = {spec: charge for spec, charge in specs if spec.algo in PLANNERS}
+        params = lambda s: planner_params(s, charges[s], self.budget.remaining_time()) if s in charges else {}  # noqa
+        run_portfolio(runner, specs, self._judge, self.budget, params, on_error=failed, wanted=self._wanted,
                       on_skip=lambda s, why: self._skip(s.name, why))
         self._timed(runner, failed)
 

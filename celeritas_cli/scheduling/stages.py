@@ -116,12 +116,27 @@ def order_of(graph: Graph, name: str, costs: CostModel) -> list[int]:
 class Times:
     """Prefix sums over positions, per device class, of the forward time
     ``fwd`` and backward time ``bwd`` of one micro-batch (batch fraction
-    ``f``) and of the once-per-step time ``once``."""
+    ``f``), of the part ``wgrad`` of the backward that only computes weight
+    gradients (backward nodes whose every consumer runs once per step, an
+    optimizer update: the previous stage does not wait for them), of the
+    once-per-step time ``once`` and of its part in the forward pass,
+    ``head`` (e.g. casting master weights to half precision: a stage runs
+    it before its first micro-batch)."""
 
     f: float
     fwd: list[list[float]]
     bwd: list[list[float]]
     once: list[list[float]]
+    wgrad: list[list[float]] | None = None
+    head: list[list[float]] | None = None
+
+    def head_time(self, c: int, a: int, b: int) -> float:
+        """The once-per-step forward work of positions ``a .. b-1``."""
+        return self.head[c][b] - self.head[c][a] if self.head is not None else 0.0
+
+    def weight_gradients(self, c: int, a: int, b: int) -> float:
+        """The weight-gradient part of the backward of positions ``a .. b-1``."""
+        return self.wgrad[c][b] - self.wgrad[c][a] if self.wgrad is not None else 0.0
 
     def stage(self, c: int, a: int, b: int) -> tuple[float, float, float]:
         """``(forward, backward, once)`` time of positions ``a .. b-1`` on class *c*."""
@@ -186,6 +201,7 @@ class LayerSequence:
         self.time_rule = declares_resident(graph)
         self.passes = node_passes(graph)
         self.once = once_nodes(graph)
+        self.wgrad_node = self._weight_gradient_nodes()
         prof = batch_profile(graph)
         n = self.n
         res, grad, act, fact = [0] * n, [0] * n, [0] * n, [0] * n
@@ -208,6 +224,19 @@ class LayerSequence:
         self.cross_fwd, self.cross_bwd, self.fixed_cross = self._crossings(prof)
         self._times: dict[float, Times] = {}
         self._node_times: dict[float, list[list[float]]] = share._node_times if share is not None else {}
+
+    def _weight_gradient_nodes(self) -> list[bool]:
+        """Backward nodes none of whose results flows, through the backward
+        pass, to an earlier position: weight gradients and what only they
+        need (an earlier stage never waits for them)."""
+        g, att, passes, once = self.graph, self.att, self.passes, self.once
+        feeds = [False] * g.n  # v's results reach a backward node at an earlier position
+        for v in reversed(g.topo_order()):
+            if passes[v] != "backward" or once[v]:
+                continue
+            feeds[v] = any(passes[s] == "backward" and not once[s] and (att[s] < att[v] or feeds[s])
+                           for s in g.succ[v])
+        return [passes[v] == "backward" and not once[v] and not feeds[v] for v in range(g.n)]
 
     def _crossings(self, prof) -> tuple[list[int], list[int], list[int]]:
         """Bytes of batch-dependent tensors crossing each cut forward and
@@ -263,6 +292,8 @@ class LayerSequence:
             fw = [[0.0] * n for _ in range(k)]
             bw = [[0.0] * n for _ in range(k)]
             on = [[0.0] * n for _ in range(k)]
+            wg = [[0.0] * n for _ in range(k)]
+            hd = [[0.0] * n for _ in range(k)]
             per = self._node_times.get(key)
             if per is None:
                 per = self._node_times[key] = [self.node_times(v, f) for v in range(self.graph.n)]
@@ -271,8 +302,12 @@ class LayerSequence:
                 arr = on if self.once[v] else fw if self.passes[v] == "forward" else bw
                 for c, x in enumerate(per[v]):
                     arr[c][a] += x
+                    if self.wgrad_node[v]:
+                        wg[c][a] += x
+                    if self.once[v] and self.passes[v] == "forward":
+                        hd[c][a] += x
             self._times[key] = Times(f, [_prefix(x) for x in fw], [_prefix(x) for x in bw],
-                                     [_prefix(x) for x in on])
+                                     [_prefix(x) for x in on], [_prefix(x) for x in wg], [_prefix(x) for x in hd])
         return self._times[key]
 
     # ----------------------------------------------------------------- memory

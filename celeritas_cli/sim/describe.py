@@ -15,9 +15,12 @@ devices (gpu0 410, ...)``).
 
 Each transform says itself in one function registered in
 :data:`DESCRIBERS` (:func:`describer`), given the consecutive recipe steps
-of that transform and the :class:`Context`; a new transform (micro-batches,
-recompute, FSDP) adds one function here - ``"4-stage 1F1B, 16
-micro-batches"``.  A transform without one is named as it is.
+of that transform and the :class:`Context`; a new transform (FSDP) adds one
+function here.  A transform without one is named as it is.  A pipeline's
+stages and schedule are not in its recipe (they are its orders): the
+``pipeline`` family writes them in its estimate and :func:`pipeline_words`
+says them - ``"4-stage 1F1B, 16 micro-batches, stages 2xV100 | 2xP100,
+recompute off"``.
 """
 
 from __future__ import annotations
@@ -139,10 +142,81 @@ def describe(derivation: dict | None, ctx: Context) -> str:
     return "; ".join(words)
 
 
+#: the estimate fields of a pipeline plan (:func:`pipeline_words`), which ``auto`` copies from its winner
+PIPELINE_FIELDS = ("schedule", "stages", "pipeline_devices", "virtual_stages", "replicas", "microbatches",
+                   "stage_devices", "recomputed_stages", "shares_by_speed", "bucket_mb")
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}
+
+
+def _runs(names: list[str]) -> str:
+    """``["V100", "V100", "P100"]`` -> ``"2xV100 | P100"``."""
+    out = []
+    for name, group in groupby(names):
+        n = len(list(group))
+        out.append(f"{n}x{name}" if n > 1 else name)
+    return " | ".join(out)
+
+
+def pipeline_words(est, device_type=None) -> str | None:
+    """A pipeline plan in words from its ``estimate`` fields
+    (:data:`PIPELINE_FIELDS`; the ``pipeline`` family of algorithms writes
+    them), e.g. ``"4-stage 1F1B, 16 micro-batches, stages 2xV100 | 2xP100,
+    recompute off"`` (consecutive stages on one device type grouped; one
+    replica's pipeline when the pipeline is replicated); None for other
+    plans.  *device_type* maps a device id to its type (default: the id).
+
+    >>> pipeline_words({"schedule": "1f1b", "pipeline_devices": 4, "virtual_stages": 1, "replicas": [1] * 4,
+    ...                 "microbatches": 16, "stage_devices": [["A"], ["B"], ["C"], ["D"]],
+    ...                 "recomputed_stages": []}, {"A": "V100", "B": "V100", "C": "P100", "D": "P100"}.get)
+    '4-stage 1F1B, 16 micro-batches, stages 2xV100 | 2xP100, recompute off'
+    >>> pipeline_words({"schedule": "1f1b", "pipeline_devices": 1, "replicas": [4], "microbatches": 2,
+    ...                 "stage_devices": [["a", "b", "c", "d"]], "recomputed_stages": []})
+    'data parallelism x 4, 2 micro-batches accumulated, on a + b + c + d, recompute off'
+    """
+    if not isinstance(est.get("schedule"), str) or not isinstance(est.get("stage_devices"), list):
+        return None
+    kind = device_type or (lambda x: x)
+    lanes = [[str(kind(d) or d) for d in g] for g in est["stage_devices"] if isinstance(g, list)]
+    p = int(est.get("pipeline_devices") or len(lanes))
+    v = int(est.get("virtual_stages") or 1)
+    reps = est.get("replicas")
+    reps = reps if isinstance(reps, list) else [reps or 1] * len(lanes)
+    even = len(set(reps)) == 1
+    R, m = reps[0] if reps else 1, est.get("microbatches")
+    mbs = f"{m} micro-batch{'es' if m != 1 else ''}"
+    if p == 1:
+        head = (f"data parallelism x {R}" if R > 1 else "one device") + \
+               (f", {m} micro-batches accumulated" if isinstance(m, int) and m > 1 else "")
+        where = f"on {' + '.join(lanes[0])}" if lanes else ""
+    else:
+        name = SCHEDULE_NAMES.get(est["schedule"], est["schedule"])
+        head = f"{p}-stage {name}" + (f" ({v} chunks per device)" if v > 1 else "") + \
+               (f" x {R} replicas, {mbs} each" if even and R > 1 else f", {mbs}")
+        one = [g[0] if even or len(g) == 1 else "+".join(g) for g in lanes[:p]]
+        where = f"stages {_runs(one)}" + ("" if even else " (replicated stages take micro-batches in turn)")
+    rc = est.get("recomputed_stages") or []
+    n = len(lanes)
+    out = f"{head}, {where}, recompute " + ("off" if not rc else "on" if len(rc) >= n else f"{len(rc)} of {n} stages")
+    if est.get("shares_by_speed"):
+        out += ", batch shares by device speed"
+    if p == 1 and R > 1 and "bucket_mb" in est:
+        out += f", gradients in {est['bucket_mb']:g} MiB buckets" if est["bucket_mb"] else \
+            ", one all-reduce ring per gradient"
+    return out
+
+
 def describe_placement(placement, graph, cluster=None) -> str:
     """:func:`describe` for a :class:`~celeritas_cli.model.placement.Placement`
     of *graph* (the graph given to the algorithm, or its original when the
-    recipe's ``base`` names the coarse graph it was made on)."""
+    recipe's ``base`` names the coarse graph it was made on); a pipeline
+    plan (its estimate has :data:`PIPELINE_FIELDS`) in
+    :func:`pipeline_words`."""
+    est = placement.estimate if placement.estimate is not None else {}
+    types = (lambda d: cluster.devices[cluster.index[d]].type if d in cluster.index else d) if cluster is not None \
+        else None
+    words = pipeline_words(est, types)
+    if words is not None:
+        return words
     base = (placement.derivation or {}).get("base") if isinstance(placement.derivation, dict) else None
     nodes = len(base["members"]) if isinstance(base, dict) and isinstance(base.get("members"), list) else graph.n
     ctx = Context(graph.original_name if hasattr(graph, "original_name") else graph.name, nodes,

@@ -1,0 +1,67 @@
+"""auto's planner members (optimize/planners.py): the pipeline planner joins
+the portfolio with a budget of its own, runs first when a data-parallel
+replica cannot fit, wins where only a pipeline fits memory, and auto names
+the winner's plan in words."""
+
+from __future__ import annotations
+
+from celeritas_cli import registry
+from celeritas_cli.model.cluster import uniform
+from celeritas_cli.model.generate import layered
+from celeritas_cli.optimize.planners import PLAN_SHARE
+from celeritas_cli.optimize.portfolio import plan
+from celeritas_cli.sim.describe import describe_placement
+from celeritas_cli.sim.simulator import simulate
+
+from ..scheduling.pipeline_graphs import layer_chain
+
+
+def tight():
+    """Four layers of 1,000 bytes of parameters (2,000 of optimizer state,
+    1,000 of gradient) on two devices of 10,000 bytes: a data-parallel
+    replica holds all 16,000 bytes of state (OOM), two pipeline stages hold
+    half each."""
+    return layer_chain(4, tf=4.0, tb=8.0, act=400, params=1000, grad=1000, batch=8), \
+        uniform(2, memory=10_000, bandwidth=1e9, latency=1e-6)
+
+
+def test_pipeline_joins_with_its_share_and_runs_first_when_memory_is_tight():
+    g, c = tight()
+    specs = plan(g, c, 1000)
+    names = [s.name for s, _ in specs]
+    assert names.index("pipeline") == names.index("metis(weights=memory)") + 1  # a replica does not fit: first
+    assert "data-parallel" not in names  # every replica would hold the 16,000 bytes of state: left out
+    assert dict((s.name, x) for s, x in specs)["pipeline"] == PLAN_SHARE * 1000 - 1
+    roomy = uniform(2, memory=2**40)
+    names = [s.name for s, _ in plan(g, roomy, 1000)]
+    assert names.index("pipeline") > names.index("data-parallel")
+
+
+def test_pipeline_left_out_when_its_share_pays_for_no_plan():
+    g, c = tight()
+    skipped: list = []
+    specs = plan(g, c, 20, skipped=skipped)
+    assert "pipeline" not in [s.name for s, _ in specs]
+    assert any(name == "pipeline" and "cannot pay for one plan" in why for name, why in skipped)
+
+
+def test_auto_answers_a_pipeline_where_only_a_pipeline_fits_and_says_it():
+    g, c = tight()
+    dp = registry.place(g, c, "data-parallel")
+    assert dp.estimate["status"] == "OOM"
+    p = registry.place(g, c, "auto", params={"evaluations": 600, "quiet": True})
+    assert p.estimate["status"] == "FEASIBLE"
+    assert p.estimate["winner"] == "pipeline"
+    rep = simulate(g, c, p)
+    assert rep["status"] == "OK" and rep["makespan_s"] == p.estimate["makespan_s"]
+    words = describe_placement(p, g, c)
+    assert words.startswith("2-stage ") and "micro-batch" in words and "stages 2xV100" in words
+
+
+def test_auto_named_pipeline_member_runs_and_is_never_worse_than_it():
+    g = layered(60, seed=2)
+    c = uniform(2)
+    p = registry.place(g, c, "auto", params={"algos": "pipeline", "evaluations": 400, "quiet": True})
+    row = registry.place(g, c, "pipeline", params={"evaluations": int(PLAN_SHARE * 400 - 1)})
+    assert p.estimate["candidates"][0]["name"] == "pipeline"
+    assert p.estimate["makespan_s"] <= row.estimate["makespan_s"] * (1 + 1e-9)
