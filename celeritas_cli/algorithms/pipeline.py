@@ -43,7 +43,7 @@ from ..log import chatty, warn
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
-from ..model.limits import COUNT_MAX
+from ..model.limits import COUNT_MAX, TIME_MAX
 from ..model.placement import Placement
 from ..registry import Param, register, time_limit_param
 from ..scheduling.pipeline_schedule import SCHEDULES
@@ -76,12 +76,16 @@ RECOMPUTE = ("auto", "off", "on")
                                                "time_limit and the graph size, as auto)", min=0, max=COUNT_MAX),
                   "assume_batch": Param(int, 0, "the batch the graph's costs hold for, when it declares none "
                                                 "(meta.batch_size); 0 = the graph's own", min=0, max=BATCH_MAX),
+                  "beat_s": Param(float, 0.0, "give up (before building anything) when the model predicts no plan "
+                                              "within 5 % of this step time (s; auto passes its best so far); "
+                                              "0 = never", min=0, max=TIME_MAX),
                   "quiet": Param(bool, True, "no progress lines on stderr")},
           quick_params={"evaluations": 150})
 def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, stages: int = 0,
              replicas: int = 0, microbatches: int = 0, schedule: str = "auto", recompute: str = "auto",
              groups: str = "", order: str = "auto", time_limit: float = 10.0, evaluations: int = 0,
-             assume_batch: int = 0, quiet: bool = True, deadline: float | None = None) -> Placement:
+             assume_batch: int = 0, beat_s: float = 0.0, quiet: bool = True,
+             deadline: float | None = None) -> Placement:
     """Search for the best pipeline the simulator confirms (module docstring).
 
     Parameters
@@ -99,6 +103,10 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
         The budget (module docstring).
     assume_batch : int
         The batch of a graph that declares none (``--assume-batch``).
+    beat_s : float
+        Give up when the model's best plan is predicted slower than this
+        by more than :data:`~.pipeline_search.BEAT_MARGIN` (``auto``'s
+        best so far); 0 = never.
     quiet : bool
         No progress lines.
 
@@ -134,7 +142,7 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     _check(fixed, cluster, batch)
     budget = default_budget(graph, time_limit, evaluations, deadline)
     log = warn if chatty() and not quiet else None
-    out = PipelineSearch(graph, cluster, costs, batch, fixed, budget, assume, log).run()
+    out = PipelineSearch(graph, cluster, costs, batch, fixed, budget, assume, log, beat_s).run()
     if out.best is None:
         raise InvalidInput(f"pipeline: no pipeline of graph '{graph.name}' on cluster '{cluster.name}' could be "
                            f"judged within the budget ({budget.limit:.0f} evaluations); raise -p evaluations or "

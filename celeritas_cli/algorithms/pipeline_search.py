@@ -59,6 +59,8 @@ ORDERS = ("cpd", "alap")
 DDP_BUCKET_MB = 25.0
 #: derived graphs kept for reuse (plans of one m and replication share one)
 KEEP_DERIVED = 3
+#: ``beat_s``: give up when the model's best plan is predicted more than this much slower
+BEAT_MARGIN = 0.05
 #: share of the budget the first simulations may take; the rest is for moving boundaries
 JUDGE_SHARE = 0.6
 
@@ -153,8 +155,9 @@ class PipelineSearch:
     """One run of the search (module docstring)."""
 
     def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, batch: int, fixed: Fixed, budget: Budget,
-                 assume_batch: int | None = None, log: Callable[[str], None] | None = None):
+                 assume_batch: int | None = None, log: Callable[[str], None] | None = None, beat_s: float = 0.0):
         self.graph, self.cluster, self.costs, self.batch = graph, cluster, costs, batch
+        self.beat_s = beat_s
         self.fixed, self.budget, self.assume = fixed, budget, assume_batch
         self.log = log or (lambda msg: None)
         self.size = max(1, graph.n + graph.m)
@@ -269,6 +272,12 @@ class PipelineSearch:
 
     def run(self) -> Outcome:
         ranked = self.ranked()
+        if self.beat_s > 0:
+            fits = [plan.time_s for plan, _ in ranked if plan.fits]
+            if not fits or min(fits) > self.beat_s * (1 + BEAT_MARGIN):
+                best = f"its best {min(fits):.4g} s" if fits else "no plan fits memory"
+                raise InvalidInput(f"pipeline gave up: its model predicts no plan within {100 * BEAT_MARGIN:g} % of "
+                                   f"{self.beat_s:.4g} s ({best}); nothing was built")
         best: Trial | None = None
         for plan, seq in ranked:
             if self.budget.exhausted() or (best is not None and self.budget.spent > JUDGE_SHARE * self.budget.limit):

@@ -51,12 +51,15 @@ def planner_charge(spec: Spec, budget: float, k: int) -> tuple[float, str | None
     return charge, None
 
 
-def planner_params(spec: Spec, charge: float, time_left: float) -> dict:
+def planner_params(spec: Spec, charge: float, time_left: float, beat: float = 0.0) -> dict:
     """The parameters planner *spec* runs with inside auto: *charge*
-    evaluations and the time left (``math.inf``: no wall-clock limit).
+    evaluations, the time left (``math.inf``: no wall-clock limit) and
+    the best feasible makespan so far, *beat* (the planner gives up,
+    before building anything, when its model predicts no plan near it;
+    auto pays back what it did not spend).
 
-    >>> planner_params(Spec("pipeline"), 299.0, 4.5)
-    {'evaluations': 299, 'time_limit': 4.5, 'quiet': True}
+    >>> planner_params(Spec("pipeline"), 299.0, 4.5, 0.2)
+    {'evaluations': 299, 'time_limit': 4.5, 'quiet': True, 'beat_s': 0.2}
     """
     return {"evaluations": max(1, int(charge)), "time_limit": 0.0 if math.isinf(time_left) else max(0.1, time_left),
-            "quiet": True}
+            "quiet": True, "beat_s": beat}

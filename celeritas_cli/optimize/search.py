@@ -159,6 +159,7 @@ class Search:
         self.derived: dict[int, _Problem] = {}
         self.candidates: list[Candidate] = []
         self.skipped: list[dict] = []
+        self._charges: dict[Spec, float] = {}
         self._last_log = self.t0
 
     # ------------------------------------------------------------ helpers
@@ -175,6 +176,8 @@ class Search:
     def _judge(self, cand: Candidate) -> bool:
         # a member that ran is judged even past the deadline (one simulation): its work is paid for,
         # and dropping it could lose the best start; the count still refuses it
+        if cand.spec in self._charges:  # a planner: pay back what its own budget left unspent
+            self._refund(cand.spec, cand.placement.estimate.get("evaluations_spent"))
         res = self._problem(cand).ev.evaluate(cand.device_of, cand.order, clock=False)
         if res is None:
             return False
@@ -211,12 +214,32 @@ class Search:
             coarse = len(over) - len(plain)
             self.log(f"auto: {len(over)} members left out, each over its share of the {self.budget.limit:.0f} "
                      f"evaluations: {', '.join(plain)}" + (f" and {coarse} on coarse graphs" if coarse else ""))
-        failed = lambda s, e: self._skip(s.name, f"it failed: {e}")  # noqa: E731
-        charges = {spec: charge for spec, charge in specs if spec.algo in PLANNERS}
-        params = lambda s: planner_params(s, charges[s], self.budget.remaining_time()) if s in charges else {}  # noqa
-        run_portfolio(runner, specs, self._judge, self.budget, params, on_error=failed, wanted=self._wanted,
+        failed = lambda s, e: self._failed(s, e)  # noqa: E731
+        self._charges = {spec: charge for spec, charge in specs if spec.algo in PLANNERS}
+        run_portfolio(runner, specs, self._judge, self.budget, self._params, on_error=failed, wanted=self._wanted,
                       on_skip=lambda s, why: self._skip(s.name, why))
         self._timed(runner, failed)
+
+    def _params(self, spec: Spec) -> dict:
+        """A planner's parameters (:func:`~.planners.planner_params`): its
+        evaluations, the time left, and the best feasible makespan so far
+        to beat (it gives up, at no evaluation, when its model predicts
+        nothing near it)."""
+        if spec not in self._charges:
+            return {}
+        best = min((c.score.makespan for c in self.candidates if c.score.feasible), default=0.0)
+        return planner_params(spec, self._charges[spec], self.budget.remaining_time(), best)
+
+    def _refund(self, spec: Spec, spent) -> None:
+        """Give back the part of a planner's charge it did not spend."""
+        used = float(spent) if isinstance(spent, (int, float)) else self._charges[spec]
+        self.budget.charged -= max(0.0, self._charges[spec] - used)
+        self._charges[spec] = used
+
+    def _failed(self, spec: Spec, exc: Exception) -> None:
+        if spec in self._charges:  # a planner that gave up or failed spent (almost) nothing of its charge
+            self._refund(spec, 0.0)
+        self._skip(spec.name, f"it failed: {exc}" if "gave up" not in str(exc) else str(exc))
 
     def _timed(self, runner: Runner, failed) -> None:
         """The members with a wall-clock limit of their own (:data:`~.portfolio.TIMED`):

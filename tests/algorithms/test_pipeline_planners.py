@@ -203,9 +203,18 @@ def test_pipeline_honours_fixed_choices_and_is_deterministic():
     a = registry.place(g, c, "pipeline", params=params)
     b = registry.place(g, c, "pipeline", params=params)
     e = a.estimate
-    assert (e["pipeline_devices"], e["replicas"], e["microbatches"], e["schedule"]) == (2, 2, 4, "gpipe")
+    assert (e["pipeline_devices"], e["replicas"], e["microbatches"], e["schedule"]) == (2, [2, 2], 4, "gpipe")
     assert e["recomputed_stages"] == []
     assert a.assignment == b.assignment and a.order == b.order
     assert e["makespan_s"] == pytest.approx(simulate(g, c, a)["makespan_s"])
     fixed = registry.place(g, c, "pipeline", params={"assume_batch": 32, "groups": "gpu3|gpu2", "evaluations": 300})
     assert set(fixed.assignment.values()) == {"gpu2", "gpu3"}
+
+
+def test_pipeline_gives_up_before_building_when_its_model_cannot_come_near():
+    g = layered(60, seed=5)
+    c = uniform(2)
+    with pytest.raises(InvalidInput, match="gave up.*nothing was built"):
+        registry.place(g, c, "pipeline", params={"assume_batch": 32, "beat_s": 1e-9})
+    p = registry.place(g, c, "pipeline", params={"assume_batch": 32, "beat_s": 1e3, "evaluations": 200})
+    assert p.estimate["status"] == "FEASIBLE"
