@@ -22,7 +22,7 @@ and the wall clock only caps it - the result says so on stderr and in
 from __future__ import annotations
 
 from ..errors import InvalidInput
-from ..log import chatty, warn
+from ..log import Progress, chatty, warn
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
@@ -110,7 +110,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     costs = cost_model(graph, cluster, costs)
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
                     congestion=congestion, algos=names, log=warn if chatty() and not quiet else None)
-    out = search.run()
+    out = _run(search, chatty() and not quiet)
     if out.clock_cut:
         warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({search.budget.spent:.0f} of "
              f"{search.budget.limit:.0f} evaluations spent), so another run may differ; raise --time-limit or "
@@ -149,3 +149,17 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
              f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), "
              f"{out.evaluations} evaluations")
     return p
+
+
+def _run(search: Search, talk: bool):
+    """``search.run()``; on a terminal with a progress bar on stderr (the
+    evaluation budget spent, the search's lines printed above it).  Piped,
+    the lines come as they are; quiet, nothing."""
+    with Progress("auto", total=search.budget.limit, enabled=talk) as bar:
+        if bar.mode == "bar":
+            def line(msg: str) -> None:
+                bar.update(completed=min(search.budget.spent, search.budget.limit))
+                bar.line(msg)
+
+            search.log = line
+        return search.run()

@@ -104,8 +104,10 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
     if fmt == "html":
         from ..model.jsonio import write_bytes
         from ..report import placement_page
+        from ..report.placement import plan_words
 
-        write_bytes(placement_page(sim_graph, cluster, scheds[0], report).encode(), output)
+        plan = plan_words(report, placement.derivation)
+        write_bytes(placement_page(sim_graph, cluster, scheds[0], report, plan).encode(), output)
     elif fmt == "table":
         render_report(report)
         if output != "-":

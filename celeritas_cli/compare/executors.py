@@ -214,8 +214,23 @@ def _ray_init(ray, address: str | None) -> bool:
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False,
                  logging_level="ERROR")
     except Exception as exc:  # ConnectionError, RuntimeError, ...
-        raise InvalidInput(f"cannot start or reach Ray at {address or 'a new local instance'}: {exc}") from None
+        raise InvalidInput(ray_error(address, exc)) from None
     return True
+
+
+def ray_error(address: str | None, exc: BaseException) -> str:
+    """One line saying why Ray could not be reached or started, and what to do.
+
+    Example
+    -------
+    >>> ray_error("auto", ConnectionError("Could not find any running Ray instance. Please specify ..."))
+    "--ray-address auto: no running Ray cluster found on this machine; start one with 'ray start --head' (README: Ray), or leave --ray-address out to start a local Ray for this run"
+    """
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if address == "auto" and "running Ray instance" in first:
+        return ("--ray-address auto: no running Ray cluster found on this machine; start one with 'ray start --head' "
+                "(README: Ray), or leave --ray-address out to start a local Ray for this run")
+    return f"cannot start or reach Ray at {address or 'a new local instance'}: {first}"
 
 
 def run_ray(tasks: list[Task], jobs: int | None = None, address: str | None = None,

@@ -26,7 +26,7 @@ import orjson
 
 from ..report.charts import strip_plot
 from ..report.page import FIXED, esc, fmt_bytes, fmt_s, kpis, page, table, td
-from ..report.placement import placement_sections
+from ..report.placement import placement_sections, plan_words
 from .formats import CAVEAT_MARK, TABLES, caveat_lines, columns, matrix
 from .plots import ALGO_PALETTE
 from .rows import FAILED_STATUSES, cell_key, column_label, graph_stem, natural_key, sort_rows
@@ -172,14 +172,14 @@ def cells_table(rows: list[dict], ids: dict[tuple, str], placements: dict[tuple,
         view = views.get((r.get("graph_file"), r.get("cluster")))
         best = view is not None and view[1] == key
         line = [f'<td id="{ids[key]}">{esc(r.get("graph"))}</td>', td(r.get("cluster")), td(column_label(r)),
-                td(str(status), cls=cls), td(fmt_s(r.get("makespan_s")), r.get("makespan_s")),
+                td(str(status), cls=f"l {cls}".strip()), td(fmt_s(r.get("makespan_s")), r.get("makespan_s")),
                 td(fmt_s(r.get("lower_bound_s")), r.get("lower_bound_s")),
                 td(fmt_s(r.get("makespan_over_lb")), r.get("makespan_over_lb")),
                 td(f"{r['utilisation']:.1%}" if isinstance(r.get("utilisation"), (int, float)) else "-",
                    r.get("utilisation")),
                 td(fmt_bytes(r.get("transfer_bytes")), r.get("transfer_bytes")),
                 td(fmt_s(_value(r, "total_time_s")), _value(r, "total_time_s")),
-                td(str(r.get("estimate_status") or "-")),
+                td(str(r.get("estimate_status") or "-"), cls="l"),
                 td(note, cls="wrap"),
                 _download(r, placements.get(key)),
                 td(f'<a href="#{view[0]}">charts</a>' if best else "", raw=True)]
@@ -266,5 +266,6 @@ def best_views(best: dict[tuple, dict], clusters: dict, congestion: str = "chann
         sched: list = []
         report = simulate(graph, clusters[cl], Placement.from_dict(row["_placement"]), congestion=congestion,
                           schedule_out=sched, label=f"{column_label(row)} placement")
-        out.append((row, sched[0].graph, clusters[cl], sched[0], report, None))
+        plan = plan_words(report, row["_placement"].get("derivation"))
+        out.append((row, sched[0].graph, clusters[cl], sched[0], report, plan))
     return out

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ..model.cluster import Cluster
 from ..model.graph import Graph
@@ -27,6 +28,8 @@ from .page import esc, fmt_bytes, json_script
 WIDTH, LEFT, RIGHT = 1200, 170, 30
 ROW_H = 20
 MEMORY_H = 64
+#: the memory chart's scale reaches the capacity when it is at most this many times the highest peak
+CAPACITY_SHOWN = 4.0
 
 
 def _time_axis(span: float) -> tuple[list[float], float, str, float]:
@@ -47,37 +50,90 @@ def _ticks_svg(ticks: list[float], factor: float, scale: float, top: float, bott
     return out
 
 
+#: bars narrower than this many pixels share a drawn bar with their neighbours in the same pixel
+MERGE_PX = 1.0
+
+
+@dataclass
+class _Bar:
+    """What is drawn as one bar: one node or transfer, or several narrower
+    than :data:`MERGE_PX` side by side (the longest one gives the colour)."""
+
+    start: float
+    end: float
+    label: str
+    op: str
+    nbytes: int
+    colour: str
+    critical: bool
+    count: int = 1
+    longest: float = 0.0
+
+    def absorb(self, other: "_Bar") -> None:
+        if other.end - other.start > self.longest:
+            self.longest, self.colour, self.op = other.end - other.start, other.colour, other.op
+        self.end = max(self.end, other.end)
+        self.nbytes += other.nbytes
+        self.critical = self.critical or other.critical
+        self.count += 1
+        self.label = f"{self.label.split(' … ')[0]} … {other.label}"
+
+
+def _merge(bars: list[_Bar], scale: float) -> list[_Bar]:
+    """One lane's bars (by start) with runs of sub-pixel bars merged: a bar
+    narrower than :data:`MERGE_PX` joins the previous drawn bar when that
+    one holds only such bars and started less than :data:`MERGE_PX` earlier.
+
+    Example
+    -------
+    >>> bs = [_Bar(t, t + 0.1, f"n{t}", "op", 1, "#000", False) for t in (0.0, 0.2, 5.0)]
+    >>> [(b.count, b.start, b.end, b.label) for b in _merge(bs, scale=4.0)]
+    [(2, 0.0, 0.30000000000000004, 'n0.0 … n0.2'), (1, 5.0, 5.1, 'n5.0')]
+    """
+    out: list[_Bar] = []
+    for b in bars:
+        b.longest = b.end - b.start
+        narrow = (b.end - b.start) * scale < MERGE_PX
+        last = out[-1] if out else None
+        if narrow and last is not None and last.longest * scale < MERGE_PX \
+                and (b.start - last.start) * scale < MERGE_PX:
+            last.absorb(b)
+        else:
+            out.append(b)
+    return out
+
+
+def _round(t: float) -> float:
+    return float(f"{t:.7g}")
+
+
 def gantt_chart(graph: Graph, cluster: Cluster, sched, chart_id: str, critical: set[int] | None = None,
                 lower_bound: float | None = None) -> str:
     """The Gantt chart of *sched* (a schedule of *graph*) as inline SVG plus
-    its hover data (a JSON block named *chart_id*): per bar ``[name, op,
-    start, end, device or link, bytes, "n"|"t", on the critical path]``.
-    Nodes in *critical* carry the class ``cp`` (outlined; the page's switch
+    its hover data, a JSON block named *chart_id*: ``lanes`` (devices, then
+    used directed links; ``devices`` of them are devices) and per drawn bar
+    ``[label, op, start, end, lane, bytes, count, critical]`` (``count`` > 1:
+    that many sub-pixel nodes or transfers side by side, :func:`_merge`;
+    for a transfer ``op`` names its producer).  Bars holding a node of
+    *critical* carry the class ``cp`` (the page's switch outlines them and
     fades the rest)."""
     critical = critical or set()
     colours, _ = op_colours(graph, sched)
-    makespan = sched.makespan
-    ticks, factor, unit, scale = _time_axis(max(makespan, lower_bound or 0.0))
-    lanes: list[tuple[str, list]] = []
-    items: list[list] = []
+    ticks, factor, unit, scale = _time_axis(max(sched.makespan, lower_bound or 0.0))
+    lanes: list[tuple[str, list[_Bar]]] = []
     for d, dev in enumerate(cluster.devices):
-        bars = []
-        for v in sched.device_order[d]:
-            bars.append((len(items), sched.start[v], sched.finish[v], colours[graph.op[v]], v in critical))
-            items.append([graph.ids[v], graph.op[v], sched.start[v], sched.finish[v], dev.id, graph.memory[v], "n",
-                          int(v in critical)])
-        lanes.append((dev.id, bars))
-    links: dict[tuple[int, int], list] = {}
-    for tr in sched.transfers:
-        name = f"{graph.ids[graph.tensor_src[tr.tensor]]}:{graph.tensor_name[tr.tensor]}"
-        label = f"{cluster.ids[tr.src_dev]}→{cluster.ids[tr.dst_dev]}"
-        links.setdefault((tr.src_dev, tr.dst_dev), []).append((len(items), tr.start, tr.end, TRANSFER, False))
-        items.append([name, graph.ids[graph.tensor_src[tr.tensor]], tr.start, tr.end, label, tr.nbytes, "t", 0])
-    for (a, b), bars in sorted(links.items()):
-        lanes.append((f"{cluster.ids[a]}→{cluster.ids[b]}", bars))
+        lanes.append((dev.id, [_Bar(sched.start[v], sched.finish[v], graph.ids[v], graph.op[v], graph.memory[v],
+                                    colours[graph.op[v]], v in critical) for v in sched.device_order[d]]))
+    links: dict[tuple[int, int], list[_Bar]] = {}
+    for tr in sorted(sched.transfers, key=lambda x: (x.src_dev, x.dst_dev, x.start, x.end)):
+        src = graph.ids[graph.tensor_src[tr.tensor]]
+        links.setdefault((tr.src_dev, tr.dst_dev), []).append(
+            _Bar(tr.start, tr.end, f"{src}:{graph.tensor_name[tr.tensor]}", src, tr.nbytes, TRANSFER, False))
+    lanes += [(f"{cluster.ids[a]}→{cluster.ids[b]}", bars) for (a, b), bars in sorted(links.items())]
     top = 8
     axis_y = top + ROW_H * len(lanes)
-    legend = legend_entries(graph, sched)
+    legend = legend_entries(graph, sched) + ([(f"lower bound {lower_bound:.4g} s", LOWER_BOUND)]
+                                             if lower_bound else [])
     legend_y = axis_y + 44
     height = legend_y + 18 * ((len(legend) + 3) // 4) + 6
     out = [f'<svg class="gantt" id="{esc(chart_id)}-svg" data-chart="{esc(chart_id)}" width="{WIDTH}" '
@@ -87,26 +143,28 @@ def gantt_chart(graph: Graph, cluster: Cluster, sched, chart_id: str, critical: 
         out.append(f'<text x="6" y="{y + 14}">{esc(label)}</text>'
                    f'<rect x="{LEFT}" y="{y}" width="{WIDTH - LEFT - RIGHT}" height="{ROW_H - 3}" fill="#f4f4f4"/>')
     out += _ticks_svg(ticks, factor, scale, top, axis_y + 3, True)
+    items: list[list] = []
     for i, (_label, bars) in enumerate(lanes):
         y = top + i * ROW_H
-        for idx, s, e, colour, cp in bars:
-            cls = ' class="cp"' if cp else ""
-            out.append(f'<rect data-i="{idx}"{cls} x="{LEFT + s * scale:.2f}" y="{y}" '
-                       f'width="{max((e - s) * scale, 0.6):.2f}" height="{ROW_H - 3}" fill="{colour}"/>')
+        for b in _merge(bars, scale):
+            cls = ' class="cp"' if b.critical else ""
+            out.append(f'<rect data-i="{len(items)}"{cls} x="{LEFT + b.start * scale:.1f}" y="{y}" '
+                       f'width="{max((b.end - b.start) * scale, 0.6):.1f}" height="{ROW_H - 3}" fill="{b.colour}"/>')
+            items.append([b.label, b.op, _round(b.start), _round(b.end), i, b.nbytes, b.count, int(b.critical)])
     if lower_bound and lower_bound > 0:
         x = LEFT + lower_bound * scale
         out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{axis_y}" stroke="{LOWER_BOUND}" '
                    f'stroke-width="1.5" stroke-dasharray="5,3" data-tip="lower bound {lower_bound:.6g} s"/>')
     out.append(f'<text x="{LEFT + (WIDTH - LEFT - RIGHT) / 2:.0f}" y="{axis_y + 30}" text-anchor="middle">'
                f'time ({unit})</text>')
-    legend = legend + ([(f"lower bound {lower_bound:.4g} s", LOWER_BOUND)] if lower_bound else [])
     for i, (label, colour) in enumerate(legend):
         x, y = LEFT + (i % 4) * 250, legend_y + (i // 4) * 18
         edge = ' stroke="#999"' if colour == OTHER_OPS else ""
         out.append(f'<rect x="{x}" y="{y - 10}" width="12" height="12" fill="{colour}"{edge}/>'
                    f'<text x="{x + 17}" y="{y}">{esc(label)}</text>')
     out.append("</svg>")
-    data = {"factor": factor, "unit": unit, "items": items}
+    data = {"factor": factor, "unit": unit, "lanes": [label for label, _ in lanes], "devices": cluster.k,
+            "items": items}
     return "\n".join(out) + "\n" + json_script(chart_id, data)
 
 
@@ -127,7 +185,7 @@ def memory_chart(report: dict, span: float | None = None) -> str:
              for d in devices]
     caps = [int(d.get("capacity_bytes") or 0) for d in devices]
     top_peak = max(peaks + [1])
-    show_cap = max(caps + [0]) <= 1.5 * top_peak
+    show_cap = max(caps + [0]) <= CAPACITY_SHOWN * top_peak
     ymax = max(top_peak, max(caps) if show_cap else 0) * 1.08
     height = 8 + MEMORY_H * len(devices) + 40
     out = [f'<svg class="memory" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" '
@@ -151,7 +209,7 @@ def memory_chart(report: dict, span: float | None = None) -> str:
         tip = _peak_tip(dev, peaks[i], caps[i])
         out.append(f'<text x="6" y="{base - lane_h / 2 + 4:.1f}">{esc(dev["id"])}</text>'
                    f'<text x="6" y="{base - lane_h / 2 + 17:.1f}" font-size="10" fill="#666">peak '
-                   f'{esc(fmt_bytes(peaks[i]))}</text>'
+                   f'{esc(fmt_bytes(peaks[i]))} of {esc(fmt_bytes(caps[i]))}</text>'
                    f'<rect x="{LEFT}" y="{base - lane_h}" width="{WIDTH - LEFT - RIGHT}" height="{lane_h}" '
                    f'fill="#fafafa" data-tip="{esc(tip)}"/>'
                    f'<path d="{"".join(path)}" fill="{colour}" fill-opacity="0.25" stroke="{colour}" '
@@ -169,7 +227,7 @@ def memory_chart(report: dict, span: float | None = None) -> str:
     out.append("</svg>")
     note = (f"Shared scale: 0 to {fmt_bytes(ymax)}; dashed red line: each device's capacity." if show_cap else
             f"Shared scale: 0 to {fmt_bytes(ymax)}; every capacity (up to {fmt_bytes(max(caps))}) is more than "
-            f"1.5x the highest peak, so it lies above the chart.")
+            f"{CAPACITY_SHOWN:g}x the highest peak, so it lies above the chart.")
     return "\n".join(out) + f'\n<p class="small muted">{esc(note)}</p>'
 
 

@@ -73,11 +73,13 @@ SCRIPT = r"""
     const svg = el.closest('svg[data-chart]'); const c = svg && chart(svg.dataset.chart);
     if(!c) return '';
     const it = c.items[+el.dataset.i];
-    const kind = it[6] === 't' ? 'transfer' : 'node';
-    return kind + ' ' + it[0] + '\n' + (it[6] === 't' ? 'tensor of ' + it[1] : 'op ' + it[1]) +
-      '\n' + (it[6] === 't' ? 'link ' : 'device ') + it[4] + '\nstart ' + fmt(it[2], c) + ', end ' + fmt(it[3], c) +
-      ' (' + fmt(it[3] - it[2], c) + ')\n' + (it[6] === 't' ? 'bytes ' : 'memory ') + bytes(it[5]) +
-      (it[7] ? '\non the critical path' : '');
+    const transfer = it[4] >= c.devices, n = it[6];
+    const what = transfer ? (n > 1 ? n + ' transfers ' : 'transfer ') : (n > 1 ? n + ' nodes ' : 'node ');
+    return what + it[0] + '\n' + (transfer ? (n > 1 ? 'longest: tensor of ' : 'tensor of ') : (n > 1 ?
+      'longest: op ' : 'op ')) + it[1] + '\n' + (transfer ? 'link ' : 'device ') + c.lanes[it[4]] +
+      '\nstart ' + fmt(it[2], c) + ', end ' + fmt(it[3], c) + ' (' + fmt(it[3] - it[2], c) + ')\n' +
+      (transfer ? 'bytes ' : 'memory ') + bytes(it[5]) + (n > 1 ? ' in all' : '') +
+      (it[7] ? '\non the critical path' : '') + (n > 1 ? '\n(too narrow to draw apart at this width)' : '');
   }
   document.addEventListener('mousemove', function(e){
     const el = e.target.closest ? e.target.closest('[data-tip],[data-i]') : null;

@@ -89,6 +89,35 @@ def spread(report: dict) -> str:
     return f"operator placement: {total:,} nodes over {len(used)}{of} devices ({shown})"
 
 
+def plan_words(report: dict, derivation: dict | None = None) -> str:
+    """The plan in words from the report and the placement's recipe (its
+    ``derivation``): the transforms that made the graph simulated, then how
+    its nodes spread over the devices (:func:`spread`).
+
+    Example
+    -------
+    >>> rep = {"devices": [{"id": "gpu0", "nodes": 9}, {"id": "gpu1", "nodes": 9}]}
+    >>> plan_words(rep, {"steps": [{"transform": "data-parallel", "replicas": 2}, {"transform": "split"},
+    ...                            {"transform": "split"}]})
+    'derived plan: data parallelism, 2 replicas; 2 operation splits; 18 nodes over 2 devices (gpu0 9, gpu1 9)'
+    """
+    steps = [st for st in (derivation or {}).get("steps") or [] if isinstance(st, dict)]
+    if not steps:
+        return spread(report)
+    words = []
+    for name in dict.fromkeys(str(st.get("transform")) for st in steps):
+        mine = [st for st in steps if st.get("transform") == name]
+        if name == "data-parallel":
+            words += [f"data parallelism, {st.get('replicas')} replicas" for st in mine]
+        elif name == "split":
+            words.append(f"{len(mine)} operation split{'s' * (len(mine) != 1)}")
+        elif name == "microbatch":
+            words += [f"{st.get('m')} micro-batches" for st in mine]
+        else:
+            words.append(name + (f" ({len(mine)} steps)" if len(mine) > 1 else ""))
+    return "derived plan: " + "; ".join(words) + "; " + spread(report).removeprefix("operator placement: ")
+
+
 def _estimate(report: dict) -> str:
     est = report.get("estimate") or {}
     pairs = [(k, esc(v if not isinstance(v, float) else f"{v:.6g}")) for k, v in est.items()
@@ -167,9 +196,11 @@ def critical_section(graph: Graph, sched, path: list[int], report: dict) -> str:
     elif len(names) > 12:
         shown += " → " + " → ".join(esc(n) for n in names[12:])
     ids = report.get("critical_path") or names
-    return (f"<p>{len(path)} nodes of the simulated graph ({len(ids)} of the graph given), "
-            f"{fmt_s(compute, 6)} s of computation, {compute / makespan:.1%} of the makespan; the rest is waiting "
-            f"for transfers and devices.</p><p class=\"mono small\">{shown}</p>"
+    given = f" ({len(ids)} of the graph given)" if len(ids) != len(path) else ""
+    rest = ("; the rest is waiting for transfers and devices" if compute < 0.999 * makespan else
+            ": the makespan is all computation on it")
+    return (f"<p>{len(path)} nodes{given}, {fmt_s(compute, 6)} s of computation, {compute / makespan:.1%} of the "
+            f"makespan{rest}.</p><p class=\"mono small\">{shown}</p>"
             f"<details><summary>all {len(ids)} node ids</summary><p class=\"mono small\">"
             f"{esc(', '.join(map(str, ids)))}</p></details>")
 
@@ -179,7 +210,8 @@ def placement_sections(graph: Graph, cluster: Cluster, sched, report: dict, plan
     """The sections of one placement's view (HTML), ids prefixed by
     *prefix* so several fit on one page (``compare``'s best placements);
     *graph* is the graph simulated (the derived graph when the placement
-    carries a recipe), *plan* the plan in words."""
+    carries a recipe), *plan* the plan in words (default: :func:`spread`;
+    :func:`plan_words` when the caller has the placement's recipe)."""
     h = f"h{level}"
     path = critical_path(graph, sched)
     gid = f"{prefix}-gantt"
