@@ -12,6 +12,7 @@ seed.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -144,10 +145,6 @@ class _Progress:
         self.done = 0
         self.view = Progress("compare", total, enabled=enabled)
 
-    @property
-    def bar(self):  # the rich bar while it is shown (None otherwise)
-        return self.view._bar
-
     def start(self) -> None:
         self.view.start()
 
@@ -220,6 +217,10 @@ def _check(clusters: list, options: CompareOptions) -> None:
         raise InvalidInput("retry_failed needs a file to resume")
     if options.fmt not in FORMATS:
         raise InvalidInput(f"unknown format '{options.fmt}' (use {', '.join(FORMATS)})")
+    if options.resume and options.fmt != "json" and options.output != "-" \
+            and os.path.realpath(options.output) == os.path.realpath(options.resume):
+        raise InvalidInput(f"{options.output}: -o is the --resume file; {options.fmt} output would replace its rows "
+                           f"(write the {options.fmt} to another file)")
     if options.plot and not options.plot.lower().endswith((".svg", ".png")):
         raise InvalidInput(f"{options.plot}: the plot file must end in .svg or .png")
     if options.plot and options.plot.lower().endswith(".png") and importlib.util.find_spec("matplotlib") is None:

@@ -84,6 +84,19 @@ def test_compare_page(files, tmp_path):
         f"Best placement: {mr['graph']} on tiny2 by {mr['best']}" for mr in m["rows"]]
 
 
+def test_html_never_replaces_the_resume_file(files, tmp_path):
+    d, cl = files
+    runs = tmp_path / "runs.ndjson"
+    base = ["compare", str(d / "chain3.json"), "-c", str(d / "tiny2.json"), "--algos", "heft", "-q"]
+    assert CliRunner().invoke(main, base + ["--format", "json", "-o", str(runs)]).exit_code == 0
+    before = runs.read_bytes()
+    res = CliRunner().invoke(main, base + ["--format", "html", "--resume", str(runs), "-o", str(runs)])
+    assert res.exit_code == 1 and "would replace its rows" in res.output and runs.read_bytes() == before
+    page = tmp_path / "page.html"
+    res = CliRunner().invoke(main, base + ["--format", "html", "--resume", str(runs), "-o", str(page)])
+    assert res.exit_code == 0 and 'class="best"' in page.read_text()  # resumed rows, no cell run
+
+
 def test_compare_page_of_resumed_rows_has_no_placements():
     rows = [{"graph": "g", "graph_file": "g.json", "cluster": "c", "algorithm": a, "status": st, "makespan_s": t,
              "lower_bound_s": 1.0, "makespan_over_lb": t, "placement_time_s": 0.1, "caveat": cv}
