@@ -5,9 +5,8 @@ from __future__ import annotations
 import click
 
 from ..model.io import bundled_cluster_names, load_graph, load_placement
-from ..sim.simulator import CONGESTION_RULES
 from ..sim.simulator import simulate as run_simulation
-from .common import emit, get_cluster, output_option
+from .common import congestion_option, emit, get_cluster, output_option
 
 
 def render_report(report: dict) -> None:
@@ -44,6 +43,8 @@ def render_report(report: dict) -> None:
         console.print(lt)
     console.print(f"transfers: {report['transfers']['count']} ({report['transfers']['bytes'] / 2**20:.1f} MiB); "
                   f"critical path: {len(report['critical_path'])} nodes")
+    if report.get("mfu") is not None:
+        console.print(f"model FLOPs utilisation (MFU): {report['mfu']:.1%}")
 
 
 @click.command(context_settings={"max_content_width": 100})
@@ -53,8 +54,7 @@ def render_report(report: dict) -> None:
 @click.option("--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
               help="Cluster file or bundled name. Default: the placement's cluster if it is a bundled one, "
                    "else 4xV100-pcie.")
-@click.option("--congestion", type=click.Choice(CONGESTION_RULES), default="channel", show_default=True,
-              help="channel: one transfer at a time per directed link; port: one uplink and one downlink "
+@congestion_option("channel: one transfer at a time per directed link; port: one uplink and one downlink "
                    "per device; none: transfers overlap freely.")
 @click.option("--no-congestion", is_flag=True, help="Short for --congestion none.")
 @click.option("--gantt", metavar="FILE", help="Write a Gantt chart (.svg, or .png with matplotlib).")

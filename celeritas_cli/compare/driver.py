@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 from .. import registry
 from ..errors import InvalidInput, MissingDependency
 from ..log import Progress, warn
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.jsonio import write_bytes
 from .executors import import_ray, run_tasks
 from .formats import render, table_width
@@ -104,7 +105,7 @@ class CompareOptions:
     coarsen_params: dict = field(default_factory=dict)
     seed: int = 0
     time_limit: float | None = None
-    congestion: str = "channel"
+    congestion: str = DEFAULT_CONGESTION
     jobs: int = 1
     executor: str = "auto"
     ray_address: str | None = None

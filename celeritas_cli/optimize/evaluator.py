@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..sim.simulator import Schedule, run_schedule
@@ -147,8 +148,8 @@ class Evaluator:
 
     KEEP_SCHEDULES = 8
 
-    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel | None = None, congestion: str = "channel",
-                 budget: Budget | None = None, weight: float = 1.0):
+    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel | None = None,
+                 congestion: str = DEFAULT_CONGESTION, budget: Budget | None = None, weight: float = 1.0):
         self.graph = graph
         self.cluster = cluster
         self.costs = cost_model(graph, cluster, costs)

@@ -57,6 +57,7 @@ from ..model.placement import Placement, finite_or_none
 from ..transform.derivation import rebuild
 from .bounds import lower_bounds
 from .links import CONGESTION_RULES, DEFAULT_CONGESTION, LinkState, check_congestion
+from .mfu import mfu
 
 __all__ = ["CONGESTION_RULES", "Schedule", "Transfer", "build_report", "check_colocation", "critical_path",
            "lower_bound", "makespan_of", "run_schedule", "simulate"]
@@ -375,7 +376,7 @@ def critical_path(graph: Graph, sched: Schedule) -> list[int]:
     return path
 
 
-def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion: str = "channel",
+def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion: str = DEFAULT_CONGESTION,
              label: str = "placement", schedule_out: list | None = None,
              costs: CostModel | None = None) -> dict:
     """Simulate *placement* of *graph* on *cluster* and return the
@@ -479,11 +480,12 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: Sc
         "critical_path": cp_ids,
         "estimate": placement.estimate.to_dict(),
         "placement_time_s": placement.placement_time_s,
+        "mfu": mfu(given if given is not None else graph, cluster, makespan),   # sim/mfu.py (WP llm)
     }
 
 
 def makespan_of(graph: Graph, cluster: Cluster, device_of: Sequence[int],
-                order: Sequence[Sequence[int]] | None = None, *, congestion: str = "channel",
+                order: Sequence[Sequence[int]] | None = None, *, congestion: str = DEFAULT_CONGESTION,
                 costs: CostModel | None = None) -> float:
     """Simulated makespan of an index-level placement (for algorithms that
     score candidates, e.g. OS-DPOS, the Hierarchical Planner)."""
