@@ -218,10 +218,6 @@ def _check(clusters: list, options: CompareOptions) -> None:
         raise InvalidInput("retry_failed needs a file to resume")
     if options.fmt not in FORMATS:
         raise InvalidInput(f"unknown format '{options.fmt}' (use {', '.join(FORMATS)})")
-    if options.resume and options.fmt != "json" and options.output != "-" \
-            and os.path.realpath(options.output) == os.path.realpath(options.resume):
-        raise InvalidInput(f"{options.output}: -o is the --resume file; {options.fmt} output would replace its rows "
-                           f"(write the {options.fmt} to another file)")
     if options.plot and not options.plot.lower().endswith((".svg", ".png")):
         raise InvalidInput(f"{options.plot}: the plot file must end in .svg or .png")
     if options.plot and options.plot.lower().endswith(".png") and importlib.util.find_spec("matplotlib") is None:
@@ -271,6 +267,10 @@ def run_compare(graphs: Iterable[str], clusters: list, algorithms: list[str] | N
     algorithms = list(algorithms) if algorithms else default_algorithms()
     _check(clusters, options)
     previous = read_rows(options.resume) if options.resume else None
+    if options.resume and options.fmt != "json" and options.output != "-" \
+            and os.path.realpath(options.output) == os.path.realpath(options.resume):
+        raise InvalidInput(f"{options.output}: -o is the --resume file; {options.fmt} output would replace its rows "
+                           f"(write the {options.fmt} to another file)")
     files = discover_graphs(graphs)
     make_tasks(files, clusters, algorithms, **options.task_options())  # bad parameters fail before any output
     stream = NdjsonStream(options.output, options.resume) if options.fmt == "json" else None

@@ -197,11 +197,14 @@ def table_width(to_terminal: bool) -> int:
     return DEFAULT_WIDTH
 
 
-def _grid(m: dict, metric: str, transposed: bool, color: bool) -> tuple[list[str], list[str], list[tuple]]:
+def _grid(m: dict, metric: str, transposed: bool, color: bool, folded: bool = False
+          ) -> tuple[list[str], list[str], list[tuple]]:
     """One table of :func:`matrix` *m* as ``(label headers, column headers,
     [(labels, cells), ...])``: graphs as rows and algorithms as columns, or
     *transposed* (algorithms as rows, one column per graph, the speed-up in
-    two last rows).  The best makespan is bold (``*`` in plain text)."""
+    two last rows).  The best makespan is bold (``*`` in plain text).
+    *folded*: names in the column headers (and the second best's) on
+    several lines, as narrow as the column's values (:func:`fold`)."""
     def mark(text: str, best: bool) -> str:
         if not best:
             return escape(text) if color else text
@@ -210,19 +213,60 @@ def _grid(m: dict, metric: str, transposed: bool, color: bool) -> tuple[list[str
     def graph_label(mr: dict) -> str:
         return f"{mr['graph']}\n{mr['cluster']}" if m["multi_cluster"] else mr["graph"]
 
+    def width(texts: Iterable[str]) -> int:  # a column's room: its values, at least FOLD_MIN
+        return max([FOLD_MIN] + [_text_width(t) for t in texts]) if folded else 10**6
+
     speed = metric == "makespan_s"
     if not transposed:
         heads = ["Graph"] + (["Cluster"] if m["multi_cluster"] else [])
         body = [([mr["graph"]] + ([mr["cluster"]] if m["multi_cluster"] else []),
                  [mark(mr["cells"][c], c == mr["best"]) for c in m["columns"]]
                  + ([_speedup_text(mr)] if speed else [])) for mr in m["rows"]]
-        return heads, list(m["columns"]) + (["Speed up"] if speed else []), body
+        cols = [fold(c, width(mr["cells"][c] + "*" for mr in m["rows"])) for c in m["columns"]]
+        return heads, cols + (["Speed up"] if speed else []), body
     body = [([c], [mark(mr["cells"][c], c == mr["best"]) for mr in m["rows"]]) for c in m["columns"]]
+    room = [width([mr["cells"][c] + "*" for c in m["columns"]] + ["100.0%"]) for mr in m["rows"]]
     if speed:
         body.append((["speed-up"], [f"{100 * mr['speedup']:.1f}%" if mr["speedup"] is not None else "-"
                                     for mr in m["rows"]]))
-        body.append((["over (2nd best)"], [mr["second"] or "-" for mr in m["rows"]]))
-    return ["Algorithm"], [graph_label(mr) for mr in m["rows"]], body
+        body.append((["over (2nd best)"], [fold(mr["second"] or "-", w) for mr, w in zip(m["rows"], room)]))
+    return ["Algorithm"], [fold(graph_label(mr), w) for mr, w in zip(m["rows"], room)], body
+
+
+#: names in a column header (and the second best's in the transposed table) fold to the column's
+#: values' width, but not below this
+FOLD_MIN = 8
+
+
+def fold(text: str, width: int, breaks: str = "_-") -> str:
+    """*text* on lines of at most *width* cells, broken after ``_`` or
+    ``-`` (a piece longer than *width* stays whole); existing line breaks
+    are kept.
+
+    Example
+    -------
+    >>> fold("tensor_holography_b32", 11)
+    'tensor_\\nholography_\\nb32'
+    >>> fold("data-parallel", 8), fold("heft", 3), fold("gpt_1.3b_b8", 8)
+    ('data-\\nparallel', 'heft', 'gpt_\\n1.3b_b8')
+    """
+    out = []
+    for line in text.split("\n"):
+        pieces, cur = [], ""
+        for ch in line:
+            cur += ch
+            if ch in breaks:
+                pieces.append(cur)
+                cur = ""
+        if cur:
+            pieces.append(cur)
+        lines = [""]
+        for piece in pieces:
+            if lines[-1] and len(lines[-1]) + len(piece) > width:
+                lines.append("")
+            lines[-1] += piece
+        out.extend(lines)
+    return "\n".join(out)
 
 
 def escape(text: str) -> str:
@@ -269,16 +313,17 @@ def _chunks(heads: list[str], cols: list[str], body: list[tuple], width: int) ->
     return groups
 
 
-def table_layout(m: dict, width: int) -> bool:
-    """True when the tables are better transposed (algorithms as rows): the
-    makespan table (the widest) does not fit *width* with graphs as rows but
-    does transposed, or fits neither way and has at least as many
-    algorithms as graphs (fewer column groups)."""
-    if table_fits(*_grid(m, "makespan_s", False, False), width):
-        return False
-    if table_fits(*_grid(m, "makespan_s", True, False), width):
-        return True
-    return len(m["columns"]) >= len(m["rows"])
+def table_layout(m: dict, width: int) -> tuple[bool, bool]:
+    """``(transposed, folded)`` for the tables of *m* to fit *width*: the
+    first of graphs as rows, the same with the names in the headers folded,
+    algorithms as rows, the same folded, that fits the makespan table (the
+    widest); when none does, folded, and algorithms as rows when there are
+    at least as many algorithms as graphs (fewer column groups)."""
+    for transposed in (False, True):
+        for folded in (False, True):
+            if table_fits(*_grid(m, "makespan_s", transposed, False, folded), width):
+                return transposed, folded
+    return len(m["columns"]) >= len(m["rows"]), True
 
 
 def format_table(rows: list[dict], algorithms: list[str] | None = None, *, color: bool = False,
@@ -296,7 +341,7 @@ def format_table(rows: list[dict], algorithms: list[str] | None = None, *, color
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=color, no_color=not color, width=width, highlight=False,
                       color_system="standard" if color else None)
-    transposed = table_layout(matrix(rows, "makespan_s", algorithms), width)
+    transposed, folded = table_layout(matrix(rows, "makespan_s", algorithms), width)
     for metric, title in _table_titles():
         m = matrix(rows, metric, algorithms)
         caption = None
@@ -306,8 +351,8 @@ def format_table(rows: list[dict], algorithms: list[str] | None = None, *, color
                 caption += f"; algorithms as rows (graphs as rows would not fit {width} columns)"
             if coarse_note(rows):
                 caption += f"; {coarse_note(rows)}"
-        heads, cols, body = _grid(m, metric, transposed, color)
-        groups = _chunks(*_grid(m, metric, transposed, False), width)  # plain text: what the columns hold
+        heads, cols, body = _grid(m, metric, transposed, color, folded)
+        groups = _chunks(*_grid(m, metric, transposed, False, folded), width)  # plain text: what the columns hold
         for gi, group in enumerate(groups):
             part = f" ({gi + 1}/{len(groups)})" if len(groups) > 1 else ""
             t = Table(title=escape(title + part), caption=caption if gi == len(groups) - 1 else None,
