@@ -57,13 +57,10 @@ PARALLELISM_PLANNERS = ("data-parallel", "pipeline", "gpipe", "pipedream", "alpa
 
 #: ``--algos`` group name -> what it holds (the help text); :func:`algorithm_group` expands it
 ALGORITHM_GROUPS = {
-    "default": "what compare runs without --algos: every registered algorithm whose extra is installed, "
-               "except given",
-    "all": "every registered algorithm whose extra is installed, except given (today the same as default)",
-    "placement": "the operator placers (the papers' algorithms, the baselines and auto): all but the "
-                 "parallelism planners",
-    "pipelines": "the parallelism planners (data-parallel, and the pipeline planners when registered) "
-                 "and auto, which searches over them",
+    "default": "what runs without --algos: every algorithm whose extra is installed, but given",
+    "all": "the same, today",
+    "placement": "the operator placers (papers, baselines, auto): all but the parallelism planners",
+    "pipelines": "the parallelism planners (data-parallel; pipeline planners when registered) and auto",
 }
 
 

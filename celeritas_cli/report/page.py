@@ -146,7 +146,7 @@ def json_script(element_id: str, obj) -> str:
     >>> json_script("d", {"x": "</script>"})
     '<script type="application/json" id="d">{"x":"\\\\u003c/script>"}</script>'
     """
-    text = orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY).decode().replace("<", "\\u003c")
+    text = orjson.dumps(obj).decode().replace("<", "\\u003c")
     return f'<script type="application/json" id="{esc(element_id)}">{text}</script>'
 
 

@@ -104,8 +104,9 @@ def test_zoo_compare_page(browser, tmp_path):
     assert errors == []
     table = page.locator("table.sortable").first
     assert table.locator("tbody tr").count() >= 10  # algorithms as rows (more algorithms than graphs)
-    assert page.locator("td.best").count() >= 5  # the best of each zoo graph, in the makespan table
-    assert page.locator("svg.strip").count() == 2 and page.locator("svg.gantt").count() == 5
+    best = table.locator("td.best").count()  # each zoo graph with a placement that fits (not GPT 6.7B on 4 V100s)
+    assert best >= 5 and page.locator("svg.gantt").count() == best  # and its best placement drawn
+    assert page.locator("svg.strip").count() == 2
     # sorting a graph's column ranks the algorithms on it (OOM and failed cells last)
     table.locator("thead th").nth(1).click()
     values = [float(v) for v in table.locator("tbody tr:not(.fixed) td:nth-child(2)").evaluate_all(
