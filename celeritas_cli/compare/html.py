@@ -173,20 +173,20 @@ def cells_table(rows: list[dict], ids: dict[tuple, str], placements: dict[tuple,
         best = view is not None and view[1] == key
         line = [f'<td id="{ids[key]}">{esc(r.get("graph"))}</td>', td(r.get("cluster")), td(column_label(r)),
                 td(str(status), cls=f"l {cls}".strip()), td(fmt_s(r.get("makespan_s")), r.get("makespan_s")),
-                td(fmt_s(r.get("lower_bound_s")), r.get("lower_bound_s")),
                 td(fmt_s(r.get("makespan_over_lb")), r.get("makespan_over_lb")),
+                td(fmt_s(_value(r, "total_time_s")), _value(r, "total_time_s")),
+                _download(r, placements.get(key)),
+                td(f'<a href="#{view[0]}">charts</a>' if best else "", raw=True),
+                td(note, cls="wrap"),
+                td(fmt_s(r.get("lower_bound_s")), r.get("lower_bound_s")),
                 td(f"{r['utilisation']:.1%}" if isinstance(r.get("utilisation"), (int, float)) else "-",
                    r.get("utilisation")),
                 td(fmt_bytes(r.get("transfer_bytes")), r.get("transfer_bytes")),
-                td(fmt_s(_value(r, "total_time_s")), _value(r, "total_time_s")),
-                td(str(r.get("estimate_status") or "-"), cls="l"),
-                td(note, cls="wrap"),
-                _download(r, placements.get(key)),
-                td(f'<a href="#{view[0]}">charts</a>' if best else "", raw=True)]
+                td(str(r.get("estimate_status") or "-"), cls="l")]
         out.append(line)
-    return table(["graph", "cluster", "algorithm", "status", "makespan (s)", "lower bound (s)", "makespan / LB",
-                  "utilisation", "transferred", "placement time (s)", "estimate", "caveat or error", "placement",
-                  "best"], out, left=3)
+    return table(["graph", "cluster", "algorithm", "status", "makespan (s)", "makespan / LB", "placed in (s)",
+                  "placement", "best", "caveat or error", "lower bound (s)", "utilisation", "transferred",
+                  "algorithm's estimate"], out, left=3)
 
 
 def compare_page(rows: list[dict], algorithms: list[str], placements: dict[tuple, dict] | None = None,

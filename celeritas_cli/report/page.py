@@ -35,7 +35,7 @@ td.l,th.l{text-align:left}
 table.sortable th{cursor:pointer;user-select:none}table.sortable th:hover{background:#e6e6e6}
 th.asc:after{content:" \\25B2";font-size:10px}th.desc:after{content:" \\25BC";font-size:10px}
 td.best{background:#d9f0d3;font-weight:700}td.oom{color:#b2182b}td.failed{color:#999;font-style:italic}
-td a{color:inherit;text-decoration:none}td a:hover{text-decoration:underline}
+td a{color:inherit;text-decoration:none}td a:hover{text-decoration:underline}td a[download],td a[href^="#best"]{color:#1f5fbf}
 .left2 td:nth-child(2),.left2 th:nth-child(2),.left3 td:nth-child(-n+3),.left3 th:nth-child(-n+3){text-align:left}
 td.wrap{white-space:normal;min-width:200px;max-width:360px;text-align:left}
 tr.fixed td{background:#f7f7f7;font-style:italic}

@@ -134,12 +134,15 @@ def _estimate(report: dict) -> str:
 
 def devices_table(report: dict) -> str:
     """Per device: nodes, busy and idle time, utilisation, memory peak (and
-    when), capacity, OOM; ``-`` where an older report lacks a field."""
+    when), capacity, OOM; ``-`` where an older report lacks a field (idle
+    time is makespan - busy time, worked out when ``idle_s`` is missing)."""
     rows = []
     for d in report.get("devices") or []:
         util = d.get("utilisation") or 0.0
         bar = f'<span class="bar" style="width:{60 * min(1.0, util):.0f}px"></span>{util:.1%}'
         idle = d.get("idle_s")
+        if idle is None and isinstance(d.get("busy_s"), (int, float)) and report.get("makespan_s") is not None:
+            idle = max(0.0, report["makespan_s"] - d["busy_s"])  # what idle_s is (an older report lacks it)
         rows.append([td(d.get("id")), td(d.get("type", "")), td(str(d.get("nodes", "")), d.get("nodes")),
                      td(fmt_s(d.get("busy_s"), 6), d.get("busy_s")), td(bar, util, raw=True),
                      td(fmt_s(idle, 6), idle),
