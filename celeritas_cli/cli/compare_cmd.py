@@ -19,6 +19,7 @@ from ..compare.inputs import ALGORITHM_GROUPS, expand_algorithms
 from ..log import quiet as quiet_output
 from ..log import warn
 from ..model.io import load_cluster
+from ..sim.memory import RULES as MEMORY_RULES
 from .common import congestion_option, parse_params, seed_option, time_limit_option
 
 
@@ -98,6 +99,10 @@ def _algorithms(algos: str | None, exclude: str | None, quiet: bool = False) -> 
                    "congestion=RULE to every algorithm that takes a congestion parameter (placer place --list), "
                    "so they plan for the link model they are judged under; an explicit -p [ALGO:]congestion=... "
                    "wins.  Algorithms without one keep their own model (heft: links without contention).")
+@click.option("--memory", type=click.Choice(MEMORY_RULES), default="time", show_default=True,
+              help="Memory rule of the simulator that judges every cell (OOM status): time (each device's peak "
+                   "along the schedule) or static (the per-device sum of memory_bytes, the seed papers' rule; "
+                   "also what graphs without resident_bytes get).  Algorithms keep their own rule.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="table: Celeritas Table 3/4 layout (cpd+X: X placed on the cpd coarse graph); json: one "
                    "row per line (NDJSON, full precision), streamed as cells finish; csv: one line per cell, "
@@ -145,6 +150,7 @@ def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_fail
       placer compare big/ -j 8 --time-limit 600 --format json -o runs.ndjson
       placer compare big/ --format json --resume runs.ndjson -o runs.ndjson
       placer compare big/ --executor ray --ray-address auto --format csv -o all.csv
+      placer compare g.json --algos m-topo,heft --memory static
     """
     _check_options(**options)
     algorithms = _algorithms(algos, exclude, quiet)

@@ -106,6 +106,7 @@ class CompareOptions:
     seed: int = 0
     time_limit: float | None = None
     congestion: str = DEFAULT_CONGESTION
+    memory: str = "time"
     jobs: int = 1
     executor: str = "auto"
     ray_address: str | None = None
@@ -122,7 +123,7 @@ class CompareOptions:
         return dict(coarsen=self.coarsen, coarsen_params=self.coarsen_params, common_params=self.common_params,
                     per_algo_params=self.per_algo_params, seed=self.seed, time_limit=self.time_limit,
                     congestion=self.congestion, quick=self.quick, keep_placement=bool(self.plot) or self.fmt == "html",
-                    verbose=self.verbose)
+                    verbose=self.verbose, memory=self.memory)
 
 
 @dataclass
@@ -337,7 +338,7 @@ def _write_outputs(rows: list[dict], algorithms: list[str], best: dict, clusters
     if options.fmt == "html":
         from .html import best_views, compare_page
 
-        views = best_views(best, {c.name: c for c in clusters}, options.congestion)
+        views = best_views(best, {c.name: c for c in clusters}, options.congestion, options.memory)
         write_bytes(compare_page(rows, algorithms, placements, views).encode(), options.output)
     elif options.fmt != "json":
         color = options.fmt == "table" and options.output == "-" and sys.stdout.isatty()

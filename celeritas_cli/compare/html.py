@@ -252,10 +252,12 @@ def compare_page(rows: list[dict], algorithms: list[str], placements: dict[tuple
     return page(title, "\n".join(body), sub)
 
 
-def best_views(best: dict[tuple, dict], clusters: dict, congestion: str = "channel") -> list[tuple]:
+def best_views(best: dict[tuple, dict], clusters: dict, congestion: str = "channel", memory: str = "time"
+               ) -> list[tuple]:
     """``(row, graph, cluster, schedule, report, plan)`` of each best
     placement (``(graph file, cluster)`` -> row carrying its
-    ``_placement``), simulated again on its graph, in table order."""
+    ``_placement``), simulated again on its graph under the cells' link and
+    memory rules, in table order."""
     from ..model.io import load_graph
     from ..model.placement import Placement
     from ..sim.simulator import simulate
@@ -265,7 +267,7 @@ def best_views(best: dict[tuple, dict], clusters: dict, congestion: str = "chann
         graph = load_graph(gf)
         sched: list = []
         report = simulate(graph, clusters[cl], Placement.from_dict(row["_placement"]), congestion=congestion,
-                          schedule_out=sched, label=f"{column_label(row)} placement")
+                          schedule_out=sched, label=f"{column_label(row)} placement", memory=memory)
         plan = plan_words(report, row["_placement"].get("derivation"))
         out.append((row, sched[0].graph, clusters[cl], sched[0], report, plan))
     return out

@@ -32,6 +32,7 @@ class Task:
     congestion: str = DEFAULT_CONGESTION
     keep_placement: bool = False
     verbose: bool = False
+    memory: str = "time"
 
     @property
     def key(self) -> tuple:
@@ -82,11 +83,12 @@ def make_tasks(graph_files: list[str], clusters: list, algorithms: list[str], *,
                coarsen: str | None = None, coarsen_params: dict | None = None,
                common_params: dict | None = None, per_algo_params: dict | None = None,
                seed: int = 0, time_limit: float | None = None, congestion: str = DEFAULT_CONGESTION,
-               quick: bool = False, keep_placement: bool = False, verbose: bool = False) -> list[Task]:
+               quick: bool = False, keep_placement: bool = False, verbose: bool = False,
+               memory: str = "time") -> list[Task]:
     """The cells, in (graph, cluster, algorithm) order.  *clusters* are
     :class:`~celeritas_cli.model.cluster.Cluster` objects.  Every cell is
-    judged under *congestion*, and algorithms with a ``congestion``
-    parameter plan for it (:func:`algorithm_params`).
+    judged under *congestion* and the memory rule *memory*, and algorithms
+    with a ``congestion`` parameter plan for it (:func:`algorithm_params`).
 
     Raises
     ------
@@ -103,7 +105,7 @@ def make_tasks(graph_files: list[str], clusters: list, algorithms: list[str], *,
             doc = cl.to_dict()
             for a in algorithms:
                 tasks.append(Task(gf, cl.name, doc, a, coarsen, dict(coarsen_params or {}), params[a], seed,
-                                  time_limit, congestion, keep_placement, verbose))
+                                  time_limit, congestion, keep_placement, verbose, memory))
     return tasks
 
 
