@@ -148,10 +148,11 @@ def devices_table(report: dict) -> str:
                      td(fmt_s(idle, 6), idle),
                      td(fmt_bytes(d.get("memory_bytes")), d.get("memory_bytes"), cls="oom" if d.get("oom") else ""),
                      td(fmt_s(d.get("peak_at_s"), 6), d.get("peak_at_s")),
+                     td(fmt_bytes(d.get("static_memory_bytes")), d.get("static_memory_bytes")),
                      td(fmt_bytes(d.get("capacity_bytes")), d.get("capacity_bytes")),
                      td("OOM" if d.get("oom") else "", cls="oom" if d.get("oom") else "")])
     return table(["device", "type", "nodes", "busy (s)", "utilisation", "idle (s)", "memory peak", "peak at (s)",
-                  "capacity", "OOM"], rows, left=2)
+                  "static sum", "capacity", "OOM"], rows, left=2)
 
 
 def links_section(report: dict) -> str:

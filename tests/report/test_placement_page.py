@@ -126,7 +126,7 @@ def test_older_report_without_memory_fields():
     html = memory_chart(old)
     assert "no memory_timeline" in html and 'data-tip="gpu0: 50 B of 100 B"' in html
     cells = [td.all_text() for td in parse(devices_table(old)).find("td")]
-    assert cells[:8] == ["gpu0", "V100", "3", "1", "100.0%", "0", "50 B", "-"]  # idle = makespan - busy; no peak_at_s
+    assert cells[:9] == ["gpu0", "V100", "3", "1", "100.0%", "0", "50 B", "-", "-"]  # idle = makespan - busy
 
 
 def test_notes_say_the_caveats():
