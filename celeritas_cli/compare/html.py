@@ -26,7 +26,7 @@ import orjson
 
 from ..report.charts import strip_plot
 from ..report.page import FIXED, esc, fmt_bytes, fmt_s, kpis, page, table, td
-from ..report.placement import placement_sections, plan_words
+from ..report.placement import placement_sections
 from .formats import CAVEAT_MARK, TABLES, caveat_lines, columns, matrix
 from .plots import ALGO_PALETTE
 from .rows import FAILED_STATUSES, cell_key, column_label, graph_stem, natural_key, sort_rows
@@ -260,14 +260,16 @@ def best_views(best: dict[tuple, dict], clusters: dict, congestion: str = "chann
     memory rules, in table order."""
     from ..model.io import load_graph
     from ..model.placement import Placement
+    from ..sim.describe import describe_placement
     from ..sim.simulator import simulate
 
     out = []
     for (gf, cl), row in sorted(best.items(), key=lambda kv: (natural_key(str(kv[0][0])), str(kv[0][1]))):
         graph = load_graph(gf)
         sched: list = []
-        report = simulate(graph, clusters[cl], Placement.from_dict(row["_placement"]), congestion=congestion,
-                          schedule_out=sched, label=f"{column_label(row)} placement", memory=memory)
-        plan = plan_words(report, row["_placement"].get("derivation"))
-        out.append((row, sched[0].graph, clusters[cl], sched[0], report, plan))
+        placement = Placement.from_dict(row["_placement"])
+        report = simulate(graph, clusters[cl], placement, congestion=congestion, schedule_out=sched,
+                          label=f"{column_label(row)} placement", memory=memory)
+        out.append((row, sched[0].graph, clusters[cl], sched[0], report,
+                    describe_placement(placement, graph, clusters[cl])))
     return out

@@ -89,35 +89,6 @@ def spread(report: dict) -> str:
     return f"operator placement: {total:,} nodes over {len(used)}{of} devices ({shown})"
 
 
-def plan_words(report: dict, derivation: dict | None = None) -> str:
-    """The plan in words from the report and the placement's recipe (its
-    ``derivation``): the transforms that made the graph simulated, then how
-    its nodes spread over the devices (:func:`spread`).
-
-    Example
-    -------
-    >>> rep = {"devices": [{"id": "gpu0", "nodes": 9}, {"id": "gpu1", "nodes": 9}]}
-    >>> plan_words(rep, {"steps": [{"transform": "data-parallel", "replicas": 2}, {"transform": "split"},
-    ...                            {"transform": "split"}]})
-    'derived plan: data parallelism, 2 replicas; 2 operation splits; 18 nodes over 2 devices (gpu0 9, gpu1 9)'
-    """
-    steps = [st for st in (derivation or {}).get("steps") or [] if isinstance(st, dict)]
-    if not steps:
-        return spread(report)
-    words = []
-    for name in dict.fromkeys(str(st.get("transform")) for st in steps):
-        mine = [st for st in steps if st.get("transform") == name]
-        if name == "data-parallel":
-            words += [f"data parallelism, {st.get('replicas')} replicas" for st in mine]
-        elif name == "split":
-            words.append(f"{len(mine)} operation split{'s' * (len(mine) != 1)}")
-        elif name == "microbatch":
-            words += [f"{st.get('m')} micro-batches" for st in mine]
-        else:
-            words.append(name + (f" ({len(mine)} steps)" if len(mine) > 1 else ""))
-    return "derived plan: " + "; ".join(words) + "; " + spread(report).removeprefix("operator placement: ")
-
-
 def _estimate(report: dict) -> str:
     est = report.get("estimate") or {}
     pairs = [(k, esc(v if not isinstance(v, float) else f"{v:.6g}")) for k, v in est.items()
@@ -214,8 +185,9 @@ def placement_sections(graph: Graph, cluster: Cluster, sched, report: dict, plan
     """The sections of one placement's view (HTML), ids prefixed by
     *prefix* so several fit on one page (``compare``'s best placements);
     *graph* is the graph simulated (the derived graph when the placement
-    carries a recipe), *plan* the plan in words (default: :func:`spread`;
-    :func:`plan_words` when the caller has the placement's recipe)."""
+    carries a recipe), *plan* the plan in words
+    (:func:`celeritas_cli.sim.describe.describe_placement`; default:
+    :func:`spread`, from the report alone)."""
     h = f"h{level}"
     path = critical_path(graph, sched)
     gid = f"{prefix}-gantt"
