@@ -11,7 +11,8 @@ Celeritas' CPD-TOPO 5.1.3; ``"alap"``, as late as possible - the ready
 forward node of largest bottom level first, so a side branch, e.g. a skip
 connection or a parameter read, comes just before its consumer and crosses
 fewer cuts; ``"topo"``, the file's order, which for a captured model is
-the program order a ``nn.Sequential`` user would cut) are the *positions*
+the program order a ``nn.Sequential`` user would cut, each weight read or
+cast just before its use, :func:`program_order`) are the *positions*
 ``0 .. n-1``; every node is attributed to one
 (:func:`~.pipeline.attribution`: a backward node with the forward nodes it
 reads, an update with its parameters), so a contiguous range of positions
@@ -67,7 +68,7 @@ from .orders import cpd_topo
 from .pipeline import attribution, forward_order
 
 ORDERS = ("cpd", "alap", "topo")
-__all__ = ["ORDERS", "LayerSequence", "Times", "alap_order", "block_partition", "order_of"]
+__all__ = ["ORDERS", "LayerSequence", "Times", "alap_order", "block_partition", "order_of", "program_order"]
 
 
 def alap_order(graph: Graph, costs: CostModel) -> list[int]:
@@ -101,6 +102,42 @@ def alap_order(graph: Graph, costs: CostModel) -> list[int]:
     return out
 
 
+def program_order(graph: Graph) -> list[int]:
+    """The graph's own topological order (the file's, the program order of
+    a captured model), with every once-per-step node (a weight read, a cast
+    of master weights to half precision; :func:`~celeritas_cli.transform.microbatch.once_nodes`)
+    moved to just before the first node that needs it - as an eager program
+    casts a layer's weights when the layer runs, where a trace may list all
+    casts first.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> nd = lambda i: {"id": i, "compute_s": 1, "memory_bytes": 0}
+    >>> g = build("p", [nd("x"), {**nd("w2"), "op": "weights"}, nd("a"), nd("b")],
+    ...           [{"src": "x", "dst": "a", "bytes": 1}, {"src": "a", "dst": "b", "bytes": 1},
+    ...            {"src": "w2", "dst": "b", "bytes": 1}], meta={"batch_size": 2})
+    >>> [g.ids[v] for v in program_order(g)]
+    ['x', 'a', 'w2', 'b']
+    """
+    topo = graph.topo_index()
+    once = [x or not graph.pred[v] for v, x in enumerate(once_nodes(graph))]
+    key = list(topo)
+    for v in reversed(graph.topo_order()):
+        if once[v] and graph.succ[v]:
+            key[v] = min(key[s] for s in graph.succ[v])
+    need = [len(graph.pred[v]) for v in range(graph.n)]
+    heap = [(key[v], not once[v], topo[v], v) for v in range(graph.n) if not need[v]]
+    heapq.heapify(heap)
+    out = []
+    while heap:
+        v = heapq.heappop(heap)[3]
+        out.append(v)
+        for s in graph.succ[v]:
+            need[s] -= 1
+            if not need[s]:
+                heapq.heappush(heap, (key[s], not once[s], topo[s], s))
+    return out
+
+
 def order_of(graph: Graph, name: str, costs: CostModel) -> list[int]:
     """The topological order called *name* (one of :data:`ORDERS`)."""
     if name == "cpd":
@@ -108,7 +145,7 @@ def order_of(graph: Graph, name: str, costs: CostModel) -> list[int]:
     if name == "alap":
         return alap_order(graph, costs)
     if name == "topo":
-        return graph.topo_order()
+        return program_order(graph)
     raise InvalidInput(f"pipeline: unknown node order '{name}' (known: {', '.join(ORDERS)})")
 
 
