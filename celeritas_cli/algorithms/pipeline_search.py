@@ -23,9 +23,11 @@
    time, each move simulated, an improvement kept (hill climbing; the
    derived graph is reused when no stage recomputes).
 
-The budget is counted in simulations of the input graph (a derived graph
-of ``x`` times the input's size costs ``x``, building it
-:data:`BUILD_COST` times that); the wall clock only caps it.
+The budget is counted in simulations of the input graph (the model's phase
+:data:`MODEL_COST`, a derived graph of ``x`` times the input's size ``x``,
+building it :data:`BUILD_COST` times that); the wall clock only caps it
+(between the two orders of the model's phase, and before each build and
+simulation).
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ ORDERS = ("cpd", "alap")
 DDP_BUCKET_MB = 25.0
 #: derived graphs kept for reuse (plans of one m and replication share one)
 KEEP_DERIVED = 3
+#: the model's phase (node times at every micro-batch size, every shape cut) costs about this many simulations
+#: of the input graph (measured on the zoo: 10-25)
+MODEL_COST = 20.0
 #: ``beat_s``: give up when the model's best plan is predicted more than this much slower
 BEAT_MARGIN = 0.05
 #: share of the budget the first simulations may take; the rest is for moving boundaries
@@ -169,6 +174,8 @@ class PipelineSearch:
         plans = []
         seq = None
         for name in ((self.fixed.order,) if self.fixed.order else ORDERS):
+            if plans and self.budget.out_of_time():  # the clock ends the model's phase (said: clock_cut)
+                break
             seq = LayerSequence(self.graph, self.cluster, self.costs, order=name, share=seq)
             model = Model(seq, self.cluster, self.batch)
             for shape in shapes(seq, self.cluster, self.batch, self.fixed):
@@ -271,6 +278,7 @@ class PipelineSearch:
         return best, count
 
     def run(self) -> Outcome:
+        self.budget.charge(MODEL_COST)
         ranked = self.ranked()
         if self.beat_s > 0:
             fits = [plan.time_s for plan, _ in ranked if plan.fits]

@@ -8,9 +8,9 @@ input graph like auto's: it gets :data:`PLAN_SHARE` of auto's evaluations
 as its ``evaluations`` (charged to auto before it starts) and the time left
 before auto's deadline as its ``time_limit``, so it is sized before it
 starts and stops at the deadline.  It runs only when its share can pay for
-at least one plan (:func:`planner_charge`: building and simulating a
-derived graph about ``1.1 k`` times the input's size, the smallest a
-pipeline over ``k`` devices builds) - on a huge graph it is left out and
+its model and at least one plan (:func:`planner_charge`: building and
+simulating a derived graph about ``1.1 k`` times the input's size, the
+smallest a pipeline over ``k`` devices builds) - on a huge graph it is left out and
 said so.  With the same number of evaluations, auto's member and the
 ``pipeline`` row make the same search, so auto is never worse than the row
 it ran.
@@ -26,8 +26,10 @@ from .runner import Spec
 PLANNERS = ("pipeline",)
 #: their share of auto's evaluations, together
 PLAN_SHARE = 0.3
-#: building a derived graph costs about this many simulations of it (algorithms/pipeline_search.BUILD_COST)
+#: building a derived graph costs about this many simulations of it, and the pipeline model's phase about
+#: MODEL_COST simulations of the input graph (algorithms/pipeline_search.py)
 BUILD_COST = 3.0
+MODEL_COST = 20.0
 #: sharded data parallelism (WP "fsdp"): a member like data-parallel when it is registered; its cost per squared
 #: device count, in simulations of the input graph, until WP "fsdp" measures it (data-parallel's DP_COST x 2:
 #: replicas plus an all-gather and a reduce-scatter per unit)
@@ -44,10 +46,10 @@ def planner_charge(spec: Spec, budget: float, k: int) -> tuple[float, str | None
     'its share of the budget (11 evaluations)'
     """
     charge = max(0.0, PLAN_SHARE * budget - 1)
-    need = (1 + BUILD_COST) * 1.1 * k
+    need = MODEL_COST + (1 + BUILD_COST) * 1.1 * k
     if charge < need:
-        return charge, (f"its share of the budget ({charge:.0f} evaluations) cannot pay for one plan (about "
-                        f"{need:.0f}: a derived graph of {k} replicas built and simulated)")
+        return charge, (f"its share of the budget ({charge:.0f} evaluations) cannot pay for its model and one plan "
+                        f"(about {need:.0f}: a derived graph of {k} replicas built and simulated)")
     return charge, None
 
 
