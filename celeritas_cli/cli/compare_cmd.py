@@ -18,7 +18,7 @@ from ..compare.formats import CSV_DIGITS
 from ..log import warn
 from ..model.io import load_cluster
 from ..sim.simulator import CONGESTION_RULES
-from .common import parse_params, seed_option
+from .common import assume_batch_option, parse_params, seed_option
 
 
 def _split_params(pairs: tuple[str, ...], algorithms: list[str]) -> tuple[dict, dict]:
@@ -80,6 +80,7 @@ def _algorithms(algos: str | None, exclude: str | None) -> list[str]:
 @click.option("--coarsen-param", "coarsen_params", multiple=True, metavar="KEY=VALUE",
               help="Coarsening parameter, repeatable.")
 @seed_option
+@assume_batch_option
 @click.option("--time-limit", type=float, default=None, metavar="S",
               help="Per-cell limit: passed to algorithms taking time_limit; each phase of a cell that runs "
                    "longer than S + 2 s + 10% is killed and reported as timeout.")
@@ -115,7 +116,7 @@ def _algorithms(algos: str | None, exclude: str | None) -> list[str]:
               help="Show the algorithms' own progress lines (solver incumbents, library banners); without it "
                    "cells run quietly.  Either way what a cell prints comes above the progress bar when it "
                    "finishes, prefixed by the cell, and warnings about a result are always shown.")
-def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_failures, **options):
+def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_failures, assume_batch, **options):
     """Compare placement algorithms over GRAPHS (files, or directories scanned
     for placer.graph/v1 *.json) on one or more clusters.
 
@@ -133,10 +134,16 @@ def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_fail
       placer compare big/ -j 8 --time-limit 600 --format json -o runs.ndjson
       placer compare big/ --format json --resume runs.ndjson -o runs.ndjson
       placer compare big/ --executor ray --ray-address auto --format csv -o all.csv
+      placer compare g.json --algos data-parallel,metis --assume-batch 64
     """
     _check_options(**options)
     algorithms = _algorithms(algos, exclude)
     common, per = _split_params(params, algorithms)
+    if assume_batch is not None:  # to every compared algorithm that splits the batch
+        if any("assume_batch" in registry.get(a).params for a in algorithms):
+            common["assume_batch"] = str(assume_batch)
+        else:
+            warn("placer: --assume-batch ignored: no compared algorithm splits the batch")
     try:
         result = run_compare(graphs, _clusters(clusters), algorithms,
                              CompareOptions(common_params=common, per_algo_params=per,

@@ -14,10 +14,13 @@ from ..model.io import load_graph
 from ..optimize.search import clock_origin
 from ..sim.judge import attach_origin
 from ..sim.simulator import simulate
+from ..transform.size import derived_budget
 from .common import (
+    assume_batch_option,
     cluster_option,
     emit,
     get_cluster,
+    max_derived_option,
     output_option,
     parse_params,
     positive_seconds,
@@ -61,9 +64,16 @@ def _list_algorithms() -> None:
 @click.option("--timings/--no-timings", default=True, show_default=True,
               help="Record wall-clock times (placement_time_s, solver/training times). --no-timings makes the "
                    "file byte-identical for the same input and --seed.")
+@assume_batch_option
+@click.option("--embed-derived", is_flag=True,
+              help="Also write the derived graph (data-parallel replicas, split operations) as split_graph, for "
+                   "tools that want the document; by default only its recipe (derivation) is written, from which "
+                   "simulate, run and export rebuild it.")
+@max_derived_option
 @click.option("--list", "list_algos", is_flag=True, help="List the algorithms with their papers and exit.")
 @output_option
-def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate, timings, list_algos, output):
+def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate, timings, assume_batch,
+          embed_derived, max_derived_nodes, list_algos, output):
     """Place GRAPH (a graph or coarse graph file, - for stdin) on a cluster.
 
     Without --algo, auto searches for the best placement it can confirm with
@@ -80,6 +90,7 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate,
       placer place g.json --algo heft --cluster moirai-intra-server -o p.json
       placer place coarse.json --algo milp --time-limit 30 -p congestion=port
       placer place g.json --algo m-sct --seed 3 --no-timings   # byte-identical reruns
+      placer place g.json --algo data-parallel --assume-batch 64   # a graph without meta.batch_size
       placer place --list
     """
     started = time.perf_counter()
@@ -103,16 +114,21 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate,
             raw["time_limit"] = time_limit
         else:
             warn(f"placer: --time-limit ignored: '{algo}' takes no time limit")
+    if assume_batch is not None:
+        if "assume_batch" in entry.params:
+            raw["assume_batch"] = assume_batch
+        else:
+            warn(f"placer: --assume-batch ignored: '{algo}' does not split the batch")
     graph = load_graph(graph_path)
     cluster = get_cluster(cluster_path)
     if graph.is_coarse and (do_simulate or entry.uses_origin):
         attach_origin(graph)  # meta.coarsened_from_file, when readable
     costs = cost_model(graph, cluster)
-    with clock_origin(started):  # auto's --time-limit bounds the whole command, loading included
+    with clock_origin(started), derived_budget(max_derived_nodes):  # --time-limit bounds the whole command
         result = registry.place(graph, cluster, algo, seed=seed, params=raw, costs=costs)
-    if do_simulate:
-        _report(graph, cluster, algo, result, costs)
-    emit(result.to_dict(timings=timings), output)
+        if do_simulate:
+            _report(graph, cluster, algo, result, costs)
+    emit(result.to_dict(timings=timings, embed_derived=embed_derived), output)
 
 
 def _report(graph, cluster, algo: str, result, costs) -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ..model.io import bundled_cluster_names, load_graph, load_placement
+from ..model.io import load_graph, load_placement
 from ..sim.simulator import CONGESTION_RULES
 from ..sim.simulator import simulate as run_simulation
-from .common import emit, get_cluster, output_option
+from ..transform.size import derived_budget
+from .common import emit, max_derived_option, output_option, placement_cluster
 
 
 def render_report(report: dict) -> None:
@@ -51,8 +52,9 @@ def render_report(report: dict) -> None:
 @click.option("--placement", "-P", "placement_path", required=True, metavar="FILE|-",
               help="Placement file (- for stdin).")
 @click.option("--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
-              help="Cluster file or bundled name. Default: the placement's cluster if it is a bundled one, "
-                   "else 4xV100-pcie.")
+              help="Cluster file or bundled name. Default: the bundled cluster the placement was made for (a "
+                   "placement made on a cluster file, or on an edited copy of a bundled one, needs --cluster; "
+                   "a --cluster other than the one it was made for is a warning).")
 @click.option("--congestion", type=click.Choice(CONGESTION_RULES), default="channel", show_default=True,
               help="channel: one transfer at a time per directed link; port: one uplink and one downlink "
                    "per device; none: transfers overlap freely.")
@@ -61,8 +63,10 @@ def render_report(report: dict) -> None:
 @click.option("--trace", metavar="FILE", help="Write a Chrome trace JSON (chrome://tracing, Perfetto).")
 @click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json", show_default=True,
               help="json: the placer.report/v1 document; table: a readable summary on stdout.")
+@max_derived_option
 @output_option
-def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion, gantt, trace, fmt, output):
+def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion, gantt, trace, fmt,
+             max_derived_nodes, output):
     """Simulate a placement of GRAPH and report makespan, utilisation, memory,
     transfers, the critical path and makespan / lower bound.
 
@@ -81,13 +85,11 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
         congestion = "none"
     placement = load_placement(placement_path)
     graph = load_graph(graph_path)
-    if cluster_path is None and placement.cluster in bundled_cluster_names():
-        cluster = get_cluster(placement.cluster, quiet=True)
-    else:
-        cluster = get_cluster(cluster_path)
     label = "<stdin>" if placement_path == "-" else placement_path
+    cluster = placement_cluster(placement, cluster_path, label)
     scheds: list = []
-    report = run_simulation(graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
+    with derived_budget(max_derived_nodes):
+        report = run_simulation(graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
     sim_graph = scheds[0].graph  # the split graph when the placement carries one
     if gantt:
         from ..sim.gantt import write_gantt

@@ -11,8 +11,10 @@ and hold parameters (``batch_independent``: the weights, gradients and Adam
 moments a heavy op holds, :mod:`celeritas_cli.transform.split_cost`); light
 ops (bn, relu, add) are short.  Tensor sizes are
 chosen so the CCR (Celeritas Eq. 1) on 4xV100 over PCIe is in the 20-50
-range the paper's Table 2 reports for real models.  The same ``(n, seed)``
-always gives the same graph.
+range the paper's Table 2 reports for real models.  The graph declares a
+batch of :data:`BATCH_SIZE` samples (``meta.batch_size``), so data
+parallelism and batch splits may divide it.  The same ``(n, seed)`` always
+gives the same graph.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ import random
 from .graph import GRAPH_SCHEMA, Graph
 
 MiB = 1024**2
+
+#: the batch a synthetic graph declares (``meta.batch_size``): its costs are taken to hold for it, so data
+#: parallelism and batch splits may divide it (64 = whole samples on up to 64 devices)
+BATCH_SIZE = 64
 
 HEAVY = ("aten.convolution", "aten.mm")
 LIGHT = ("aten.native_batch_norm", "aten.relu", "aten.add", "aten.gelu", "aten.layer_norm")
@@ -45,7 +51,7 @@ def layered_doc(n: int, seed: int = 0, *, training: bool = True, name: str | Non
         b.updates(nf, grad, n)
     return {"schema": GRAPH_SCHEMA, "name": name or f"layered_n{n}_s{seed}",
             "meta": {"source": f"synthetic layered n={n} seed={seed}",
-                     "phase": "training" if training else "inference"},
+                     "phase": "training" if training else "inference", "batch_size": BATCH_SIZE},
             "nodes": b.nodes, "edges": b.edges}
 
 

@@ -54,8 +54,8 @@ gradient), so auto also tries ``bucket_mb=0`` (one ring per gradient, a
 graph about ``1 + k/2`` times larger: :data:`UNBUCKETED_FACTOR`) under
 :data:`DP_SHARE` and the same :data:`DP_GATE` as ``dpos@data-parallel``.
 
-A placement that carries a derived graph (``split_graph``: FastT / FD-DPS
-operation splitting, data parallelism) is judged on that graph, as
+A placement made on a derived graph (``derived``, with its recipe: FastT /
+FD-DPS operation splitting, data parallelism) is judged on that graph, as
 ``placer simulate`` does, and refined there.
 """
 
@@ -206,7 +206,19 @@ def member_cost(spec: Spec, k: int) -> float:
     return COST.get(spec.algo, 10.0)
 
 
-def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None = None) -> list[tuple[Spec, float]]:
+def batch_split_refusal(graph: Graph, cluster: Cluster, assume_batch: int | None = None) -> str | None:
+    """Why the members that split the batch (data parallelism, DPOS on the
+    data-parallel graph) cannot run on *graph*, or None: no declared batch
+    (and none assumed), fewer samples than devices, a coarse graph
+    (:func:`~celeritas_cli.transform.admit.dp_refusal`).  ``plan`` leaves them
+    out and ``auto`` says why on stderr."""
+    from ..transform.admit import dp_refusal
+
+    return dp_refusal(graph, cluster.k, assume_batch, sized=False) if cluster.k > 1 else None
+
+
+def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None = None, *,
+         split_batch: bool = True) -> list[tuple[Spec, float]]:
     """The portfolio for *graph* and an evaluation *budget* (module
     docstring): ``(spec, charge)`` pairs in the order they run, *charge* the
     member's estimated cost in simulations of the input graph (its own
@@ -216,13 +228,16 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
     over :data:`PORTFOLIO_SHARE`, is left out (data-parallel members:
     :data:`DP_SHARE` together).  *names* restricts it to those algorithms,
     and then every one of them runs, whatever its cost, charged at most its
-    share."""
+    share.  ``split_batch=False`` leaves out the members that split the
+    batch (:func:`batch_split_refusal`)."""
     size = max(1, graph.n + graph.m)
     k = cluster.k
     per_node = (graph.n + graph.m) / graph.n if graph.n else 1.0
     coarse_R = granularities(graph, cluster)
     offers: list[list[tuple[Spec, float]]] = []
     for item in PRIORITY:
+        if not split_batch and item in ("data-parallel", "dpos@data-parallel"):
+            continue
         if item == "dpos@data-parallel":
             if max(graph.total_memory(), 1) <= cluster.min_memory() and k > 1:
                 spec = Spec("dpos", on="data-parallel")
@@ -277,11 +292,13 @@ class Runner:
     """Runs portfolio members on the input graph and its cpd coarse graphs
     (built once each), under one cost model."""
 
-    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, seed: int = 0):
+    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, seed: int = 0,
+                 assume_batch: int | None = None):
         self.graph = graph
         self.cluster = cluster
         self.costs = costs
         self.seed = seed
+        self.assume_batch = assume_batch  # passed to the members that take it (--assume-batch)
         self.coarse: dict[int, Graph] = {}
         self._dp: tuple[Graph, Placement] | None = None
 
@@ -312,13 +329,14 @@ class Runner:
         try:  # a member's own lines are not auto's: shown (prefixed) only when chatty
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said), quiet():
                 p = registry.place(g, self.cluster, spec.algo, seed=self.seed,
-                                   params={**dict(spec.params), **(params or {})}, costs=self.costs.for_graph(g))
+                                   params={**self._assumed(spec.algo), **dict(spec.params), **(params or {})},
+                                   costs=self.costs.for_graph(g))
         finally:
             if chatty():
                 for line in said.getvalue().splitlines():
                     warn(f"auto: {spec.name}: {line}")
-        if p.split_graph is not None:
-            judged = Graph.from_dict(p.split_graph, f"{spec.name} (split_graph)")
+        if p.derived is not None:
+            judged = p.derived
             device_of, order = p.resolve(judged, self.cluster, spec.name)
             if spec == Spec("data-parallel") and not params:
                 self._dp = (judged, p)
@@ -326,6 +344,11 @@ class Runner:
         device_of, order = p.resolve(self.graph, self.cluster, spec.name)
         return Candidate(spec, p, self.graph, device_of, order)
 
+
+    def _assumed(self, algo: str) -> dict:
+        """``assume_batch`` for a member that takes it."""
+        return {"assume_batch": self.assume_batch} if self.assume_batch and "assume_batch" in \
+            registry.get(algo).params else {}
 
     def _on_data_parallel(self, spec: Spec, params: dict | None) -> Candidate:
         """*spec*'s algorithm on the data-parallel graph; the placement
@@ -335,7 +358,7 @@ class Runner:
             p = registry.place(dg, self.cluster, spec.algo, seed=self.seed,
                                params={**dict(spec.params), **(params or {})}, costs=self.costs.for_graph(dg))
         device_of, order = p.resolve(dg, self.cluster, spec.name)
-        p.split_graph, p.derivation, p.graph = dp.split_graph, dp.derivation, dp.graph
+        p.derived, p.derivation, p.graph = dp.derived, dp.derivation, dp.graph
         return Candidate(spec, p, dg, device_of, order, derived=True)
 
 

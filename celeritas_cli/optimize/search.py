@@ -33,7 +33,17 @@ from ..model.graph import Graph
 from ..sim.simulator import lower_bound
 from .evaluator import Budget, Evaluator, Score
 from .levels import Level, hierarchy
-from .portfolio import DP_GATE, Candidate, Runner, Spec, plan, run_portfolio, unbucketed, wants_milp
+from .portfolio import (
+    DP_GATE,
+    Candidate,
+    Runner,
+    Spec,
+    batch_split_refusal,
+    plan,
+    run_portfolio,
+    unbucketed,
+    wants_milp,
+)
 from .refine import State, refine
 
 #: simulated nodes + edges per second assumed by :func:`default_evaluations`
@@ -115,13 +125,15 @@ class Search:
 
     def __init__(self, graph: Graph, cluster: Cluster, *, costs: CostModel | None = None, seed: int = 0,
                  time_limit: float = 10.0, evaluations: int = 0, congestion: str = "channel",
-                 algos: list[str] | None = None, log: Callable[[str], None] | None = None):
+                 algos: list[str] | None = None, log: Callable[[str], None] | None = None,
+                 assume_batch: int | None = None):
         self.t0 = time.perf_counter()
         self.graph, self.cluster, self.seed = graph, cluster, seed
         self.costs = cost_model(graph, cluster, costs)
         self.time_limit = time_limit
         self.congestion = congestion
         self.algos = algos
+        self.assume_batch = assume_batch
         self.log = log or (lambda msg: None)
         limit = evaluations if evaluations > 0 else default_evaluations(graph, time_limit)
         origin = _ORIGIN.get()
@@ -163,8 +175,9 @@ class Search:
 
     # ------------------------------------------------------------- phases
     def portfolio(self) -> None:
-        runner = Runner(self.graph, self.cluster, self.costs, self.seed)
-        specs = plan(self.graph, self.cluster, self.budget.limit, self.algos)
+        runner = Runner(self.graph, self.cluster, self.costs, self.seed, self.assume_batch)
+        specs = plan(self.graph, self.cluster, self.budget.limit, self.algos,
+                     split_batch=batch_split_refusal(self.graph, self.cluster, self.assume_batch) is None)
         skipped = lambda s, e: self.log(f"auto: candidate {s.name} skipped: {e}")  # noqa: E731
         run_portfolio(runner, specs, self._judge, self.budget, on_error=skipped, wanted=self._wanted)
         feasible = any(c.score.feasible for c in self.candidates)
@@ -249,7 +262,8 @@ class Search:
         if not self.candidates:  # no budget at all: the cheapest placer, judged once
             self.budget.limit = self.budget.spent + 1
             self.budget.deadline = None
-            run_portfolio(Runner(self.graph, self.cluster, self.costs, self.seed), [(Spec("m-topo"), 0.0)],
+            run_portfolio(Runner(self.graph, self.cluster, self.costs, self.seed, self.assume_batch),
+                          [(Spec("m-topo"), 0.0)],
                           self._judge, self.budget)
         start = min(self.candidates, key=lambda c: (c.score.overflow, c.score.makespan))
         self.log(f"auto: best start {start.spec.name}: {_fmt(start.score)}; refining "
