@@ -207,7 +207,8 @@ def dp_refusal(graph: Graph, k: int, assume_batch: int | None = None, bucket_mb:
         check_replicable(graph)
         dp_batch(graph, k, "strong", None, assume_batch)
         if sized:
-            check_size(data_parallel_size(graph, k, bucket_mb), f"data-parallel: {k} replicas of graph '{graph.name}'")
+            check_size(data_parallel_size(graph, k, bucket_mb), f"data-parallel: {k} replicas of graph '{graph.name}'",
+                       devices=k)
     except InvalidInput as exc:
         return str(exc)
     return None

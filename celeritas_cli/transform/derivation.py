@@ -148,10 +148,12 @@ def _dp_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] 
     if shares is not None:
         if not strong:
             return "shares", "batch shares need strong scaling (weak: every replica runs the whole batch)"
+        if len(shares) != k:
+            return "shares", f"must list one batch fraction per replica ({k}), got {len(shares)}"
         try:
             shares = check_shares(shares, k)
-        except InvalidInput as exc:
-            return "shares", _strip(str(exc))
+        except InvalidInput:
+            return "shares", f"must be {k} positive batch fractions summing to 1, got {_short(shares)}"
     if not strong or k < 2:
         return None
     try:
@@ -237,7 +239,7 @@ def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices:
                 name, why = problem
                 raise InvalidInput(f"{label}: field {where}.{name}: {why}" if name else
                                    f"{label}: {where} ({step['transform']}): {why}")
-        check_size(kind.size(graph, step), f"{label}: {where} ({step['transform']})", kind.hint)
+        check_size(kind.size(graph, step), f"{label}: {where} ({step['transform']})", kind.hint, devices)
         try:
             graph = kind.build(graph, step)
         except InvalidInput as exc:

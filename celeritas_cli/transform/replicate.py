@@ -248,7 +248,8 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     elif shares is not None:
         shares = check_shares(shares, k)
     check_size(data_parallel_size(graph, k, bucket_mb), f"data-parallel: {k} replicas of graph '{graph.name}'",
-               "use fewer replicas (-p devices=N)" + (" or gradient buckets (-p bucket_mb=25)" if cap <= 0 else ""))
+               "use fewer replicas (-p devices=N)" + (" or gradient buckets (-p bucket_mb=25)" if cap <= 0 else ""),
+               devices=k)
     prof = batch_profile(graph)
     fresh = fresh_namer(graph)
     n = graph.n

@@ -3,19 +3,22 @@ budget it must fit.
 
 Every graph rewrite of :mod:`celeritas_cli.transform` states the size of
 what it builds from the size of its input, before building anything
-(:func:`~.replicate.data_parallel_size`, :func:`~.splitting.split_size`;
+(:func:`~.admit.data_parallel_size`, :func:`~.admit.split_size`;
 a recipe step's ``size`` in :mod:`~.derivation`), and refuses in one line
 when that size is over the budget: a recipe forged with a million
 replicas, or data parallelism over 1,024 devices, is answered at once
 instead of growing until the machine runs out of memory.
 
-The budget: at most :data:`MAX_DERIVED_NODES` nodes and
-:data:`EDGES_PER_NODE` times as many edges.  A derived graph costs placer
-about :data:`NODE_RAM` bytes per node and :data:`EDGE_RAM` per edge while
-it is built, placed and simulated (measured on data-parallel graphs of
-``layered_60`` with 64-256 replicas: 0.6-0.8 KiB per node or edge for the
-graph being built, about 4 KiB per node or edge over a whole ``placer
-place``), so the default budget keeps a derivation within a few GiB.
+The budget: at most :data:`MAX_DERIVED_NODES` nodes, :data:`EDGES_PER_NODE`
+times as many edges, and :data:`CELLS_PER_NODE` times as many node-device
+pairs (the cost model keeps a time for every node on every device, so on
+more than 64 devices the node budget shrinks to ``64 N / devices``).  What
+a derived graph costs placer while it is built, placed and simulated was
+measured on data-parallel graphs (``layered_60`` with 64-256 replicas, a
+36,000-node synthetic graph on 8 devices): about :data:`NODE_RAM` bytes per
+node, :data:`EDGE_RAM` per edge and :data:`CELL_RAM` per node and device,
+so the default budget keeps a derivation within a few GiB (data
+parallelism of ``layered_60`` on 256 devices, 146,432 nodes: 1.9 GB).
 ``placer place`` and ``placer simulate`` take ``--max-derived-nodes N`` to
 raise or lower it (:func:`derived_budget`).
 
@@ -42,9 +45,13 @@ from ..errors import InvalidInput
 MAX_DERIVED_NODES = 1_000_000
 #: edges allowed per node of the budget (a data-parallel graph has about 2 edges per node)
 EDGES_PER_NODE = 4
-#: placer's memory per node and per edge of a derived graph over a whole ``place`` (bytes, measured)
-NODE_RAM = 4096
-EDGE_RAM = 4096
+#: node-device pairs allowed per node of the budget (the cost model's times)
+CELLS_PER_NODE = 64
+#: placer's memory per node, per edge and per node and device of a derived graph over a whole ``place``
+#: (bytes, measured: module docstring)
+NODE_RAM = 1100
+EDGE_RAM = 550
+CELL_RAM = 32
 
 _BUDGET: ContextVar[int] = ContextVar("max_derived_nodes", default=MAX_DERIVED_NODES)
 
@@ -56,13 +63,10 @@ class Size:
     nodes: int
     edges: int
 
-    @property
-    def ram_bytes(self) -> int:
-        """About how much memory placer needs for such a graph (:data:`NODE_RAM`, :data:`EDGE_RAM`)."""
-        return self.nodes * NODE_RAM + self.edges * EDGE_RAM
-
-    def to_dict(self) -> dict:
-        return {"nodes": self.nodes, "edges": self.edges, "ram_bytes": self.ram_bytes}
+    def ram_bytes(self, devices: int = 1) -> int:
+        """About how much memory placer needs for such a graph on *devices*
+        devices (:data:`NODE_RAM`, :data:`EDGE_RAM`, :data:`CELL_RAM`)."""
+        return self.nodes * (NODE_RAM + CELL_RAM * devices) + self.edges * EDGE_RAM
 
 
 def max_derived_nodes() -> int:
@@ -86,26 +90,33 @@ def derived_budget(max_nodes: int | None) -> Iterator[None]:
         _BUDGET.reset(token)
 
 
-def over_budget(size: Size) -> bool:
-    """True when *size* exceeds the budget in force."""
+def node_limit(devices: int | None = None) -> int:
+    """Nodes a derived graph may have on *devices* devices under the budget in force."""
     limit = _BUDGET.get()
-    return size.nodes > limit or size.edges > EDGES_PER_NODE * limit
+    return min(limit, CELLS_PER_NODE * limit // devices) if devices else limit
 
 
-def check_size(size: Size, what: str, hint: str = "") -> None:
-    """Refuse to build a graph of *size* over the budget.
+def over_budget(size: Size, devices: int | None = None) -> bool:
+    """True when *size* (on *devices* devices, when known) exceeds the budget in force."""
+    return size.nodes > node_limit(devices) or size.edges > EDGES_PER_NODE * _BUDGET.get()
+
+
+def check_size(size: Size, what: str, hint: str = "", devices: int | None = None) -> None:
+    """Refuse to build a graph of *size* (placed on *devices* devices, when
+    known) over the budget.
 
     Raises
     ------
     InvalidInput
         ``"<what> would build a derived graph of N nodes and M edges (about
-        X GiB in placer), over the budget of B nodes (--max-derived-nodes)"``
-        plus *hint* (what to change).
+        X GiB in placer), over the budget of B nodes and E edges
+        (--max-derived-nodes)"`` plus *hint* (what to change).
     """
-    if not over_budget(size):
+    if not over_budget(size, devices):
         return
-    limit = _BUDGET.get()
-    gib = size.ram_bytes / 2**30
+    gib = size.ram_bytes(devices or 1) / 2**30
+    on = f" on {devices} devices" if devices and node_limit(devices) < _BUDGET.get() else ""
     raise InvalidInput(f"{what} would build a derived graph of {size.nodes:,} nodes and {size.edges:,} edges "
-                       f"(about {gib:,.1f} GiB in placer), over the budget of {limit:,} nodes and "
-                       f"{EDGES_PER_NODE * limit:,} edges (--max-derived-nodes)" + (f"; {hint}" if hint else ""))
+                       f"(about {gib:,.1f} GiB in placer), over the budget of {node_limit(devices):,} nodes{on} "
+                       f"and {EDGES_PER_NODE * _BUDGET.get():,} edges (--max-derived-nodes)"
+                       + (f"; {hint}" if hint else ""))
