@@ -255,3 +255,43 @@ def test_data_parallel_of_a_coarse_transformer_is_refused_not_answered_without_a
     with pytest.raises(InvalidInput, match=r"^p.json: derivation.steps\[0\] \(data-parallel\): graph "
                                            r"'transformer_b256@cpd' is coarse"):
         simulate(g, cl, forged, label="p.json")
+
+
+# ---------------------------------------------------------------- auto and compare
+def test_auto_leaves_data_parallelism_out_of_a_graph_without_a_batch_and_says_why(tmp_path):
+    from click.testing import CliRunner
+
+    from celeritas_cli.cli import main
+    from celeritas_cli.model.jsonio import write_json
+    from celeritas_cli.optimize.portfolio import batch_split_refusal, plan
+
+    g = build("lat", [node("a", 1.0), node("b", 10.0), node("c", 10.0), node("d", 1.0)],
+              [edge("a", "b", 1), edge("a", "c", 1), edge("b", "d", 1), edge("c", "d", 1)])
+    cl = uniform(2, bandwidth=100.0, latency=0.0)
+    why = batch_split_refusal(g, cl)
+    assert "declares no batch size" in why and batch_split_refusal(g, cl, assume_batch=2) is None
+    assert not any(s.algo == "data-parallel" or s.on for s, _ in plan(g, cl, 1000, split_batch=False))
+    path = tmp_path / "lat.json"
+    write_json(g.to_dict(), path)
+    write_json(cl.to_dict(), tmp_path / "c.json")
+    r = CliRunner().invoke(main, ["place", str(path), "-c", str(tmp_path / "c.json"), "-p", "evaluations=40"])
+    assert r.exit_code == 0, r.output
+    left_out = [ln for ln in r.stderr.splitlines() if ln.startswith("auto: data parallelism left out: ")]
+    assert len(left_out) == 1 and "graph 'lat' declares no batch size" in left_out[0]
+    # told the batch, auto replicates (each replica on half of it: 0.5 + 5 + 5 + 0.5 s, the best here)
+    r = CliRunner().invoke(main, ["place", str(path), "-c", str(tmp_path / "c.json"), "-p", "evaluations=40",
+                                  "--assume-batch", "2", "--no-timings"])
+    assert r.exit_code == 0 and "left out" not in r.stderr
+    import orjson
+
+    doc = orjson.loads(r.stdout)
+    assert doc["estimate"]["winner"].startswith("data-parallel")
+    assert doc["derivation"]["steps"][0]["assume_batch"] == 2
+    rep = CliRunner().invoke(main, ["simulate", str(path), "-P", "-", "-c", str(tmp_path / "c.json")], input=r.stdout)
+    assert rep.exit_code == 0 and orjson.loads(rep.stdout)["makespan_s"] == pytest.approx(
+        doc["estimate"]["makespan_s"])
+    # compare passes --assume-batch to the algorithms that split the batch
+    c = CliRunner().invoke(main, ["compare", str(path), "-c", str(tmp_path / "c.json"), "--algos",
+                                  "data-parallel,heft", "--assume-batch", "2", "--format", "json", "--no-progress"])
+    rows = [orjson.loads(x) for x in c.stdout.splitlines() if x.strip()]
+    assert c.exit_code == 0 and {r["algorithm"]: r.get("status") for r in rows}["data-parallel"] in ("OK", "FEASIBLE")
