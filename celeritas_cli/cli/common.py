@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 
 import click
@@ -34,6 +35,41 @@ def positive_seconds(ctx, param, value):
     """Click callback: a finite number of seconds > 0 (``nan`` and ``inf`` are usage errors)."""
     if value is not None and not (math.isfinite(value) and value > 0):
         raise click.BadParameter(f"must be a finite number of seconds > 0, got {value}")
+    return value
+
+
+# C0 and C1 control characters (newline, carriage return, tab, escape, ...), DEL, and Unicode's
+# line / paragraph separators: anything that would break a one-line message or drive a terminal
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def one_line(text: str) -> str:
+    """*text* with every control character escaped, so that an error stays
+    one line however odd the ids, file names, device ids or exception
+    messages it quotes (a node id with a newline, an ANSI escape in a
+    file name).  Newline, carriage return and tab read ``\\n``, ``\\r``,
+    ``\\t``; others ``\\xNN`` / ``\\uNNNN``; everything else, backslashes
+    included, is left as it is.  The CLI passes every error message through
+    it (:class:`celeritas_cli.cli.PlacerGroup`), so no command needs to.
+
+    Example
+    -------
+    >>> print(one_line("node 'a\\nb': line one\\r\\nline two\\x1b[31m"))
+    node 'a\\nb': line one\\r\\nline two\\x1b[31m
+    """
+
+    def escape(m: re.Match) -> str:
+        ch = m.group()
+        return _NAMED.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+
+    return _CONTROL.sub(escape, text)
+
+
+def nonnegative_finite(ctx, param, value):
+    """Click callback: a finite number >= 0 (``nan``, ``inf`` and negatives are usage errors)."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise click.BadParameter(f"must be a finite number >= 0, got {value}")
     return value
 
 

@@ -12,7 +12,7 @@ from ..errors import InvalidInput
 from ..model.io import load_graph, load_placement
 from ..model.jsonio import label_of, write_bytes
 from ..sim.simulator import CONGESTION_RULES
-from .common import emit, output_option, placement_cluster, seed_option, stderr_console
+from .common import emit, nonnegative_finite, one_line, output_option, placement_cluster, seed_option, stderr_console
 
 
 def parse_device_map(text: str | None) -> dict[str, str]:
@@ -110,8 +110,10 @@ def load_inputs(model, batch_size, config, placement_path, graph_path, cluster_p
                    "cluster's --comm-bench, else CPUs / processes for gloo and torch's default for local).")
 @click.option("--congestion", type=click.Choice(CONGESTION_RULES), default="channel", show_default=True,
               help="Link rule of the simulation it is compared with.")
-@click.option("--rtol", type=float, default=1.0e-4, show_default=True, help="Relative tolerance of the check.")
-@click.option("--atol", type=float, default=1.0e-5, show_default=True, help="Absolute tolerance of the check.")
+@click.option("--rtol", type=float, default=1.0e-4, show_default=True, callback=nonnegative_finite,
+              help="Relative tolerance of the check (finite, >= 0).")
+@click.option("--atol", type=float, default=1.0e-5, show_default=True, callback=nonnegative_finite,
+              help="Absolute tolerance of the check (finite, >= 0).")
 @click.option("--timeout", type=float, default=1800.0, show_default=True,
               help="Seconds the gloo processes may take in all.")
 @click.option("--export", "export_path", metavar="FILE.py", default=None,
@@ -174,7 +176,7 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
     else:
         emit(report, output)
     if not report["match"]:
-        print(f"Error: {label}: the placed step differs from the unplaced step (loss |diff| "
-              f"{report['loss_max_abs_diff']:.3g}, parameters max |diff| {report['params_max_abs_diff']:.3g}, "
-              f"rtol {rtol:g}, atol {atol:g})", file=sys.stderr)
+        print(one_line(f"Error: {label}: the placed step differs from the unplaced step (loss |diff| "
+                       f"{report['loss_max_abs_diff']:.3g}, parameters max |diff| {report['params_max_abs_diff']:.3g}, "
+                       f"rtol {rtol:g}, atol {atol:g})"), file=sys.stderr)
         raise SystemExit(1)

@@ -27,6 +27,11 @@ BANDWIDTH_MIN, BANDWIDTH_MAX = 1.0, 1e18
 #: Most devices in one cluster (so per-step transfer totals stay below 2^63 bytes).
 DEVICES_MAX = 1024
 
+#: Most bytes placer reads from one input document (a plain file, stdin, or a
+#: ``*.gz`` file once decompressed): 512 MiB, about 1.5 million nodes of a
+#: graph.  The environment variable ``PLACER_MAX_INPUT_MB`` overrides it.
+INPUT_BYTES_MAX = 512 << 20
+
 #: How the schemas' bounds read in messages (fastjsonschema prints the number).
 WORDS = {
     str(BYTES_MAX): "2^53-1 bytes (8 PiB)",
