@@ -98,8 +98,6 @@ def place_record(algo: str, gname: str, cname: str, tmp_dir: Path) -> dict:
         path = tmp_dir / "given.json"
         write_json(registry.place(graph, cluster, "m-topo").to_dict(), path)
         params["file"] = str(path)
-    if "assume_batch" in registry.get(algo).params and "batch_size" not in graph.meta:
-        params["assume_batch"] = 64  # a sample graph that declares no batch
     try:
         p = registry.place(graph, cluster, algo, seed=0, params=params)
     except InvalidInput as exc:  # refused on purpose (data parallelism of a coarse graph)

