@@ -188,7 +188,7 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     Returns
     -------
     Placement
-        Over the data-parallel graph (``split_graph``, with ``derivation``
+        Over the data-parallel graph (``derived``, with ``derivation``
         ``[{"transform": "data-parallel", ...}]``), without an order, and
         an ``estimate`` holding the simulated makespan (channel congestion),
         ``status`` (``OOM`` when a device is over capacity), the simulator's

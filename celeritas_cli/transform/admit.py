@@ -132,11 +132,20 @@ def dp_batch(graph: Graph, k: int, scaling: str = "strong", shares: list[float] 
     Raises
     ------
     InvalidInput
-        No declared batch, ``batch < k``, shares that are not whole samples.
+        No declared batch, ``batch < k``, shares that are not whole samples;
+        a micro-batched graph whose micro-batches ``k`` does not divide (each
+        replica's copy of a micro-batch runs ``1/k`` of it).
     """
     if scaling == "strong" and k > 1:
         batch = declared_batch(graph, assume_batch,
                                what=f"data parallelism over {k} replicas (each on a share of the batch)")
+        mb = graph.meta.get("microbatch")
+        if isinstance(mb, dict) and isinstance(mb.get("micro_batches"), list):
+            # a micro-batch copy of every replica runs 1/k of its micro-batch: whole samples only if k divides them
+            if shares is not None or any(not isinstance(b, int) or b % k for b in mb["micro_batches"]):
+                raise InvalidInput(f"data-parallel: the micro-batches {mb['micro_batches']} of graph '{graph.name}' "
+                                   f"do not divide into {k} equal shares of whole samples; replicate the model "
+                                   f"graph first, then micro-batch it")
         return batch, replica_samples(batch, k, check_shares(shares, k) if shares is not None else None)
     if assume_batch is None and graph.meta.get("batch_size") is None:
         return None, None

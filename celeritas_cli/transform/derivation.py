@@ -29,7 +29,13 @@ placed a coarse graph).  Steps, applied in order:
 * ``{"transform": "split", "node": id, "dim": "batch" | "channel", "n": n,
   "overhead_s": s}`` (and ``"assume_batch"`` as above):
   :func:`~celeritas_cli.transform.splitting.split_operation` (``node`` is
-  an id of the graph the previous steps produced).
+  an id of the graph the previous steps produced);
+* ``{"transform": "microbatch", "m": m, "global_batch": B, "micro_batches":
+  [b0, ...], "overhead_s": s}`` (+ ``"assume_batch": N``):
+  :func:`~celeritas_cli.transform.microbatch.microbatch_graph` (the recorded
+  batches must be what the graph and ``m`` give);
+* ``{"transform": "recompute", "nodes": [ids]}``:
+  :func:`~celeritas_cli.transform.recompute.recompute_graph`.
 
 ``base`` = ``{"graph": name, "members": [[original ids of coarse node 0],
 ...]}``: the algorithm's input was a coarse graph with these members (in
@@ -74,9 +80,23 @@ from ..model.limits import TIME_MAX
 from .admit import DIMENSIONS, check_shares, data_parallel_size, replica_samples, split_refusal, split_size
 from .allreduce import BUCKET_MB_MAX
 from .batch import BATCH_MAX, declared_batch
-from .recipe_check import Context, StepKind, check_base, check_recipe, choice, integer, number, numbers, string
+from .microbatch import microbatch_batches, microbatch_graph, microbatch_size
+from .recipe_check import (
+    Context,
+    StepKind,
+    check_base,
+    check_recipe,
+    choice,
+    integer,
+    integers,
+    number,
+    numbers,
+    string,
+    strings,
+)
+from .recompute import recompute_graph, recompute_size, resolve_nodes
 from .replicate import SCALINGS, data_parallel_graph
-from .size import check_size
+from .size import Size, check_size
 from .split_cost import DEFAULT_OVERHEAD_S
 from .splitting import split_operation
 
@@ -190,6 +210,28 @@ def _split_build(graph: Graph, step: dict) -> Graph:
                            assume_batch=step.get("assume_batch"))
 
 
+def _mb_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] | None:
+    """The recorded batches of a microbatch step must be what the graph and ``m`` give."""
+    try:
+        total, mbs = microbatch_batches(graph, step["m"], step.get("assume_batch"))
+    except InvalidInput as exc:
+        return None, _strip(str(exc))
+    if step["global_batch"] != total:
+        return "global_batch", f"is {step['global_batch']}, graph '{graph.name}' gives {total}"
+    if step["micro_batches"] != mbs:
+        return "micro_batches", (f"is {_short(step['micro_batches'])}, graph '{graph.name}' with m={step['m']} "
+                                 f"gives {mbs}")
+    return None
+
+
+def _recompute_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] | None:
+    try:
+        resolve_nodes(graph, step["nodes"])
+    except InvalidInput as exc:
+        return "nodes", _strip(str(exc))
+    return None
+
+
 _OVERHEAD = number(0, TIME_MAX)
 _BATCH = integer(1, BATCH_MAX)
 
@@ -210,6 +252,17 @@ STEPS: dict[str, StepKind] = {
         required=("node", "dim", "n"), defaults={"overhead_s": DEFAULT_OVERHEAD_S},
         check=_split_check, build=_split_build,
         size=lambda g, st: split_size(g, g.index[st["node"]], st["dim"], st["n"]), hint="fewer parts"),
+    "microbatch": StepKind(  # transform/microbatch.py (WP "pipe")
+        fields={"m": integer(1), "global_batch": _BATCH, "micro_batches": integers(1), "overhead_s": _OVERHEAD,
+                "assume_batch": _BATCH},
+        required=("m", "global_batch", "micro_batches"), defaults={"overhead_s": DEFAULT_OVERHEAD_S},
+        check=_mb_check, size=lambda g, st: Size(*microbatch_size(g, st["m"])), hint="fewer micro-batches",
+        build=lambda g, st: microbatch_graph(g, st["m"], overhead_s=st["overhead_s"],
+                                             assume_batch=st.get("assume_batch"))),
+    "recompute": StepKind(  # transform/recompute.py (WP "pipe")
+        fields={"nodes": strings()}, required=("nodes",), check=_recompute_check,
+        size=lambda g, st: Size(*recompute_size(g, st["nodes"])), hint="fewer recomputed nodes",
+        build=lambda g, st: recompute_graph(g, st["nodes"])),
 }
 TRANSFORMS = tuple(STEPS)
 

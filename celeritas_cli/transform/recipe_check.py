@@ -12,7 +12,7 @@ error names the file and the field::
 :mod:`~.derivation` holds the table of step kinds (one entry per
 transform); this module holds the machinery and the field checks
 (:func:`integer`, :func:`number`, :func:`choice`, :func:`string`,
-:func:`numbers`, :func:`strings`), so a new transform declares its step in a
+:func:`numbers`, :func:`integers`, :func:`strings`), so a new transform declares its step in a
 few lines.
 
 Example
@@ -138,6 +138,18 @@ def numbers() -> Check:
         for i, v in enumerate(x):
             if not _is_number(v) or not math.isfinite(v):
                 return f"[{i}]: must be a number, got {_short(v)}"
+        return None
+    return check
+
+
+def integers(lo: int = 0) -> Check:
+    """A list of integers of at least *lo* (not bools, not floats)."""
+    def check(x: Any, ctx: Context) -> str | None:
+        if not isinstance(x, list):
+            return f"must be a list of integers, got {_short(x)}"
+        for i, v in enumerate(x):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                return f"[{i}]: must be an integer of at least {lo}, got {_short(v)}"
         return None
     return check
 

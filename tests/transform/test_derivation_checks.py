@@ -295,3 +295,13 @@ def test_auto_leaves_data_parallelism_out_of_a_graph_without_a_batch_and_says_wh
                                   "data-parallel,heft", "--assume-batch", "2", "--format", "json", "--no-progress"])
     rows = [orjson.loads(x) for x in c.stdout.splitlines() if x.strip()]
     assert c.exit_code == 0 and {r["algorithm"]: r.get("status") for r in rows}["data-parallel"] in ("OK", "FEASIBLE")
+
+
+def test_replicating_a_micro_batched_graph_needs_whole_samples_per_micro_batch():
+    from celeritas_cli.transform.microbatch import microbatch_graph
+
+    g = training_model()  # batch 8
+    assert data_parallel_graph(microbatch_graph(g, 2), 2).meta["data_parallel"]["replica_batch"] == 4  # 4 + 4 -> 2 + 2
+    with pytest.raises(InvalidInput, match=r"the micro-batches \[3, 3, 2\] of graph 'tm\+mb3' do not divide into "
+                                           r"2 equal shares of whole samples"):
+        data_parallel_graph(microbatch_graph(g, 3), 2)
