@@ -9,8 +9,10 @@ import sys
 import click
 
 from ..log import stderr_console, warn  # noqa: F401  (re-exported for the commands)
+from ..model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from ..model.io import DEFAULT_CLUSTER, load_cluster
 from ..model.jsonio import write_json
+from ..model.limits import TIME_MAX
 
 cluster_option = click.option(
     "--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
@@ -32,10 +34,33 @@ seed_option = click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=
 
 
 def positive_seconds(ctx, param, value):
-    """Click callback: a finite number of seconds > 0 (``nan`` and ``inf`` are usage errors)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise click.BadParameter(f"must be a finite number of seconds > 0, got {value}")
+    """Click callback: seconds, ``0 < S <= 1e12`` (``nan``, ``inf`` and the rest are usage errors)."""
+    if value is not None and not (math.isfinite(value) and 0 < value <= TIME_MAX):
+        raise click.BadParameter(f"must be a number of seconds > 0 and <= 1e12, got {value}")
     return value
+
+
+def time_limit_seconds(ctx, param, value):
+    """Click callback of ``--time-limit``: seconds, ``0 <= S <= 1e12``, 0 = no
+    limit - the rule of every algorithm's ``time_limit``
+    (:func:`celeritas_cli.registry.time_limit_param`); ``nan``, ``inf`` and
+    the rest are usage errors (exit 2) naming the option."""
+    if value is not None and not (math.isfinite(value) and 0 <= value <= TIME_MAX):
+        raise click.BadParameter(f"must be a number of seconds from 0 (no limit) to 1e12, got {value}")
+    return value
+
+
+def time_limit_option(help: str):
+    """``--time-limit S`` (default: not given), checked by :func:`time_limit_seconds`."""
+    return click.option("--time-limit", type=float, default=None, metavar="S", callback=time_limit_seconds,
+                        help=help)
+
+
+def congestion_option(help: str, default: str | None = DEFAULT_CONGESTION):
+    """``--congestion RULE``, one of :data:`~celeritas_cli.model.congestion.CONGESTION_RULES`
+    (*default* None: not given, e.g. ``place``, where only a given flag reaches the algorithm)."""
+    return click.option("--congestion", type=click.Choice(CONGESTION_RULES), default=default,
+                        show_default=default is not None, help=help)
 
 
 # C0 and C1 control characters (newline, carriage return, tab, escape, ...), DEL, and Unicode's

@@ -8,93 +8,8 @@ import sys
 
 import click
 
-from ..errors import InvalidInput
-from ..model.io import load_graph, load_placement
-from ..model.jsonio import label_of, write_bytes
-from ..sim.simulator import CONGESTION_RULES
-from .common import emit, nonnegative_finite, one_line, output_option, placement_cluster, seed_option, stderr_console
-
-
-def parse_device_map(text: str | None) -> dict[str, str]:
-    """``"gpu0=cuda:0,gpu1=cpu"`` -> ``{"gpu0": "cuda:0", "gpu1": "cpu"}`` (usage error otherwise)."""
-    out: dict[str, str] = {}
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
-        if "=" not in item:
-            raise click.BadParameter(f"expected DEVICE=TORCH_DEVICE pairs like gpu0=cuda:0,gpu1=cpu, got {item!r}",
-                                     param_hint="--device-map")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
-
-
-def placed_step_options(fn):
-    """Options shared by ``run`` and ``export``: the model, the placement, the graph, the cluster."""
-    opts = [
-        click.option("--model", "model", metavar="NAME|module:attr|file.py:attr", default=None,
-                     help="The model the placement was made for (zoo name, module:attr, or path/to/file.py:attr). "
-                          "Default: the one --graph was profiled from."),
-        click.option("--batch-size", "-b", type=int, default=None,
-                     help="Batch size to capture (default: --graph's)."),
-        click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
-                     help="Constructor argument of the model (default: --graph's)."),
-        click.option("--placement", "-P", "placement_path", required=True, metavar="FILE|-",
-                     help="The placement (placer.placement/v1) to execute."),
-        click.option("--graph", "-g", "graph_path", metavar="FILE", default=None,
-                     help="The graph file the placement was made for: its node ids must match the capture, and its "
-                          "costs are simulated (default: the captured graph, roofline costs)."),
-        click.option("--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
-                     help="Cluster the placement was made for. Default: the placement's cluster if it is a bundled "
-                          "one, else 4xV100-pcie."),
-        click.option("--device-map", "device_map", metavar="DEV=TORCH,...", default=None,
-                     help="Torch device of each cluster device, e.g. gpu0=cuda:0,gpu1=cpu. Default: device i -> "
-                          "cuda:i when this machine has it, else cpu."),
-        seed_option,
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
-
-
-def check_exportable(pre, label: str) -> None:
-    """Export writes one process's placed step; a data-parallel placement is not one."""
-    from ..run.api import Prepared
-
-    if not isinstance(pre, Prepared):
-        raise InvalidInput(f"{label}: a data-parallel placement is not exported (it is one model per process: use "
-                           f"torch DistributedDataParallel); run it with placer run --backend gloo")
-
-
-def load_inputs(model, batch_size, config, placement_path, graph_path, cluster_path, say):
-    """Resolve the model / batch / config (from --graph's meta when not given), the placement,
-    graph and cluster.  Returns ``(spec, batch, config, placement, label, graph, graph_label, cluster)``."""
-    from .profile_cmd import _config
-
-    if placement_path == "-" and graph_path == "-":
-        raise click.UsageError("--placement and --graph cannot both be stdin")
-    placement = load_placement(placement_path)
-    label = label_of(placement_path)
-    graph = load_graph(graph_path) if graph_path else None
-    meta = graph.meta if graph is not None else {}
-    cfg = _config(config) if config else dict(meta.get("config") or {})
-    source = str(meta.get("source") or "")
-    if model is None:
-        if not source.startswith("profile torch:"):
-            raise click.UsageError("--model is required (or --graph from `placer profile --model ...`)")
-        model = source.removeprefix("profile torch:")
-        say(f"model {model} (from {graph_path})")
-    if batch_size is None:
-        if not isinstance(meta.get("batch_size"), int):
-            raise click.UsageError("--batch-size is required (or --graph from `placer profile --model ...`)")
-        batch_size = meta["batch_size"]
-        say(f"batch size {batch_size} (from {graph_path})")
-    if graph is not None and isinstance(meta.get("batch_size"), int) and batch_size != meta["batch_size"]:
-        raise click.UsageError(f"--batch-size {batch_size}, but {graph_path} holds costs for a batch of "
-                               f"{meta['batch_size']} (the placement was made for it): run with -b "
-                               f"{meta['batch_size']}, or profile and place the graph at batch {batch_size}")
-    cluster = placement_cluster(placement, cluster_path, label)
-    return model, batch_size, cfg, placement, label, graph, (label_of(graph_path) if graph_path else "graph"), cluster
+from .common import congestion_option, emit, nonnegative_finite, one_line, output_option, positive_seconds
+from .placed_step import check_exportable, placed_step_options, prepare_step, write_source
 
 
 @click.command("run", context_settings={"max_content_width": 100})
@@ -102,20 +17,20 @@ def load_inputs(model, batch_size, config, placement_path, graph_path, cluster_p
 @click.option("--backend", type=click.Choice(["local", "gloo"]), default="local", show_default=True,
               help="local: one process, explicit copies between devices; gloo: one process per device with "
                    "torch.distributed (NCCL when every device is a distinct GPU).")
-@click.option("--steps", type=int, default=5, show_default=True, help="Timed steps (the median is reported).")
-@click.option("--warmup", type=int, default=1, show_default=True,
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed steps (the median is reported).")
+@click.option("--warmup", type=click.IntRange(min=1), default=1, show_default=True,
               help="Warm-up steps before timing; the first one is checked against the unplaced step.")
-@click.option("--threads", type=int, default=None,
+@click.option("--threads", type=click.IntRange(min=1), default=None,
               help="torch threads per process (default: those --graph was measured with, else those of the "
                    "cluster's --comm-bench, else CPUs / processes for gloo and torch's default for local).")
-@click.option("--congestion", type=click.Choice(CONGESTION_RULES), default="channel", show_default=True,
-              help="Link rule of the simulation it is compared with.")
+@congestion_option("Link rule of the simulation it is compared with.")
 @click.option("--rtol", type=float, default=1.0e-4, show_default=True, callback=nonnegative_finite,
               help="Relative tolerance of the check (finite, >= 0).")
 @click.option("--atol", type=float, default=1.0e-5, show_default=True, callback=nonnegative_finite,
               help="Absolute tolerance of the check (finite, >= 0).")
-@click.option("--timeout", type=float, default=1800.0, show_default=True,
-              help="Seconds the gloo processes may take in all.")
+@click.option("--timeout", type=float, default=1800.0, show_default=True, callback=positive_seconds,
+              help="Seconds the gloo processes may take in all (at most 1e12).")
 @click.option("--export", "export_path", metavar="FILE.py", default=None,
               help="Also write the placed step as Python source (as placer export --format torch).")
 @click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json", show_default=True,
@@ -141,32 +56,18 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
     profile the graph with --measure and the cluster with --comm-bench
     (see README, "placer run").
     """
-    from ..profile.capture import require_torch
+    from ..run.api import run_placement
 
-    require_torch()
-    console = stderr_console()
-
-    def say(msg: str) -> None:
-        console.print(f"placer run: {msg}")
-
-    spec, batch, cfg, placement, label, graph, glabel, cluster = load_inputs(
-        model, batch_size, config, placement_path, graph_path, cluster_path, say)
-    from ..run.api import prepare, run_placement
-
-    pre = prepare(spec, batch, placement, cluster, label=label, config=cfg, graph=graph, graph_label=glabel,
-                  device_map=parse_device_map(device_map), seed=seed, congestion=congestion, progress=say)
+    pre, inp, say = prepare_step("run", model, batch_size, config, placement_path, graph_path, cluster_path,
+                                 device_map, seed, congestion)
+    label = inp.label
     if export_path:
         check_exportable(pre, label)
-    report = run_placement(spec, batch, placement, cluster, label=label, backend=backend, steps=steps,
-                           warmup=warmup, seed=seed, threads=threads, congestion=congestion, rtol=rtol, atol=atol,
-                           timeout=timeout, progress=say, prepared=pre)
+    report = run_placement(inp.spec, inp.batch, inp.placement, inp.cluster, label=label, backend=backend,
+                           steps=steps, warmup=warmup, seed=seed, threads=threads, congestion=congestion, rtol=rtol,
+                           atol=atol, timeout=timeout, progress=say, prepared=pre)
     if export_path:
-        from ..run.export import export_source
-
-        src = export_source(pre.prog, cluster.ids, pre.tdev, graph=pre.sim_graph.name, cluster=cluster.name,
-                            label=label, algorithm=placement.algorithm)
-        write_bytes(src.encode(), export_path)
-        say(f"wrote the placed step to {export_path}")
+        write_source(pre, inp, export_path, say)
     if fmt == "table":
         from ..run.report import render_table
 

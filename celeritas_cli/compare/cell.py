@@ -206,7 +206,8 @@ def _simulate(task: Task, graph, cluster, placement, row: dict) -> None:
     from ..sim.simulator import simulate
 
     t0 = time.perf_counter()
-    report = simulate(graph, cluster, placement, congestion=task.congestion, label=f"{task.algorithm} placement")
+    report = simulate(graph, cluster, placement, congestion=task.congestion, label=f"{task.algorithm} placement",
+                      memory=task.memory)
     row["simulate_time_s"] = time.perf_counter() - t0
     devs = report["devices"]
     row.update(status=report["status"], makespan_s=report["makespan_s"], lower_bound_s=report["lower_bound_s"],

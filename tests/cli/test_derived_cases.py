@@ -146,7 +146,7 @@ def test_n14_a_placement_remembers_the_cluster_it_was_made_for(tmp_path):
     (0.0059 s OK instead of 0.155 s OOM); now it says which file to pass, and -c FILE gives the honest
     answer.  A placement made on a cluster file that is not bundled says which one (not "unknown device")."""
     doc = bundled_cluster("4xV100-pcie").to_dict()
-    doc = {**doc, "devices": [{**d, "memory_bytes": 2**28} for d in doc["devices"]]}  # 256 MiB each
+    doc = {**doc, "devices": [{**d, "memory_bytes": 2**20} for d in doc["devices"]]}  # 1 MiB each: OOM
     custom = tmp_path / "custom.cluster.json"
     write_json(doc, custom)
     g = SAMPLES / "layered_300.json"

@@ -252,7 +252,7 @@ def test_coarsen_parameter_ranges():
 
 def test_time_limit_nan_is_a_usage_error():
     r = run(["place", G60, "--algo", "milp", "--time-limit", "nan"])
-    assert r.exit_code == 2 and "finite number of seconds" in r.output
+    assert r.exit_code == 2 and "must be a number of seconds from 0 (no limit) to 1e12" in r.output
 
 
 # ------------------------------------------------------------- solver guards

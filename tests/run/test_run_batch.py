@@ -14,7 +14,7 @@ from celeritas_cli.errors import InvalidInput  # noqa: E402
 from celeritas_cli.model.graph import build  # noqa: E402
 from celeritas_cli.model.jsonio import write_json  # noqa: E402
 from celeritas_cli.model.placement import Placement  # noqa: E402
-from celeritas_cli.run.api import check_same_graph  # noqa: E402
+from celeritas_cli.run.checks import check_same_graph  # noqa: E402
 
 
 def test_a_plain_placement_made_for_another_batch_is_refused():

@@ -48,8 +48,6 @@ def test_recomputation_trades_memory_for_time_by_hand():
     assert results == {False: (pytest.approx(12.0), 200), True: (pytest.approx(16.0), 100)}
 
 
-@pytest.mark.xfail(strict=True, reason="the memory-over-time judge (WP judge: report.memory_rule, per-device "
-                                       "peaks) has not landed on main; remove this mark when it has")
 def test_recomputation_by_hand_under_the_judge():
     peaks_by = {}
     for rc in (None, ["f1", "f2"]):
