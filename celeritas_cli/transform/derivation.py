@@ -273,8 +273,8 @@ def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices:
     recipe's steps applied in order.  Every step's fields are checked
     first (:func:`~.recipe_check.check_recipe`); then each step is checked
     against the graph it applies to, sized (:mod:`~.size`) and only then
-    built.  *devices* (the cluster's device count, when known) bounds
-    ``replicas`` and ``n``.
+    built (:func:`apply_step`).  *devices* (the cluster's device count, when
+    known) bounds ``replicas`` and ``n``.
 
     Raises
     ------
@@ -283,21 +283,41 @@ def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices:
         ``<label>: derivation.steps[i] (<transform>): ...``.
     """
     ctx = Context(label, devices, cluster)
-    steps = check_recipe(derivation, STEPS, ctx)
-    for i, (step, kind) in enumerate(steps):
-        where = f"derivation.steps[{i}]"
-        if kind.check is not None:
-            problem = kind.check(graph, step, ctx)
-            if problem:
-                name, why = problem
-                raise InvalidInput(f"{label}: field {where}.{name}: {why}" if name else
-                                   f"{label}: {where} ({step['transform']}): {why}")
-        check_size(kind.size(graph, step), f"{label}: {where} ({step['transform']})", kind.hint, devices)
-        try:
-            graph = kind.build(graph, step)
-        except InvalidInput as exc:
-            raise InvalidInput(f"{label}: {where} ({step['transform']}): {_strip(str(exc))}") from None
+    for i, (step, kind) in enumerate(check_recipe(derivation, STEPS, ctx)):
+        graph = _apply(graph, i, step, kind, ctx)
     return graph
+
+
+def apply_step(graph: Graph, step: Any, label: str = "derivation", *, devices: int | None = None,
+               cluster: str = "") -> Graph:
+    """Apply one recipe step to *graph*, checked and sized as :func:`derive`
+    does (its messages say ``derivation.steps[0]``).
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("g", [{"id": "c", "compute_s": 4, "memory_bytes": 0, "splittable": ["batch"]}], [],
+    ...           meta={"batch_size": 8})
+    >>> apply_step(g, split_step("c", "batch", 2, 0.0)).n
+    2
+    """
+    ctx = Context(label, devices, cluster)
+    ((st, kind),) = check_recipe({"steps": [step]}, STEPS, ctx)
+    return _apply(graph, 0, st, kind, ctx)
+
+
+def _apply(graph: Graph, i: int, step: dict, kind: StepKind, ctx: Context) -> Graph:
+    """Step *i* (fields already checked): against *graph*, sized, then built."""
+    where, label = f"derivation.steps[{i}]", ctx.label
+    if kind.check is not None:
+        problem = kind.check(graph, step, ctx)
+        if problem:
+            name, why = problem
+            raise InvalidInput(f"{label}: field {where}.{name}: {why}" if name else
+                               f"{label}: {where} ({step['transform']}): {why}")
+    check_size(kind.size(graph, step), f"{label}: {where} ({step['transform']})", kind.hint, ctx.devices)
+    try:
+        return kind.build(graph, step)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{label}: {where} ({step['transform']}): {_strip(str(exc))}") from None
 
 
 def base_graph(graph: Graph, derivation: Any, label: str) -> Graph:
