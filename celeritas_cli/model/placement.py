@@ -94,6 +94,15 @@ class Placement:
             self.estimate = Estimate.from_dict(self.estimate)
 
     @property
+    def derived_graph(self) -> Graph | None:
+        """The same as ``derived`` (the name another work package used)."""
+        return self.derived
+
+    @derived_graph.setter
+    def derived_graph(self, graph: Graph | None) -> None:
+        self.derived = graph
+
+    @property
     def is_derived(self) -> bool:
         """True when the placement refers to a derived graph (a recipe, a carried or an in-memory one)."""
         return self.derivation is not None or self.split_graph is not None or self.derived is not None

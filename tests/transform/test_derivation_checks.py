@@ -281,7 +281,7 @@ def test_auto_leaves_data_parallelism_out_of_a_graph_without_a_batch_and_says_wh
     # told the batch, auto replicates (each replica on half of it: 0.5 + 5 + 5 + 0.5 s, the best here)
     r = CliRunner().invoke(main, ["place", str(path), "-c", str(tmp_path / "c.json"), "-p", "evaluations=40",
                                   "--assume-batch", "2", "--no-timings"])
-    assert r.exit_code == 0 and "left out" not in r.stderr
+    assert r.exit_code == 0 and "data parallelism left out" not in r.stderr
     import orjson
 
     doc = orjson.loads(r.stdout)
