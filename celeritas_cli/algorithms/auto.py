@@ -29,7 +29,7 @@ device) does not (issue 24, N16).  The machinery lives in
 from __future__ import annotations
 
 from ..errors import InvalidInput
-from ..log import chatty, warn
+from ..log import Progress, chatty, warn
 from ..model.cluster import Cluster
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
@@ -144,7 +144,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
                     congestion=congestion, algos=names, log=warn if chatty() and not quiet else None, notice=warn,
                     deadline=deadline, assume_batch=assume_batch or None)
-    out = search.run()
+    out = _run(search, chatty() and not quiet)
     spent = _spent(search)
     if out.clock_cut:
         warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({spent}), so another run may differ; "
@@ -191,3 +191,17 @@ def _spent(search: Search) -> str:
     b = search.budget
     return (f"{b.spent:.1f} of {b.limit:.0f} evaluations spent: {b.used} simulations + {b.charged:.1f} charged "
             f"by estimate for the placers' work and larger graphs")
+
+
+def _run(search: Search, talk: bool):
+    """``search.run()``; on a terminal with a progress bar on stderr (the
+    evaluation budget spent, the search's lines printed above it).  Piped,
+    the lines come as they are; quiet, nothing."""
+    with Progress("auto", total=search.budget.limit, enabled=talk) as bar:
+        if bar.mode == "bar":
+            def line(msg: str) -> None:
+                bar.update(completed=min(search.budget.spent, search.budget.limit))
+                bar.line(msg)
+
+            search.log = line
+        return search.run()

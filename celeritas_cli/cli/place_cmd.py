@@ -8,6 +8,7 @@ import click
 
 from .. import registry
 from ..errors import InvalidInput
+from ..log import quiet as quiet_output
 from ..log import warn
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import cost_model
@@ -75,9 +76,12 @@ def _list_algorithms() -> None:
                    "simulate, run and export rebuild it.")
 @max_derived_option
 @click.option("--list", "list_algos", is_flag=True, help="List the algorithms with their papers and exit.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="No progress (auto's bar or lines) and no notes on stderr; warnings about the result are "
+                   "still said.")
 @output_option
 def place(graph_path, algo, cluster_path, params, seed, time_limit, congestion, do_simulate, timings, assume_batch,
-          embed_derived, max_derived_nodes, list_algos, output):
+          embed_derived, max_derived_nodes, list_algos, quiet, output):
     """Place GRAPH (a graph or coarse graph file, - for stdin) on a cluster.
 
     Without --algo, auto searches for the best placement it can confirm with
@@ -90,6 +94,7 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, congestion, 
     Examples:
       placer place g.json > p.json                 # auto, the default
       placer place g.json --time-limit 60 --no-timings -o p.json
+      placer place g.json -q -o p.json             # no progress on stderr
       placer coarsen g.json | placer place --algo adjusting > p.json
       placer place g.json --algo heft --cluster moirai-intra-server -o p.json
       placer place coarse.json --algo milp --time-limit 30 --congestion port
@@ -118,14 +123,15 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, congestion, 
         warn(f"placer: {line}")
     entry.coerce(raw)  # a bad or out-of-range parameter says so before anything is loaded
     graph = load_graph(graph_path)
-    cluster = get_cluster(cluster_path)
+    cluster = get_cluster(cluster_path, quiet=quiet)
     if graph.is_coarse and (do_simulate or entry.uses_origin):
         attach_origin(graph)  # meta.coarsened_from_file, when readable
     costs = cost_model(graph, cluster)
     # --time-limit bounds the whole command, loading included: the deadline counts from its start
-    with derived_budget(max_derived_nodes):
+    with quiet_output(quiet), derived_budget(max_derived_nodes):
         result = registry.place(graph, cluster, algo, seed=seed, params=raw, costs=costs, started=started)
-        if do_simulate:
+    if do_simulate:
+        with derived_budget(max_derived_nodes):
             _report(graph, cluster, algo, result, costs, congestion or DEFAULT_CONGESTION)
     emit(result.to_dict(timings=timings, embed_derived=embed_derived), output)
 

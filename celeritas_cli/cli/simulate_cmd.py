@@ -83,8 +83,10 @@ def render_report(report: dict, plan: str | None = None) -> None:
                    "under the lanes.")
 @click.option("--trace", metavar="FILE",
               help="Write a Chrome trace JSON (chrome://tracing, Perfetto), with memory counters per device.")
-@click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json", show_default=True,
-              help="json: the placer.report/v1 document; table: a readable summary on stdout.")
+@click.option("--format", "fmt", type=click.Choice(["json", "table", "html"]), default="json", show_default=True,
+              help="json: the placer.report/v1 document; table: a readable summary on stdout; html: one "
+                   "self-contained page (Gantt chart with hover details and the critical path, memory over time "
+                   "per device, link traffic, estimate and caveats) written to -o.")
 @max_derived_option
 @output_option
 def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion, memory, gantt, trace, fmt,
@@ -99,6 +101,7 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
       placer place g.json --algo heft | placer simulate g.json -P - --gantt g.svg
       placer simulate g.json -P p.json --congestion port --trace trace.json -o report.json
       placer simulate g.json -P p.json --memory static --format table
+      placer simulate g.json -P p.json --format html -o page.html
     """
     if graph_path == "-" and placement_path == "-":
         raise click.UsageError("GRAPH and --placement cannot both be stdin")
@@ -125,7 +128,13 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
         from ..sim.gantt import write_trace
 
         write_trace(sim_graph, cluster, scheds[0], trace, memory=report)
-    if fmt == "table":
+    if fmt == "html":
+        from ..model.jsonio import write_bytes
+        from ..report import placement_page
+
+        plan = describe_placement(placement, graph, cluster)
+        write_bytes(placement_page(sim_graph, cluster, scheds[0], report, plan).encode(), output)
+    elif fmt == "table":
         render_report(report, describe_placement(placement, graph, cluster))
         if output != "-":
             emit(report, output)
