@@ -20,7 +20,7 @@ from ..log import quiet as quiet_output
 from ..log import warn
 from ..model.io import load_cluster
 from ..sim.memory import RULES as MEMORY_RULES
-from .common import congestion_option, parse_params, seed_option, time_limit_option
+from .common import assume_batch_option, congestion_option, parse_params, seed_option, time_limit_option
 
 
 def _split_params(pairs: tuple[str, ...], algorithms: list[str]) -> tuple[dict, dict]:
@@ -86,6 +86,7 @@ def _algorithms(algos: str | None, exclude: str | None, quiet: bool = False) -> 
 @click.option("--coarsen-param", "coarsen_params", multiple=True, metavar="KEY=VALUE",
               help="Coarsening parameter, repeatable.")
 @seed_option
+@assume_batch_option
 @time_limit_option("Per-cell limit (0 = none): passed to algorithms taking time_limit; each phase of a cell "
                    "that runs longer than S + 2 s + 10% is killed and reported as timeout.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
@@ -130,7 +131,8 @@ def _algorithms(algos: str | None, exclude: str | None, quiet: bool = False) -> 
               help="Show the algorithms' own progress lines (solver incumbents, library banners); without it "
                    "cells run quietly.  Either way what a cell prints comes above the progress bar when it "
                    "finishes, prefixed by the cell, and warnings about a result are always shown.")
-def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_failures, quiet, **options):
+def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_failures, quiet, assume_batch,
+            **options):
     """Compare placement algorithms over GRAPHS (files, or directories scanned
     for placer.graph/v1 *.json) on one or more clusters.
 
@@ -151,10 +153,16 @@ def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_fail
       placer compare big/ --format json --resume runs.ndjson -o runs.ndjson
       placer compare big/ --executor ray --ray-address auto --format csv -o all.csv
       placer compare g.json --algos m-topo,heft --memory static
+      placer compare g.json --algos data-parallel,metis --assume-batch 64
     """
     _check_options(**options)
     algorithms = _algorithms(algos, exclude, quiet)
     common, per = _split_params(params, algorithms)
+    if assume_batch is not None:  # to every compared algorithm that splits the batch
+        if any("assume_batch" in registry.get(a).params for a in algorithms):
+            common["assume_batch"] = str(assume_batch)
+        else:
+            warn("placer: --assume-batch ignored: no compared algorithm splits the batch")
     if quiet:
         options["progress"] = False
     try:
