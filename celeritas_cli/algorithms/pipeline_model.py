@@ -137,10 +137,12 @@ class Model:
         speeds, so each replica takes about as long)."""
         return 1.0 / (shape.R * shape.m)
 
-    def link(self, nbytes: float, a: int, b: int) -> float:
+    def link(self, nbytes: float, a: int, b: int, tensors: int = 1) -> float:
+        """*tensors* transfers of *nbytes* in all from device *a* to *b*
+        (one latency each)."""
         if a == b or nbytes <= 0:
             return 0.0
-        return self.seq.costs.link_time(nbytes, a, b)
+        return self.seq.costs.link_time(nbytes, a, b) + (max(1, tensors) - 1) * self.cluster.latency[a][b]
 
     def stage_time(self, shape: Shape, j: int, a: int, b: int, rc: bool) -> float:
         """One micro-batch (forward + backward) of positions ``a .. b-1`` on
@@ -193,6 +195,13 @@ class Model:
     def capacity(self, shape: Shape, j: int) -> int:
         return min(self.cluster.devices[d].memory for d in shape.groups[j]) // shape.v
 
+    def rings(self, shape: Shape, a: int, b: int) -> int:
+        """All-reduce rings of positions ``a .. b-1``: one per gradient, or per bucket."""
+        n = self.grad_count[b] - self.grad_count[a]
+        if shape.bucket_mb:
+            n = min(n, math.ceil((self.seq.gradients[b] - self.seq.gradients[a]) / (shape.bucket_mb * 2**20)))
+        return n
+
     def allreduce(self, shape: Shape, a: int, b: int, lanes) -> float:
         """One ring all-reduce per gradient of positions ``a .. b-1`` over
         the *lanes*: ``2 (R - 1)`` steps of ``1/R`` of each gradient over
@@ -201,9 +210,7 @@ class Model:
         if R < 2:
             return 0.0
         g = self.seq.gradients[b] - self.seq.gradients[a]
-        n = self.grad_count[b] - self.grad_count[a]
-        if shape.bucket_mb:
-            n = min(n, math.ceil(g / (shape.bucket_mb * 2**20)))
+        n = self.rings(shape, a, b)
         ring = list(zip(lanes, list(lanes[1:]) + [lanes[0]]))
         bw = min(self.cluster.bandwidth[x][y] for x, y in ring)
         lat = max(self.cluster.latency[x][y] for x, y in ring)
@@ -224,12 +231,15 @@ class Model:
             lane = shape.groups[j][0]
             if j + 1 < S:
                 nxt = shape.groups[j + 1][0]
-                xf.append(self.link(math.ceil(f * seq.cross_fwd[b]), lane, nxt))
-                xb.append(self.link(math.ceil(f * seq.cross_bwd[b]), nxt, lane))
+                xf.append(self.link(math.ceil(f * seq.cross_fwd[b]), lane, nxt, seq.count_fwd[b]))
+                xb.append(self.link(math.ceil(f * seq.cross_bwd[b]), nxt, lane, seq.count_bwd[b]))
             head = max(tt.head_time(seq.class_of[d], a, b) for d in shape.groups[j])
             once = max(tt.stage(seq.class_of[d], a, b)[2] for d in shape.groups[j]) - head
             heads[j % p] += head
-            tails[j % p] += once + self.allreduce(shape, a, b, shape.groups[j])
+            ring = self.allreduce(shape, a, b, shape.groups[j])
+            if S == 1 and shape.m == 1:  # no order: the rings run beside the backward, but for the last one
+                ring = max(ring - passes[j][1], ring / max(1, self.rings(shape, a, b)))
+            tails[j % p] += once + ring
         ends_at = schedule_time(shape.schedule, p, shape.v, shape.m, [x[0] for x in passes],
                                 [x[1] for x in passes], xf, xb, [x[2] for x in passes], heads)
         step = max(e + t for e, t in zip(ends_at, tails))
@@ -315,7 +325,9 @@ def schedule_time(schedule: str, p: int, v: int, m: int, fwd: list[float], bwd: 
     (:func:`~celeritas_cli.scheduling.pipeline_schedule.schedule_steps`),
     virtual stage ``j`` taking ``fwd[j]`` / ``bwd[j]`` per micro-batch on
     its rank, ``xf[j]`` / ``xb[j]`` to send a micro-batch's activation /
-    gradient between stages ``j`` and ``j + 1``, the last ``wgrad[j]`` of
+    gradient between stages ``j`` and ``j + 1`` (one transfer at a time per
+    link direction, in micro-batch order, as the simulator's channels), the
+    last ``wgrad[j]`` of
     a backward computing weight gradients only (its input gradient is sent
     before them), rank ``r`` free from ``start[r]`` on (its once-per-step
     forward work): the schedule replayed
@@ -333,6 +345,15 @@ def schedule_time(schedule: str, p: int, v: int, m: int, fwd: list[float], bwd: 
     done_f = [[None] * m for _ in range(S)]
     done_b = [[None] * m for _ in range(S)]  # when stage j's input gradient of micro-batch i is ready
     wgrad = wgrad or [0.0] * S
+    arrive_f = [[None] * m for _ in range(S)]  # when micro-batch i's activation from stage j has arrived
+    arrive_b = [[None] * m for _ in range(S)]  # when its gradient from stage j + 1 has arrived at stage j
+    last_f, last_b = [0.0] * S, [0.0] * S  # one transfer at a time per link direction, in micro-batch order
+
+    def sent(arrive, last, ready, j, i, x):
+        if arrive[j][i] is None:
+            arrive[j][i] = max(ready, last[j]) + x
+            last[j] = arrive[j][i]
+        return arrive[j][i]
     free = list(start) if start is not None else [0.0] * p
     at = [0] * p
     left = sum(len(x) for x in steps)
@@ -343,10 +364,11 @@ def schedule_time(schedule: str, p: int, v: int, m: int, fwd: list[float], bwd: 
                 kind, chunk, i = steps[r][at[r]]
                 j = chunk * p + r
                 if kind == "F":
-                    dep = 0.0 if j == 0 else (None if done_f[j - 1][i] is None else done_f[j - 1][i] + xf[j - 1])
+                    dep = 0.0 if j == 0 else (None if done_f[j - 1][i] is None else
+                                              sent(arrive_f, last_f, done_f[j - 1][i], j - 1, i, xf[j - 1]))
                 else:
                     dep = done_f[j][i] if j == S - 1 else \
-                        (None if done_b[j + 1][i] is None else done_b[j + 1][i] + xb[j])
+                        (None if done_b[j + 1][i] is None else sent(arrive_b, last_b, done_b[j + 1][i], j, i, xb[j]))
                 if dep is None:
                     break
                 start = max(free[r], dep)

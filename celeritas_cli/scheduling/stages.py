@@ -31,9 +31,9 @@ Per position :class:`LayerSequence` keeps prefix sums of
   batch; a micro-batch keeps ``f`` of them), the memory terms of the
   time rule (``docs/design.md``, "Node memory");
 
-and, per cut (the boundary before a position), the bytes of batch-dependent
-tensors crossing it forward (activations, and saved activations a later
-stage's backward reads) and backward (gradients).
+and, per cut (the boundary before a position), the bytes and the number of
+batch-dependent tensors crossing it forward (activations, and saved
+activations a later stage's backward reads) and backward (gradients).
 
 Layers
 ------
@@ -258,7 +258,7 @@ class LayerSequence:
                 fact[a] += graph.memory[v] - fixed
         self.resident, self.gradients = _prefix(res), _prefix(grad)
         self.activation, self.forward_activation = _prefix(act), _prefix(fact)
-        self.cross_fwd, self.cross_bwd, self.fixed_cross = self._crossings(prof)
+        self.cross_fwd, self.cross_bwd, self.fixed_cross, self.count_fwd, self.count_bwd = self._crossings(prof)
         self._times: dict[float, Times] = {}
         self._node_times: dict[float, list[list[float]]] = share._node_times if share is not None else {}
 
@@ -275,11 +275,13 @@ class LayerSequence:
                            for s in g.succ[v])
         return [passes[v] == "backward" and not once[v] and not feeds[v] for v in range(g.n)]
 
-    def _crossings(self, prof) -> tuple[list[int], list[int], list[int]]:
-        """Bytes of batch-dependent tensors crossing each cut forward and
-        backward, and of batch-independent ones (parameter reads) forward."""
+    def _crossings(self, prof) -> tuple[list[int], ...]:
+        """Per cut: bytes of batch-dependent tensors crossing it forward and
+        backward, bytes of batch-independent ones (parameter reads) crossing
+        it forward, and the number of batch-dependent tensors crossing it
+        forward and backward (each a transfer, a link latency)."""
         n, g = self.n, self.graph
-        fw, bw, fx = [0] * (n + 1), [0] * (n + 1), [0] * (n + 1)
+        diffs = [[0] * (n + 1) for _ in range(5)]  # fw, bw, fx bytes; fw, bw tensors
         cons = g.tensor_consumers()
         for t, p in enumerate(g.tensor_src):
             a = self.att[p]
@@ -287,16 +289,17 @@ class LayerSequence:
             if not ats:
                 continue
             hi, lo = max(ats), min(ats)
-            b = g.tensor_bytes[t]
-            if hi > a:  # cuts a+1 .. hi
-                arr = fx if prof.fixed_tensor[t] else fw
-                arr[a + 1] += b
-                arr[hi + 1] -= b
-            if lo < a and not prof.fixed_tensor[t]:  # cuts lo+1 .. a
-                bw[lo + 1] += b
-                bw[a + 1] -= b
+            fixed = prof.fixed_tensor[t]
+            for which, x in ((2 if fixed else 0, g.tensor_bytes[t]), (None if fixed else 3, 1)):
+                if hi > a and which is not None:  # cuts a+1 .. hi
+                    diffs[which][a + 1] += x
+                    diffs[which][hi + 1] -= x
+            if lo < a and not fixed:  # cuts lo+1 .. a
+                for which, x in ((1, g.tensor_bytes[t]), (4, 1)):
+                    diffs[which][lo + 1] += x
+                    diffs[which][a + 1] -= x
         out = []
-        for arr in (fw, bw, fx):
+        for arr in diffs:
             run, acc = 0, []
             for x in arr:
                 run += x
@@ -304,7 +307,7 @@ class LayerSequence:
             acc[0] = 0
             acc[n] = 0
             out.append(acc)
-        return out[0], out[1], out[2]
+        return tuple(out)
 
     # ------------------------------------------------------------------ times
     def node_times(self, v: int, f: float) -> list[float]:
