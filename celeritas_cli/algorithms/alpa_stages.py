@@ -55,6 +55,7 @@ from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.pipeline import stages_from_cuts
+from ..scheduling.hybrid import check_pipelinable
 from ..scheduling.stages import LayerSequence
 from ..transform.batch import declared_batch
 from .pipedream import mean_bandwidth
@@ -180,7 +181,7 @@ def alpa_stages(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMod
     Raises
     ------
     InvalidInput
-        A graph without a batch, or no slicing whose stages fit memory.
+        A coarse graph (:func:`~celeritas_cli.scheduling.hybrid.check_pipelinable`), a graph without a batch, or no slicing whose stages fit memory.
 
     Example
     -------
@@ -190,6 +191,7 @@ def alpa_stages(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMod
     >>> p.estimate["schedule"], sum(p.estimate["replicas"]) <= 2
     ('1f1b', True)
     """
+    check_pipelinable(graph)
     costs = cost_model(graph, cluster, costs)
     batch = declared_batch(graph, assume_batch or None, what="Alpa's micro-batches")
     B = step_microbatches(microbatches, batch, cluster.k)

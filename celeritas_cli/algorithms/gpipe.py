@@ -50,6 +50,7 @@ from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.pipeline import stages_from_cuts
+from ..scheduling.hybrid import check_pipelinable
 from ..scheduling.stages import LayerSequence, block_partition
 from ..transform.batch import declared_batch
 from .pipeline_rows import ASSUME_BATCH, MICROBATCHES, realise, step_microbatches
@@ -94,7 +95,7 @@ def gpipe(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
     Raises
     ------
     InvalidInput
-        A graph without a batch, fewer forward operators than devices, or a
+        A coarse graph (:func:`~celeritas_cli.scheduling.hybrid.check_pipelinable`), a graph without a batch, fewer forward operators than devices, or a
         cut whose stages do not form a chain.
 
     Example
@@ -105,6 +106,7 @@ def gpipe(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
     >>> p.estimate["schedule"], p.estimate["microbatches"], len(p.estimate["balance"])
     ('gpipe', 8, 2)
     """
+    check_pipelinable(graph)
     costs = cost_model(graph, cluster, costs)
     batch = declared_batch(graph, assume_batch or None, what="GPipe's micro-batches")
     seq = LayerSequence(graph, cluster, costs, order="topo")

@@ -58,6 +58,7 @@ from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.pipeline import stages_from_cuts
+from ..scheduling.hybrid import check_pipelinable
 from ..scheduling.stages import LayerSequence
 from ..transform.batch import declared_batch
 from .pipeline_rows import ASSUME_BATCH, MICROBATCHES, realise, step_microbatches
@@ -171,7 +172,7 @@ def pipedream(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel
     Raises
     ------
     InvalidInput
-        A graph without a batch, no plan whose stages fit the memory size,
+        A coarse graph (:func:`~celeritas_cli.scheduling.hybrid.check_pipelinable`), a graph without a batch, no plan whose stages fit the memory size,
         or stages that do not form a chain.
 
     Example
@@ -184,6 +185,7 @@ def pipedream(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel
     """
     from ..errors import InvalidInput
 
+    check_pipelinable(graph)
     costs = cost_model(graph, cluster, costs)
     batch = declared_batch(graph, assume_batch or None, what="PipeDream's micro-batches")
     m = step_microbatches(microbatches, batch, cluster.k)

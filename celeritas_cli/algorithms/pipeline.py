@@ -47,6 +47,7 @@ from ..model.limits import COUNT_MAX, TIME_MAX
 from ..model.placement import Placement
 from ..registry import Param, register, time_limit_param
 from ..scheduling.pipeline_schedule import SCHEDULES
+from ..scheduling.hybrid import check_pipelinable
 from ..transform.batch import BATCH_MAX, declared_batch
 from ..transform.derivation import attach
 from .pipeline_search import Fixed, PipelineSearch, default_budget, estimate_of, fits_text, parse_groups, shape_fields
@@ -121,7 +122,7 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     Raises
     ------
     InvalidInput
-        A graph without a declared batch, parameters that contradict each
+        A coarse graph (:func:`~celeritas_cli.scheduling.hybrid.check_pipelinable`), a graph without a declared batch, parameters that contradict each
         other or the cluster, or no plan at all (e.g. fewer forward nodes
         than stages).
 
@@ -133,6 +134,7 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     >>> p.estimate["status"], p.estimate["makespan_by"]
     ('FEASIBLE', 'simulator')
     """
+    check_pipelinable(graph)
     costs = cost_model(graph, cluster, costs)
     assume = assume_batch or None
     batch = declared_batch(graph, assume, what="micro-batching a pipeline")

@@ -57,7 +57,7 @@ from ..transform.split_cost import DEFAULT_OVERHEAD_S
 from .pipeline import _device, check_chain
 from .pipeline_schedule import _block_order, _blocks, bubble_fraction, recomputable, schedule_steps
 
-__all__ = ["Derived", "derive_pipeline", "layout", "placement_of", "plan_estimate", "plan_shape", "staged_plan"]
+__all__ = ["Derived", "check_pipelinable", "derive_pipeline", "layout", "placement_of", "plan_estimate", "plan_shape", "staged_plan"]
 
 
 def plan_shape(groups: Sequence[Sequence[int]], schedule: str) -> tuple[int, int, list[int]]:
@@ -213,6 +213,23 @@ class Derived:
         return 1 if not self.round_robin else max(self.reps)
 
 
+def check_pipelinable(graph: Graph) -> None:
+    """Refuse a coarse graph: its nodes group operators, so the work done
+    per sample, the gradients and the once-per-step updates are no longer
+    told apart - micro-batches would repeat updates and replicas lose their
+    all-reduce (``data-parallel`` refuses it for the same reason).
+
+    Raises
+    ------
+    InvalidInput
+        One line naming the graph and its original.
+    """
+    if graph.is_coarse:
+        raise InvalidInput(f"pipeline: graph '{graph.name}' is coarse: its nodes group operators, so per-sample "
+                           f"work, gradients and the optimizer updates cannot be told apart for micro-batches and "
+                           f"replicas; pipeline the original graph '{graph.original_name}' instead")
+
+
 def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], m: int, schedule: str = "1f1b",
                     v: int = 1, *, recompute: Sequence[str] = (), except_last: bool = False,
                     overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
@@ -227,9 +244,10 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
     Raises
     ------
     InvalidInput
-        As :func:`staged_plan`.
+        As :func:`staged_plan`; a coarse graph (:func:`check_pipelinable`).
     """
     S = len(reps)
+    check_pipelinable(graph)
     if len(stage_of) != graph.n or any(not 0 <= s < S for s in stage_of):
         raise InvalidInput(f"pipeline: stage_of must give every node of graph '{graph.name}' a stage 0..{S - 1}")
     check_chain(graph, stage_of)

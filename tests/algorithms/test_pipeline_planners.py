@@ -183,6 +183,16 @@ def test_rows_refuse_a_graph_without_a_batch(algo):
         registry.place(g, uniform(2), algo)
 
 
+@pytest.mark.parametrize("algo", ["pipeline", "gpipe", "pipedream", "alpa-stages"])
+def test_rows_refuse_a_coarse_graph(algo):
+    """Coarse nodes mix per-sample work, gradients and updates: micro-batches
+    would repeat updates and replicas lose their all-reduce."""
+    c = uniform(2)
+    coarse = registry.coarsen(layered(200, seed=1), c, "cpd")
+    with pytest.raises(InvalidInput, match="is coarse.*pipeline the original graph"):
+        registry.place(coarse, c, algo)
+
+
 @pytest.mark.parametrize("params, match", [
     ({"stages": 3, "replicas": 2}, "need 6 devices"),
     ({"groups": "gpu0,gpu1|gpu2"}, "same number of devices"),
