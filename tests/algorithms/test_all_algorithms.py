@@ -113,6 +113,10 @@ def test_the_protocol_check_sees_a_wrong_default():
     assert "keyword deadline=None missing" in problems and any("not the shared one" in p for p in problems)
 
 
+#: algorithms that split the batch (replicas, micro-batches) and so refuse a coarse graph
+BATCH_SPLITTERS = ("data-parallel", "pipeline", "gpipe", "pipedream", "alpa-stages", "fsdp")
+
+
 def _run(name: str, graph: Graph, cluster, params: dict):
     return registry.place(graph, cluster, name, seed=0, params=params)
 
@@ -128,7 +132,7 @@ def test_algorithm_through_simulator(algo, gname, cname, tmp_path):
         path = tmp_path / "given.json"
         write_json(src.to_dict(), path)
         params["file"] = str(path)
-    if algo == "data-parallel" and graph.is_coarse:  # gradients are not told apart on a coarse graph (N13)
+    if algo in BATCH_SPLITTERS and graph.is_coarse:  # gradients are not told apart on a coarse graph (N13)
         with pytest.raises(InvalidInput, match="is coarse"):
             _run(algo, graph, cluster, params)
         return
