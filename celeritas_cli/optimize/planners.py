@@ -30,10 +30,10 @@ PLAN_SHARE = 0.3
 #: MODEL_COST simulations of the input graph (algorithms/pipeline_search.py)
 BUILD_COST = 3.0
 MODEL_COST = 20.0
-#: sharded data parallelism (WP "fsdp"): a member like data-parallel when it is registered; its cost per squared
-#: device count, in simulations of the input graph, until WP "fsdp" measures it (data-parallel's DP_COST x 2:
-#: replicas plus an all-gather and a reduce-scatter per unit)
-FSDP_COST = 3.0
+#: sharded data parallelism (WP "fsdp"): a member like data-parallel when it is registered, counted with the
+#: data-parallel members; its cost per squared device count, in simulations of the input graph, is
+#: data-parallel's (portfolio.DP_COST) until WP "fsdp" measures its own
+FSDP_COST = 1.5
 
 
 def planner_charge(spec: Spec, budget: float, k: int) -> tuple[float, str | None]:

@@ -41,10 +41,11 @@ Which members run is decided from the graph's size and the time limit alone
 * the planners (:mod:`.planners`: ``pipeline``, and ``fsdp`` when WP
   "fsdp" registers it - it counts with the data-parallel members) plan the
   whole step: ``pipeline`` searches with :data:`~.planners.PLAN_SHARE` of
-  the budget as its own evaluations, when that pays for one plan; it runs
+  the budget as its own evaluations, when that pays for one plan; both run
   right after METIS when one data-parallel replica does not fit the
   smallest device (:func:`replica_memory`: the model is memory-tight, and
-  the pipeline is likely the answer), else after the data-parallel members;
+  a sharded or pipelined plan is likely the answer; :data:`TIGHT_FIRST`),
+  else after the data-parallel members;
 * ``milp`` (Moirai's exact model) joins only for tiny problems with tight
   memory (:func:`wants_milp`), where exact packing can be the only feasible
   answer;
@@ -126,6 +127,8 @@ MEMBER_SHARE = 0.1
 PORTFOLIO_SHARE = 0.3
 #: at most this share of the budget for the data-parallel members together (beside PORTFOLIO_SHARE)
 DP_SHARE = 0.3
+#: the members that run right after metis when one data-parallel replica cannot fit the smallest device
+TIGHT_FIRST = ("fsdp", "pipeline")
 #: the members that split the batch (replicas, micro-batches, shards): left out where it cannot be split
 BATCH_SPLITTERS = ("data-parallel", "dpos@data-parallel", "fsdp", "pipeline")
 #: cheap members that run first, and within ANCHOR_SHARE, when MEMBER_SHARE would leave them out
@@ -311,9 +314,10 @@ def _offers(graph: Graph, cluster: Cluster, split_batch: bool = True) -> list[li
     coarse_R = granularities(graph, cluster)
     offers: list[list[tuple[Spec, float]]] = []
     priority = list(PRIORITY)
-    if "pipeline" in priority and replica_memory(graph, k) > cluster.min_memory():
-        priority.remove("pipeline")  # memory-tight: a replica does not fit, so the pipeline runs right after metis
-        priority.insert(1, "pipeline")
+    if replica_memory(graph, k) > cluster.min_memory():  # memory-tight: a replica does not fit, so the planners
+        for item in TIGHT_FIRST[::-1]:                   # that shard or cut the model run right after metis
+            priority.remove(item)
+            priority.insert(1, item)
     for item in priority:
         if not split_batch and item in BATCH_SPLITTERS:
             continue
@@ -327,6 +331,9 @@ def _offers(graph: Graph, cluster: Cluster, split_batch: bool = True) -> list[li
             offers.append([(Spec(item), member_cost(Spec(item), k))])
             if item == "metis" and graph.total_memory() > 0.5 * cluster.total_memory():
                 offers.append([(Spec("metis", (("weights", "memory"),)), COST["metis"])])
+            if item == "fsdp" and len({(d.type, d.speed) for d in cluster.devices}) > 1:
+                spec = Spec("fsdp", (("shares", "proportional"),))  # uneven devices, as data-parallel
+                offers.append([(spec, member_cost(spec, k))])
             if item == "data-parallel" and len({(d.type, d.speed) for d in cluster.devices}) > 1:
                 # uneven devices: batch shares by device speed (data_parallel.proportional_shares)
                 spec = Spec("data-parallel", (("shares", "proportional"),))
