@@ -8,7 +8,7 @@
    ``s``-th group of ``R``, so a stage's lanes are alike where the cluster
    allows), each ``m`` in 1, 2, 4, ..., 64 that whole samples allow, each
    schedule (GPipe, 1F1B, interleaved), with
-   recomputation where only it fits; interleaved with 2 or 4 model chunks
+   recomputation where only it fits; interleaved with 2, 4 or 8 model chunks
    per device.  A single-rank shape (``p = 1``) is
    data parallelism with gradient accumulation over ``m`` micro-batches; on
    mixed devices its replicas' batch shares follow their speed.
@@ -54,7 +54,7 @@ BUILD_COST = 3.0
 #: micro-batch counts tried
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
 #: model chunks per device tried by the interleaved schedule (Megatron-LM's v)
-CHUNKS = (2, 4)
+CHUNKS = (2, 4, 8)
 #: forward orders tried
 ORDERS = ("cpd", "alap")
 #: gradient buckets of single-stage (data-parallel) shapes besides one ring per gradient: PyTorch DDP's default
