@@ -77,8 +77,8 @@ def algorithm_group(name: str) -> list[str]:
     -------
     >>> "heft" in algorithm_group("placement"), "data-parallel" in algorithm_group("placement")
     (True, False)
-    >>> algorithm_group("pipelines")[:2]
-    ['auto', 'data-parallel']
+    >>> algorithm_group("pipelines")[:3]
+    ['alpa-stages', 'auto', 'data-parallel']
     """
     if name not in ALGORITHM_GROUPS:
         raise InvalidInput(f"unknown algorithm group '{name}' (groups: {', '.join(ALGORITHM_GROUPS)})")
