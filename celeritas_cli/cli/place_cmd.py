@@ -100,6 +100,7 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, congestion, 
       placer place coarse.json --algo milp --time-limit 30 --congestion port
       placer place g.json --algo m-sct --seed 3 --no-timings   # byte-identical reruns
       placer place g.json --algo data-parallel --assume-batch 64   # a graph without meta.batch_size
+      placer place g.json --algo pipeline -p stages=4 -p microbatches=16 --cluster moirai-intra-server
       placer place --list
     """
     started = time.perf_counter()
