@@ -20,6 +20,7 @@ from celeritas_cli.model.generate import layered
 from celeritas_cli.scheduling.stages import LayerSequence, block_partition
 from celeritas_cli.sim.simulator import simulate
 
+from ..conftest import SAMPLES
 from ..scheduling.pipeline_graphs import layer_chain
 
 
@@ -228,3 +229,24 @@ def test_pipeline_gives_up_before_building_when_its_model_cannot_come_near():
         registry.place(g, c, "pipeline", params={"assume_batch": 32, "beat_s": 1e-9})
     p = registry.place(g, c, "pipeline", params={"assume_batch": 32, "beat_s": 1e3, "evaluations": 200})
     assert p.estimate["status"] == "FEASIBLE"
+
+
+def test_placer_place_and_simulate_say_the_plan_in_words(tmp_path):
+    """The placement file carries the plan's fields; simulate rebuilds the
+    derived graph from the recipe, reproduces the makespan and says the plan."""
+    from click.testing import CliRunner
+
+    from celeritas_cli.cli import main
+
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(main, ["place", str(SAMPLES / "layered_60.json"), "--algo", "pipeline", "-p", "stages=2",
+                                    "-p", "replicas=2", "-p", "microbatches=4", "-p", "schedule=1f1b",
+                                    "-p", "evaluations=200", "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    table = CliRunner().invoke(main, ["simulate", str(SAMPLES / "layered_60.json"), "-P", str(out), "--format",
+                                      "table"])
+    assert table.exit_code == 0, table.output
+    assert "2-stage 1F1B x 2 replicas, 4 micro-batches each" in " ".join(table.stdout.split())
+    for algo in ("gpipe", "pipedream", "alpa-stages"):
+        p = registry.place(layered(60, seed=1), uniform(2), algo)
+        assert p.estimate["plan"] and "micro-batch" in p.estimate["plan"]
