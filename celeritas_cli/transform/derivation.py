@@ -32,7 +32,11 @@ placed a coarse graph).  Steps, applied in order:
   :func:`~celeritas_cli.transform.microbatch.microbatch_graph` (the recorded
   batches must be what the graph and ``m`` give);
 * ``{"transform": "recompute", "nodes": [ids]}``:
-  :func:`~celeritas_cli.transform.recompute.recompute_graph`.
+  :func:`~celeritas_cli.transform.recompute.recompute_graph`;
+* ``{"transform": "fsdp", "replicas": k, "stage": 1 | 2 | 3, "global_batch":
+  B, "overhead_s": s}`` (+ ``"unit_mb": x``, ``"assume_batch": N``):
+  :func:`~celeritas_cli.transform.fsdp.fsdp_graph` (the recorded batch must
+  be the graph's).
 
 ``base`` = ``{"graph": name, "members": [[original ids of coarse node 0],
 ...]}``: the algorithm's input was a coarse graph with these members (in
@@ -57,7 +61,7 @@ from typing import Any
 from ..errors import InvalidInput
 from ..model.graph import Graph
 
-TRANSFORMS = ("data-parallel", "split", "microbatch", "recompute")
+TRANSFORMS = ("data-parallel", "split", "microbatch", "recompute", "fsdp")
 REL_TOL = 1e-9
 
 
@@ -108,6 +112,7 @@ def apply_step(graph: Graph, step: dict, label: str = "derivation") -> Graph:
     InvalidInput
         An unknown transform or a step the transform rejects.
     """
+    from .fsdp import apply_fsdp_step
     from .microbatch import apply_microbatch_step
     from .recompute import apply_recompute_step
     from .replicate import data_parallel_graph
@@ -124,6 +129,8 @@ def apply_step(graph: Graph, step: dict, label: str = "derivation") -> Graph:
             return split_operation(graph, str(step["node"]), str(step["dim"]), int(step["n"]), overhead_s=overhead)
         if kind in ("microbatch", "recompute"):  # transform/microbatch.py, transform/recompute.py
             return (apply_microbatch_step if kind == "microbatch" else apply_recompute_step)(graph, step, label)
+        if kind == "fsdp":  # transform/fsdp.py (WP "fsdp")
+            return apply_fsdp_step(graph, step, label)
     except KeyError as exc:
         raise InvalidInput(f"{label}: step {step!r} misses field {exc.args[0]}") from None
     except (TypeError, ValueError):
