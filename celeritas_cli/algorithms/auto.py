@@ -16,7 +16,14 @@ is memory-feasible whenever any candidate is.
 Deterministic for a seed: the budget is counted in simulations
 (``evaluations``; by default derived from ``time_limit`` and the graph's size),
 and the wall clock only caps it - the result says so on stderr and in
-``estimate.clock_cut``.  The machinery lives in :mod:`celeritas_cli.optimize`.
+``estimate.clock_cut``.  ``time_limit`` bounds the whole call (for ``placer
+place`` the whole command, loading included): no member starts that is not
+expected to end before the deadline, and every member left out is said with
+its reason (stderr, ``estimate.skipped``) - on a 36,000-node graph with a
+5 s limit, METIS and m-TOPO run and data parallelism (a replica cannot fit a
+device) does not (issue 24, N16).  The machinery lives in
+:mod:`celeritas_cli.optimize`; the last stderr line says the plan in words
+(:mod:`celeritas_cli.sim.describe`).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from ..model.placement import Placement, finite_or_none
 from ..optimize.search import DEFAULT_TIME_LIMIT, Search
 from ..registry import Param, congestion_param, register, time_limit_param
 from ..registry import names as registered
+from ..sim.describe import describe_placement
 
 
 @register("auto", paper="placer", section="portfolio + simulator-in-the-loop multilevel refinement",
@@ -42,7 +50,8 @@ from ..registry import names as registered
                   "evaluations": Param(int, 0, "simulations the search may make (0 = from time_limit, or the "
                                               "default 10 s when it is 0, and the graph size, so the clock "
                                               "normally never decides)", min=0, max=COUNT_MAX),
-                  "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice)"),
+                  "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice); "
+                                          "each named one runs, or stderr says why not"),
                   "congestion": congestion_param("congestion rule the simulator judges with"),
                   "quiet": Param(bool, False, "no progress lines on stderr")},
           quick_params={"evaluations": 150, "quiet": True})
@@ -68,7 +77,10 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         Simulation budget; 0 derives it from *time_limit* and the graph size
         (:func:`~celeritas_cli.optimize.search.default_evaluations`).
     algos : str
-        Comma-separated registered algorithms to use as the portfolio.
+        Comma-separated registered algorithms to use as the portfolio; each
+        runs (``milp`` and ``hierarchical`` with a share of the time limit),
+        or stderr and ``estimate.skipped`` say why it cannot (``given``
+        needs a placement file; an extra that is not installed).
     congestion : {"channel", "port", "none"}
         The simulator's congestion rule for every judgement.
     quiet : bool
@@ -84,7 +96,10 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     -------
     Placement
         ``estimate`` records the judge, the winner and what refinement gained
-        (``makespan_s`` is the simulator's on the graph given).
+        (``makespan_s`` is the simulator's on the graph given), the budget's
+        account (``evaluations``: simulations made; ``evaluations_spent``:
+        those plus the members' estimated work, of ``evaluation_budget``),
+        every candidate, and ``skipped``: each member left out, with why.
 
     Raises
     ------
@@ -115,13 +130,13 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
             raise InvalidInput(f"'auto' parameter algos: unknown or not allowed: {', '.join(unknown)}")
     costs = cost_model(graph, cluster, costs)
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
-                    congestion=congestion, algos=names, log=warn if chatty() and not quiet else None,
+                    congestion=congestion, algos=names, log=warn if chatty() and not quiet else None, notice=warn,
                     deadline=deadline)
     out = search.run()
+    spent = _spent(search)
     if out.clock_cut:
-        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({search.budget.spent:.0f} of "
-             f"{search.budget.limit:.0f} evaluations spent), so another run may differ; raise --time-limit or "
-             f"lower -p evaluations for a repeatable result")
+        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({spent}), so another run may differ; "
+             f"raise --time-limit or lower -p evaluations for a repeatable result")
     winner = out.winner.spec.name if out.winner is not None else None
     start = out.start_score.makespan if out.start_score is not None else out.score.makespan
     estimate = {
@@ -144,6 +159,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         "clock_cut": out.clock_cut,
         "candidates": out.candidates,
     }
+    if out.skipped:
+        estimate["skipped"] = out.skipped
     p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", order=out.order, seed=seed,
                                estimate=estimate)
     if out.graph is not graph:  # a derived graph (splits, data parallelism): carry it and its recipe
@@ -153,6 +170,14 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         p.graph = graph.original_name
     if chatty() and not quiet:
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
-             f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), "
-             f"{out.evaluations} evaluations")
+             f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), {spent}")
+        warn(f"auto: the plan: {describe_placement(p, graph)}")
     return p
+
+
+def _spent(search: Search) -> str:
+    """The budget's account in one phrase, the same wherever it is said:
+    simulations made, plus the members' estimated work, of the budget."""
+    b = search.budget
+    return (f"{b.spent:.1f} of {b.limit:.0f} evaluations spent: {b.used} simulations + {b.charged:.1f} charged "
+            f"by estimate for the placers' work and larger graphs")

@@ -44,6 +44,12 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
     next to the simulated one, busy time per device and bytes per link.
     Exit code 1 when the numerics do not match. Needs torch.
 
+    A micro-batched or pipelined placement (GPipe, 1F1B or interleaved
+    orders; recomputation; data parallelism x pipeline) runs node by node
+    of its derived graph, micro-batches on their samples, gradients
+    accumulated; the report's microbatch object says the schedule and the
+    yardstick (the whole batch, or per micro-batch for BatchNorm).
+
     \b
     Examples:
       placer profile --model tensor_holography -b 2 -o th.json

@@ -5,12 +5,15 @@ from __future__ import annotations
 import click
 
 from ..model.io import bundled_cluster_names, load_graph, load_placement
+from ..sim.describe import describe_placement
 from ..sim.memory import RULES as MEMORY_RULES
 from ..sim.simulator import simulate as run_simulation
 from .common import congestion_option, emit, get_cluster, output_option
 
 
-def render_report(report: dict) -> None:
+def render_report(report: dict, plan: str | None = None) -> None:
+    """The report as a table on stdout; *plan* the placement's plan in words
+    (:func:`celeritas_cli.sim.describe.describe_placement`)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -21,6 +24,8 @@ def render_report(report: dict) -> None:
                   f"(congestion: {report['congestion']}, memory rule: {report['memory_rule']})")
     if report.get("memory_rule_note"):
         console.print(f"note: {report['memory_rule_note']}", markup=False)
+    if plan:
+        console.print(f"plan: {plan}", markup=False)
     console.print(f"makespan {report['makespan_s']:.6g} s   lower bound {lb:.6g} s   "
                   f"makespan/LB {ratio:.3f}   status {report['status']}" if ratio is not None else
                   f"makespan {report['makespan_s']:.6g} s   status {report['status']}")
@@ -119,7 +124,7 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
 
         write_trace(sim_graph, cluster, scheds[0], trace, memory=report)
     if fmt == "table":
-        render_report(report)
+        render_report(report, describe_placement(placement, graph, cluster))
         if output != "-":
             emit(report, output)
     else:

@@ -76,6 +76,8 @@ class Placement:
     placement_time_s: float = 0.0
     split_graph: dict | None = None
     derivation: dict | None = None
+    #: the derived graph object the algorithm built (never written; saves its callers, e.g. auto, rebuilding it)
+    derived_graph: Graph | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.estimate, Estimate):

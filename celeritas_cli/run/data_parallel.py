@@ -56,7 +56,7 @@ def dp_recipe(placement, label: str) -> dict | None:
     if (d or {}).get("base"):
         what += " of a coarse graph"
     raise InvalidInput(f"{label}: the placement transforms the graph ({what}); placer run executes placements "
-                       f"of the captured graph and plain data parallelism")
+                       f"of the captured graph, plain data parallelism and micro-batched / recomputed plans")
 
 
 @dataclass

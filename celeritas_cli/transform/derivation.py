@@ -102,6 +102,7 @@ def attach(placement, graph: Graph, derived: Graph, steps: list[dict]) -> None:
         return
     placement.derivation = recipe(graph, steps)
     placement.split_graph = derived.to_dict()
+    placement.derived_graph = derived
 
 
 def apply_step(graph: Graph, step: dict, label: str = "derivation") -> Graph:
