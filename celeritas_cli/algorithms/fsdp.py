@@ -35,12 +35,12 @@ from ..registry import Param, register
 from ..sim.memory import peaks
 from ..sim.mfu import mfu
 from ..sim.simulator import lower_bound, run_schedule
-from ..transform.batch import BATCH_MAX
+from ..transform.batch import BATCH_MAX, whole_samples
 from ..transform.derivation import attach
-from ..transform.fsdp import fsdp_graph, fsdp_step
+from ..transform.fsdp import check_fsdp, fsdp_graph, fsdp_step
 from ..transform.fsdp_units import UNIT_MB_MAX
 from ..transform.split_cost import DEFAULT_OVERHEAD_S
-from .data_parallel import choose_devices, replica_devices
+from .data_parallel import SHARES, choose_devices, proportional_shares, replica_devices
 
 
 @register("fsdp", paper="ZeRO (Rajbhandari et al., SC'20); PyTorch FSDP (Zhao et al., VLDB 2023)",
@@ -55,11 +55,13 @@ from .data_parallel import choose_devices, replica_devices
                                    "child); else about this many MiB of parameters each", min=0, max=UNIT_MB_MAX),
                   "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of an op whose time is scaled "
                                       "linearly (s)", min=0, max=TIME_MAX),
+                  "shares": Param(str, "equal", "equal batch shares, or whole samples in proportion to each "
+                                  "device's speed on the graph (mixed devices; not in the papers)", choices=SHARES),
                   "assume_batch": Param(int, 0, "the batch the graph's costs hold for, when it declares none "
                                         "(meta.batch_size); 0 = the graph's own", min=0, max=BATCH_MAX)},
           quick_params={})
 def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, devices: str = "",
-         stage: int = 3, unit_mb: float = 0.0, overhead_s: float = DEFAULT_OVERHEAD_S,
+         stage: int = 3, unit_mb: float = 0.0, overhead_s: float = DEFAULT_OVERHEAD_S, shares: str = "equal",
          assume_batch: int = 0) -> Placement:
     """Sharded data-parallel placement of *graph* (module docstring).
 
@@ -81,6 +83,12 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         MiB of gathered parameters (:mod:`~celeritas_cli.transform.fsdp_units`).
     overhead_s : float
         Split cost model's linear-case overhead.
+    shares : str
+        ``equal`` (default: every replica on ``1/k`` of the batch, the
+        first ``batch % k`` one sample more) or ``proportional`` (an
+        addition: whole samples in proportion to each device's speed on the
+        graph, :func:`~.data_parallel.proportional_shares`; recorded in the
+        recipe as ``samples``).
     assume_batch : int
         The batch the costs hold for when the graph declares none (0: the
         graph's own); recorded in the recipe.
@@ -116,8 +124,14 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     devs = choose_devices(cluster, devices)
     k = len(devs)
     assumed = assume_batch or None
-    g2 = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed)
+    batch, equal = check_fsdp(graph, k, stage, assumed)  # refuses what cannot be sharded before anything else
     costs = cost_model(graph, cluster, costs)
+    samples = None
+    if shares == "proportional":
+        weights = proportional_shares(graph, costs, devs)
+        samples = whole_samples(batch, k, weights) if weights is not None else None
+        samples = None if samples == equal else samples
+    g2 = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples)
     c2 = costs.for_graph(g2)
     device_of = replica_devices(g2, devs)
     sched = run_schedule(g2, cluster, device_of, None, costs=c2)
@@ -138,5 +152,5 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     if oom:
         estimate["oom_devices"] = oom
     p = Placement.from_indices(g2, cluster, device_of, algorithm="fsdp", seed=seed, estimate=estimate)
-    attach(p, graph, g2, [fsdp_step(k, stage, info["global_batch"], overhead_s, unit_mb, assumed)])
+    attach(p, graph, g2, [fsdp_step(k, stage, info["global_batch"], overhead_s, unit_mb, assumed, samples)])
     return p

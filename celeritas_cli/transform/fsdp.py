@@ -7,7 +7,8 @@ Experiences on Scaling Fully Sharded Data Parallel", VLDB 2023).
 :class:`~celeritas_cli.model.graph.Graph`; the recipe step
 (:func:`fsdp_step`) is ``{"transform": "fsdp", "replicas": k, "stage":
 1|2|3, "global_batch": B, "overhead_s": s}`` (+ ``"unit_mb": x`` for the
-size wrap policy, ``"assume_batch": N`` when the user asserted the batch).
+size wrap policy, ``"samples": [b0, ...]`` for unequal shares of the batch,
+``"assume_batch": N`` when the user asserted the batch).
 
 What is sharded (ZeRO section 5, Figure 1)
 -------------------------------------------
@@ -111,21 +112,26 @@ _PASS = {"fwd": "forward", "bwd": "backward", "rs": "backward", "post": "update"
 
 
 def fsdp_step(replicas: int, stage: int, global_batch: int, overhead_s: float, unit_mb: float = 0.0,
-              assume_batch: int | None = None) -> dict:
+              assume_batch: int | None = None, samples: list[int] | None = None) -> dict:
     """The recipe step of :func:`fsdp_graph` (``unit_mb`` only for the size
-    wrap policy, ``assume_batch`` only when the user asserted the batch)."""
+    wrap policy, ``assume_batch`` only when the user asserted the batch,
+    ``samples`` only when the replicas' shares are not the equal ones)."""
     step: dict[str, Any] = {"transform": "fsdp", "replicas": int(replicas), "stage": int(stage),
                             "global_batch": int(global_batch), "overhead_s": overhead_s}
     if unit_mb:
         step["unit_mb"] = float(unit_mb)
+    if samples is not None:
+        step["samples"] = [int(b) for b in samples]
     if assume_batch is not None:
         step["assume_batch"] = int(assume_batch)
     return step
 
 
-def check_fsdp(graph: Graph, replicas: int, stage: int, assume_batch: int | None = None) -> tuple[int, list[int]]:
+def check_fsdp(graph: Graph, replicas: int, stage: int, assume_batch: int | None = None,
+               samples: list[int] | None = None) -> tuple[int, list[int]]:
     """``(batch, samples per replica)`` of sharded data parallelism of
-    *graph* over *replicas* at *stage*, or why it cannot be built.
+    *graph* over *replicas* at *stage* (*samples*, when given, else equal
+    shares of whole samples), or why it cannot be built.
 
     Raises
     ------
@@ -133,8 +139,9 @@ def check_fsdp(graph: Graph, replicas: int, stage: int, assume_batch: int | None
         ``replicas < 1``, a stage not 1-3, a coarse graph (its nodes hide
         which state is parameters, gradients and optimizer state), one
         already data-parallel, sharded, split or micro-batched (sharding
-        comes first), a graph that declares no batch, or fewer samples than
-        replicas.
+        comes first), a graph that declares no batch, fewer samples than
+        replicas, or *samples* that are not ``k`` whole numbers >= 1 summing
+        to the batch.
     """
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise InvalidInput(f"fsdp: the number of replicas must be an integer >= 1, got {replicas!r}")
@@ -151,11 +158,19 @@ def check_fsdp(graph: Graph, replicas: int, stage: int, assume_batch: int | None
                                f"the model's graph, before any other rewrite")
     batch = declared_batch(graph, assume_batch,
                            what=f"sharded data parallelism over {replicas} replicas (each on a share of the batch)")
-    return batch, whole_samples(batch, replicas, what=f"fsdp over {replicas} replicas: the batch")
+    equal = whole_samples(batch, replicas, what=f"fsdp over {replicas} replicas: the batch")
+    if samples is None:
+        return batch, equal
+    if not isinstance(samples, list) or len(samples) != replicas or sum(samples) != batch or any(
+            isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in samples):
+        raise InvalidInput(f"fsdp: samples must be {replicas} whole numbers of samples >= 1 summing to the batch of "
+                           f"{batch}, got {samples!r}")
+    return batch, list(samples)
 
 
 def fsdp_graph(graph: Graph, replicas: int, stage: int, *, unit_mb: float = 0.0,
-               overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None) -> Graph:
+               overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
+               samples: list[int] | None = None) -> Graph:
     """The sharded data-parallel graph of *graph* (module docstring).
 
     Parameters
@@ -173,13 +188,16 @@ def fsdp_graph(graph: Graph, replicas: int, stage: int, *, unit_mb: float = 0.0,
         Extra time of a node whose time is scaled linearly.
     assume_batch : int, optional
         The batch the costs hold for, when the graph declares none.
+    samples : list of int, optional
+        Samples of each replica (whole, summing to the batch; e.g. in
+        proportion to device speed); default equal shares.
 
     Raises
     ------
     InvalidInput
         :func:`check_fsdp`, or a negative or huge *unit_mb*.
     """
-    batch, samples = check_fsdp(graph, replicas, stage, assume_batch)
+    batch, samples = check_fsdp(graph, replicas, stage, assume_batch, samples)
     k = replicas
     check_unit_mb(unit_mb)
     plan = fsdp_plan(graph, stage, unit_mb)
@@ -230,11 +248,15 @@ def apply_fsdp_step(graph: Graph, step: dict, label: str) -> Graph:
     for x in (unit_mb, overhead):
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
             raise ValueError(x)
+    samples = step.get("samples")
+    if samples is not None and not isinstance(samples, list):
+        raise TypeError(samples)
     batch, _ = check_fsdp(graph, k, stage, assume)
     if total != batch:
         raise InvalidInput(f"{label}: fsdp step records global_batch {total}, but graph '{graph.name}' holds costs "
                            f"for a batch of {batch}")
-    return fsdp_graph(graph, k, stage, unit_mb=float(unit_mb), overhead_s=float(overhead), assume_batch=assume)
+    return fsdp_graph(graph, k, stage, unit_mb=float(unit_mb), overhead_s=float(overhead), assume_batch=assume,
+                      samples=samples)
 
 
 def _shard_time(t: float, k: int, overhead_s: float) -> float:

@@ -49,6 +49,11 @@ groups join one unit:
 * ``wrap="size"`` (``size_based_auto_wrap_policy``): groups are appended to
   the current unit until it gathers at least ``unit_mb`` MiB.
 
+Readers: a forward node reads the forward gather; a backward node, and a
+recompute clone (:mod:`~.recompute`: activation checkpointing, where the
+recomputed forward runs in the unit's backward) the backward gather; an
+update reads its own shard locally.
+
 Issue order (FSDP section 3.4 "Communication Optimizations": forward
 prefetch issues the next all-gather before the current unit's forward, and
 backward prefetch the next all-gather before the current unit's
@@ -186,7 +191,13 @@ def fsdp_plan(graph: Graph, stage: int, unit_mb: float = 0.0) -> Plan:
     prof = batch_profile(graph)
     n = graph.n
     passes = node_passes(graph)
-    order = ready_order(graph)
+    clones: dict[int, int] = {}  # a node -> its recompute clone
+    for v in range(n):
+        of = (graph.node_extra[v] or {}).get("recompute_of") if graph.node_extra else None
+        if isinstance(of, str) and of in graph.index:
+            clones[graph.index[of]] = v
+    cloned = set(clones.values())
+    order = _step_order(graph, cloned)
     resident = [resident_of(graph, v) if declares(graph) else prof.fixed_memory[v] for v in range(n)]
     group = [graph.colocation[v] if graph.colocation[v] is not None else f"#{graph.ids[v]}" for v in range(n)]
     holder = [not prof.update[v] and prof.param_bytes[v] > 0 for v in range(n)]
@@ -240,11 +251,33 @@ def fsdp_plan(graph: Graph, stage: int, unit_mb: float = 0.0) -> Plan:
         u.grads.append(t)
         u.grad_bytes += graph.tensor_bytes[t]
     param_tensor = {t: unit_of[v] for v in gathered for t in gathered[v]}
+    late = [passes[v] == "backward" or v in cloned for v in range(n)]
     for u in units:
-        _readers(graph, u, source, params, gathered, passes, prof.update)
+        _readers(graph, u, source, params, gathered, late, prof.update, clones)
     sequence, waits = _issue_order(graph, units, stage, order)
     return Plan(stage, "size" if unit_mb > 0 else "module", units, params, grad_buf, optim, source, prof.update,
                 unit_of, param_tensor, grad_tensor, sequence, waits)
+
+
+def _step_order(graph: Graph, cloned: set[int]) -> list[int]:
+    """Each node's position in the order one device runs the step
+    (:func:`~.allreduce.ready_order`), with every recompute clone moved to
+    just before its first reader that is not a clone (it runs in the
+    backward; a clone's dependencies only say when it *may* run).  Still a
+    topological order: a clone keeps its inputs before it and its readers
+    after it."""
+    pos = ready_order(graph)
+    if not cloned:
+        return pos
+    key = list(pos)
+    for v in reversed(graph.topo_order()):
+        if v in cloned:
+            key[v] = min((key[s] for s in graph.succ[v]), default=pos[v])
+    ranked = sorted(range(graph.n), key=lambda v: (key[v], v not in cloned, pos[v]))
+    out = [0] * graph.n
+    for i, v in enumerate(ranked):
+        out[v] = i
+    return out
 
 
 def _consumers(graph: Graph, t: int) -> list[int]:
@@ -278,16 +311,20 @@ def _wrap(graph: Graph, ordered: list[str], members: dict[str, list[int]], holde
 
 
 def _readers(graph: Graph, u: Unit, source: list[bool], params: list[int], gathered: dict[int, list[int]],
-             passes: list[str], update: list[bool]) -> None:
-    """``u.fwd`` / ``u.bwd``: the readers of the unit's gathered parameters."""
+             late: list[bool], update: list[bool], clones: dict[int, int]) -> None:
+    """``u.fwd`` / ``u.bwd``: the readers of the unit's gathered parameters;
+    *late* marks the nodes that run in the backward (its pass, or a
+    recompute clone), *clones* maps a node to its recompute clone."""
     for v in u.holders:
         if not source[v] and params[v] > 0:
             u.fwd.append((v, "", params[v]))
+            if v in clones:  # activation checkpointing: the recomputed forward reads the backward's gather
+                u.bwd.append((clones[v], "", params[v]))
         for t in gathered[v]:
             name = f"{graph.ids[v]}/{graph.tensor_name[t]}"
             for c in _consumers(graph, t):
                 if not update[c]:  # an update reads its own shard, locally
-                    (u.bwd if passes[c] == "backward" else u.fwd).append((c, name, graph.tensor_bytes[t]))
+                    (u.bwd if late[c] else u.fwd).append((c, name, graph.tensor_bytes[t]))
     if not u.bwd and u.grads and u.gather_bytes > 0:
         for p in dict.fromkeys(graph.tensor_src[t] for t in u.grads):
             u.bwd.append((p, "*", u.gather_bytes))

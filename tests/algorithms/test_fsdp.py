@@ -74,6 +74,17 @@ def test_devices_and_refusals():
         registry.place(chain(batch=4), uniform(8), "fsdp")
 
 
+def test_proportional_shares_follow_device_speed():
+    """A device three times as fast gets three of the four samples, recorded in the recipe."""
+    g = chain()
+    c = uniform(2, speeds=[1.0, 3.0], memory=10**6)
+    p = registry.place(g, c, "fsdp", params={"shares": "proportional"})
+    assert p.derivation["steps"][0]["samples"] == [1, 3] and p.estimate["replica_batch"] == [1, 3]
+    assert simulate(g, c, p)["makespan_s"] == pytest.approx(p.estimate["makespan_s"])
+    equal = registry.place(g, uniform(2, memory=10**6), "fsdp", params={"shares": "proportional"})
+    assert "samples" not in equal.derivation["steps"][0]  # identical devices: the equal shares
+
+
 def _placer(*args):
     return subprocess.run([sys.executable, "-m", "celeritas_cli", *args], capture_output=True, text=True)
 

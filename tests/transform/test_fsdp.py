@@ -236,9 +236,28 @@ def test_a_tied_parameter_stays_gathered_and_the_graph_is_acyclic():
     assert s.makespan > 0
 
 
+def test_recomputed_forward_reads_the_backward_gather():
+    """Activation checkpointing under FSDP: a recompute clone of a layer runs
+    in the backward with the parameters gathered for the backward, so the
+    forward gather dies with the forward (and the graph stays acyclic)."""
+    from celeritas_cli.transform.recompute import recompute_graph
+
+    g = recompute_graph(chain(), ["f0", "f1"])
+    d = fsdp_graph(g, 2, 3)
+    reads = {(d.ids[d.edge_src[e]], d.ids[d.edge_dst[e]]) for e in range(d.m)}
+    assert ("fsdp/u1/bwd/rep0", "f1/recompute/rep0") in reads and ("fsdp/u1/fwd/rep0", "f1/rep0") in reads
+    assert not any(src.startswith("fsdp/u1/fwd/rep0") and "recompute" in dst for src, dst in reads)
+    s = run_schedule(d, cluster(), [d.node_extra[v]["replica"] for v in range(d.n)])
+    start = {d.ids[v]: s.start[v] for v in range(d.n)}
+    assert start["f1/recompute/rep0"] >= s.finish[d.index["fsdp/u1/bwd/rep0"]] > start["f1/rep0"]
+
+
 def test_whole_samples_and_refusals():
     g = chain(batch=5)
     assert fsdp_graph(g, 2, 3).meta["fsdp"]["replica_batch"] == [3, 2]
+    uneven = fsdp_graph(chain(), 2, 3, samples=[1, 3], overhead_s=0.0)
+    assert uneven.meta["fsdp"]["replica_batch"] == [1, 3]
+    assert [uneven.compute[uneven.index[f"x/rep{r}"]] for r in (0, 1)] == [0.5, 1.5]  # 2 s x 1/4, x 3/4
     with pytest.raises(InvalidInput, match="cannot be split 6 ways"):
         fsdp_graph(g, 6, 3)
     nobatch = Graph.from_dict({**chain().to_dict(), "meta": {}})
@@ -288,6 +307,9 @@ def test_recipe_rebuild_and_forgery():
     ({"replicas": 8}, "cannot be split 8 ways"),
     ({"unit_mb": -2.0}, "wrong type"),
     ({"replicas": True}, "wrong type"),
+    ({"samples": [3, 3]}, "samples must be 2 whole numbers of samples >= 1 summing to the batch of 4"),
+    ({"samples": [4, 0]}, "samples must be 2 whole numbers"),
+    ({"samples": "2,2"}, "wrong type"),
 ])
 def test_tampered_recipe_is_refused_in_one_line(change, message):
     step = {**fsdp_step(2, 3, 4, 0.0), **change}
