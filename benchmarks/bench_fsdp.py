@@ -11,7 +11,7 @@ type / number of devices: no plan of the step can beat it).
 Prints Markdown to stdout.  Usage::
 
     python benchmarks/bench_fsdp.py [--clusters 8xA100-nvswitch] [--models gpt_6.7b,gpt_1.3b]
-        [--stages 1,2,3] [--no-dp]
+        [--stages 1,2,3] [--no-dp] [--proportional]
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--models", default="")
     ap.add_argument("--stages", default="1,2,3")
     ap.add_argument("--no-dp", action="store_true")
+    ap.add_argument("--proportional", action="store_true", help="also stage 3 with -p shares=proportional")
     args = ap.parse_args()
     models = [m for m in args.models.split(",") if m] or sorted(p.name.split(".")[0] for p in ZOO.glob("*.json.gz"))
     print("| cluster | model | plan | step (s) | status | peak GiB | sent GiB/GPU | MFU | step / work bound |")
@@ -63,7 +64,9 @@ def main() -> None:
             graph = load_graph(str(ZOO / f"{model}.json.gz"))
             wb = work_bound(graph, cluster)
             plans = ([] if args.no_dp else [("data-parallel", "data-parallel", {})]) + \
-                [(f"fsdp stage {s}", "fsdp", {"stage": int(s)}) for s in args.stages.split(",")]
+                [(f"fsdp stage {s}", "fsdp", {"stage": int(s)}) for s in args.stages.split(",")] + \
+                ([("fsdp stage 3, proportional", "fsdp", {"stage": 3, "shares": "proportional"})]
+                 if args.proportional else [])
             for label, algo, params in plans:
                 print(f"{cname} {model} {label}", file=sys.stderr, flush=True)
                 r = row(graph, cluster, algo, params)

@@ -100,11 +100,11 @@ def place_record(algo: str, gname: str, cname: str, tmp_dir: Path) -> dict:
         params["file"] = str(path)
     try:
         p = registry.place(graph, cluster, algo, seed=0, params=params)
-    except InvalidInput as exc:  # refused on purpose (sharded data parallelism of a coarse graph)
+    except InvalidInput as exc:  # refused on purpose (data parallelism, sharded or not, of a coarse graph)
         return {"error": str(exc)}
     report = simulate(load_graph(_graph_file(gname)), cluster, p)
     return {"makespan_s": report["makespan_s"], "status": report["status"],
-            "placement": _digest({"assignment": p.assignment, "order": p.order, "split": p.split_graph})}
+            "placement": _digest({"assignment": p.assignment, "order": p.order, "split": p.derived.to_dict() if p.derived is not None else None})}
 
 
 def coarsen_record(method: str, gname: str, cname: str) -> dict:

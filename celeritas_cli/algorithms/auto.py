@@ -29,17 +29,19 @@ device) does not (issue 24, N16).  The machinery lives in
 from __future__ import annotations
 
 from ..errors import InvalidInput
-from ..log import chatty, warn
+from ..log import Progress, chatty, warn
 from ..model.cluster import Cluster
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.limits import COUNT_MAX
 from ..model.placement import Placement, finite_or_none
+from ..optimize.portfolio import batch_split_refusal
 from ..optimize.search import DEFAULT_TIME_LIMIT, Search
 from ..registry import Param, congestion_param, register, time_limit_param
 from ..registry import names as registered
 from ..sim.describe import describe_placement
+from .data_parallel import ASSUME_BATCH
 
 
 @register("auto", paper="placer", section="portfolio + simulator-in-the-loop multilevel refinement",
@@ -53,11 +55,13 @@ from ..sim.describe import describe_placement
                   "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice); "
                                           "each named one runs, or stderr says why not"),
                   "congestion": congestion_param("congestion rule the simulator judges with"),
-                  "quiet": Param(bool, False, "no progress lines on stderr")},
+                  "quiet": Param(bool, False, "no progress lines on stderr"),
+                  "assume_batch": ASSUME_BATCH},
           quick_params={"evaluations": 150, "quiet": True})
 def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
          time_limit: float = DEFAULT_TIME_LIMIT, evaluations: int = 0, algos: str = "",
-         congestion: str = DEFAULT_CONGESTION, quiet: bool = False, deadline: float | None = None) -> Placement:
+         congestion: str = DEFAULT_CONGESTION, quiet: bool = False, deadline: float | None = None,
+         assume_batch: int = 0) -> Placement:
     """Search for the best placement the simulator can confirm (module docstring).
 
     Parameters
@@ -91,6 +95,11 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         The :func:`time.perf_counter` reading at which the wall clock ends
         (``registry.place`` passes the command's start + *time_limit*, so
         loading counts too); default: *time_limit* from this call's start.
+    assume_batch : int
+        The batch the graph's costs hold for when it declares none (0 = the
+        graph's own), passed to the members that split the batch.  Without
+        a batch (or on a coarse graph, or with fewer samples than devices)
+        the data-parallel members are left out, and a line on stderr says why.
 
     Returns
     -------
@@ -129,10 +138,13 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         if unknown:
             raise InvalidInput(f"'auto' parameter algos: unknown or not allowed: {', '.join(unknown)}")
     costs = cost_model(graph, cluster, costs)
+    why = batch_split_refusal(graph, cluster, assume_batch or None)
+    if why is not None and chatty() and not quiet and (names is None or "data-parallel" in names):
+        warn(f"auto: data parallelism left out: {why}")
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
                     congestion=congestion, algos=names, log=warn if chatty() and not quiet else None, notice=warn,
-                    deadline=deadline)
-    out = search.run()
+                    deadline=deadline, assume_batch=assume_batch or None)
+    out = _run(search, chatty() and not quiet)
     spent = _spent(search)
     if out.clock_cut:
         warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({spent}), so another run may differ; "
@@ -144,7 +156,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         "makespan_by": "simulator",
         "status": "FEASIBLE" if out.score.feasible else "OOM",
         "judge": "simulator",
-        "judged_on": "derived graph (split_graph)" if out.graph is not graph else
+        "judged_on": "derived graph (derivation)" if out.graph is not graph else
                      ("coarse input graph" if graph.is_coarse else "original graph"),
         "congestion": congestion,
         "lower_bound_s": out.lower_bound,
@@ -163,10 +175,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         estimate["skipped"] = out.skipped
     p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", order=out.order, seed=seed,
                                estimate=estimate)
-    if out.graph is not graph:  # a derived graph (splits, data parallelism): carry it and its recipe
-        for attr in ("split_graph", "derivation"):
-            if getattr(out.winner.placement, attr, None) is not None:
-                setattr(p, attr, getattr(out.winner.placement, attr))
+    if out.graph is not graph:  # a derived graph (splits, data parallelism): keep it and its recipe
+        p.derivation, p.derived = out.winner.placement.derivation, out.graph
         p.graph = graph.original_name
     if chatty() and not quiet:
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
@@ -181,3 +191,17 @@ def _spent(search: Search) -> str:
     b = search.budget
     return (f"{b.spent:.1f} of {b.limit:.0f} evaluations spent: {b.used} simulations + {b.charged:.1f} charged "
             f"by estimate for the placers' work and larger graphs")
+
+
+def _run(search: Search, talk: bool):
+    """``search.run()``; on a terminal with a progress bar on stderr (the
+    evaluation budget spent, the search's lines printed above it).  Piped,
+    the lines come as they are; quiet, nothing."""
+    with Progress("auto", total=search.budget.limit, enabled=talk) as bar:
+        if bar.mode == "bar":
+            def line(msg: str) -> None:
+                bar.update(completed=min(search.budget.spent, search.budget.limit))
+                bar.line(msg)
+
+            search.log = line
+        return search.run()

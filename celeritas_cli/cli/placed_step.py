@@ -13,9 +13,9 @@ import click
 
 from ..errors import InvalidInput
 from ..model.congestion import DEFAULT_CONGESTION
-from ..model.io import bundled_cluster_names, load_graph, load_placement
+from ..model.io import load_graph, load_placement
 from ..model.jsonio import label_of, write_bytes
-from .common import get_cluster, seed_option, stderr_console
+from .common import placement_cluster, seed_option, stderr_console
 
 
 def parse_device_map(text: str | None) -> dict[str, str]:
@@ -100,10 +100,11 @@ def load_inputs(model, batch_size, config, placement_path, graph_path, cluster_p
             raise click.UsageError("--batch-size is required (or --graph from `placer profile --model ...`)")
         batch_size = meta["batch_size"]
         say(f"batch size {batch_size} (from {graph_path})")
-    if cluster_path is None and placement.cluster in bundled_cluster_names():
-        cluster = get_cluster(placement.cluster, quiet=True)
-    else:
-        cluster = get_cluster(cluster_path)
+    if graph is not None and isinstance(meta.get("batch_size"), int) and batch_size != meta["batch_size"]:
+        raise click.UsageError(f"--batch-size {batch_size}, but {graph_path} holds costs for a batch of "
+                               f"{meta['batch_size']} (the placement was made for it): run with -b "
+                               f"{meta['batch_size']}, or profile and place the graph at batch {batch_size}")
+    cluster = placement_cluster(placement, cluster_path, label)
     return Inputs(model, batch_size, cfg, placement, label, graph, label_of(graph_path) if graph_path else "graph",
                   cluster)
 

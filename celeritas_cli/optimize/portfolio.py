@@ -22,7 +22,9 @@ Which members run is decided from the graph's size and the time limit alone
 * ``data-parallel`` members (the strongest single start whenever the model
   fits one device, and refined on their own derived graph) are instead
   held to :data:`DP_SHARE` of the budget, together, on top of
-  :data:`PORTFOLIO_SHARE`;
+  :data:`PORTFOLIO_SHARE`; they are left out where the batch cannot be
+  split (:func:`batch_split_refusal`: no declared batch and none assumed,
+  fewer samples than devices, a coarse graph), and ``auto`` says why;
 * coarse graphs aim at about ``4 k``, ``16 k`` and ``64 k`` coarse nodes for
   ``k`` devices (``R = ceil(n / target)``, ``M`` at its default), the range of
   Celeritas' Table 2 for a handful of devices; a granularity is skipped when
@@ -73,8 +75,8 @@ gradient), so auto also tries ``bucket_mb=0`` (one ring per gradient, a
 graph about ``1 + k/2`` times larger: :data:`UNBUCKETED_FACTOR`) under
 :data:`DP_SHARE` and the same :data:`DP_GATE` as ``dpos@data-parallel``.
 
-A placement that carries a derived graph (``split_graph``: FastT / FD-DPS
-operation splitting, data parallelism) is judged on that graph, as
+A placement made on a derived graph (``derived``, with its recipe: FastT /
+FD-DPS operation splitting, data parallelism) is judged on that graph, as
 ``placer simulate`` does, and refined there.
 """
 
@@ -198,6 +200,17 @@ def member_cost(spec: Spec, k: int) -> float:
     return COST.get(spec.algo, 10.0)
 
 
+def batch_split_refusal(graph: Graph, cluster: Cluster, assume_batch: int | None = None) -> str | None:
+    """Why the members that split the batch (data parallelism, DPOS on the
+    data-parallel graph) cannot run on *graph*, or None: no declared batch
+    (and none assumed), fewer samples than devices, a coarse graph
+    (:func:`~celeritas_cli.transform.admit.dp_refusal`).  ``plan`` leaves them
+    out and ``auto`` says why on stderr."""
+    from ..transform.admit import dp_refusal
+
+    return dp_refusal(graph, cluster.k, assume_batch, sized=False) if cluster.k > 1 else None
+
+
 def replica_memory(graph: Graph, k: int) -> int:
     """Bytes one replica of ``data-parallel`` (equal shares, strong
     scaling) holds under the static rule, without building it: every node's
@@ -214,7 +227,7 @@ def replica_memory(graph: Graph, k: int) -> int:
     ...                 {"id": "g", "compute_s": 8.0, "memory_bytes": 100},
     ...                 {"id": "u", "op": "optim.sgd", "compute_s": 1.0, "memory_bytes": 0, "colocation": "p"}],
     ...           [{"src": "x", "dst": "w", "bytes": 400}, {"src": "w", "dst": "g", "bytes": 400},
-    ...            {"src": "g", "dst": "u", "bytes": 100}])
+    ...            {"src": "g", "dst": "u", "bytes": 100}], meta={"batch_size": 8})
     >>> d = data_parallel_graph(g, 2)
     >>> replica_memory(g, 2), sum(d.memory[v] for v in range(d.n) if d.ids[v].endswith("/rep0"))
     (600, 600)
@@ -275,15 +288,19 @@ def dp_misfit(graph: Graph, cluster: Cluster, spec: Spec) -> str | None:
             f"beyond it ({room / 2**30:.3g} GiB) cannot hold the {act / 2**30:.3g} GiB of activations")
 
 
-def _offers(graph: Graph, cluster: Cluster) -> list[list[tuple[Spec, float]]]:
+def _offers(graph: Graph, cluster: Cluster, split_batch: bool = True) -> list[list[tuple[Spec, float]]]:
     """Every member auto would consider, grouped (a coarse graph's members
-    together), in :data:`PRIORITY` order, with its :func:`member_cost`."""
+    together), in :data:`PRIORITY` order, with its :func:`member_cost`;
+    without the members that split the batch when *split_batch* is False
+    (:func:`batch_split_refusal`)."""
     size = max(1, graph.n + graph.m)
     k = cluster.k
     per_node = (graph.n + graph.m) / graph.n if graph.n else 1.0
     coarse_R = granularities(graph, cluster)
     offers: list[list[tuple[Spec, float]]] = []
     for item in PRIORITY:
+        if not split_batch and item in ("data-parallel", "dpos@data-parallel"):
+            continue
         if item == "dpos@data-parallel":
             if max(graph.total_memory(), 1) <= cluster.min_memory() and k > 1:
                 spec = Spec("dpos", on="data-parallel")
@@ -325,7 +342,7 @@ def _named_offers(graph: Graph, cluster: Cluster, names: list[str], offers: list
 
 
 def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None = None,
-         skipped: list[tuple[str, str]] | None = None) -> list[tuple[Spec, float]]:
+         skipped: list[tuple[str, str]] | None = None, *, split_batch: bool = True) -> list[tuple[Spec, float]]:
     """The portfolio for *graph* and an evaluation *budget* (module
     docstring): ``(spec, charge)`` pairs in the order they run, *charge* the
     member's estimated cost in simulations of the input graph (its own
@@ -338,11 +355,12 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
     algorithms, and then every one of them runs, whatever its cost, charged
     at most its share (:data:`TIMED` members are run by the search, not
     planned here).  *skipped* collects ``(member, reason)`` for every member
-    left out."""
+    left out.  ``split_batch=False`` leaves out the members that split the
+    batch (:func:`batch_split_refusal`; ``auto`` says why in one line)."""
     k = cluster.k
     notes: list[tuple[str, str]] = skipped if skipped is not None else []
     say = lambda name, why: notes.append((name, why))  # noqa: E731
-    offers = _offers(graph, cluster)
+    offers = _offers(graph, cluster, split_batch)
     if names:
         offers = _named_offers(graph, cluster, names, offers, say)
     tight = not names and COST["metis"] + 1 > MEMBER_SHARE * budget

@@ -79,9 +79,9 @@ def available(name: str, named: bool = False) -> bool:
 
 def derived_graph(p: Placement, label: str) -> Graph:
     """The derived graph a placement refers to: the object its algorithm
-    built when it kept it, else parsed from the ``split_graph`` it carries."""
-    if p.derived_graph is not None:
-        return p.derived_graph
+    built (``derived``), else parsed from a ``split_graph`` it carries."""
+    if p.derived is not None:
+        return p.derived
     return Graph.from_dict(p.split_graph, f"{label} (split_graph)")
 
 
@@ -89,11 +89,13 @@ class Runner:
     """Runs portfolio members on the input graph and its cpd coarse graphs
     (built once each), under one cost model."""
 
-    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, seed: int = 0):
+    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, seed: int = 0,
+                 assume_batch: int | None = None):
         self.graph = graph
         self.cluster = cluster
         self.costs = costs
         self.seed = seed
+        self.assume_batch = assume_batch  # passed to the members that take it (--assume-batch)
         self.coarse: dict[int, Graph] = {}
         self._dp: tuple[Graph, Placement] | None = None
 
@@ -124,12 +126,13 @@ class Runner:
         try:  # a member's own lines are not auto's: shown (prefixed) only when chatty
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said), quiet():
                 p = registry.place(g, self.cluster, spec.algo, seed=self.seed,
-                                   params={**dict(spec.params), **(params or {})}, costs=self.costs.for_graph(g))
+                                   params={**self._assumed(spec.algo), **dict(spec.params), **(params or {})},
+                                   costs=self.costs.for_graph(g))
         finally:
             if chatty():
                 for line in said.getvalue().splitlines():
                     warn(f"auto: {spec.name}: {line}")
-        if p.split_graph is not None or p.derived_graph is not None:
+        if p.split_graph is not None or p.derived is not None:
             judged = derived_graph(p, spec.name)
             device_of, order = p.resolve(judged, self.cluster, spec.name)
             if spec == Spec("data-parallel") and not params:
@@ -137,6 +140,11 @@ class Runner:
             return Candidate(spec, p, judged, device_of, order, derived=True)
         device_of, order = p.resolve(self.graph, self.cluster, spec.name)
         return Candidate(spec, p, self.graph, device_of, order)
+
+    def _assumed(self, algo: str) -> dict:
+        """``assume_batch`` for a member that takes it."""
+        return {"assume_batch": self.assume_batch} if self.assume_batch and "assume_batch" in \
+            registry.get(algo).params else {}
 
     def _on_data_parallel(self, spec: Spec, params: dict | None) -> Candidate:
         """*spec*'s algorithm on the data-parallel graph; the placement
@@ -146,7 +154,7 @@ class Runner:
             p = registry.place(dg, self.cluster, spec.algo, seed=self.seed,
                                params={**dict(spec.params), **(params or {})}, costs=self.costs.for_graph(dg))
         device_of, order = p.resolve(dg, self.cluster, spec.name)
-        p.split_graph, p.derivation, p.graph, p.derived_graph = dp.split_graph, dp.derivation, dp.graph, dg
+        p.split_graph, p.derivation, p.graph, p.derived = dp.split_graph, dp.derivation, dp.graph, dg
         return Candidate(spec, p, dg, device_of, order, derived=True)
 
 

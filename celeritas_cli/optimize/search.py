@@ -56,6 +56,7 @@ from .portfolio import (
     Runner,
     Spec,
     available,
+    batch_split_refusal,
     plan,
     run_portfolio,
     unbucketed,
@@ -140,13 +141,15 @@ class Search:
     def __init__(self, graph: Graph, cluster: Cluster, *, costs: CostModel | None = None, seed: int = 0,
                  time_limit: float = DEFAULT_TIME_LIMIT, evaluations: int = 0, congestion: str = DEFAULT_CONGESTION,
                  algos: list[str] | None = None, log: Callable[[str], None] | None = None,
-                 notice: Callable[[str], None] | None = None, deadline: float | None = None):
+                 notice: Callable[[str], None] | None = None, deadline: float | None = None,
+                 assume_batch: int | None = None):
         self.t0 = time.perf_counter()
         self.graph, self.cluster, self.seed = graph, cluster, seed
         self.costs = cost_model(graph, cluster, costs)
         self.time_limit = time_limit or DEFAULT_TIME_LIMIT  # what the counted budgets derive from
         self.congestion = congestion
         self.algos = algos
+        self.assume_batch = assume_batch
         self.log = log or (lambda msg: None)
         self.notice = notice or self.log
         limit = evaluations if evaluations > 0 else default_evaluations(graph, self.time_limit)
@@ -199,9 +202,10 @@ class Search:
 
     # ------------------------------------------------------------- phases
     def portfolio(self) -> None:
-        runner = Runner(self.graph, self.cluster, self.costs, self.seed)
+        runner = Runner(self.graph, self.cluster, self.costs, self.seed, self.assume_batch)
         notes: list[tuple[str, str]] = []
-        specs = plan(self.graph, self.cluster, self.budget.limit, self.algos, notes)
+        specs = plan(self.graph, self.cluster, self.budget.limit, self.algos, notes,
+                     split_batch=batch_split_refusal(self.graph, self.cluster, self.assume_batch) is None)
         over = [name for name, why in notes if why.startswith(OVER_SHARE)]
         for name, why in notes:
             self._skip(name, why, say=not why.startswith(OVER_SHARE))
@@ -347,7 +351,8 @@ class Search:
                 self.notice(f"auto: none of {', '.join(self.algos)} gave a candidate; the answer is {fallback}'s")
             self.budget.limit = self.budget.spent + 1
             self.budget.deadline = None
-            run_portfolio(Runner(self.graph, self.cluster, self.costs, self.seed), [(Spec(fallback), 0.0)],
+            run_portfolio(Runner(self.graph, self.cluster, self.costs, self.seed, self.assume_batch),
+                          [(Spec(fallback), 0.0)],
                           self._judge, self.budget)
         start = min(self.candidates, key=lambda c: (c.score.overflow, c.score.makespan))
         self.log(f"auto: best start {start.spec.name}: {_fmt(start.score)}; refining "

@@ -88,6 +88,13 @@ def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label
 
     say = progress or (lambda msg: None)
     k, scaling = int(recipe["replicas"]), recipe.get("scaling", "strong")
+    made_for = recipe.get("global_batch")
+    if scaling == "strong" and isinstance(made_for, int) and made_for != batch:
+        raise InvalidInput(f"{label}: was made for a global batch of {made_for} samples, the run is at batch {batch}; "
+                           f"run with -b {made_for}, or place the graph profiled at batch {batch}")
+    if recipe.get("shares") is not None:
+        raise InvalidInput(f"{label}: its replicas run uneven batch shares ({recipe['shares']}); placer run executes "
+                           f"equal shares only (a batch the replicas divide)")
     if step is None:
         say(f"capturing {spec} at batch {batch} (the graph's)")
         step = capture_real(spec, batch, config=config, seed=seed)

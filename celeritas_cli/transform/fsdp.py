@@ -102,8 +102,9 @@ from ..model.graph import GRAPH_SCHEMA, Graph
 from ..model.residency import declares, memory_fields, resident_of
 from .allreduce import chunk_sizes, ring_all_gather, ring_collect, ring_node, ring_reduce_scatter
 from .batch import declared_batch, whole_samples
-from .fsdp_units import Plan, Unit, check_unit_mb, fsdp_plan
+from .fsdp_units import Plan, Unit, check_unit_mb, fsdp_plan, fsdp_size
 from .replicate import _replica_template
+from .size import Size, check_size
 from .split_cost import DEFAULT_OVERHEAD_S, batch_profile
 from .splitting import edge_dicts, fresh_namer
 
@@ -195,12 +196,16 @@ def fsdp_graph(graph: Graph, replicas: int, stage: int, *, unit_mb: float = 0.0,
     Raises
     ------
     InvalidInput
-        :func:`check_fsdp`, or a negative or huge *unit_mb*.
+        :func:`check_fsdp`, a negative or huge *unit_mb*, or a graph over
+        the derived-graph budget (:func:`~.fsdp_units.fsdp_size`,
+        :mod:`~.size`); all before anything is built.
     """
     batch, samples = check_fsdp(graph, replicas, stage, assume_batch, samples)
     k = replicas
     check_unit_mb(unit_mb)
     plan = fsdp_plan(graph, stage, unit_mb)
+    check_size(Size(*fsdp_size(graph, plan, k)), f"fsdp: {k} replicas of graph '{graph.name}'",
+               "use fewer replicas (-p devices=N) or larger units (-p unit_mb=)", devices=k)
     shares = None if len(set(samples)) == 1 else [b / batch for b in samples]
     prof = batch_profile(graph)
     fresh = fresh_namer(graph)
@@ -230,33 +235,41 @@ def fsdp_graph(graph: Graph, replicas: int, stage: int, *, unit_mb: float = 0.0,
                            label=name)
 
 
-def apply_fsdp_step(graph: Graph, step: dict, label: str) -> Graph:
-    """Apply a recorded ``fsdp`` step to *graph*, after checking its fields
-    and that its ``global_batch`` is the batch *graph* holds costs for (a
-    recipe made for another batch is refused).
+def fsdp_step_check(graph: Graph, step: dict, ctx) -> tuple[str | None, str] | None:
+    """What of a recorded ``fsdp`` step (fields already checked,
+    :mod:`~.recipe_check`) only *graph* can say: it may be sharded, its batch
+    is the recorded ``global_batch``, ``samples`` are whole shares of it;
+    ``None`` or ``(field or None, problem)`` (the ``check`` of the step's
+    :class:`~.recipe_check.StepKind`)."""
+    k = step["replicas"]
+    try:
+        batch = declared_batch(graph, step.get("assume_batch"), what=f"sharded data parallelism over {k} replicas")
+        if k > batch:
+            return "replicas", f"{k} replicas need {k} samples at least, graph '{graph.name}' holds costs for {batch}"
+        check_fsdp(graph, k, step["stage"], step.get("assume_batch"))
+    except InvalidInput as exc:
+        return None, str(exc).removeprefix("fsdp: ")
+    if step["global_batch"] != batch:
+        return "global_batch", (f"the placement was made for a batch of {step['global_batch']} samples, graph "
+                                f"'{graph.name}' holds costs for {batch}")
+    if "samples" in step:
+        try:
+            check_fsdp(graph, step["replicas"], step["stage"], step.get("assume_batch"), step["samples"])
+        except InvalidInput as exc:
+            return "samples", str(exc).removeprefix("fsdp: samples ")
+    return None
 
-    Raises KeyError, TypeError or ValueError for a missing field or one of
-    the wrong type (the caller words them), InvalidInput when the batch
-    differs or :func:`fsdp_graph` refuses.
-    """
-    k, stage, total = step["replicas"], step["stage"], step["global_batch"]
-    assume = step.get("assume_batch")
-    for x in (k, stage, total) + ((assume,) if assume is not None else ()):
-        if isinstance(x, bool) or not isinstance(x, int):
-            raise TypeError(x)
-    unit_mb, overhead = step.get("unit_mb", 0.0), step.get("overhead_s", DEFAULT_OVERHEAD_S)
-    for x in (unit_mb, overhead):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-            raise ValueError(x)
-    samples = step.get("samples")
-    if samples is not None and not isinstance(samples, list):
-        raise TypeError(samples)
-    batch, _ = check_fsdp(graph, k, stage, assume)
-    if total != batch:
-        raise InvalidInput(f"{label}: fsdp step records global_batch {total}, but graph '{graph.name}' holds costs "
-                           f"for a batch of {batch}")
-    return fsdp_graph(graph, k, stage, unit_mb=float(unit_mb), overhead_s=float(overhead), assume_batch=assume,
-                      samples=samples)
+
+def fsdp_step_size(graph: Graph, step: dict) -> Size:
+    """Nodes and edges a recorded ``fsdp`` step builds (:func:`~.fsdp_units.fsdp_size`)."""
+    return Size(*fsdp_size(graph, fsdp_plan(graph, step["stage"], step.get("unit_mb", 0.0)), step["replicas"]))
+
+
+def fsdp_step_build(graph: Graph, step: dict) -> Graph:
+    """The graph of a recorded ``fsdp`` step (defaults filled in)."""
+    return fsdp_graph(graph, step["replicas"], step["stage"], unit_mb=step.get("unit_mb", 0.0),
+                      overhead_s=step["overhead_s"], assume_batch=step.get("assume_batch"),
+                      samples=step.get("samples"))
 
 
 def _shard_time(t: float, k: int, overhead_s: float) -> float:

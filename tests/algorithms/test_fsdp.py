@@ -89,7 +89,7 @@ def _placer(*args):
     return subprocess.run([sys.executable, "-m", "celeritas_cli", *args], capture_output=True, text=True)
 
 
-def test_cli_round_trip_and_a_forged_stage(tmp_path):
+def test_cli_round_trip_and_a_forged_batch(tmp_path):
     g, c = tmp_path / "g.json", tmp_path / "c.json"
     write_json(chain().to_dict(), g)
     write_json(tight(10**6).to_dict(), c)
@@ -106,4 +106,5 @@ def test_cli_round_trip_and_a_forged_stage(tmp_path):
     write_json(placement, forged)
     run = _placer("simulate", str(g), "--cluster", str(c), "--placement", str(forged))
     assert run.returncode == 1 and run.stdout == ""
-    assert run.stderr.count("\n") == 1 and "global_batch 2" in run.stderr
+    assert run.stderr.count("\n") == 1
+    assert "field derivation.steps[0].global_batch: the placement was made for a batch of 2 samples" in run.stderr

@@ -340,7 +340,7 @@ def test_gloo_ranks_follow_any_valid_order_without_deadlock(seed):
 
     g = graph_of(MLP, 8)
     p = copy.deepcopy(hybrid_plan(g, uniform(4), at_l2(g), 2, "gpipe", 2))
-    d = Graph.from_dict(p.split_graph)
+    d = p.derived
     rng = random.Random(seed)
     need = [len(set(d.pred[x])) for x in range(d.n)]
     ready, topo = [x for x in range(d.n) if not need[x]], []

@@ -301,18 +301,42 @@ def test_recipe_rebuild_and_forgery():
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"global_batch": 8}, "global_batch 8.*batch of 4"),
-    ({"stage": 5}, "stage must be 1, 2 or 3"),
-    ({"stage": "3"}, "wrong type"),
-    ({"replicas": 8}, "cannot be split 8 ways"),
-    ({"unit_mb": -2.0}, "wrong type"),
-    ({"replicas": True}, "wrong type"),
-    ({"samples": [3, 3]}, "samples must be 2 whole numbers of samples >= 1 summing to the batch of 4"),
-    ({"samples": [4, 0]}, "samples must be 2 whole numbers"),
-    ({"samples": "2,2"}, "wrong type"),
+    ({"global_batch": 8}, r"field derivation.steps\[0\].global_batch: the placement was made for a batch of 8 "
+                          r"samples, graph 'chain' holds costs for 4"),
+    ({"stage": 5}, r"field derivation.steps\[0\].stage: must be 1..3, got 5"),
+    ({"stage": "3"}, r"stage: must be an integer, got '3'"),
+    ({"replicas": 8}, r"field derivation.steps\[0\].replicas: 8 replicas need 8 samples at least"),
+    ({"unit_mb": -2.0}, r"unit_mb: must be 0..1048576, got -2"),
+    ({"replicas": True}, r"replicas: must be an integer, got True"),
+    ({"samples": [3, 3]}, r"samples: must be 2 whole numbers of samples >= 1 summing to the batch of 4"),
+    ({"samples": [4, 0]}, r"samples\[1\]: must be an integer of at least 1, got 0"),
+    ({"samples": "2,2"}, r"samples: must be a list of integers"),
+    ({"bogus": 1}, r"bogus: not a field of a fsdp step"),
 ])
 def test_tampered_recipe_is_refused_in_one_line(change, message):
     step = {**fsdp_step(2, 3, 4, 0.0), **change}
     with pytest.raises(InvalidInput, match=message) as err:
         derive(chain(), {"steps": [step]}, "p.json")
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and str(err.value).startswith("p.json: ")
+
+
+def test_recipe_refused_after_other_rewrites_and_over_the_budget():
+    from celeritas_cli.transform.replicate import data_parallel_graph
+    from celeritas_cli.transform.size import derived_budget
+
+    dp = {"transform": "data-parallel", "replicas": 2, "global_batch": 4}
+    with pytest.raises(InvalidInput, match=r"steps\[1\] \(fsdp\): graph 'chain\+dp2' is already data-parallel"):
+        derive(chain(), {"steps": [dp, fsdp_step(2, 3, 4, 0.0)]}, "p.json")
+    with pytest.raises(InvalidInput, match=r"steps\[1\] \(data-parallel\).*already data-parallel"):
+        derive(chain(), {"steps": [fsdp_step(2, 3, 4, 0.0), dp]}, "p.json")
+    mb = {"transform": "microbatch", "m": 2, "global_batch": 4, "micro_batches": [1, 1]}
+    with pytest.raises(InvalidInput, match="sharded \\(fsdp\\): gradient accumulation under FSDP is not modelled"):
+        derive(chain(), {"steps": [fsdp_step(2, 3, 4, 0.0), mb]}, "p.json")
+    with pytest.raises(InvalidInput, match="replicas: 4 is more than the 2 devices"):
+        derive(chain(), {"steps": [fsdp_step(4, 3, 4, 0.0)]}, "p.json", devices=2)
+    size = fsdp_size(chain(), fsdp_plan(chain(), 3), 2)
+    with derived_budget(size[0] - 1), pytest.raises(InvalidInput, match="over the budget.*larger units"):
+        derive(chain(), {"steps": [fsdp_step(2, 3, 4, 0.0)]}, "p.json")
+    with derived_budget(size[0] - 1), pytest.raises(InvalidInput, match="over the budget"):
+        fsdp_graph(chain(), 2, 3)
+    assert data_parallel_graph  # imported for the composition above
