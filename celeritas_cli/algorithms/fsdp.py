@@ -35,12 +35,12 @@ from ..registry import Param, register
 from ..sim.memory import peaks
 from ..sim.mfu import mfu
 from ..sim.simulator import lower_bound, run_schedule
-from ..transform.batch import BATCH_MAX, whole_samples
+from ..transform.batch import whole_samples
 from ..transform.derivation import attach
 from ..transform.fsdp import check_fsdp, fsdp_graph, fsdp_step
 from ..transform.fsdp_units import UNIT_MB_MAX
 from ..transform.split_cost import DEFAULT_OVERHEAD_S
-from .data_parallel import SHARES, choose_devices, proportional_shares, replica_devices
+from .data_parallel import ASSUME_BATCH, SHARES, choose_devices, proportional_shares, replica_devices
 
 
 @register("fsdp", paper="ZeRO (Rajbhandari et al., SC'20); PyTorch FSDP (Zhao et al., VLDB 2023)",
@@ -57,8 +57,7 @@ from .data_parallel import SHARES, choose_devices, proportional_shares, replica_
                                       "linearly (s)", min=0, max=TIME_MAX),
                   "shares": Param(str, "equal", "equal batch shares, or whole samples in proportion to each "
                                   "device's speed on the graph (mixed devices; not in the papers)", choices=SHARES),
-                  "assume_batch": Param(int, 0, "the batch the graph's costs hold for, when it declares none "
-                                        "(meta.batch_size); 0 = the graph's own", min=0, max=BATCH_MAX)},
+                  "assume_batch": ASSUME_BATCH},
           quick_params={})
 def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, devices: str = "",
          stage: int = 3, unit_mb: float = 0.0, overhead_s: float = DEFAULT_OVERHEAD_S, shares: str = "equal",
@@ -91,7 +90,7 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         recipe as ``samples``).
     assume_batch : int
         The batch the costs hold for when the graph declares none (0: the
-        graph's own); recorded in the recipe.
+        graph's own; ``place --assume-batch``); recorded in the recipe.
 
     Returns
     -------
