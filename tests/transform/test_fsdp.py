@@ -7,6 +7,8 @@ building, and the recipe's forgery check."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
@@ -340,3 +342,23 @@ def test_recipe_refused_after_other_rewrites_and_over_the_budget():
     with derived_budget(size[0] - 1), pytest.raises(InvalidInput, match="over the budget"):
         fsdp_graph(chain(), 2, 3)
     assert data_parallel_graph  # imported for the composition above
+
+
+_VALUES = st.one_of(st.integers(-3, 9), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                    st.text(max_size=3), st.booleans(), st.none(), st.lists(st.integers(-1, 4), max_size=4))
+_FIELDS = ("replicas", "stage", "global_batch", "overhead_s", "unit_mb", "samples", "assume_batch", "x")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(_FIELDS), _VALUES, max_size=3), st.booleans())
+def test_any_forged_fsdp_step_builds_or_is_refused_in_one_line(change, drop):
+    """Whatever a file puts in an fsdp step: a graph, or one line naming the file."""
+    step = {**fsdp_step(2, 3, 4, 0.0), **change}
+    if drop:
+        step.pop("stage", None)
+    try:
+        d = derive(chain(), {"steps": [step]}, "p.json", devices=4)
+    except InvalidInput as exc:
+        assert "\n" not in str(exc) and str(exc).startswith("p.json: ")
+        return
+    assert d.meta["fsdp"]["replicas"] == step["replicas"]
