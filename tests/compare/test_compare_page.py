@@ -171,7 +171,7 @@ def test_algorithm_groups():
     with pytest.raises(InvalidInput, match="unknown algorithm group"):
         algorithm_group("nope")
     assert _algorithms("heft,pipelines", "auto") == ["heft"] + [a for a in pipelines if a != "auto"]
-    assert {"data-parallel", "pipeline", "gpipe", "pipedream", "alpa-stages"} <= set(pipelines)
+    assert {"data-parallel", "fsdp", "pipeline", "gpipe", "pipedream", "alpa-stages"} <= set(pipelines)
     res = CliRunner().invoke(main, ["compare", "x.json", "--algos", "placement", "--exclude", "all"])
     assert res.exit_code == 2 and "no algorithm left" in res.output
     res = CliRunner().invoke(main, ["compare", "x.json", "--algos", "heft,nosuch"])
