@@ -38,8 +38,9 @@ Which members run is decided from the graph's size and the time limit alone
   the activations, :func:`replica_memory`) exceeds the smallest device: the
   answer would be OOM (issue 24, N16: the data-parallel member of a 92 GiB
   model on 32 GiB devices took 7 s and was the only candidate);
-* the planners (:mod:`.planners`: ``pipeline``, and ``fsdp`` when WP
-  "fsdp" registers it - it counts with the data-parallel members) plan the
+* the planners (:mod:`.planners`: ``pipeline``, and ``fsdp`` - stage 3,
+  charged by :func:`~.planners.fsdp_charge` and counted with the
+  data-parallel members) plan the
   whole step: ``pipeline`` searches with :data:`~.planners.PLAN_SHARE` of
   the budget as its own evaluations, when that pays for one plan; both run
   right after METIS when one data-parallel replica does not fit the
@@ -99,7 +100,7 @@ from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.residency import resident_list
 from ..transform.split_cost import batch_profile
-from .planners import FSDP_COST, PLANNERS, planner_charge
+from .planners import PLANNERS, fsdp_charge, planner_charge
 from .runner import Candidate, Runner, Spec, available, run_portfolio
 
 __all__ = ["OVER_SHARE", "Candidate", "Runner", "Spec", "available", "dp_misfit", "member_cost", "plan",
@@ -206,8 +207,8 @@ def member_cost(spec: Spec, k: int) -> float:
     if spec.algo == "data-parallel":
         cost = max(COST["data-parallel"], DP_COST * k * k)
         return cost * (1 + UNBUCKETED_FACTOR * k) if unbucketed(spec) else cost
-    if spec.algo == "fsdp":  # WP "fsdp": replace by its measured cost
-        return max(COST["data-parallel"], FSDP_COST * k * k)
+    if spec.algo == "fsdp":  # as data-parallel; plan() scales it by the graphs' sizes (planners.fsdp_charge)
+        return max(COST["data-parallel"], DP_COST * k * k)
     if spec.on == "data-parallel":
         return COST.get(spec.algo, 10.0) * k
     if spec.algo == "os-dpos":
@@ -331,12 +332,14 @@ def _offers(graph: Graph, cluster: Cluster, split_batch: bool = True) -> list[li
             if not available(item):
                 continue
             uneven = len({(d.type, d.speed) for d in cluster.devices}) > 1
+            cost = member_cost(Spec(item), k)
+            if item == "fsdp":
+                cost = fsdp_charge(graph, k, cost)
             if item in ("data-parallel", "fsdp") and uneven:
                 # uneven devices: batch shares by device speed first (data_parallel.proportional_shares): 17-20 %
                 # faster on the zoo on moirai-intra-server, and within memory where equal shares are not
-                spec = Spec(item, (("shares", "proportional"),))
-                offers.append([(spec, member_cost(spec, k))])
-            offers.append([(Spec(item), member_cost(Spec(item), k))])
+                offers.append([(Spec(item, (("shares", "proportional"),)), cost)])
+            offers.append([(Spec(item), cost)])
             if item == "metis" and graph.total_memory() > 0.5 * cluster.total_memory():
                 offers.append([(Spec("metis", (("weights", "memory"),)), COST["metis"])])
             if item == "data-parallel" and k > 1:

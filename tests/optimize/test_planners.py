@@ -72,3 +72,32 @@ def test_auto_named_pipeline_member_runs_and_is_never_worse_than_it():
     row = registry.place(g, c, "pipeline", params={"evaluations": int(PLAN_SHARE * 400 - 1)})
     assert p.estimate["candidates"][0]["name"] == "pipeline"
     assert p.estimate["makespan_s"] <= row.estimate["makespan_s"] * (1 + 1e-9)
+
+
+def test_fsdp_is_charged_as_data_parallel_scaled_by_the_built_graphs_sizes():
+    from celeritas_cli.optimize.planners import fsdp_charge
+    from celeritas_cli.transform.fsdp import fsdp_graph
+    from celeritas_cli.transform.replicate import data_parallel_graph
+
+    g = layered(60, seed=1)
+    f, d = fsdp_graph(g, 4, 3), data_parallel_graph(g, 4, bucket_mb=25.0)
+    assert fsdp_charge(g, 4, 24.0) == 24.0 * (f.n + f.m) / (d.n + d.m)
+    assert fsdp_charge(g, 4, 24.0) > 24.0  # per-unit gathers and reduce-scatters: more ring nodes than DDP's buckets
+
+
+def test_fsdp_member_sized_and_proportional_first_on_mixed_devices():
+    from celeritas_cli.model.io import load_cluster
+    from celeritas_cli.optimize.planners import fsdp_charge
+    from celeritas_cli.optimize.portfolio import member_cost
+    from celeritas_cli.optimize.runner import Spec
+
+    g = layered(60, seed=1)
+    c = load_cluster("moirai-intra-server")  # 2xV100 + 2xP100
+    specs = plan(g, c, 4000)
+    names = [s.name for s, _ in specs]
+    assert names.index("fsdp(shares=proportional)") + 1 == names.index("fsdp")
+    charge = fsdp_charge(g, 4, member_cost(Spec("fsdp"), 4))
+    assert dict((s.name, x) for s, x in specs)["fsdp"] == charge
+    skipped: list = []
+    names = [s.name for s, _ in plan(g, c, 10 * charge, skipped=skipped)]  # the data-parallel members spend DP_SHARE first
+    assert "fsdp" not in names and any(n == "fsdp" and "over its share" in why for n, why in skipped)
