@@ -1,6 +1,6 @@
 """Benchmark: the pipeline planners (issue 23) - placer's ``pipeline``, the
 peers' rows (``gpipe``, ``pipedream``, ``alpa-stages``), data parallelism,
-sharded data parallelism (``fsdp``, when registered), the best placement
+sharded data parallelism (``fsdp``, equal and speed-proportional shares), the best placement
 algorithms, and ``auto`` over all of them - on the model zoo on
 4xV100-pcie and on the memory-tight moirai-intra-server (2xV100-32GB +
 2xP100-16GB), and on the GPT 6.7B graph on 8xA100-nvswitch.
@@ -58,7 +58,7 @@ TODAY = {("inception_v3", "4xV100-pcie"): 0.4056, ("nmt", "4xV100-pcie"): 0.9008
          ("nmt", "moirai-intra-server"): 1.949, ("resnet50", "moirai-intra-server"): 0.183,
          ("tensor_holography", "moirai-intra-server"): 0.131, ("transformer", "moirai-intra-server"): 3.326}
 #: the rows next to auto: data parallelism, the planners, and the strongest placement algorithms of the zoo
-ROWS = ("data-parallel", "data-parallel(shares=proportional)", "fsdp", "pipeline", "gpipe", "pipedream",
+ROWS = ("data-parallel", "data-parallel(shares=proportional)", "fsdp", "fsdp(shares=proportional)", "pipeline", "gpipe", "pipedream",
         "alpa-stages", "heft", "metis", "m-etf", "adjusting")
 GPT = ("gpt_6.7b", "8xA100-nvswitch")
 #: auto with the default budget of evaluations but no wall clock: what the default answers when the machine keeps up
@@ -69,9 +69,13 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+#: the rows that only differ from another on mixed devices (batch shares by device speed)
+PROPORTIONAL = ("data-parallel(shares=proportional)", "fsdp(shares=proportional)")
+
+
 def row_algo(row: str) -> tuple[str, dict]:
-    if row == "data-parallel(shares=proportional)":
-        return "data-parallel", {"shares": "proportional"}
+    if row in PROPORTIONAL:
+        return row.split("(")[0], {"shares": "proportional"}
     return row, {}
 
 
@@ -96,7 +100,7 @@ def run_case(gname: str, cname: str, rows: list[str], cache: dict) -> dict:
     mixed = len({(d.type, d.speed) for d in c.devices}) > 1
     out = {}
     for row in rows:
-        if row == "data-parallel(shares=proportional)" and not mixed:
+        if row in PROPORTIONAL and not mixed:
             continue
         if row != NO_CLOCK and row_algo(row)[0] not in registry.names():
             continue
@@ -180,8 +184,7 @@ def main() -> None:
             Path(args.cache).write_text(json.dumps(cache, indent=1))
     gpt = {}
     if not wanted or "gpt" in wanted:
-        gpt_rows = [r for r in rows if r not in ("data-parallel(shares=proportional)", "heft", "metis", "m-etf",
-                                                 "adjusting")]
+        gpt_rows = [r for r in rows if r not in (*PROPORTIONAL, "heft", "metis", "m-etf", "adjusting")]
         gpt = run_case(*GPT, gpt_rows, cache)
         if args.cache:
             Path(args.cache).write_text(json.dumps(cache, indent=1))

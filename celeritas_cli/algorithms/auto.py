@@ -180,10 +180,11 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     if out.graph is not graph:  # a derived graph (splits, data parallelism): keep it and its recipe
         p.derivation, p.derived = out.winner.placement.derivation, out.graph
         p.graph = graph.original_name
+    p.estimate.details["plan"] = describe_placement(p, graph, cluster)  # the winner's plan in words (issue 23.4)
     if chatty() and not quiet:
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
              f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), {spent}")
-        warn(f"auto: the plan: {describe_placement(p, graph, cluster)}")
+        warn(f"auto: the plan: {p.estimate['plan']}")
     return p
 
 

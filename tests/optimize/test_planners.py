@@ -55,6 +55,7 @@ def test_auto_answers_a_sharded_or_pipelined_plan_where_a_replica_cannot_fit_and
     # the collectives' latencies); no pipeline of 2 stages beats it (its bubble), no placement fits faster
     assert p.estimate["status"] == "FEASIBLE" and p.estimate["winner"] == "fsdp"
     assert 24.0 < p.estimate["makespan_s"] < 24.001
+    assert p.estimate["plan"].startswith("sharded data parallelism (ZeRO stage 3, FSDP): 2 replicas of ")
     assert p.estimate["makespan_s"] <= registry.place(g, c, "fsdp").estimate["makespan_s"]
     p = registry.place(g, c, "auto", params={"evaluations": 600, "quiet": True, "algos": "metis,pipeline"})
     assert p.estimate["status"] == "FEASIBLE"
@@ -63,6 +64,7 @@ def test_auto_answers_a_sharded_or_pipelined_plan_where_a_replica_cannot_fit_and
     assert rep["status"] == "OK" and rep["makespan_s"] == p.estimate["makespan_s"]
     words = describe_placement(p, g, c)
     assert words.startswith("2-stage ") and "micro-batch" in words and "stages 2xV100" in words
+    assert p.estimate["plan"] == words  # estimate names the plan in words
 
 
 def test_auto_named_pipeline_member_runs_and_is_never_worse_than_it():
