@@ -332,9 +332,7 @@ def _offers(graph: Graph, cluster: Cluster, split_batch: bool = True) -> list[li
             if not available(item):
                 continue
             uneven = len({(d.type, d.speed) for d in cluster.devices}) > 1
-            cost = member_cost(Spec(item), k)
-            if item == "fsdp":
-                cost = fsdp_charge(graph, k, cost)
+            cost = member_cost(Spec(item), k)  # fsdp: scaled in plan() by the counted sizes (planners.fsdp_charge)
             if item in ("data-parallel", "fsdp") and uneven:
                 # uneven devices: batch shares by device speed first (data_parallel.proportional_shares): 17-20 %
                 # faster on the zoo on moirai-intra-server, and within memory where equal shares are not
@@ -395,6 +393,7 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
         offers.sort(key=lambda group: group[0][0].algo not in ANCHORS or group[0][0].R is not None)
     out: list[tuple[Spec, float]] = []
     spent = dp_spent = 0.0
+    scale: float | None = None  # fsdp's charge over data-parallel's (planners.fsdp_charge), counted once
     for members in offers:
         built = False
         for spec, charge in members:
@@ -418,6 +417,11 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
             if dp:
                 share = DP_SHARE
                 over = dp_spent + charge + 1 > DP_SHARE * budget
+                if spec.algo == "fsdp" and not over:  # counting walks the graph: only for a member that may run
+                    if scale is None:
+                        scale = fsdp_charge(graph, k, 1.0)
+                    charge *= scale
+                    over = dp_spent + charge + 1 > DP_SHARE * budget
             elif anchor:
                 share = ANCHOR_SHARE
                 over = spent + charge + 1 > ANCHOR_SHARE * budget
