@@ -58,8 +58,8 @@ TODAY = {("inception_v3", "4xV100-pcie"): 0.4056, ("nmt", "4xV100-pcie"): 0.9008
          ("nmt", "moirai-intra-server"): 1.949, ("resnet50", "moirai-intra-server"): 0.183,
          ("tensor_holography", "moirai-intra-server"): 0.131, ("transformer", "moirai-intra-server"): 3.326}
 #: the rows next to auto: data parallelism, the planners, and the strongest placement algorithms of the zoo
-ROWS = ("data-parallel", "data-parallel(shares=proportional)", "fsdp", "fsdp(shares=proportional)", "pipeline", "gpipe", "pipedream",
-        "alpa-stages", "heft", "metis", "m-etf", "adjusting")
+ROWS = ("data-parallel", "data-parallel(shares=proportional)", "fsdp", "fsdp(shares=proportional)", "pipeline",
+        "gpipe", "pipedream", "alpa-stages", "heft", "metis", "m-etf", "adjusting")
 GPT = ("gpt_6.7b", "8xA100-nvswitch")
 #: auto with the default budget of evaluations but no wall clock: what the default answers when the machine keeps up
 NO_CLOCK = "auto (budget only)"

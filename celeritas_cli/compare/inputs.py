@@ -60,7 +60,7 @@ ALGORITHM_GROUPS = {
     "default": "what runs without --algos: every algorithm whose extra is installed, but given",
     "all": "the same, today",
     "placement": "the operator placers (papers, baselines, auto): all but the parallelism planners",
-    "pipelines": "the parallelism planners (data-parallel; pipeline planners when registered) and auto",
+    "pipelines": "the parallelism planners (data-parallel, fsdp, pipeline, gpipe, pipedream, alpa-stages) and auto",
 }
 
 
