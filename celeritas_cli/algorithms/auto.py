@@ -44,10 +44,14 @@ from ..sim.simulator import CONGESTION_RULES
                   "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice)"),
                   "congestion": Param(str, "channel", "congestion rule the simulator judges with",
                                       choices=CONGESTION_RULES),
-                  "quiet": Param(bool, False, "no progress lines on stderr")},
+                  "quiet": Param(bool, False, "no progress lines on stderr"),
+                  "verify": Param(int, 0, "run the N best simulated placements with placer run on the machine the "
+                                          "cluster describes and return the fastest measured (0 = off)",
+                                  min=0, max=20)},
           quick_params={"evaluations": 150, "quiet": True})
 def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, time_limit: float = 10.0,
-         evaluations: int = 0, algos: str = "", congestion: str = "channel", quiet: bool = False) -> Placement:
+         evaluations: int = 0, algos: str = "", congestion: str = "channel", quiet: bool = False,
+         verify: int = 0) -> Placement:
     """Search for the best placement the simulator can confirm (module docstring).
 
     Parameters
@@ -73,6 +77,10 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         No progress lines (for library use; also off inside
         :func:`celeritas_cli.log.quiet`, as ``compare`` runs its cells).
         The line saying the wall clock cut the search is always printed.
+    verify : int
+        Measured in the loop (:mod:`celeritas_cli.optimize.verify`): run the
+        *verify* best simulated placements with ``placer run`` and return the
+        fastest measured; 0 (default) returns the simulated best.
 
     Returns
     -------
@@ -148,4 +156,9 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
              f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), "
              f"{out.evaluations} evaluations")
+    if verify > 0:
+        from ..optimize.verify import choose_measured
+
+        p = choose_measured(p, (id(out.graph), tuple(out.device_of)), search, graph, cluster, verify,
+                            log=warn if chatty() and not quiet else None)
     return p

@@ -16,7 +16,7 @@ import click
 from .. import __version__
 from ..errors import PlacerError
 
-COMMANDS = ("profile", "coarsen", "place", "simulate", "run", "export", "compare", "clusters")
+COMMANDS = ("profile", "coarsen", "place", "simulate", "run", "export", "calibrate", "compare", "clusters")
 
 
 class PlacerGroup(click.Group):

@@ -98,9 +98,10 @@ def load_inputs(model, batch_size, config, placement_path, graph_path, cluster_p
 
 @click.command("run", context_settings={"max_content_width": 100})
 @placed_step_options
-@click.option("--backend", type=click.Choice(["local", "gloo"]), default="local", show_default=True,
-              help="local: one process, explicit copies between devices; gloo: one process per device with "
-                   "torch.distributed (NCCL when every device is a distinct GPU).")
+@click.option("--backend", type=click.Choice(["local", "gloo"]), default=None,
+              help="local (default): one process, explicit copies between devices; gloo: one process per device "
+                   "with torch.distributed (NCCL when every device is a distinct GPU); under torchrun always "
+                   "gloo, the torchrun processes being the devices.")
 @click.option("--steps", type=int, default=5, show_default=True, help="Timed steps (the median is reported).")
 @click.option("--warmup", type=int, default=1, show_default=True,
               help="Warm-up steps before timing; the first one is checked against the unplaced step.")
@@ -113,13 +114,16 @@ def load_inputs(model, batch_size, config, placement_path, graph_path, cluster_p
 @click.option("--atol", type=float, default=1.0e-5, show_default=True, help="Absolute tolerance of the check.")
 @click.option("--timeout", type=float, default=1800.0, show_default=True,
               help="Seconds the gloo processes may take in all.")
+@click.option("--node-times", is_flag=True,
+              help="Also report every node's and transfer's measured time (median of the timed steps) next to the "
+                   "simulated one: the node_times section placer calibrate fits from.")
 @click.option("--export", "export_path", metavar="FILE.py", default=None,
               help="Also write the placed step as Python source (as placer export --format torch).")
 @click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json", show_default=True,
               help="json: the placer.run/v1 report; table: a summary for people on stdout.")
 @output_option
 def run(model, batch_size, config, placement_path, graph_path, cluster_path, device_map, seed, backend, steps,
-        warmup, threads, congestion, rtol, atol, timeout, export_path, fmt, output):
+        warmup, threads, congestion, rtol, atol, timeout, node_times, export_path, fmt, output):
     """Execute a placement of a model's training step with PyTorch, every
     operator on its placed device, and report whether the loss and updated
     parameters equal the unplaced step's (match), the measured step time
@@ -133,12 +137,16 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
       placer run --graph th.json -P p.json --device-map gpu0=cpu,gpu1=cpu --format table
       placer run --model tensor_holography -b 2 -P p.json --backend gloo -o report.json
       placer run --model mypkg.models:Net --config width=2 -b 8 -P p.json --export placed.py
+      placer run --graph th.json -P p.json --cluster cpu2.json --backend gloo --node-times -o r.json
 
     For a fair comparison of measured and simulated times on CPU processes,
     profile the graph with --measure and the cluster with --comm-bench
-    (see README, "placer run").
+    (see README, "placer run").  Under torchrun (torchrun --nproc-per-node 2
+    -m celeritas_cli run ...) every process runs one device, on one host or
+    several; rank 0 writes the report.
     """
     from ..profile.capture import require_torch
+    from ..run.torchrun import under_torchrun
 
     require_torch()
     console = stderr_console()
@@ -146,6 +154,13 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
     def say(msg: str) -> None:
         console.print(f"placer run: {msg}")
 
+    if under_torchrun():
+        if backend == "local" or device_map:
+            raise click.UsageError("under torchrun each process runs one device (cuda:LOCAL_RANK, else the CPU): "
+                                   "--backend local and --device-map do not apply")
+        return _torchrun(model, batch_size, config, placement_path, graph_path, cluster_path, seed, steps, warmup,
+                         threads, congestion, rtol, atol, timeout, node_times, export_path, fmt, output, say)
+    backend = backend or "local"
     spec, batch, cfg, placement, label, graph, glabel, cluster = load_inputs(
         model, batch_size, config, placement_path, graph_path, cluster_path, say)
     from ..run.api import prepare, run_placement
@@ -156,7 +171,49 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
         check_exportable(pre, label)
     report = run_placement(spec, batch, placement, cluster, label=label, backend=backend, steps=steps,
                            warmup=warmup, seed=seed, threads=threads, congestion=congestion, rtol=rtol, atol=atol,
-                           timeout=timeout, progress=say, prepared=pre)
+                           timeout=timeout, progress=say, prepared=pre, node_times=node_times)
+    _finish(report, pre, placement, cluster, label, export_path, fmt, output, rtol, atol, say)
+
+
+def _torchrun(model, batch_size, config, placement_path, graph_path, cluster_path, seed, steps, warmup, threads,
+              congestion, rtol, atol, timeout, node_times, export_path, fmt, output, say) -> None:
+    """``placer run`` in a torchrun process (:mod:`celeritas_cli.run.torchrun`): rank 0 loads the inputs,
+    runs and reports; the other ranks run their device and write nothing."""
+    from ..run.api import prepare, run_placement
+    from ..run.torchrun import Session, launcher, worker
+
+    with Session(timeout) as session:
+        if session.rank != 0:
+            worker(session)
+            return
+        try:
+            spec, batch, cfg, placement, label, graph, glabel, cluster = load_inputs(
+                model, batch_size, config, placement_path, graph_path, cluster_path, say)
+            pre = prepare(spec, batch, placement, cluster, label=label, config=cfg, graph=graph, graph_label=glabel,
+                          device_map={did: "cpu" for did in cluster.ids}, seed=seed, congestion=congestion,
+                          progress=say)
+            if export_path:
+                check_exportable(pre, label)
+            ranks = pre.prog.devices if hasattr(pre, "prog") else pre.devices     # rank r runs ranks[r]
+            pre.tdev = {d: session.devices[r] if r < session.world else "cpu" for r, d in enumerate(ranks)}
+            if threads is None and session.local_world > 0:
+                import os
+
+                threads = max(1, (os.cpu_count() or 1) // session.local_world)
+        except Exception as exc:
+            session.abort(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            raise
+        say(f"torchrun: {session.world} processes ({session.kind}: {', '.join(session.devices)})")
+        report = run_placement(spec, batch, placement, cluster, label=label, backend="gloo", steps=steps,
+                               warmup=warmup, seed=seed, threads=threads, congestion=congestion, rtol=rtol,
+                               atol=atol, timeout=timeout, progress=say, prepared=pre, node_times=node_times,
+                               launcher=launcher(session))
+        report["launcher"] = "torchrun"
+        _finish(report, pre, placement, cluster, label, export_path, fmt, output, rtol, atol, say)
+
+
+def _finish(report, pre, placement, cluster, label, export_path, fmt, output, rtol, atol, say) -> None:
+    """Export, print or write the report; exit 1 when the numerics differ."""
     if export_path:
         from ..run.export import export_source
 

@@ -26,6 +26,7 @@ step) has.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..errors import InvalidInput
@@ -116,6 +117,9 @@ class DistChannel:
         self.posted: dict[int, tuple] = {}
         self.next = {src: 0 for src in self.incoming}
         self.sent: list[tuple] = []
+        #: ("send", transfer, posted at) and ("recv", transfer, wait start, wait end, arrived before the wait),
+        #: perf_counter stamps (``placer run --node-times``, :mod:`.timing`)
+        self.events: list[tuple] = []
 
     def _post(self, ti: int) -> None:
         t = self.prog.transfers[ti]
@@ -137,13 +141,17 @@ class DistChannel:
             self._post(lst[self.next[t.src]])
             self.next[t.src] += 1
         work, buf = self.posted.pop(t.index)
+        t0 = time.perf_counter()
+        done = _completed(work)
         work.wait()
+        self.events.append(("recv", t.index, t0, time.perf_counter(), done))
         return buf.to(self.device) if self.stage else buf
 
     def send(self, t, value) -> None:
         wire = wire_view(value, t.meta)
         if self.stage:
             wire = wire.cpu()
+        self.events.append(("send", t.index, time.perf_counter()))
         work = self.peers.send(wire, self.rank_of[t.dst], t.index)
         self.sent.append((work, wire))
         row = self.link.setdefault((t.src, t.dst), [0, 0])
@@ -154,6 +162,14 @@ class DistChannel:
         for work, _ in self.sent:
             work.wait()
         self.sent = []
+
+
+def _completed(work) -> bool | None:
+    """Whether a receive had arrived before it was waited for (``None``: the backend does not say)."""
+    try:
+        return bool(work.is_completed())
+    except (AttributeError, RuntimeError):
+        return None
 
 
 # ------------------------------------------------------------------ ranks
@@ -182,7 +198,9 @@ def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
     rank_of = {d: r for r, d in enumerate(job["ranks"])}
     channel = DistChannel(prog, peers or Peers(), rank_of, me, dev, prepost=job["dist_backend"] == "gloo",
                           stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda")
-    runner = Runner(prog, {me: dev}, [me], channel, rng_states=job["rng_states"], adam=job.get("adam"))
+    timed = bool(job.get("node_times"))
+    runner = Runner(prog, {me: dev}, [me], channel, rng_states=job["rng_states"], adam=job.get("adam"),
+                    node_times=timed)
     barrier = (peers or Peers()).barrier
     first = runner.step()
     loss = first["loss"]
@@ -190,6 +208,10 @@ def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
                            "loss": None if loss is None else loss.detach().cpu(),
                            "params": {p: t.detach().cpu() for p, t in runner.params().items()},
                            "link": {k: list(v) for k, v in channel.link.items()}, "walls": [], "busy": [], "cpu": []}
+    if timed:
+        from .timing import host
+
+        out.update(host=host(), timing=[])
     for i in range(job["warmup"] - 1 + job["steps"]):
         barrier()
         res = runner.step()
@@ -197,13 +219,19 @@ def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
             out["walls"].append(res["wall_s"])
             out["busy"].append(res["busy"][me])
             out["cpu"].append(res["cpu"][me])
+            if timed:
+                from .timing import record
+
+                out["timing"].append(record(res))
     return out
 
 
-def run_processes(job: dict, *, timeout: float) -> list[dict]:
-    """One process per rank of *job* (:func:`rank_main`); their results by rank."""
+def run_processes(job: dict, *, timeout: float, launcher=None) -> list[dict]:
+    """One process per rank of *job* (:func:`rank_main`); their results by rank.  *launcher* has
+    :func:`~celeritas_cli.profile.launch.launch`'s signature (default: it; under torchrun the
+    processes already run: :mod:`.torchrun`)."""
     job = dict(job, rank_devices={r: job["torch_devices"][d] for r, d in enumerate(job["ranks"])})
-    return launch("celeritas_cli.run.dist", job, len(job["ranks"]), timeout=timeout, what="placer run")
+    return (launcher or launch)("celeritas_cli.run.dist", job, len(job["ranks"]), timeout=timeout, what="placer run")
 
 
 if __name__ == "__main__":
