@@ -109,10 +109,10 @@ def check_report(doc, label: str, graph: Graph, cluster: Cluster) -> dict:
         One line naming *label* and what is wrong (no per-node times, a node the graph lacks, a
         device the cluster lacks).
     """
-    validate(doc, "placer.run/v1", label)
-    nt = doc.get("node_times")
-    if not isinstance(nt, dict) or not isinstance(nt.get("nodes"), list):
+    nt = doc.get("node_times") if isinstance(doc, dict) else None
+    if isinstance(doc, dict) and doc.get("schema") == "placer.run/v1" and not isinstance(nt, dict):
         raise InvalidInput(f"{label}: has no per-node times; run placer run again with --node-times")
+    validate(doc, "placer.run/v1", label)
     known = set(graph.ids)
     for row in nt["nodes"]:
         base = base_id(row["id"], doc)
@@ -135,8 +135,9 @@ def base_id(nid: str, report: dict) -> str:
 def dispatch_gaps(nt: dict, clock: str = "wall") -> dict[str, float]:
     """Per device of one run: (span of its nodes - their times - waits for tensors and all-reduces) /
     nodes, at least 0 - the executor's fixed cost per node (module docstring, step 1).  With
-    ``clock="cpu"`` scaled by the device's CPU / wall time in its nodes (the part of the gap spent
-    computing rather than waiting for a core).
+    ``clock="cpu"``: the CPU time of the device's thread in the step (``step_cpu_s``) not spent in
+    its nodes, per node (without waiting for a core); without it, the wall gap scaled by the
+    device's CPU / wall time in its nodes.
 
     >>> nt = {"nodes": [{"id": "a", "device": "d", "measured_s": 1.0, "start_s": 0.0},
     ...                 {"id": "b", "device": "d", "measured_s": 1.0, "start_s": 3.0}],
@@ -155,8 +156,12 @@ def dispatch_gaps(nt: dict, clock: str = "wall") -> dict[str, float]:
         waits += math.fsum(a.get("exposed_s") or 0.0 for a in nt.get("allreduce", []) if a.get("device") == d)
         gap = max(0.0, (span - busy - waits) / len(rows))
         cpu = [r.get("cpu_s") for r in rows]
-        if clock == "cpu" and busy > 0 and all(c is not None for c in cpu):
-            gap *= min(1.0, math.fsum(cpu) / busy)      # the gap's share that was not waiting for a core
+        if clock == "cpu" and all(c is not None for c in cpu):
+            step_cpu = (nt.get("step_cpu_s") or {}).get(d)
+            if step_cpu is not None:                    # the thread's CPU time between its nodes
+                gap = max(0.0, (step_cpu - math.fsum(cpu)) / len(rows))
+            elif busy > 0:                              # the gap's share that was not waiting for a core
+                gap *= min(1.0, math.fsum(cpu) / busy)
         out[d] = gap
     return out
 

@@ -282,11 +282,13 @@ class Runner:
     def step(self) -> dict:
         """Run one step; return ``{"loss", "busy", "cpu", "wall_s"}`` (busy and CPU
         seconds per device; loss ``None`` when the loss node is on another process); with
-        ``node_times`` also ``"t_start"`` (perf_counter), ``"nodes"`` (:meth:`Timer.node_rows`) and
-        ``"events"`` (the channel's transfer events, :mod:`.timing`)."""
+        ``node_times`` also ``"t_start"`` (perf_counter), ``"cpu_step"`` (this thread's CPU time in the
+        step), ``"nodes"`` (:meth:`Timer.node_rows`) and ``"events"`` (the channel's transfer events,
+        :mod:`.timing`)."""
         prog = self.prog
         timer = Timer(self.devs, per_node=self.node_times)
         t_start = time.perf_counter()
+        c_start = time.thread_time()
         self.channel.begin()
         for v in self.seq:
             d = prog.device_of[v]
@@ -315,7 +317,7 @@ class Runner:
             self.env[d].clear()
         out = {"loss": loss, "busy": timer.totals(), "cpu": dict(timer.cpu), "wall_s": wall}
         if self.node_times:
-            out.update(t_start=t_start, nodes=timer.node_rows(t_start),
+            out.update(t_start=t_start, cpu_step=time.thread_time() - c_start, nodes=timer.node_rows(t_start),
                        events=list(getattr(self.channel, "events", ())))
         return out
 

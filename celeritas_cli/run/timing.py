@@ -15,15 +15,19 @@ timed steps:
 - a node's ``measured_s`` (wall; CPU devices also ``cpu_s``) and ``start_s``
   (from the start of the step on the earliest rank); ``cpu_s`` is the CPU time of
   the thread that ran the node (without waiting for a core, without the
-  backend's threads);
+  backend's threads); ``step_cpu_s`` per device run by its own process, the
+  CPU time of that thread in the whole step (nodes, the executor's work between
+  them, posting sends; not the waits, which block);
 - a transfer's ``seconds``: from the sender posting it to the receiver
-  holding it, known exactly only when the receiver was already waiting
-  (``exact_steps`` counts those steps); otherwise ``bound_s`` is an upper
-  bound (it arrived before the receiver looked).  Ranks on different hosts
-  have no common clock: their transfers get no ``seconds``;
+  holding it, known exactly only when the receiver was already waiting -
+  its wait lasted :data:`BLOCKED_S` or more (``exact_steps`` counts those
+  steps); otherwise ``bound_s`` is an upper bound (it arrived before the
+  receiver looked).  Ranks on different hosts have no common clock: their
+  transfers get no ``seconds``;
 - a gradient all-reduce's ``seconds`` (start to result, exact when the update
   waited for it) and ``exposed_s``, the time the update waited (the part the
-  backward pass did not hide).
+  backward pass did not hide), ``hidden_s`` the time from its start to the
+  update asking for it.
 
 Example
 -------
@@ -41,6 +45,9 @@ import statistics
 from typing import Callable
 
 ESTIMATOR = "median over the timed steps"
+#: a wait at least this long means the receiver blocked, so the tensor arrived when the wait ended (gloo's
+#: point-to-point works do not say whether they completed before ``wait``: ``is_completed`` stays false)
+BLOCKED_S = 50e-6
 
 
 def host() -> str:
@@ -53,7 +60,8 @@ def host() -> str:
 def record(res: dict, extra_events=()) -> dict:
     """What one timed step of a :class:`~celeritas_cli.run.executor.Runner` keeps (``res`` is
     its :meth:`~celeritas_cli.run.executor.Runner.step` result with ``node_times``)."""
-    return {"t_start": res["t_start"], "nodes": list(res["nodes"]), "events": list(res["events"]) + list(extra_events)}
+    return {"t_start": res["t_start"], "cpu_step": res.get("cpu_step"), "nodes": list(res["nodes"]),
+            "events": list(res["events"]) + list(extra_events)}
 
 
 def placement_doc(placement) -> dict:
@@ -111,10 +119,11 @@ def section(ranks: list[dict], *, node_id: Callable[[int, int], str], device_id:
                 if ev[0] == "send":
                     sent.setdefault(ev[1], [None] * steps)[i] = ev[2] - origin
                 elif ev[0] == "recv":
-                    recv.setdefault(ev[1], [None] * steps)[i] = (ev[2] - origin, ev[3] - origin, ev[4])
+                    recv.setdefault(ev[1], [None] * steps)[i] = (ev[2] - origin, ev[3] - origin,
+                                                                 ev[3] - ev[2] >= BLOCKED_S)
                 elif ev[0] == "copy":
                     sent.setdefault(ev[1], [None] * steps)[i] = ev[2] - origin
-                    recv.setdefault(ev[1], [None] * steps)[i] = (ev[3] - origin, ev[3] - origin, False)
+                    recv.setdefault(ev[1], [None] * steps)[i] = (ev[3] - origin, ev[3] - origin, True)
                 elif ev[0] == "allreduce":
                     ar.setdefault((r["device"], ev[1]), []).append((ev[2], ev[3], ev[4], ev[5], ev[6]))
     sim_index = {nid: v for v, nid in enumerate(sim_graph.ids)} if sim_graph is not None else {}
@@ -128,7 +137,13 @@ def section(ranks: list[dict], *, node_id: Callable[[int, int], str], device_id:
             item["simulated_s"] = sched.finish[s] - sched.start[s]
             item["simulated_start_s"] = sched.start[s]
         out_nodes.append(item)
-    out = {"estimator": ESTIMATOR, "steps": steps, "batch": batch,
+    step_cpu = {}
+    for r in ranks:        # a process running one device: its main thread's CPU time per step
+        devs = {row[1] for rec in r["timing"] for row in rec["nodes"]}
+        cpu = [rec.get("cpu_step") for rec in r["timing"][:steps]]
+        if len(devs) == 1 and cpu and all(c is not None for c in cpu):
+            step_cpu[device_id(devs.pop())] = statistics.median(cpu)
+    out = {"estimator": ESTIMATOR, "steps": steps, "batch": batch, "step_cpu_s": step_cpu,
            "clock": "wall (perf_counter); cpu_s: thread CPU time", "same_host": one_host,
            "hosts": {device_id(d): h for d, h in sorted(hosts.items())},
            "nodes": out_nodes, "transfers": _transfers(transfers or {}, sent, recv, steps, one_host, sched, sim_graph,
@@ -152,13 +167,13 @@ def _transfers(info: dict, sent: dict, recv: dict, steps: int, one_host: bool, s
             r = (recv.get(ti) or [None] * steps)[i]
             if s is None or r is None:
                 continue
-            w0, w1, done = r
+            w0, w1, blocked = r
             posted.append(s)
             arrived.append(w1)
             waited.append(w1 - w0)
             if not one_host:
                 continue
-            if done is False:
+            if blocked:
                 exact.append(w1 - s)
             else:
                 bound.append(max(0.0, w0 - s))
@@ -172,7 +187,7 @@ def _transfers(info: dict, sent: dict, recv: dict, steps: int, one_host: bool, s
 
 
 def _allreduce(dev: int, name: str, samples: list, device_id) -> dict:
-    exact = [w1 - t0 for _, t0, _, w1, done in samples if done is False]
+    exact = [w1 - t0 for _, t0, w0, w1, _ in samples if w1 - w0 >= BLOCKED_S]
     return {"device": device_id(dev), "tensor": name, "bytes": int(samples[0][0]), "seconds": _med(exact),
             "exact_steps": len(exact), "exposed_s": _med([w1 - w0 for _, _, w0, w1, _ in samples]),
             "hidden_s": _med([w0 - t0 for _, t0, w0, _, _ in samples])}

@@ -35,7 +35,7 @@ def node(nid, dev, start, t):
 
 
 def report(nodes, *, transfers=(), batch=4, dp=False, placement=None, allreduce=()):
-    nt = {"batch": batch, "hosts": {"cpu0": "h", "cpu1": "h"}, "nodes": list(nodes), "transfers": list(transfers)}
+    nt = {"steps": 1, "batch": batch, "hosts": {"cpu0": "h", "cpu1": "h"}, "nodes": list(nodes), "transfers": list(transfers)}
     if allreduce:
         nt["allreduce"] = list(allreduce)
     if placement is not None:
@@ -177,3 +177,13 @@ def test_cli_calibrate_writes_both_files_and_prints_the_fit(tmp_path):
                              "--cluster", str(tmp_path / "c.json")])
     assert r.exit_code == 1 and r.stdout == ""
     assert r.stderr.strip().splitlines()[-1].startswith("Error: ") and "--node-times" in r.stderr
+
+
+def test_cpu_clock_takes_the_thread_cpu_between_nodes_as_the_dispatch_cost():
+    rep = json.loads(json.dumps(ALONE))
+    rep["node_times"]["step_cpu_s"] = {"cpu0": 4.3}        # 4.0 s in nodes, 0.3 s of executor work
+    for n in rep["node_times"]["nodes"]:
+        n["measured_s"] *= 2                                # waiting for a core doubled the wall times
+    assert dispatch_gaps(rep["node_times"], "cpu") == {"cpu0": pytest.approx(0.1)}
+    cal = calibrate(GRAPH, CLUSTER, [rep], labels=["r"], clock="cpu")
+    assert [n["compute_s"] for n in cal.graph["nodes"]] == pytest.approx([1.1, 2.1, 1.1])
