@@ -22,6 +22,7 @@ The machine is shared: the load average (``os.getloadavg``) of every run is prin
 
     python benchmarks/bench_calibration.py                      # batch 8, 5 steps
     python benchmarks/bench_calibration.py --batches 8,32 --keep out/calib
+    python benchmarks/bench_calibration.py --kept out/calib      # fit and print again, no runs
 """
 
 from __future__ import annotations
@@ -71,16 +72,15 @@ def run(spec, batch, p, label, graph, cluster, step, steps):
 
 def protocol(name: str, batch: int, cluster_doc: dict, steps: int, calibrate_from: list[str] | None,
              keep: Path | None) -> dict:
+    """Steps 1-5 of the module docstring for one model and batch; the runs are kept in *keep*."""
     from celeritas_cli.model.cluster import Cluster
     from celeritas_cli.model.graph import Graph
     from celeritas_cli.profile import capture_model
     from celeritas_cli.profile.calibrate import calibrate
-    from celeritas_cli.run.resimulate import resimulate
     from celeritas_cli.run.step import capture_real
-    from celeritas_cli.sim.simulator import simulate
 
     spec, config = MODELS[name]
-    label = f"{name} b{batch}"
+    label = f"{name}_b{batch}"
     log(f"{label}: measuring node times at batch {batch} and {batch // 2} (1 thread)")
     gdoc = capture_model(spec, batch, config=config, measure=True, threads=1)
     half = capture_model(spec, batch // 2, config=config, measure=True, threads=1)
@@ -93,7 +93,6 @@ def protocol(name: str, batch: int, cluster_doc: dict, steps: int, calibrate_fro
         first[algo] = run(spec, batch, p, algo, g, c, step, steps)
     use = [a for a in ALGOS if calibrate_from is None or a in calibrate_from]
     cal = calibrate(gdoc, cluster_doc, [first[a] for a in use], labels=use)
-    cal_cpu = calibrate(gdoc, cluster_doc, [first[a] for a in use], labels=use, clock="cpu")
     g2, c2 = Graph.from_dict(cal.graph, f"{label} calibrated"), Cluster.from_dict(cal.cluster, "calibrated")
     placements["auto (calibrated)"] = place(g2, c2, "auto")
     for algo, p in placements.items():
@@ -102,25 +101,51 @@ def protocol(name: str, batch: int, cluster_doc: dict, steps: int, calibrate_fro
             p = copy.copy(p)
             p.split_graph = None
         second[algo] = run(spec, batch, p, algo, g2, c2, step, steps)
-    scheds: list = []
-    simulate(g, c, placements["data-parallel"], schedule_out=scheds)
-    rows = resimulate(list(second.values()), list(second), Graph.from_dict(cal_cpu.graph, "cpu-clock fit"),
-                      Cluster.from_dict(cal_cpu.cluster, "cpu-clock fit"))
-    cpu_after = {r["report"]: r["after_s"] for r in rows}
+    kept = {"graph.json": gdoc, "graph_half.json": half, "cluster.json": cluster_doc, "used.json": use}
+    kept.update({f"round1_{a}.json": rep for a, rep in first.items()})
+    kept.update({f"round2_{a.replace(' ', '_')}.json": rep for a, rep in second.items()})
     if keep is not None:
-        out = keep / f"{name}_b{batch}"
+        out = keep / label
         out.mkdir(parents=True, exist_ok=True)
-        for fname, doc in (("graph.json", gdoc), ("graph_half.json", half), ("cluster.json", cluster_doc),
-                           ("graph_calibrated.json", cal.graph), ("cluster_calibrated.json", cal.cluster),
-                           ("graph_calibrated_cpu.json", cal_cpu.graph),
-                           ("cluster_calibrated_cpu.json", cal_cpu.cluster)):
+        for fname, doc in kept.items():
             (out / fname).write_text(json.dumps(doc))
-        for rnd, reps in (("round1", first), ("round2", second)):
-            for algo, rep in reps.items():
-                (out / f"{rnd}_{algo.replace(' ', '_')}.json").write_text(json.dumps(rep))
-    return {"label": label, "graph": gdoc, "half": half, "cluster": c, "first": first, "second": second,
-            "calibration": cal.summary, "calibration_cpu": cal_cpu.summary, "cpu_after": cpu_after, "used": use,
-            "dp_sched": scheds[0]}
+    return assess(label, kept)
+
+
+def assess(label: str, kept: dict) -> dict:
+    """Step 6: calibrate (wall and CPU clock) from round 1, simulate round 2's placements with both."""
+    from celeritas_cli.model.cluster import Cluster
+    from celeritas_cli.model.graph import Graph
+    from celeritas_cli.model.placement import Placement
+    from celeritas_cli.profile.calibrate import calibrate
+    from celeritas_cli.run.resimulate import resimulate
+    from celeritas_cli.sim.simulator import simulate
+
+    use = kept["used.json"]
+    first = {k[len("round1_"):-5]: v for k, v in kept.items() if k.startswith("round1_")}
+    second = {k[len("round2_"):-5].replace("_", " ").replace("single device", "single-device"): v
+              for k, v in kept.items() if k.startswith("round2_")}
+    first = {a: first[a] for a in ALGOS if a in first}
+    second = {a: second[a] for a in sorted(second, key=lambda a: (ALGOS + [a]).index(a))}
+    gdoc, cluster_doc = kept["graph.json"], kept["cluster.json"]
+    after, summaries = {}, {}
+    for clock in ("wall", "cpu"):
+        cal = calibrate(gdoc, cluster_doc, [first[a] for a in use], labels=use, clock=clock)
+        rows = resimulate(list(second.values()), list(second), Graph.from_dict(cal.graph, f"{clock} fit"),
+                          Cluster.from_dict(cal.cluster, f"{clock} fit"))
+        after[clock] = {r["report"]: r["after_s"] for r in rows}
+        summaries[clock] = cal.summary
+    scheds: list = []
+    dp = Placement.from_dict(first["data-parallel"]["node_times"]["placement"])
+    simulate(Graph.from_dict(gdoc, label), Cluster.from_dict(cluster_doc), dp, schedule_out=scheds)
+    return {"label": label.replace("_b", " b"), "graph": gdoc, "half": kept.get("graph_half.json"),
+            "cluster": Cluster.from_dict(cluster_doc), "first": first, "second": second,
+            "calibration": summaries["wall"], "calibration_cpu": summaries["cpu"], "wall_after": after["wall"],
+            "cpu_after": after["cpu"], "used": use, "dp_sched": scheds[0]}
+
+
+def load_kept(path: Path) -> dict:
+    return {f.name: json.loads(f.read_text()) for f in sorted(path.glob("*.json"))}
 
 
 def ratio(rep: dict) -> float:
@@ -156,18 +181,18 @@ def report(results: list[dict], cluster_doc: dict, steps: int, t0: float) -> Non
             rep1 = r["first"].get(algo)
             before = (f"{rep1['load_average']:.1f} | {rep1['simulated_step_s'] * 1e3:.2f} | "
                       f"{rep1['measured_step_s'] * 1e3:.2f} | {mark(ratio(rep1))}") if rep1 else "- | - | - | -"
-            cpu = r["cpu_after"][algo]
+            cpu, wall = r["cpu_after"][algo], r["wall_after"][algo]
             print(f"| {r['label']} | {algo} | {before} | {rep2['load_average']:.1f} | "
-                  f"{rep2['measured_step_s'] * 1e3:.2f} | {rep2['simulated_step_s'] * 1e3:.2f} | {mark(ratio(rep2))} | "
+                  f"{rep2['measured_step_s'] * 1e3:.2f} | {wall * 1e3:.2f} | {mark(rep2['measured_step_s'] / wall)} | "
                   f"{cpu * 1e3:.2f} | {mark(rep2['measured_step_s'] / cpu)} |")
         common = [a for a in ALGOS if a in r["first"]]
         meas1 = [r["first"][a]["measured_step_s"] for a in common]
         meas2 = [r["second"][a]["measured_step_s"] for a in common]
         tb = kendall_tau(meas1, [r["first"][a]["simulated_step_s"] for a in common])
-        ta = kendall_tau(meas2, [r["second"][a]["simulated_step_s"] for a in common])
+        ta = kendall_tau(meas2, [r["wall_after"][a] for a in common])
         tc = kendall_tau(meas2, [r["cpu_after"][a] for a in common])
         tm = kendall_tau(meas1, meas2)
-        inside = sum(BAND[0] <= ratio(r["second"][a]) <= BAND[1] for a in common)
+        inside = sum(BAND[0] <= r["second"][a]["measured_step_s"] / r["wall_after"][a] <= BAND[1] for a in common)
         inside_c = sum(BAND[0] <= r["second"][a]["measured_step_s"] / r["cpu_after"][a] <= BAND[1] for a in common)
         taus.append(f"| {r['label']} | {len(common)} | {tb:.2f} | {ta:.2f} | {tc:.2f} | {tm:.2f} | "
                     f"{sum(BAND[0] <= ratio(r['first'][a]) <= BAND[1] for a in common)} | {inside} | {inside_c} | "
@@ -220,7 +245,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--calibrate-from", default=None, help="placements whose round-1 runs calibrate (default: all)")
     ap.add_argument("--keep", default=None, help="directory for every report and calibrated file")
+    ap.add_argument("--kept", default=None, help="no runs: fit and print again from a --keep directory")
     args = ap.parse_args()
+    if args.kept:
+        dirs = sorted(p for p in Path(args.kept).iterdir() if (p / "used.json").exists())
+        results = [assess(p.name, load_kept(p)) for p in dirs]
+        report(results, results[0]["cluster"].doc, results[0]["first"]["metis"]["steps"], time.perf_counter())
+        return
     if importlib.util.find_spec("torch") is None:
         print("## Calibration\n\n_Note: torch is not installed (`make install-torch`); no results._\n")
         return

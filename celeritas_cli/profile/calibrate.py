@@ -12,10 +12,11 @@ placements were made for and the cluster they ran on.  The fit (no torch):
 2. **Contention** (per host, :data:`hosts` of the cluster): devices that are
    processes on one machine share its cores and memory bandwidth.  For every
    node measured both in a run where it was alone on its host and in a run
-   where several devices of the host were busy, the ratio of the medians; the
-   factor ``kappa`` is the median ratio (at least 1).  Samples from crowded
-   runs are divided by ``kappa``; the cost model multiplies the node times of
-   every device of a host with two or more devices by it
+   where several devices of the host were busy, the ratio of the medians of
+   its own times; the factor ``kappa`` is the median ratio (at least 1).
+   Node times from crowded runs are divided by ``kappa`` (before the gap is
+   added); the cost model multiplies the node times of every device of a
+   host with two or more devices by it
    (:class:`~celeritas_cli.model.costs.CostModel`).
 3. **Node times and batch lines** (Celeritas 4.2.1's Standard Evaluation,
    :func:`~celeritas_cli.profile.regression.fit_line`): per node and device
@@ -45,9 +46,11 @@ Example
 ...      "nodes": [{"id": "a", "compute_s": 1.0, "memory_bytes": 0}], "edges": []}
 >>> c = {"schema": "placer.cluster/v1", "devices": [{"id": "cpu0", "type": "cpu", "memory_bytes": 1}],
 ...      "links": {"default": {"bandwidth_Bps": 1e9}}}
->>> nt = {"batch": 4, "hosts": {"cpu0": "h"}, "transfers": [],
+>>> nt = {"steps": 1, "batch": 4, "hosts": {"cpu0": "h"}, "transfers": [],
 ...       "nodes": [{"id": "a", "device": "cpu0", "measured_s": 0.5, "cpu_s": 0.5, "start_s": 0.0}]}
->>> rep = {"schema": "placer.run/v1", "batch_size": 4, "node_times": nt}
+>>> rep = {"schema": "placer.run/v1", "model": "m", "batch_size": 4, "backend": "local", "match": True,
+...        "loss_max_abs_diff": 0.0, "params_max_abs_diff": 0.0, "measured_step_s": 0.5, "simulated_step_s": 1.0,
+...        "measured_over_simulated": 0.5, "devices": [], "links": [], "node_times": nt}
 >>> cal = calibrate(g, c, [rep])
 >>> cal.graph["nodes"][0]["compute_by_type"], cal.graph["nodes"][0]["compute_s"]
 ({'cpu': 0.5}, 0.5)
@@ -133,7 +136,8 @@ def base_id(nid: str, report: dict) -> str:
 
 
 def dispatch_gaps(nt: dict, clock: str = "wall") -> dict[str, float]:
-    """Per device of one run: (span of its nodes - their times - waits for tensors and all-reduces) /
+    """Per device of one run: (span of its nodes - their times - waits for tensors inside the span and
+    exposed all-reduces) /
     nodes, at least 0 - the executor's fixed cost per node (module docstring, step 1).  With
     ``clock="cpu"``: the CPU time of the device's thread in the step (``step_cpu_s``) not spent in
     its nodes, per node (without waiting for a core); without it, the wall gap scaled by the
@@ -141,7 +145,7 @@ def dispatch_gaps(nt: dict, clock: str = "wall") -> dict[str, float]:
 
     >>> nt = {"nodes": [{"id": "a", "device": "d", "measured_s": 1.0, "start_s": 0.0},
     ...                 {"id": "b", "device": "d", "measured_s": 1.0, "start_s": 3.0}],
-    ...       "transfers": [{"dst": "d", "waited_s": 0.5}]}
+    ...       "transfers": [{"dst": "d", "waited_s": 0.5, "received_s": 3.0}]}
     >>> dispatch_gaps(nt)
     {'d': 0.75}
     """
@@ -150,10 +154,19 @@ def dispatch_gaps(nt: dict, clock: str = "wall") -> dict[str, float]:
     for row in nt["nodes"]:
         by_dev.setdefault(row["device"], []).append(row)
     for d, rows in by_dev.items():
-        span = max(r["start_s"] + r["measured_s"] for r in rows) - min(r["start_s"] for r in rows)
+        first = min(r["start_s"] for r in rows)
+        last = max(r["start_s"] + r["measured_s"] for r in rows)
         busy = math.fsum(r["measured_s"] for r in rows)
-        waits = math.fsum(t.get("waited_s") or 0.0 for t in nt.get("transfers", []) if t.get("dst") == d)
+        waits = 0.0
+        for t in nt.get("transfers", []):
+            if t.get("dst") == d and t.get("waited_s"):
+                end = t.get("received_s")
+                if end is None:
+                    waits += t["waited_s"]
+                else:          # only the part of the wait between the device's first and last node
+                    waits += max(0.0, min(end, last) - max(end - t["waited_s"], first))
         waits += math.fsum(a.get("exposed_s") or 0.0 for a in nt.get("allreduce", []) if a.get("device") == d)
+        span = last - first
         gap = max(0.0, (span - busy - waits) / len(rows))
         cpu = [r.get("cpu_s") for r in rows]
         if clock == "cpu" and all(c is not None for c in cpu):
@@ -171,14 +184,15 @@ class _Sample:
     node: str
     dtype: str
     batch: int
-    seconds: float
+    seconds: float         # the node's time
     crowded: bool          # other devices of its host were running in the same run
     host: str
+    gap: float = 0.0       # its device's dispatch gap in that run
 
 
 def node_samples(report: dict, cluster: Cluster, clock: str = "wall") -> list[_Sample]:
     """One sample per node run in *report*: its time (``measured_s``, or ``cpu_s`` with ``clock="cpu"``)
-    plus its device's dispatch gap (:func:`dispatch_gaps`)."""
+    and its device's dispatch gap (:func:`dispatch_gaps`)."""
     nt = report["node_times"]
     gaps = dispatch_gaps(nt, clock)
     hosts = nt.get("hosts") or {}
@@ -191,16 +205,17 @@ def node_samples(report: dict, cluster: Cluster, clock: str = "wall") -> list[_S
         t = row.get("cpu_s") if clock == "cpu" and row.get("cpu_s") is not None else row["measured_s"]
         host = hosts.get(row["device"], row["device"])
         out.append(_Sample(base_id(row["id"], report), cluster.devices[cluster.index[row["device"]]].type, batch,
-                           t + gaps[row["device"]], len(active[host]) > 1, host))
+                           t, len(active[host]) > 1, host, gaps[row["device"]]))
     return out
 
 
 # ------------------------------------------------------------------ fitting
 def fit_contention(samples: list[_Sample]) -> dict[str, dict]:
-    """Per host: ``{"contention": kappa, "nodes": pairs used}`` (module docstring, step 2); kappa is 1.0
+    """Per host: ``{"contention": kappa, "nodes": pairs used}`` (module docstring, step 2), from the
+    nodes' own times (not the dispatch gaps, which grow with the transfers a run sends); kappa is 1.0
     when no node was measured both alone and crowded on that host.
 
-    >>> s = [_Sample("a", "cpu", 2, 1.0, False, "h"), _Sample("a", "cpu", 2, 1.5, True, "h")]
+    >>> s = [_Sample("a", "cpu", 2, 1.0, False, "h"), _Sample("a", "cpu", 2, 1.5, True, "h", 9.0)]
     >>> fit_contention(s)
     {'h': {'contention': 1.5, 'nodes': 1}}
     """
@@ -300,7 +315,7 @@ def calibrate(graph_doc: dict, cluster_doc: dict, reports: list[dict], *, labels
     kappa = {h: v["contention"] for h, v in hosts.items()}
     by_key: dict[tuple[str, str], dict[int, list[float]]] = {}
     for s in samples:
-        t = s.seconds / kappa[s.host] if s.crowded else s.seconds
+        t = (s.seconds / kappa[s.host] if s.crowded else s.seconds) + s.gap
         by_key.setdefault((s.node, s.dtype), {}).setdefault(s.batch, []).append(t)
     out_graph = copy.deepcopy(graph_doc)
     fitted, errors, lines, scaled = _write_nodes(out_graph, graph, by_key, batch)

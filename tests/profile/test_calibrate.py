@@ -51,28 +51,35 @@ def report(nodes, *, transfers=(), batch=4, dp=False, placement=None, allreduce=
 SPLIT = {"schema": "placer.placement/v1", "graph": "abc", "cluster": "2cpu", "algorithm": "hand",
          "assignment": {"a": "cpu0", "b": "cpu1", "c": "cpu1"}}
 
-#: one process: a then b then c on cpu0, 0.5 s between them in all -> dispatch gap 0.5 / 3 per node
-ALONE = report([node("a", "cpu0", 0.0, 1.0), node("b", "cpu0", 1.2, 2.0), node("c", "cpu0", 3.5, 1.0)])
-#: two processes, every node 1.2x its time alone (+ the same gap): a on cpu0, b and c on cpu1;
-#: transfers of 1000 and 3000 bytes in 0.5 s and 0.7 s: latency 0.4 s, bandwidth 1e4 B/s
+#: one process: a, b and c back to back on cpu0
+ALONE = report([node("a", "cpu0", 0.0, 1.0), node("b", "cpu0", 1.0, 2.0), node("c", "cpu0", 3.0, 1.0)])
+#: the same with 0.5 s between the nodes in all: a dispatch gap of 0.5 / 3 per node
 GAP = 0.5 / 3
-CROWDED = report([node("a", "cpu0", 0.0, 1.2 * (1.0 + GAP)), node("b", "cpu1", 1.9, 1.2 * (2.0 + GAP)),
-                  node("c", "cpu1", 1.9 + 1.2 * (2.0 + GAP), 1.2 * (1.0 + GAP))],
+GAPPY = report([node("a", "cpu0", 0.0, 1.0), node("b", "cpu0", 1.2, 2.0), node("c", "cpu0", 3.5, 1.0)])
+#: two processes, every node 1.2x its time alone: a on cpu0, b and c on cpu1 (which waits 1.9 s for a:0
+#: before b: outside its nodes' span); transfers of 1000 and 3000 bytes in 0.5 s and 0.7 s: latency
+#: 0.4 s, bandwidth 1e4 B/s
+CROWDED = report([node("a", "cpu0", 0.0, 1.2), node("b", "cpu1", 1.9, 2.4), node("c", "cpu1", 4.3, 1.2)],
                  transfers=[{"tensor": "a:0", "src": "cpu0", "dst": "cpu1", "bytes": 1000, "seconds": 0.5,
-                             "waited_s": 1.9, "exact_steps": 1},
+                             "waited_s": 1.9, "received_s": 1.9, "exact_steps": 1},
                             {"tensor": "a:1", "src": "cpu0", "dst": "cpu1", "bytes": 3000, "seconds": 0.7,
-                             "waited_s": 0.0, "exact_steps": 1}],
+                             "waited_s": 0.0, "received_s": 4.3, "exact_steps": 1}],
                  placement=SPLIT)
-#: data parallelism: batch 2 per replica, a at 0.6 s and b at 1.3 s (c 0.5 s) alone-equivalent
+#: data parallelism: batch 2 per replica, a at 0.6 s, b at 1.3 s, c at 0.5 s alone (1.2x crowded)
 DP = report([node(f"{x}/rep{r}", f"cpu{r}", s, 1.2 * t) for r in (0, 1)
              for x, s, t in (("a", 0.0, 0.6), ("b", 1.2 * 0.6, 1.3), ("c", 1.2 * 1.9, 0.5))],
             batch=2, dp=True)
 
 
 def test_dispatch_gap_is_the_span_not_spent_in_nodes_or_waits():
-    assert dispatch_gaps(ALONE["node_times"]) == {"cpu0": pytest.approx(GAP)}
-    # cpu1 waited 1.9 s for a:0 before b: nothing left over
+    assert dispatch_gaps(GAPPY["node_times"]) == {"cpu0": pytest.approx(GAP)}
     assert dispatch_gaps(CROWDED["node_times"]) == {"cpu0": 0.0, "cpu1": pytest.approx(0.0, abs=1e-12)}
+    waited = json.loads(json.dumps(CROWDED["node_times"]))
+    waited["nodes"][2]["start_s"] += 0.3                    # c starts 0.3 s later: waiting for a:1 ...
+    waited["transfers"][1].update(waited_s=0.3, received_s=4.6)
+    assert dispatch_gaps(waited)["cpu1"] == pytest.approx(0.0, abs=1e-12)
+    waited["transfers"][1].update(waited_s=0.1, received_s=4.4)     # ... or 0.2 s of it dispatching
+    assert dispatch_gaps(waited)["cpu1"] == pytest.approx(0.1)
 
 
 def test_fit_by_hand():
@@ -80,7 +87,7 @@ def test_fit_by_hand():
     s = cal.summary
     assert s["hosts"] == {"h": {"contention": pytest.approx(1.2), "nodes": 3}}
     nodes = {n["id"]: n for n in cal.graph["nodes"]}
-    want = {"a": 1.0 + GAP, "b": 2.0 + GAP, "c": 1.0 + GAP}
+    want = {"a": 1.0, "b": 2.0, "c": 1.0}
     for nid, t in want.items():                              # alone samples, crowded ones / 1.2: the same
         assert nodes[nid]["compute_s"] == pytest.approx(t)
         assert nodes[nid]["compute_by_type"]["cpu"] == pytest.approx(t)
@@ -101,10 +108,10 @@ def test_fit_by_hand():
 
 
 def test_calibrated_simulation_reproduces_the_crowded_run_by_hand():
-    """a 1.2 * (1 + g) on cpu0; a:0 (0.5 s) then a:1 (0.7 s) on the channel; b after a:0, c after b."""
+    """a 1.2 s on cpu0; a:0 (0.5 s) then a:1 (0.7 s) on the channel; b after a:0, c after b."""
     cal = calibrate(GRAPH, CLUSTER, [ALONE, CROWDED], labels=["alone", "crowded"])
     g, c = Graph.from_dict(cal.graph), Cluster.from_dict(cal.cluster)
-    ta, tb, tc = (1.2 * (x + GAP) for x in (1.0, 2.0, 1.0))
+    ta, tb, tc = 1.2, 2.4, 1.2
     rep = simulate(g, c, Placement.from_dict(SPLIT))
     assert rep["makespan_s"] == pytest.approx(max(ta + 0.5 + tb, ta + 1.2) + tc)
     rows = resimulate([CROWDED], ["crowded"], g, c)
@@ -180,7 +187,7 @@ def test_cli_calibrate_writes_both_files_and_prints_the_fit(tmp_path):
 
 
 def test_cpu_clock_takes_the_thread_cpu_between_nodes_as_the_dispatch_cost():
-    rep = json.loads(json.dumps(ALONE))
+    rep = json.loads(json.dumps(GAPPY))
     rep["node_times"]["step_cpu_s"] = {"cpu0": 4.3}        # 4.0 s in nodes, 0.3 s of executor work
     for n in rep["node_times"]["nodes"]:
         n["measured_s"] *= 2                                # waiting for a core doubled the wall times
