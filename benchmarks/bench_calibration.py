@@ -152,7 +152,7 @@ def ratio(rep: dict) -> float:
     return rep["measured_step_s"] / rep["simulated_step_s"] if rep["simulated_step_s"] > 0 else float("nan")
 
 
-def report(results: list[dict], cluster_doc: dict, steps: int, t0: float) -> None:
+def report(results: list[dict], cluster_doc: dict, steps: int, t0: float, kept: bool = False) -> None:
     from calib_analysis import (HEADERS, allreduce_row, contention_rows, dispatch_rows, overhead_row, ring_seconds,
                                 split_row, transfer_rows)
 
@@ -204,6 +204,17 @@ def report(results: list[dict], cluster_doc: dict, steps: int, t0: float) -> Non
     print("\n".join(taus))
     print("\n'round 1 vs round 2 measured' is the Kendall tau between the two measurements of the same placements: "
           "how far the machine's noise alone lets any model's ranking agree with a run.")
+    print("\n### Without the load: the CPU-clock fit against the processes' CPU time\n")
+    print("The step's thread CPU time of the busiest process (`node_times.step_cpu_s`, round 2) is what a step "
+          "would take on a quiet machine if no process ever waited for another; it bounds the quiet step from "
+          "below (exactly for one process, and data parallelism waits only for its exposed all-reduce).\n")
+    print("| model | placement | busiest process CPU (ms) | simulated, CPU fit (ms) | CPU / simulated |\n"
+          "|---|---|---:|---:|---:|")
+    for r in results:
+        for algo, rep2 in r["second"].items():
+            cpu = max((rep2["node_times"].get("step_cpu_s") or {"-": float("nan")}).values())
+            print(f"| {r['label']} | {algo} | {cpu * 1e3:.2f} | {r['cpu_after'][algo] * 1e3:.2f} | "
+                  f"{cpu / r['cpu_after'][algo]:.2f} |")
     print("\n### What calibrate fitted\n")
     print("| model | nodes | batch lines | fit error median / p90 | dispatch gap per node, median of runs (us) | "
           "contention | links (latency us, GB/s) |\n|---|---:|---:|---:|---:|---:|---|")
@@ -234,7 +245,7 @@ def report(results: list[dict], cluster_doc: dict, steps: int, t0: float) -> Non
         for r in results:
             print("\n".join(rows(r)))
         print()
-    print(f"Total benchmark time {time.perf_counter() - t0:.0f} s.\n")
+    print(f"Total benchmark time {time.perf_counter() - t0:.0f} s{' (fitted again from kept runs)' if kept else ''}.\n")
     sys.stdout.flush()
 
 
@@ -250,7 +261,7 @@ def main() -> None:
     if args.kept:
         dirs = sorted(p for p in Path(args.kept).iterdir() if (p / "used.json").exists())
         results = [assess(p.name, load_kept(p)) for p in dirs]
-        report(results, results[0]["cluster"].doc, results[0]["first"]["metis"]["steps"], time.perf_counter())
+        report(results, results[0]["cluster"].doc, results[0]["first"]["metis"]["steps"], time.perf_counter(), True)
         return
     if importlib.util.find_spec("torch") is None:
         print("## Calibration\n\n_Note: torch is not installed (`make install-torch`); no results._\n")
