@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="clusters of the bucketing table")
     ap.add_argument("--only", choices=("placements", "buckets"), default=None, help="one part only")
     args = ap.parse_args(argv)
-    zoo = sorted((ROOT / "sample_graphs" / "zoo").glob("*.json.gz"))
+    zoo = sorted(f for f in (ROOT / "sample_graphs" / "zoo").glob("*.json.gz") if not f.name.startswith("gpt_"))
     if args.models:
         keep = set(args.models.split(","))
         zoo = [f for f in zoo if f.name.removesuffix(".json.gz") in keep]

@@ -268,8 +268,9 @@ def main(argv=None) -> int:
 
         every = lib.default_algorithms()
         zoo_dir = ROOT / "sample_graphs" / "zoo"
-        zoo = lib.discover_graphs([zoo_dir]) if zoo_dir.is_dir() else []
-        samples = [f for f in lib.discover_graphs([ROOT / "sample_graphs"]) if f not in zoo]
+        all_zoo = lib.discover_graphs([zoo_dir]) if zoo_dir.is_dir() else []
+        zoo = [f for f in all_zoo if not Path(f).name.startswith("gpt_")]   # Celeritas Table 3 only (GPTs: issue 23)
+        samples = [f for f in lib.discover_graphs([ROOT / "sample_graphs"]) if f not in all_zoo]
         for f in samples + zoo:
             refs[f] = reference_time(f, cluster)
         log(f"sample graphs: {', '.join(every)} (quick parameters)")

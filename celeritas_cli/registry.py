@@ -3,14 +3,20 @@
 Every algorithm module in :mod:`celeritas_cli.algorithms` registers itself::
 
     @register("adjusting", paper="Celeritas", section="5.2, Algorithm 2",
-              summary="...", params={"R": Param(int, 200, "exploration range")})
-    def adjusting(graph, cluster, *, seed=0, costs=None, **params) -> Placement: ...
+              summary="...", params={"R": Param(int, 200, "exploration range", min=1, max=10_000),
+                                     "congestion": congestion_param("link rule of the EST")})
+    def adjusting(graph, cluster, *, seed=0, costs=None, R=200,
+                  congestion=DEFAULT_CONGESTION) -> Placement: ...
 
 and every coarsening module in :mod:`celeritas_cli.coarsening` with
 :func:`register_coarsener` (``func(graph, cluster, *, costs=None, **params) -> Graph``).
-``costs`` is the :class:`~celeritas_cli.model.costs.CostModel` the caller
-built once for (graph, cluster); a function called directly builds the
-default one with :func:`~celeritas_cli.model.costs.cost_model`.
+What :func:`place` passes and what it must return is the :class:`Algorithm`
+protocol, which :func:`signature_problems` checks (the all-algorithms test).
+Shared parameters have one definition each: :func:`congestion_param` and
+:func:`time_limit_param` (0 = no limit; such an algorithm also takes
+``deadline``, :func:`deadline`); :func:`with_flags` copies command-line flags
+into an algorithm's parameters (``place``, ``compare``).
+
 Modules are discovered by name (sorted), so adding an algorithm is adding a
 module.  ``names()`` feeds ``--algo``'s choices, ``placer place --list`` and
 the parametrised tests.  Optional dependencies (torch) are imported inside
@@ -19,16 +25,28 @@ the algorithm function, never at module import.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
 import math
 import pkgutil
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from .errors import InvalidInput
 from .log import stdout_to_stderr
+from .model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from .model.costs import cost_model
+from .model.limits import TIME_MAX
+
+if TYPE_CHECKING:
+    from .model.cluster import Cluster
+    from .model.costs import CostModel
+    from .model.graph import Graph
+    from .model.placement import Placement
+
+INT_MAX = 2**63 - 1  # the largest integer parameter (the JSON writer's int64)
 
 
 @dataclass(frozen=True)
@@ -81,18 +99,81 @@ class Param:
         return f"{low}, <= {self.max}" if low else f"<= {self.max}"
 
 
+#: the one rule of every ``time_limit`` parameter, for help texts
+TIME_LIMIT_RULE = "0 = no limit; counted from the start of the command"
+
+
+def time_limit_param(default: float, help: str) -> Param:
+    """The ``time_limit`` parameter of an algorithm that has one: seconds,
+    ``0 <= value <= 1e12`` (:data:`~celeritas_cli.model.limits.TIME_MAX`),
+    0 = no wall-clock limit (:data:`TIME_LIMIT_RULE`).  Such an algorithm
+    also takes ``deadline`` (:class:`Algorithm`); the counted budget it
+    derives from the limit (iterations, evaluations, deterministic time) is
+    its own and said in *help*.
+
+    >>> time_limit_param(60.0, "cap of the whole call").range_text()
+    '0..1000000000000.0'
+    """
+    return Param(float, default, f"{help} (s; {TIME_LIMIT_RULE})", min=0, max=TIME_MAX)
+
+
+def congestion_param(help: str = "link rule the algorithm plans with, as the simulator's") -> Param:
+    """The ``congestion`` parameter: one of
+    :data:`~celeritas_cli.model.congestion.CONGESTION_RULES`, default
+    :data:`~celeritas_cli.model.congestion.DEFAULT_CONGESTION`; *help* says
+    what the algorithm uses it for.
+
+    >>> congestion_param().default, congestion_param().choices
+    ('channel', ('channel', 'port', 'none'))
+    """
+    return Param(str, DEFAULT_CONGESTION, help, choices=CONGESTION_RULES)
+
+
+def deadline(time_limit: float, started: float | None = None) -> float | None:
+    """The :func:`time.perf_counter` reading (a monotonic clock) at which
+    *time_limit* seconds counted from *started* (default: now) are over;
+    ``None`` for 0 (no limit).  What :func:`place` passes as ``deadline``, and
+    what an algorithm called directly without one computes at its start.
+
+    >>> deadline(0.0) is None, deadline(5.0, started=100.0)
+    (True, 105.0)
+    """
+    if not time_limit:
+        return None
+    return (time.perf_counter() if started is None else started) + time_limit
+
+
 @dataclass
 class Entry:
+    """One registered algorithm or coarsening method: ``name`` (``--algo
+    NAME``), ``func`` (:class:`Algorithm`), ``paper`` / ``section`` /
+    ``summary`` (``placer place --list``), ``params`` (``-p KEY=VALUE``, each
+    a :class:`Param` whose default equals the function's), ``extra`` (the
+    optional dependency group it needs, e.g. ``"torch"``), ``kind``
+    (``"placement"`` / ``"coarsening"``), ``quick_params`` (a quick run:
+    tests, ``compare --quick``), ``uses_origin`` (judges candidates on a
+    coarse graph's original, so ``placer place`` loads it) and
+    ``takes_deadline`` (its function takes ``deadline``; :func:`place`
+    passes one, and every algorithm with a ``time_limit`` does).
+    """
+
     name: str
     func: Callable
     paper: str
     section: str
     summary: str
     params: dict[str, Param] = field(default_factory=dict)
-    extra: str | None = None  # optional dependency group, e.g. "torch"
+    extra: str | None = None
     kind: str = "placement"
-    quick_params: dict[str, Any] = field(default_factory=dict)  # for tests / smoke runs
-    uses_origin: bool = False  # judges its candidates on a coarse graph's original when known
+    quick_params: dict[str, Any] = field(default_factory=dict)
+    uses_origin: bool = False
+    takes_deadline: bool = False
+
+    def __post_init__(self) -> None:
+        try:
+            self.takes_deadline = "deadline" in inspect.signature(self.func).parameters
+        except (TypeError, ValueError):  # a builtin without a signature
+            self.takes_deadline = False
 
     def coerce(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Validate and convert user parameters (strings from ``-p k=v``)
@@ -129,6 +210,104 @@ def _convert(algo: str, key: str, value: Any, p: Param) -> Any:
     if problem:
         raise InvalidInput(f"'{algo}' parameter {key}: {problem}, got {value!r}")
     return v
+
+
+class Algorithm(Protocol):
+    """A placement algorithm, as :func:`place` calls it.
+
+    Receives the graph to place (original, coarse or derived) and the
+    cluster positionally; as keywords ``seed`` (int >= 0), ``costs`` (the
+    :class:`~celeritas_cli.model.costs.CostModel` built once for (graph,
+    cluster); None when called directly: build the default one), every
+    declared :class:`Param` converted and checked, and -
+    only an algorithm with a ``time_limit`` (:func:`time_limit_param`) -
+    ``deadline``: the :func:`time.perf_counter` reading at which its wall
+    clock ends, or None (no limit; a direct call without one counts
+    ``time_limit`` from its own start, :func:`deadline`).  The counted
+    budget (iterations, evaluations) follows ``time_limit``; the deadline
+    only caps it, so a run the clock did not cut is repeatable.
+
+    Returns a :class:`~celeritas_cli.model.placement.Placement` over the
+    graph's node ids (or one carrying ``split_graph`` / ``derivation`` for a
+    graph it derived) with its ``estimate``; :func:`place` fills
+    ``algorithm``, ``params``, ``seed`` and ``placement_time_s``.  Fails with
+    a one-line :class:`~celeritas_cli.errors.PlacerError`; writes only to
+    stderr.  Defaults equal the ``Param``'s (:func:`signature_problems`).
+    """
+
+    def __call__(self, graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+                 **params: Any) -> Placement: ...
+
+
+def signature_problems(entry: Entry) -> list[str]:
+    """What is wrong with *entry* against the :class:`Algorithm` protocol (a
+    coarsener: ``(graph, cluster, *, costs=None, **params) -> Graph``): ``[]``
+    when nothing.  Checks the positional ``(graph, cluster)``, the keywords
+    ``seed`` / ``costs`` / ``deadline``, that every ``Param`` is a keyword
+    with the same default and every other keyword has a default, that
+    ``time_limit`` and ``congestion`` are the shared ones, that integer
+    parameters have a ``max`` and that the ``quick_params`` are valid.
+
+    >>> signature_problems(get("milp"))
+    []
+    """
+    sig = inspect.signature(entry.func)
+    positional = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    kw = {p.name: p for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY}
+    base = {"seed": 0, "costs": None} if entry.kind == "placement" else {"costs": None}
+    if "time_limit" in entry.params:
+        base["deadline"] = None
+    out = [] if positional == ["graph", "cluster"] else [f"positional parameters {positional}, not [graph, cluster]"]
+    out += [f"keyword {k}={v!r} missing" for k, v in base.items() if k not in kw or kw[k].default != v]
+    for name, prm in entry.params.items():
+        if name not in kw:
+            out.append(f"parameter {name} is not a keyword-only parameter of the function")
+        elif kw[name].default != prm.default or type(kw[name].default) is not type(prm.default):
+            out.append(f"parameter {name}: default {prm.default!r}, the signature says {kw[name].default!r}")
+        if prm.type is int and (prm.max is None or prm.max > INT_MAX):
+            out.append(f"integer parameter {name} has no max")
+    out += [f"keyword {k} is no Param and has no default" for k, p in kw.items()
+            if k not in entry.params and k not in base and p.default is p.empty]
+    if "deadline" in kw and "time_limit" not in entry.params:
+        out.append("takes deadline but declares no time_limit")
+    tl = entry.params.get("time_limit")
+    shared = {"time_limit": time_limit_param(tl.default if tl else 0.0, ""), "congestion": congestion_param()}
+    out += [f"parameter {k} is not the shared one (registry.{k}_param)" for k, p in shared.items()
+            if k in entry.params and dataclasses.replace(entry.params[k], help="") != dataclasses.replace(p, help="")]
+    try:
+        entry.coerce(entry.quick_params)
+    except InvalidInput as exc:
+        out.append(f"quick_params: {exc}")
+    want = "Placement" if entry.kind == "placement" else "Graph"
+    if getattr(sig.return_annotation, "__name__", sig.return_annotation) != want:
+        out.append(f"returns {sig.return_annotation}, not {want}")
+    return out
+
+
+def with_flags(entry: Entry, params: dict[str, Any], **flags: Any) -> tuple[dict[str, Any], list[str]]:
+    """*params* plus each command-line flag (``congestion="port"``,
+    ``time_limit=30.0``; ``None`` = not given) that *entry* declares and
+    *params* does not set: an explicit ``-p`` wins.  Returns the parameters
+    and one line per given flag left out (for ``placer place`` to warn).
+    Used by ``placer place`` and ``placer compare``.
+
+    >>> with_flags(get("dpos"), {"insertion": "false"}, congestion="port", time_limit=5.0)
+    ({'insertion': 'false', 'congestion': 'port'}, ["--time-limit ignored: 'dpos' takes no time_limit"])
+    >>> with_flags(get("dpos"), {"congestion": "none"}, congestion="port")
+    ({'congestion': 'none'}, ['--congestion ignored: -p congestion=none wins'])
+    """
+    out, left_out = dict(params), []
+    for key, value in flags.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            continue
+        if key not in entry.params:
+            left_out.append(f"{flag} ignored: '{entry.name}' takes no {key}")
+        elif key in out:
+            left_out.append(f"{flag} ignored: -p {key}={out[key]} wins")
+        else:
+            out[key] = value
+    return out, left_out
 
 
 _ALGORITHMS: dict[str, Entry] = {}
@@ -211,6 +390,18 @@ _MODULE_OF = {"random": "random_placement"}
 
 
 def get(name: str) -> Entry:
+    """The :class:`Entry` of placement algorithm *name*, importing only its
+    module when that registers it (``placer place --algo heft`` does not
+    import torch or OR-Tools).
+
+    Raises
+    ------
+    InvalidInput
+        An unknown name (the message lists the known ones).
+
+    >>> get("heft").paper
+    'Topcuoglu et al., IEEE TPDS 2002'
+    """
     _load_one(name)
     if name not in _ALGORITHMS:
         _load(_ALGORITHMS_PKG)
@@ -221,6 +412,12 @@ def get(name: str) -> Entry:
 
 
 def entries() -> list[Entry]:
+    """Every registered placement algorithm's :class:`Entry`, sorted by name
+    (all algorithm modules imported; ``placer place --list``, the tests).
+
+    >>> [e.name for e in entries()][:2]
+    ['adjusting', 'auto']
+    """
     _load(_ALGORITHMS_PKG)
     return [_ALGORITHMS[n] for n in sorted(_ALGORITHMS)]
 
@@ -238,16 +435,23 @@ def get_coarsener(name: str) -> Entry:
         raise InvalidInput(f"unknown coarsening method '{name}' (known: {', '.join(sorted(_COARSENERS))})") from None
 
 
-def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | None = None, costs=None):
+def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | None = None, costs=None,
+          started: float | None = None):
     """Run registered algorithm *algo* and return its :class:`Placement`,
     with ``algorithm``, ``params``, ``seed`` and ``placement_time_s`` filled in
     (wall time of the algorithm itself, like Celeritas Table 4).  A result
     that carries a ``split_graph`` gets an estimate said to hold for that
     graph (``estimate.graph == "split"``).
 
-    *costs* is the cost model to place under (default: the file's costs,
-    :func:`celeritas_cli.model.costs.cost_model`); it is built once here and
-    passed to the algorithm as its ``costs`` keyword.
+    *params* are checked and converted (:meth:`Entry.coerce`) before
+    anything runs.  *costs* is the cost model to place under (default: the
+    file's costs, :func:`celeritas_cli.model.costs.cost_model`); it is built
+    once here and passed to the algorithm as its ``costs`` keyword.  An
+    algorithm with a ``time_limit`` gets ``deadline``: the limit counted from
+    *started* (a :func:`time.perf_counter` reading; default: now), so
+    ``placer place`` passes the command's start and ``--time-limit`` bounds
+    the whole command, loading included (:func:`deadline`; the
+    :class:`Algorithm` protocol).
 
     Example
     -------
@@ -260,9 +464,11 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     entry = get(algo)
     kwargs = entry.coerce(params or {})
     t0 = time.perf_counter()
+    clock = {"deadline": deadline(kwargs.get("time_limit") or 0.0, t0 if started is None else started)} \
+        if entry.takes_deadline else {}
     costs = cost_model(graph, cluster, costs)
     with stdout_to_stderr():  # C libraries (METIS) print to fd 1; stdout is for the JSON document
-        result = entry.func(graph, cluster, seed=seed, costs=costs, **kwargs)
+        result = entry.func(graph, cluster, seed=seed, costs=costs, **kwargs, **clock)
     result.placement_time_s = time.perf_counter() - t0
     if result.split_graph is not None and result.estimate.graph != "split":
         result.estimate = result.estimate.with_graph("split", len(result.split_graph.get("nodes", ())))

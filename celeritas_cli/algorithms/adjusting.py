@@ -61,13 +61,13 @@ import math
 from dataclasses import dataclass
 
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement
-from ..registry import Param, register
+from ..registry import Param, congestion_param, register
 from ..scheduling.memory import DeviceMemory
 from ..scheduling.orders import cpd_topo
-from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION
 from ..sim.partial import PartialSchedule
 from .order_place import placement_estimate
 
@@ -79,9 +79,8 @@ INF = math.inf
                   "by more than the cost of sending results back (run on a coarse graph).",
           params={"insertion": Param(bool, True, "insert into idle slots when computing EST (Eq. 7)"),
                   "order": Param(bool, False, "also write each device's execution order (the EST schedule)"),
-                  "congestion": Param(str, DEFAULT_CONGESTION, "link rule of the EST's transfers (6.1): channel / "
-                                      "port queue them as the simulator does; none = the literal Eq. 7",
-                                      choices=CONGESTION_RULES)})
+                  "congestion": congestion_param("link rule of the EST's transfers (6.1): channel / "
+                                      "port queue them as the simulator does; none = the literal Eq. 7")})
 def adjusting(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, insertion: bool = True,
               order: bool = False, congestion: str = DEFAULT_CONGESTION) -> Placement:
     """Adjusting Placement (Celeritas Algorithm 2; the module docstring has

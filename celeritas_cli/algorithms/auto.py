@@ -24,33 +24,34 @@ from __future__ import annotations
 from ..errors import InvalidInput
 from ..log import chatty, warn
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
-from ..model.limits import TIME_MAX
+from ..model.limits import COUNT_MAX
 from ..model.placement import Placement, finite_or_none
-from ..optimize.search import Search
-from ..registry import Param, register
+from ..optimize.search import DEFAULT_TIME_LIMIT, Search
+from ..registry import Param, congestion_param, register, time_limit_param
 from ..registry import names as registered
-from ..sim.simulator import CONGESTION_RULES
 
 
 @register("auto", paper="placer", section="portfolio + simulator-in-the-loop multilevel refinement",
           summary="placer's optimizer (the default): the fast placers on the graph and on cpd coarse graphs, "
                   "then critical-path moves and swaps of colocation units judged by the simulator; never worse "
                   "than its best start.",
-          params={"time_limit": Param(float, 10.0, "wall-clock cap of the whole search (s)", gt=0, max=TIME_MAX),
-                  "evaluations": Param(int, 0, "simulations the search may make (0 = from time_limit and the "
-                                              "graph size, so the clock normally never decides)", min=0),
+          params={"time_limit": time_limit_param(DEFAULT_TIME_LIMIT, "wall-clock cap of the whole search"),
+                  "evaluations": Param(int, 0, "simulations the search may make (0 = from time_limit, or the "
+                                              "default 10 s when it is 0, and the graph size, so the clock "
+                                              "normally never decides)", min=0, max=COUNT_MAX),
                   "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice)"),
-                  "congestion": Param(str, "channel", "congestion rule the simulator judges with",
-                                      choices=CONGESTION_RULES),
+                  "congestion": congestion_param("congestion rule the simulator judges with"),
                   "quiet": Param(bool, False, "no progress lines on stderr"),
                   "verify": Param(int, 0, "run the N best simulated placements with placer run on the machine the "
                                           "cluster describes and return the fastest measured (0 = off)",
                                   min=0, max=20)},
           quick_params={"evaluations": 150, "quiet": True})
-def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, time_limit: float = 10.0,
-         evaluations: int = 0, algos: str = "", congestion: str = "channel", quiet: bool = False,
+def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+         time_limit: float = DEFAULT_TIME_LIMIT, evaluations: int = 0, algos: str = "",
+         congestion: str = DEFAULT_CONGESTION, quiet: bool = False, deadline: float | None = None,
          verify: int = 0) -> Placement:
     """Search for the best placement the simulator can confirm (module docstring).
 
@@ -65,7 +66,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     costs : CostModel, optional
         The cost model every candidate is placed and judged under.
     time_limit : float
-        Wall-clock cap in seconds for the whole search, portfolio included.
+        Wall-clock cap in seconds for the whole search, portfolio included;
+        0 = no cap (the budget is then that of the default 10 s).
     evaluations : int
         Simulation budget; 0 derives it from *time_limit* and the graph size
         (:func:`~celeritas_cli.optimize.search.default_evaluations`).
@@ -77,6 +79,10 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         No progress lines (for library use; also off inside
         :func:`celeritas_cli.log.quiet`, as ``compare`` runs its cells).
         The line saying the wall clock cut the search is always printed.
+    deadline : float, optional
+        The :func:`time.perf_counter` reading at which the wall clock ends
+        (``registry.place`` passes the command's start + *time_limit*, so
+        loading counts too); default: *time_limit* from this call's start.
     verify : int
         Measured in the loop (:mod:`celeritas_cli.optimize.verify`): run the
         *verify* best simulated placements with ``placer run`` and return the
@@ -91,7 +97,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     Raises
     ------
     InvalidInput
-        A non-positive time limit, a negative budget or an unknown algorithm in *algos*.
+        A negative time limit or budget, or an unknown algorithm in *algos*.
 
     References
     ----------
@@ -106,8 +112,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     >>> p.estimate["judge"], p.estimate["makespan_s"] <= p.estimate["start_makespan_s"]
     ('simulator', True)
     """
-    if not time_limit > 0:
-        raise InvalidInput(f"'auto' parameter time_limit: must be positive, got {time_limit}")
+    if not time_limit >= 0:
+        raise InvalidInput(f"'auto' parameter time_limit: must be >= 0 (0 = no limit), got {time_limit}")
     if evaluations < 0:
         raise InvalidInput(f"'auto' parameter evaluations: must be >= 0, got {evaluations}")
     names = [a.strip() for a in algos.split(",") if a.strip()] or None
@@ -117,7 +123,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
             raise InvalidInput(f"'auto' parameter algos: unknown or not allowed: {', '.join(unknown)}")
     costs = cost_model(graph, cluster, costs)
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
-                    congestion=congestion, algos=names, log=warn if chatty() and not quiet else None)
+                    congestion=congestion, algos=names, log=warn if chatty() and not quiet else None,
+                    deadline=deadline)
     out = search.run()
     if out.clock_cut:
         warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({search.budget.spent:.0f} of "

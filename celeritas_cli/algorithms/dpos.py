@@ -16,13 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model, upward_rank
 from ..model.graph import Graph
 from ..model.placement import Placement
-from ..registry import Param, register
+from ..registry import Param, congestion_param, register
 from ..scheduling.memory import DeviceMemory
 from ..scheduling.timeline import Timeline
-from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION, InputArrivals
+from ..sim.links import InputArrivals
 
 
 @dataclass
@@ -238,10 +239,9 @@ def _list_schedule(graph: Graph, k: int, costs: CostModel, rank: list[float], cp
 @register("dpos", paper="FastT (Yi et al., CoNEXT 2020)", section="5.1, Algorithm 1",
           summary="DPOS: max-cost rank_u list scheduling, critical-path device, min-EFT insertion, "
                   "execution order.",
-          params={"congestion": Param(str, DEFAULT_CONGESTION, "link model of EST: 'none' = the paper's "
+          params={"congestion": congestion_param("link model of EST: 'none' = the paper's "
                                       "(transfer = latency + bytes/bandwidth), 'channel' / 'port' = also queue on "
-                                      "busy links (the simulator's rules)",
-                                      choices=CONGESTION_RULES),
+                                      "busy links (the simulator's rules)"),
                   "insertion": Param(bool, True, "insert into idle slots (the paper) or only append")})
 def dpos(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
          congestion: str = DEFAULT_CONGESTION, insertion: bool = True) -> Placement:

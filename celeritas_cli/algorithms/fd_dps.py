@@ -81,17 +81,18 @@ import math
 
 from ..errors import InvalidInput
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model, downward_rank, upward_rank
 from ..model.graph import Graph
-from ..model.limits import TIME_MAX
+from ..model.limits import COUNT_MAX, TIME_MAX
 from ..model.placement import Placement
-from ..registry import Param, register
+from ..registry import Param, congestion_param, register
 from ..transform.derivation import attach, split_step
 from ..scheduling.memory import DeviceMemory
 from ..transform.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
 from ..transform.splitting import split_operation
 from ..scheduling.timeline import Timeline
-from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION, InputArrivals
+from ..sim.links import InputArrivals
 from ..sim.simulator import makespan_of
 
 DEFAULT_EPS = 1.0e-9
@@ -327,14 +328,14 @@ def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int
           params={"eps": Param(float, DEFAULT_EPS, "the non-zero constant of NP = 1/(LST-EST+eps) (s)", gt=0),
                   "fallback": Param(str, "lowest-priority", "device when none lets the node start by its LST",
                                     choices=("lowest-priority", "eft")),
-                  "congestion": Param(str, DEFAULT_CONGESTION, "link model of Find_Slot's EST and of the "
+                  "congestion": congestion_param("link model of Find_Slot's EST and of the "
                                       "split/unsplit comparison: 'none' = transfer = latency + bytes/bandwidth, "
-                                      "'channel' / 'port' = also queue on busy links (the simulator's rules)",
-                                      choices=CONGESTION_RULES),
+                                      "'channel' / 'port' = also queue on busy links (the simulator's rules)"),
                   "split": Param(bool, False, "split critical splittable operators first (section 4.1)"),
                   "split_parts": Param(int, 0, "parts per split operator (0 = number of devices)", min=0, max=1024,
                                        check=lambda v: "must be 0 or >= 2" if v == 1 else None),
-                  "max_splits": Param(int, 8, "split at most this many operators (0 = all critical ones)", min=0),
+                  "max_splits": Param(int, 8, "split at most this many operators (0 = all critical ones)", min=0,
+                                       max=COUNT_MAX),
                   "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)", min=0,
                                       max=TIME_MAX)},
           quick_params={})

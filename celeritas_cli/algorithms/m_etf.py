@@ -45,14 +45,15 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION, check_congestion
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement
-from ..registry import Param, register
+from ..registry import congestion_param, register
 from ..scheduling.memory import (
     DeviceMemory,  # importers of ``.m_etf.DeviceMemory`` keep working
 )
-from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION, InputArrivals, check_congestion
+from ..sim.links import InputArrivals
 
 
 @dataclass
@@ -280,9 +281,8 @@ class _EtfLoop:
 @register("m-etf", paper="Baechi (Jeon et al., SoCC 2020)",
           section="m-ETF (released placer/m_etf.py); Celeritas Table 3",
           summary="Memory-constrained Earliest Task First list scheduling (emits per-device order).",
-          params={"congestion": Param(str, DEFAULT_CONGESTION, "link rule of the data-ready times: channel / port "
-                                      "queue transfers on busy links as the simulator does, none = they overlap",
-                                      choices=CONGESTION_RULES)})
+          params={"congestion": congestion_param("link rule of the data-ready times: channel / port "
+                                      "queue transfers on busy links as the simulator does, none = they overlap")})
 def m_etf(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
           congestion: str = DEFAULT_CONGESTION) -> Placement:
     """Place and order *graph* with Baechi's m-ETF (module docstring).

@@ -45,11 +45,12 @@ import math
 from ..errors import SolverError
 from ..log import warn
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
+from ..model.limits import COUNT_MAX
 from ..model.placement import Placement
-from ..registry import Param, register
-from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION
+from ..registry import Param, congestion_param, register
 from .m_etf import etf_schedule
 
 
@@ -173,9 +174,8 @@ def greedy_favorites(graph: Graph) -> list[int]:
           summary="m-ETF plus LP-chosen favourite children kept on their parent's device (GLOP).",
           params={"threshold": Param(float, 0.5, "round x_uv <= threshold to 'favourite child'", min=0.0, max=1.0),
                   "lp_max_nodes": Param(int, 5000, "above this many nodes use greedy favourites, not the LP",
-                                        min=0),
-                  "congestion": Param(str, DEFAULT_CONGESTION, "link rule of m-ETF's data-ready times (as m-etf)",
-                                      choices=CONGESTION_RULES)})
+                                        min=0, max=COUNT_MAX),
+                  "congestion": congestion_param("link rule of m-ETF's data-ready times (as m-etf)")})
 def m_sct(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, threshold: float = 0.5,
           lp_max_nodes: int = 5000, congestion: str = DEFAULT_CONGESTION) -> Placement:
     """Place and order *graph* with Baechi's m-SCT (module docstring).

@@ -9,13 +9,13 @@ of ``placer coarsen --method cpd``; it works on any graph.
 from __future__ import annotations
 
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..registry import Param, register
 from ..scheduling.memory import DeviceMemory
 from ..scheduling.orders import cpd_topo
-from ..sim.links import DEFAULT_CONGESTION
 from ..sim.simulator import lower_bound, run_schedule
 
 #: graphs up to this many nodes get a simulated makespan in the estimate

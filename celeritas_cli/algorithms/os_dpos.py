@@ -20,16 +20,16 @@ import sys
 from dataclasses import dataclass
 
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
-from ..model.limits import TIME_MAX
+from ..model.limits import COUNT_MAX, TIME_MAX
 from ..model.placement import Placement
-from ..registry import Param, register
+from ..registry import Param, congestion_param, register
 from ..transform.derivation import attach, data_parallel_step, split_step
 from ..transform.replicate import data_parallel_graph
 from ..transform.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
 from ..transform.splitting import split_operation
-from ..sim.links import CONGESTION_RULES, DEFAULT_CONGESTION
 from ..sim.simulator import critical_path, run_schedule
 from .data_parallel import replica_devices
 from .dpos import dpos_schedule
@@ -69,12 +69,11 @@ def start_graph(graph: Graph, cluster: Cluster, start: str, overhead_s: float) -
 @register("os-dpos", paper="FastT (Yi et al., CoNEXT 2020)", section="5.2, Algorithm 2",
           summary="OS-DPOS: DPOS, then split critical-path operations (batch/channel, n=2..k) "
                   "while the simulated makespan improves.",
-          params={"max_ops": Param(int, 8, "critical-path operations tried at most (0 = all)", min=0),
+          params={"max_ops": Param(int, 8, "critical-path operations tried at most (0 = all)", min=0, max=COUNT_MAX),
                   "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)", min=0,
                                       max=TIME_MAX),
-                  "congestion": Param(str, DEFAULT_CONGESTION, "congestion rule of DPOS's link model and of the "
-                                      "scoring simulation",
-                                      choices=CONGESTION_RULES),
+                  "congestion": congestion_param("congestion rule of DPOS's link model and of the "
+                                      "scoring simulation"),
                   "start": Param(str, "auto", "input graph: auto = the data-parallel graph when the model fits one "
                                  "device (FastT 5.2), else the DAG; dag; data-parallel; best = run from both and "
                                  "keep the faster (not in the paper)", choices=STARTS),

@@ -15,12 +15,22 @@ import click
 
 from .. import __version__
 from ..errors import PlacerError
+from .common import one_line
 
 COMMANDS = ("profile", "coarsen", "place", "simulate", "run", "export", "calibrate", "compare", "clusters")
 
 
 class PlacerGroup(click.Group):
-    """Turns library errors into ``Error: <file>: <what>`` and exit 1."""
+    """Turns library errors into ``Error: <file>: <what>`` and exit 1, and
+    keeps every error one line (:func:`~.common.one_line`: control
+    characters in ids, file names and messages escaped), usage errors too."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.ClickException as exc:
+            exc.message = one_line(exc.message)
+            raise
 
     def invoke(self, ctx: click.Context):
         # a command builds large acyclic structures once and exits: the cyclic collector would
@@ -29,7 +39,10 @@ class PlacerGroup(click.Group):
         try:
             return super().invoke(ctx)
         except PlacerError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(one_line(str(exc))) from None
+        except click.ClickException as exc:  # usage errors quote what the user typed
+            exc.message = one_line(exc.message)
+            raise
         except BrokenPipeError:  # e.g. `placer ... | head`: stdout is already detached (jsonio)
             raise SystemExit(1) from None
 

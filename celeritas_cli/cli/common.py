@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 
 import click
 
 from ..log import stderr_console, warn  # noqa: F401  (re-exported for the commands)
+from ..model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from ..model.io import DEFAULT_CLUSTER, load_cluster
 from ..model.jsonio import write_json
+from ..model.limits import TIME_MAX
 
 cluster_option = click.option(
     "--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
@@ -31,9 +34,67 @@ seed_option = click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=
 
 
 def positive_seconds(ctx, param, value):
-    """Click callback: a finite number of seconds > 0 (``nan`` and ``inf`` are usage errors)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise click.BadParameter(f"must be a finite number of seconds > 0, got {value}")
+    """Click callback: seconds, ``0 < S <= 1e12`` (``nan``, ``inf`` and the rest are usage errors)."""
+    if value is not None and not (math.isfinite(value) and 0 < value <= TIME_MAX):
+        raise click.BadParameter(f"must be a number of seconds > 0 and <= 1e12, got {value}")
+    return value
+
+
+def time_limit_seconds(ctx, param, value):
+    """Click callback of ``--time-limit``: seconds, ``0 <= S <= 1e12``, 0 = no
+    limit - the rule of every algorithm's ``time_limit``
+    (:func:`celeritas_cli.registry.time_limit_param`); ``nan``, ``inf`` and
+    the rest are usage errors (exit 2) naming the option."""
+    if value is not None and not (math.isfinite(value) and 0 <= value <= TIME_MAX):
+        raise click.BadParameter(f"must be a number of seconds from 0 (no limit) to 1e12, got {value}")
+    return value
+
+
+def time_limit_option(help: str):
+    """``--time-limit S`` (default: not given), checked by :func:`time_limit_seconds`."""
+    return click.option("--time-limit", type=float, default=None, metavar="S", callback=time_limit_seconds,
+                        help=help)
+
+
+def congestion_option(help: str, default: str | None = DEFAULT_CONGESTION):
+    """``--congestion RULE``, one of :data:`~celeritas_cli.model.congestion.CONGESTION_RULES`
+    (*default* None: not given, e.g. ``place``, where only a given flag reaches the algorithm)."""
+    return click.option("--congestion", type=click.Choice(CONGESTION_RULES), default=default,
+                        show_default=default is not None, help=help)
+
+
+# C0 and C1 control characters (newline, carriage return, tab, escape, ...), DEL, and Unicode's
+# line / paragraph separators: anything that would break a one-line message or drive a terminal
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def one_line(text: str) -> str:
+    """*text* with every control character escaped, so that an error stays
+    one line however odd the ids, file names, device ids or exception
+    messages it quotes (a node id with a newline, an ANSI escape in a
+    file name).  Newline, carriage return and tab read ``\\n``, ``\\r``,
+    ``\\t``; others ``\\xNN`` / ``\\uNNNN``; everything else, backslashes
+    included, is left as it is.  The CLI passes every error message through
+    it (:class:`celeritas_cli.cli.PlacerGroup`), so no command needs to.
+
+    Example
+    -------
+    >>> print(one_line("node 'a\\nb': line one\\r\\nline two\\x1b[31m"))
+    node 'a\\nb': line one\\r\\nline two\\x1b[31m
+    """
+
+    def escape(m: re.Match) -> str:
+        ch = m.group()
+        return _NAMED.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}")
+
+    return _CONTROL.sub(escape, text)
+
+
+def nonnegative_finite(ctx, param, value):
+    """Click callback: a finite number >= 0 (``nan``, ``inf`` and negatives are usage errors)."""
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise click.BadParameter(f"must be a finite number >= 0, got {value}")
     return value
 
 

@@ -17,8 +17,8 @@ from ..compare import (
 from ..compare.formats import CSV_DIGITS
 from ..log import warn
 from ..model.io import load_cluster
-from ..sim.simulator import CONGESTION_RULES
-from .common import parse_params, seed_option
+from ..sim.memory import RULES as MEMORY_RULES
+from .common import congestion_option, parse_params, seed_option, time_limit_option
 
 
 def _split_params(pairs: tuple[str, ...], algorithms: list[str]) -> tuple[dict, dict]:
@@ -80,9 +80,8 @@ def _algorithms(algos: str | None, exclude: str | None) -> list[str]:
 @click.option("--coarsen-param", "coarsen_params", multiple=True, metavar="KEY=VALUE",
               help="Coarsening parameter, repeatable.")
 @seed_option
-@click.option("--time-limit", type=float, default=None, metavar="S",
-              help="Per-cell limit: passed to algorithms taking time_limit; each phase of a cell that runs "
-                   "longer than S + 2 s + 10% is killed and reported as timeout.")
+@time_limit_option("Per-cell limit (0 = none): passed to algorithms taking time_limit; each phase of a cell "
+                   "that runs longer than S + 2 s + 10% is killed and reported as timeout.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
               help="Cells run in parallel (worker processes, or Ray tasks in flight).")
 @click.option("--executor", type=click.Choice(["auto", "process", "ray"]), default="auto", show_default=True,
@@ -90,11 +89,14 @@ def _algorithms(algos: str | None, exclude: str | None) -> list[str]:
                    "ray: a Ray cluster (extra [ray]).")
 @click.option("--ray-address", metavar="ADDR", default=None,
               help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray instance).")
-@click.option("--congestion", type=click.Choice(CONGESTION_RULES), default="channel", show_default=True,
-              help="Link rule of the simulator that judges every cell.  It is also passed as "
+@congestion_option("Link rule of the simulator that judges every cell.  It is also passed as "
                    "congestion=RULE to every algorithm that takes a congestion parameter (placer place --list), "
                    "so they plan for the link model they are judged under; an explicit -p [ALGO:]congestion=... "
                    "wins.  Algorithms without one keep their own model (heft: links without contention).")
+@click.option("--memory", type=click.Choice(MEMORY_RULES), default="time", show_default=True,
+              help="Memory rule of the simulator that judges every cell (OOM status): time (each device's peak "
+                   "along the schedule) or static (the per-device sum of memory_bytes, the seed papers' rule; "
+                   "also what graphs without resident_bytes get).  Algorithms keep their own rule.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="table: Celeritas Table 3/4 layout (cpd+X: X placed on the cpd coarse graph); json: one "
                    "row per line (NDJSON, full precision), streamed as cells finish; csv: one line per cell, "
@@ -133,6 +135,7 @@ def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_fail
       placer compare big/ -j 8 --time-limit 600 --format json -o runs.ndjson
       placer compare big/ --format json --resume runs.ndjson -o runs.ndjson
       placer compare big/ --executor ray --ray-address auto --format csv -o all.csv
+      placer compare g.json --algos m-topo,heft --memory static
     """
     _check_options(**options)
     algorithms = _algorithms(algos, exclude)
@@ -147,12 +150,10 @@ def compare(graphs, clusters, algos, exclude, params, coarsen_params, allow_fail
         raise SystemExit(1)
 
 
-def _check_options(retry_failed, resume, time_limit, plot, coarsen, **_):
-    """Usage errors (exit 2) in the options themselves."""
+def _check_options(retry_failed, resume, plot, coarsen, **_):
+    """Usage errors (exit 2) in the options themselves (--time-limit: :func:`.common.time_limit_seconds`)."""
     if retry_failed and not resume:
         raise click.UsageError("--retry-failed needs --resume FILE")
-    if time_limit is not None and time_limit <= 0:
-        raise click.BadParameter("must be > 0", param_hint="--time-limit")
     if plot and not plot.lower().endswith((".svg", ".png")):
         raise click.BadParameter("plot file must end in .svg or .png", param_hint="--plot")
     if coarsen is not None and coarsen not in registry.coarsener_names():

@@ -6,14 +6,7 @@ from __future__ import annotations
 
 import click
 
-from ..model.jsonio import write_bytes
-from .common import stderr_console
-from .run_cmd import (
-    check_exportable,
-    load_inputs,
-    parse_device_map,
-    placed_step_options,
-)
+from .placed_step import check_exportable, placed_step_options, prepare_step, write_source
 
 
 @click.command("export", context_settings={"max_content_width": 100})
@@ -38,25 +31,7 @@ def export(model, batch_size, config, placement_path, graph_path, cluster_path, 
       step = placed.PlacedStep(model)      # moves parameters and buffers to their devices
       loss = step(x, target=y)             # forward, backward and Adam, placed
     """
-    from ..profile.capture import require_torch
-
-    require_torch()
-    console = stderr_console()
-
-    def say(msg: str) -> None:
-        console.print(f"placer export: {msg}")
-
-    spec, batch, cfg, placement, label, graph, glabel, cluster = load_inputs(
-        model, batch_size, config, placement_path, graph_path, cluster_path, say)
-    from ..run.api import prepare
-    from ..run.export import export_source
-
-    pre = prepare(spec, batch, placement, cluster, label=label, config=cfg, graph=graph, graph_label=glabel,
-                  device_map=parse_device_map(device_map), seed=seed, progress=say)
-    check_exportable(pre, label)
-    src = export_source(pre.prog, cluster.ids, pre.tdev, graph=pre.sim_graph.name, cluster=cluster.name,
-                        label=label, algorithm=placement.algorithm)
-    write_bytes(src.encode(), output)
-    if output != "-":
-        say(f"wrote {output}: {len(pre.prog.sequence)} nodes on {len(pre.prog.devices)} device(s), "
-            f"{len(pre.prog.transfers)} copies")
+    pre, inp, say = prepare_step("export", model, batch_size, config, placement_path, graph_path, cluster_path,
+                                 device_map, seed)
+    check_exportable(pre, inp.label)
+    write_source(pre, inp, output, say)

@@ -9,20 +9,21 @@ import click
 from .. import registry
 from ..errors import InvalidInput
 from ..log import warn
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import cost_model
 from ..model.io import load_graph
-from ..optimize.search import clock_origin
 from ..sim.judge import attach_origin
 from ..sim.simulator import simulate
 from .common import (
     cluster_option,
+    congestion_option,
     emit,
     get_cluster,
     output_option,
     parse_params,
-    positive_seconds,
     seed_option,
     stdin_is_tty,
+    time_limit_option,
 )
 
 #: the algorithm of ``placer place`` without ``--algo``
@@ -52,9 +53,12 @@ def _list_algorithms() -> None:
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Algorithm parameter, repeatable (see --list for each algorithm's).")
 @seed_option
-@click.option("--time-limit", type=float, default=None, metavar="S", callback=positive_seconds,
-              help="Time limit in seconds for algorithms that take one (auto: 10 s by default; milp, "
-                   "hierarchical, ...).")
+@time_limit_option("Time limit in seconds for algorithms that take one (auto: 10 s by default; milp, "
+                   "hierarchical), counted from the start of the command, loading included; 0 = no limit. "
+                   "An explicit -p time_limit=S wins.")
+@congestion_option("Link rule the algorithm plans with (and --simulate judges with), for algorithms that take "
+                   "one (placer place --list); an explicit -p congestion=RULE wins. Default: the algorithm's "
+                   f"({DEFAULT_CONGESTION}).", default=None)
 @click.option("--simulate/--no-simulate", "do_simulate", default=False,
               help="Also simulate the result and print makespan / LB to stderr (on a coarse graph: labelled so, "
                    "plus the original graph's when meta.coarsened_from_file is readable).")
@@ -63,7 +67,8 @@ def _list_algorithms() -> None:
                    "file byte-identical for the same input and --seed.")
 @click.option("--list", "list_algos", is_flag=True, help="List the algorithms with their papers and exit.")
 @output_option
-def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate, timings, list_algos, output):
+def place(graph_path, algo, cluster_path, params, seed, time_limit, congestion, do_simulate, timings, list_algos,
+          output):
     """Place GRAPH (a graph or coarse graph file, - for stdin) on a cluster.
 
     Without --algo, auto searches for the best placement it can confirm with
@@ -78,7 +83,7 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate,
       placer place g.json --time-limit 60 --no-timings -o p.json
       placer coarsen g.json | placer place --algo adjusting > p.json
       placer place g.json --algo heft --cluster moirai-intra-server -o p.json
-      placer place coarse.json --algo milp --time-limit 30 -p congestion=port
+      placer place coarse.json --algo milp --time-limit 30 --congestion port
       placer place g.json --algo m-sct --seed 3 --no-timings   # byte-identical reruns
       placer place --list
     """
@@ -96,29 +101,27 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, do_simulate,
             raise click.UsageError("no GRAPH given and stdin is a terminal (use a file or pipe one in, e.g. "
                                    "`placer place g.json` or `placer coarsen g.json | placer place --algo adjusting`)")
         graph_path = "-"
-    raw = parse_params(params)
     entry = registry.get(algo)
-    if time_limit is not None:
-        if "time_limit" in entry.params:
-            raw["time_limit"] = time_limit
-        else:
-            warn(f"placer: --time-limit ignored: '{algo}' takes no time limit")
+    raw, left_out = registry.with_flags(entry, parse_params(params), time_limit=time_limit, congestion=congestion)
+    for line in left_out:
+        warn(f"placer: {line}")
+    entry.coerce(raw)  # a bad or out-of-range parameter says so before anything is loaded
     graph = load_graph(graph_path)
     cluster = get_cluster(cluster_path)
     if graph.is_coarse and (do_simulate or entry.uses_origin):
         attach_origin(graph)  # meta.coarsened_from_file, when readable
     costs = cost_model(graph, cluster)
-    with clock_origin(started):  # auto's --time-limit bounds the whole command, loading included
-        result = registry.place(graph, cluster, algo, seed=seed, params=raw, costs=costs)
+    # --time-limit bounds the whole command, loading included: the deadline counts from its start
+    result = registry.place(graph, cluster, algo, seed=seed, params=raw, costs=costs, started=started)
     if do_simulate:
-        _report(graph, cluster, algo, result, costs)
+        _report(graph, cluster, algo, result, costs, congestion or DEFAULT_CONGESTION)
     emit(result.to_dict(timings=timings), output)
 
 
-def _report(graph, cluster, algo: str, result, costs) -> None:
+def _report(graph, cluster, algo: str, result, costs, congestion: str) -> None:
     """``--simulate``: the judged makespan on stderr, labelled with the graph
     it holds for; for a coarse graph also the original graph's when known."""
-    report = simulate(graph, cluster, result, costs=costs)
+    report = simulate(graph, cluster, result, costs=costs, congestion=congestion)
     on = f" on the coarse graph '{graph.name}' ({graph.n} nodes)" if graph.is_coarse else ""
     warn(f"placer: {algo}: simulated makespan{on} {report['makespan_s']:.6g} s ({report['status']})"
          + _ratio(report) + f", placed in {result.placement_time_s:.3f} s")
@@ -128,7 +131,7 @@ def _report(graph, cluster, algo: str, result, costs) -> None:
         warn(f"placer: {algo}: these are the coarse graph's numbers; the original graph's makespan differs "
              f"(judge it with `placer simulate {graph.original_name}.json -P PLACEMENT`)")
         return
-    orig = simulate(graph.origin, cluster, result, costs=costs.for_graph(graph.origin))
+    orig = simulate(graph.origin, cluster, result, costs=costs.for_graph(graph.origin), congestion=congestion)
     warn(f"placer: {algo}: on the original graph '{graph.origin.name}' ({graph.origin.n} nodes): simulated "
          f"makespan {orig['makespan_s']:.6g} s ({orig['status']})" + _ratio(orig))
 

@@ -41,13 +41,18 @@ def _config(pairs: tuple[str, ...]) -> dict:
 
 @click.command("profile")
 @click.option("--model", "model", metavar="NAME|module:attr|file.py:attr", default=None,
-              help="Zoo model (inception_v3, nmt, transformer, tensor_holography, resnet50), or module:attr / "
+              help="Zoo model (inception_v3, nmt, transformer, tensor_holography, resnet50, gpt_1.3b, gpt_6.7b), "
+                   "or module:attr / "
                    "path/to/file.py:attr, a callable returning an nn.Module with example_inputs(batch) -> forward "
                    "args, and optionally example_target(batch) and loss(output, target) [needs torch].")
 @click.option("--batch-size", "-b", type=click.IntRange(min=1), default=None,
               help="Batch size to capture (default: the paper's, e.g. transformer 256, inception_v3 512).")
 @click.option("--phase", type=click.Choice(["training", "inference"]), default="training", show_default=True,
               help="Capture forward+loss+backward+Adam update, or the forward only.")
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default=None,
+              help="fp32, or mixed precision as torch.autocast trains: bf16/fp16 matmuls and attention priced at "
+                   "the tensor-core peak (x 0.60), fp32 master weights and Adam state, fp16 with a loss scale; "
+                   "meta.precision. Default: fp32, bf16 for the gpt_* zoo models.")
 @click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
               help="Constructor argument of the model, e.g. --config layers=4 --config seq=32.")
 @click.option("--batch-sizes", metavar="B1,B2,...", default=None,
@@ -79,14 +84,16 @@ def _config(pairs: tuple[str, ...]) -> dict:
               help="Nodes of the synthetic graph.")
 @seed_option
 @output_option
-def profile(model, batch_size, phase, config, batch_sizes, target_batch, measurements, measure, threads, comm_fit,
-            comm_bench, processes, synthetic, nodes, seed, output):
+def profile(model, batch_size, phase, precision, config, batch_sizes, target_batch, measurements, measure, threads,
+            comm_fit, comm_bench, processes, synthetic, nodes, seed, output):
     """Write a placer.graph/v1 file from a PyTorch model (or a synthetic
     graph), or a placer.cluster/v1 file from transfer measurements.
 
     \b
     Examples:
       placer profile --model transformer --batch-size 256 > transformer.json
+      placer profile --model gpt_1.3b -b 8 -o gpt.json.gz          # bf16, 24 layers, sequence 2048
+      placer profile --model transformer -b 64 --precision bf16 -o t_bf16.json
       placer profile --model transformer | placer coarsen - | placer place --algo adjusting
       placer profile --model resnet50 --batch-sizes 2,4,8 --target-batch 512 -o r50_b512.json
       placer profile --model tensor_holography -b 8 --batch-sizes 4,8 --measure --threads 1 -o th.json
@@ -100,7 +107,8 @@ def profile(model, batch_size, phase, config, batch_sizes, target_batch, measure
 
     Only the JSON document goes to stdout; progress and the fit report go to stderr.
     """
-    req = ProfileRequest(model=model, batch_size=batch_size, phase=phase, target_batch=target_batch,
+    req = ProfileRequest(model=model, batch_size=batch_size, phase=phase, precision=precision,
+                         target_batch=target_batch,
                          measurements=measurements, measure=measure, threads=threads, comm_fit=comm_fit,
                          comm_bench=comm_bench, processes=processes, synthetic=synthetic, nodes=nodes, seed=seed)
     if req.sources() == ["--model"] and processes is None:   # parsed only where they are used

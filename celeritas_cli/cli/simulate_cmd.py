@@ -5,9 +5,9 @@ from __future__ import annotations
 import click
 
 from ..model.io import bundled_cluster_names, load_graph, load_placement
-from ..sim.simulator import CONGESTION_RULES
+from ..sim.memory import RULES as MEMORY_RULES
 from ..sim.simulator import simulate as run_simulation
-from .common import emit, get_cluster, output_option
+from .common import congestion_option, emit, get_cluster, output_option
 
 
 def render_report(report: dict) -> None:
@@ -18,7 +18,9 @@ def render_report(report: dict) -> None:
     lb = report["lower_bound_s"]
     ratio = report["makespan_over_lb"]
     console.print(f"[bold]{report['graph']}[/] on [bold]{report['cluster']}[/] by {report['algorithm']} "
-                  f"(congestion: {report['congestion']})")
+                  f"(congestion: {report['congestion']}, memory rule: {report['memory_rule']})")
+    if report.get("memory_rule_note"):
+        console.print(f"note: {report['memory_rule_note']}", markup=False)
     console.print(f"makespan {report['makespan_s']:.6g} s   lower bound {lb:.6g} s   "
                   f"makespan/LB {ratio:.3f}   status {report['status']}" if ratio is not None else
                   f"makespan {report['makespan_s']:.6g} s   status {report['status']}")
@@ -26,14 +28,20 @@ def render_report(report: dict) -> None:
     if tight and tight != "path_and_work" and report.get("makespan_over_tight_lb") is not None:
         console.print(f"tighter lower bound {report['tight_lower_bound_s']:.6g} s ({tight})   "
                       f"makespan/LB {report['makespan_over_tight_lb']:.3f}", markup=False)
-    t = Table(title="devices")
-    for col in ("device", "type", "nodes", "busy (s)", "utilisation", "memory (GiB)", "capacity (GiB)", "OOM"):
+    t = Table(title=f"devices (memory: peak under the {report['memory_rule']} rule)")
+    for col in ("device", "type", "nodes", "busy s", "util", "idle s", "peak GiB", "at s", "static GiB",
+                "cap GiB", "OOM"):
         t.add_column(col, justify="right" if col not in ("device", "type") else "left")
     for d in report["devices"]:
-        t.add_row(d["id"], d["type"], str(d["nodes"]), f"{d['busy_s']:.6g}", f"{d['utilisation']:.1%}",
-                  f"{d['memory_bytes'] / 2**30:.2f}", f"{d['capacity_bytes'] / 2**30:.2f}",
+        t.add_row(d["id"], d["type"], str(d["nodes"]), f"{d['busy_s']:.4g}", f"{d['utilisation']:.1%}",
+                  f"{d['idle_s']:.4g}", f"{d['memory_bytes'] / 2**30:.2f}", f"{d['peak_at_s']:.4g}",
+                  f"{d['static_memory_bytes'] / 2**30:.2f}", f"{d['capacity_bytes'] / 2**30:.2f}",
                   "[red]OOM[/]" if d["oom"] else "")
     console.print(t)
+    for d in report["devices"]:
+        if d["oom"] and d["peak_live"]:
+            live = ", ".join(f"{x['node']} {x['bytes'] / 2**20:.1f} MiB {x['kind']}" for x in d["peak_live"])
+            console.print(f"{d['id']} at its peak holds {live}", markup=False)
     if report["links"]:
         lt = Table(title="links")
         for col in ("link", "transfers", "MiB", "busy (s)"):
@@ -44,6 +52,8 @@ def render_report(report: dict) -> None:
         console.print(lt)
     console.print(f"transfers: {report['transfers']['count']} ({report['transfers']['bytes'] / 2**20:.1f} MiB); "
                   f"critical path: {len(report['critical_path'])} nodes")
+    if report.get("mfu") is not None:
+        console.print(f"model FLOPs utilisation (MFU): {report['mfu']:.1%}")
 
 
 @click.command(context_settings={"max_content_width": 100})
@@ -53,24 +63,33 @@ def render_report(report: dict) -> None:
 @click.option("--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
               help="Cluster file or bundled name. Default: the placement's cluster if it is a bundled one, "
                    "else 4xV100-pcie.")
-@click.option("--congestion", type=click.Choice(CONGESTION_RULES), default="channel", show_default=True,
-              help="channel: one transfer at a time per directed link; port: one uplink and one downlink "
+@congestion_option("channel: one transfer at a time per directed link; port: one uplink and one downlink "
                    "per device; none: transfers overlap freely.")
 @click.option("--no-congestion", is_flag=True, help="Short for --congestion none.")
-@click.option("--gantt", metavar="FILE", help="Write a Gantt chart (.svg, or .png with matplotlib).")
-@click.option("--trace", metavar="FILE", help="Write a Chrome trace JSON (chrome://tracing, Perfetto).")
+@click.option("--memory", type=click.Choice(MEMORY_RULES), default="time", show_default=True,
+              help="time: each device's live memory along the schedule (resident state for the whole step, an "
+                   "activation until its last use, a received tensor until its last consumer finishes), OOM on "
+                   "the peak; static: the per-device sum of memory_bytes (the seed papers' rule).  A graph that "
+                   "declares no resident_bytes is judged by the static rule (the report says so).")
+@click.option("--gantt", metavar="FILE",
+              help="Write a Gantt chart (.svg, or .png with matplotlib), with each device's memory over time "
+                   "under the lanes.")
+@click.option("--trace", metavar="FILE",
+              help="Write a Chrome trace JSON (chrome://tracing, Perfetto), with memory counters per device.")
 @click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json", show_default=True,
               help="json: the placer.report/v1 document; table: a readable summary on stdout.")
 @output_option
-def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion, gantt, trace, fmt, output):
-    """Simulate a placement of GRAPH and report makespan, utilisation, memory,
-    transfers, the critical path and makespan / lower bound.
+def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion, memory, gantt, trace, fmt, output):
+    """Simulate a placement of GRAPH and report makespan, utilisation, memory
+    (each device's peak, when and what is live then), transfers, the
+    critical path and makespan / lower bound.
 
     \b
     Examples:
       placer simulate g.json --placement p.json --format table
       placer place g.json --algo heft | placer simulate g.json -P - --gantt g.svg
       placer simulate g.json -P p.json --congestion port --trace trace.json -o report.json
+      placer simulate g.json -P p.json --memory static --format table
     """
     if graph_path == "-" and placement_path == "-":
         raise click.UsageError("GRAPH and --placement cannot both be stdin")
@@ -87,17 +106,18 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
         cluster = get_cluster(cluster_path)
     label = "<stdin>" if placement_path == "-" else placement_path
     scheds: list = []
-    report = run_simulation(graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
+    report = run_simulation(graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds,
+                            memory=memory)
     sim_graph = scheds[0].graph  # the split graph when the placement carries one
     if gantt:
         from ..sim.gantt import write_gantt
 
         write_gantt(sim_graph, cluster, scheds[0], gantt, title=f"{report['graph']} / {report['algorithm']}",
-                    lower_bound=report["lower_bound_s"])
+                    lower_bound=report["lower_bound_s"], memory=report)
     if trace:
         from ..sim.gantt import write_trace
 
-        write_trace(sim_graph, cluster, scheds[0], trace)
+        write_trace(sim_graph, cluster, scheds[0], trace, memory=report)
     if fmt == "table":
         render_report(report)
         if output != "-":

@@ -64,7 +64,7 @@ from ..errors import InvalidInput, SolverError
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
-from ..model.limits import BYTES_MAX
+from ..model.limits import BYTES_MAX, COUNT_MAX
 from ..registry import Param, register_coarsener
 from ..scheduling.orders import cpd_topo
 from ..transform.contract import contract, is_acyclic
@@ -419,7 +419,7 @@ def split_heavy_units(graph: Graph, seq: Sequence[int], cluster_of: list[int], n
     "cpd", paper="Celeritas", section="5.1, Algorithm 1 (Eq. 4-6)",
     summary="CPD-TOPO order, optimal breakpoints within range R and memory M; clusters become coarse nodes.",
     params={"R": Param(int, 0, "exploration range: max nodes per cluster (0 = the paper's 200, lowered so "
-                               "that there are at least 3 coarse nodes per device)", min=0),
+                               "that there are at least 3 coarse nodes per device)", min=0, max=COUNT_MAX),
             "M": Param(float, 0.0, "memory cap per cluster: fraction of the smallest device memory "
                                    "if <= 1, else bytes (0 = 0.25, lowered to the packing bound)", min=0,
                        max=BYTES_MAX)})

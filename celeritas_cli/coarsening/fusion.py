@@ -35,6 +35,12 @@ Backward ops ("convolution_backward") match nothing.
 
 The rules come from the ``rules`` parameter: a JSON list of lists of
 types, given inline or as a path to a JSON file; default Table I.
+
+When nothing is fused, :func:`why_nothing_fused` says why on stderr.  The
+usual reason is a training graph: every forward output is also saved for
+the backward pass (conv -> bn and conv -> convolution_backward), so each
+link a rule would fuse is a multi-output connection, which III-B never fuses
+- Moirai fuses inference graphs.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import json
 import os
 
 from ..errors import InvalidInput
+from ..log import warn
 from ..model.cluster import Cluster
 from ..model.costs import CostModel
 from ..model.graph import Graph
@@ -146,6 +153,48 @@ def fusion_clusters(graph: Graph, rules: list[list[str]]) -> tuple[list[int], in
     return cluster_of, fused
 
 
+def why_nothing_fused(graph: Graph, rules: list[list[str]]) -> str:
+    """The reason no rule matched, for a graph where :func:`fusion_clusters`
+    fused nothing: no op of a rule's first type, or every path the rules
+    would fuse leaves through a multi-output connection (a training graph).
+
+    Example
+    -------
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("t", [{"id": "c", "op": "aten.convolution", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "b", "op": "aten.native_batch_norm", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "cb", "op": "aten.convolution_backward", "compute_s": 1, "memory_bytes": 0}],
+    ...           [{"src": "c", "dst": "b", "bytes": 1}, {"src": "c", "dst": "cb", "bytes": 1}])
+    >>> print(why_nothing_fused(g, DEFAULT_RULES))  # doctest: +ELLIPSIS
+    fusion fused nothing: 1 conv->bn link is a multi-output connection ... In a training graph ...
+    """
+    heads = [v for v in range(graph.n) if any(matches(r[0], graph.op[v]) for r in rules)]
+    first = sorted({r[0] for r in rules})
+    if not heads:
+        return (f"fusion fused nothing: no op of the rules' first type ({', '.join(first)}) in {graph.name}; "
+                f"give rules for its ops, e.g. -p rules='[[\"mm\",\"add\"]]', or use --method cpd")
+    blocked: dict[str, int] = {}
+    for v in heads:
+        for r in rules:
+            if matches(r[0], graph.op[v]) and len(graph.succ[v]) > 1 \
+                    and any(matches(r[1], graph.op[w]) for w in graph.succ[v]):
+                link = f"{r[0]}->{r[1]}"
+                blocked[link] = blocked.get(link, 0) + 1
+                break
+    if not blocked:
+        return (f"fusion fused nothing: {len(heads)} ops of the rules' first type ({', '.join(first)}) but no "
+                f"op sequence of a rule follows them in {graph.name}")
+    links = ", ".join(f"{n} {k}" for k, n in sorted(blocked.items(), key=lambda kv: -kv[1]))
+    one = sum(blocked.values()) == 1
+    training = graph.meta.get("phase") == "training" or any("backward" in op for op in graph.op)
+    why = (" In a training graph every forward output is also saved for the backward pass, so fusion (for "
+           "inference graphs) finds nothing: profile with --phase inference, or use --method cpd."
+           if training else "")
+    return (f"fusion fused nothing: {links} link{' is a' if one else 's are'} multi-output "
+            f"connection{'' if one else 's'} (the first op's output also feeds another op), which Moirai III-B "
+            f"never fuses.{why}")
+
+
 @register_coarsener("fusion", paper="Moirai", section="III-B Graph Coarsening, Table I, Algorithm 1",
                     summary="Fuse op-type sequences (conv+bn[+add]+relu) over direct/multi-input links only.",
                     params={"rules": Param(str, None, "fusion rules: JSON list of op-type lists, or a JSON file")})
@@ -163,7 +212,8 @@ def fusion(graph: Graph, cluster: Cluster, *, costs: CostModel | None = None, ru
     Returns
     -------
     Graph
-        The coarse graph (``meta.coarsening = "fusion"``, ``meta.fused_groups``).
+        The coarse graph (``meta.coarsening = "fusion"``, ``meta.fused_groups``);
+        when nothing was fused, stderr says why (:func:`why_nothing_fused`).
 
     Raises
     ------
@@ -187,6 +237,8 @@ def fusion(graph: Graph, cluster: Cluster, *, costs: CostModel | None = None, ru
     """
     parsed = parse_rules(rules)
     cluster_of, fused = fusion_clusters(graph, parsed)
+    if fused == 0 and graph.n:
+        warn(f"placer: {why_nothing_fused(graph, parsed)}")
     if not is_acyclic(graph, cluster_of):  # pragma: no cover - impossible by the docstring's argument
         raise RuntimeError("fusion coarsening produced a cycle")
     return contract(graph, cluster_of, method="fusion", extra_meta={"fused_groups": fused})

@@ -13,7 +13,6 @@ step time (docs/design.md: the simulator is the judge).
 from __future__ import annotations
 
 import contextlib
-import gzip
 import io
 import math
 import os
@@ -159,11 +158,10 @@ def _load(task: Task, graph_bytes: bytes | None):
     """The graph (cached by file stamp), its cache key, and the cluster."""
     from ..model.cluster import Cluster
     from ..model.graph import Graph
-    from ..model.jsonio import loads
+    from ..model.jsonio import loads, unpack
 
     if graph_bytes is not None:
-        if task.graph_file.endswith(".gz"):
-            graph_bytes = gzip.decompress(graph_bytes)
+        graph_bytes = unpack(graph_bytes, task.graph_file)  # gunzipped, within the size cap
         graph = Graph.from_dict(loads(graph_bytes, task.graph_file), task.graph_file)
         gkey: tuple = ("bytes", task.graph_file, len(graph_bytes))
     else:
@@ -208,7 +206,8 @@ def _simulate(task: Task, graph, cluster, placement, row: dict) -> None:
     from ..sim.simulator import simulate
 
     t0 = time.perf_counter()
-    report = simulate(graph, cluster, placement, congestion=task.congestion, label=f"{task.algorithm} placement")
+    report = simulate(graph, cluster, placement, congestion=task.congestion, label=f"{task.algorithm} placement",
+                      memory=task.memory)
     row["simulate_time_s"] = time.perf_counter() - t0
     devs = report["devices"]
     row.update(status=report["status"], makespan_s=report["makespan_s"], lower_bound_s=report["lower_bound_s"],

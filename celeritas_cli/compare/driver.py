@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 from .. import registry
 from ..errors import InvalidInput, MissingDependency
 from ..log import stderr_console, warn
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.jsonio import write_bytes
 from .executors import import_ray, run_tasks
 from .formats import render
@@ -103,7 +104,8 @@ class CompareOptions:
     coarsen_params: dict = field(default_factory=dict)
     seed: int = 0
     time_limit: float | None = None
-    congestion: str = "channel"
+    congestion: str = DEFAULT_CONGESTION
+    memory: str = "time"
     jobs: int = 1
     executor: str = "auto"
     ray_address: str | None = None
@@ -120,7 +122,7 @@ class CompareOptions:
         return dict(coarsen=self.coarsen, coarsen_params=self.coarsen_params, common_params=self.common_params,
                     per_algo_params=self.per_algo_params, seed=self.seed, time_limit=self.time_limit,
                     congestion=self.congestion, quick=self.quick, keep_placement=bool(self.plot),
-                    verbose=self.verbose)
+                    verbose=self.verbose, memory=self.memory)
 
 
 @dataclass

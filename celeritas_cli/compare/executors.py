@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import InvalidInput, MissingDependency
+from ..model.limits import wait_timeout
 from .cell import failed_row, phase_limit, run_cell
 from .tasks import Task
 
@@ -136,9 +137,8 @@ class _Pool:
         busy = [w for w in self.workers if w.task is not None]
         if not busy:
             return
-        timeout = min(w.deadline for w in busy) - time.monotonic()
-        ready = mp_wait([w.conn for w in busy] + [w.proc.sentinel for w in busy],
-                        timeout=None if timeout == math.inf else max(0.0, timeout))
+        timeout = min(w.deadline for w in busy) - time.monotonic()  # clamped: a wait of 1e7 s overflows poll()
+        ready = mp_wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=wait_timeout(timeout))
         now = time.monotonic()
         for i, w in enumerate(self.workers):
             task = w.task
@@ -259,7 +259,7 @@ def _ray_collect(ray, inflight: dict) -> Iterator[tuple[Task, dict]]:
     """Wait for one Ray cell or the next deadline; yield what finished or
     ran out of time (cancelled)."""
     soonest = min(d for _, d in inflight.values()) - time.monotonic()
-    done, _ = ray.wait(list(inflight), num_returns=1, timeout=None if soonest == math.inf else max(0.0, soonest))
+    done, _ = ray.wait(list(inflight), num_returns=1, timeout=wait_timeout(soonest))
     for ref in done:
         task, _ = inflight.pop(ref)
         try:

@@ -15,6 +15,7 @@ import orjson
 
 from .. import registry
 from ..errors import InvalidInput
+from ..model.jsonio import TooLarge, read_bytes
 from .rows import GRAPH_SCHEMA, natural_key
 
 # extra name -> module whose presence makes the extra importable
@@ -55,7 +56,8 @@ _SCHEMA_RE = re.compile(rb'"schema"\s*:\s*"([^"]*)"')
 def _schema_of(path: Path) -> str | None:
     """The document's ``"schema"`` tag, read from its first 64 KiB (our
     writers put it first) or, failing that, from the whole file; ``*.gz``
-    files are decompressed."""
+    files are decompressed (within the size cap: a file over it is an error,
+    not skipped)."""
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rb") as fh:
@@ -63,9 +65,10 @@ def _schema_of(path: Path) -> str | None:
         m = _SCHEMA_RE.search(head)
         if m:
             return m.group(1).decode("utf-8", "replace")
-        with opener(path, "rb") as fh:
-            doc = orjson.loads(fh.read())
-    except (orjson.JSONDecodeError, OSError, EOFError):
+        doc = orjson.loads(read_bytes(path))
+    except TooLarge:
+        raise
+    except (orjson.JSONDecodeError, OSError, EOFError, InvalidInput):
         return None
     return doc.get("schema") if isinstance(doc, dict) else None
 

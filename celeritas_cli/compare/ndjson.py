@@ -12,28 +12,42 @@ import orjson
 
 from ..errors import InvalidInput
 from ..log import warn
-from .rows import ROW_SCHEMA
+from ..model.jsonio import label_of, read_bytes, validate
+from .rows import ROW_SCHEMA, cell_key
 
 
 def read_rows(path: str | os.PathLike) -> list[dict]:
-    """Rows of a previous NDJSON output (``--format json``).  A truncated
-    last line (a killed run) is ignored; other bad lines are errors; a
-    missing file is an empty run (a script may always pass ``--resume``).
+    """Rows of a previous NDJSON output (``--format json``), each checked
+    field by field against ``schemas/compare_row.schema.json`` like any
+    input document.  A truncated last line (a killed run) is ignored; other
+    bad lines are errors; a missing file is an empty run (a script may
+    always pass ``--resume``).  When a cell has several rows (a resumed run
+    with ``--retry-failed`` appends the new row after the old one), the
+    last one stands.
 
     Raises
     ------
     InvalidInput
-        An unreadable file, or a line that is not a ``placer.compare/v1`` row.
+        An unreadable file, or a line that is not a valid ``placer.compare/v1``
+        row: ``"FILE: line 3: field seed: must be integer"``.
+
+    Example
+    -------
+    >>> import tempfile
+    >>> with tempfile.NamedTemporaryFile("w", suffix=".ndjson") as fh:
+    ...     _ = fh.write('{"schema": "placer.compare/v1", "graph": "g", "graph_file": "g.json", "cluster": "c", '
+    ...                  '"algorithm": "heft", "status": "OK", "makespan_s": "fast"}\\n')
+    ...     _ = fh.flush()
+    ...     read_rows(fh.name)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    celeritas_cli.errors.InvalidInput: ...ndjson: line 1: field makespan_s: must be number or null
     """
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:  # the first run of a script that always resumes
+    if str(path) != "-" and not os.path.lexists(path):  # the first run of a script that always resumes
         warn(f"placer: {path} does not exist yet, nothing to resume: running every cell")
         return []
-    except OSError as exc:
-        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from None
-    lines = data.split(b"\n")
-    rows = []
+    lines = read_bytes(path).split(b"\n")
+    label = label_of(path)
+    rows: dict[tuple, dict] = {}
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -42,11 +56,12 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
         except orjson.JSONDecodeError:
             if i == len(lines) or (i == len(lines) - 1 and not lines[-1].strip()):
                 continue  # the partial line a killed run may leave
-            raise InvalidInput(f"{path}: line {i} is not JSON (expected one {ROW_SCHEMA} row per line)") from None
-        if not isinstance(row, dict) or row.get("schema") != ROW_SCHEMA:
-            raise InvalidInput(f"{path}: line {i} is not a {ROW_SCHEMA} row")
-        rows.append(row)
-    return rows
+            raise InvalidInput(f"{label}: line {i} is not JSON (expected one {ROW_SCHEMA} row per line)") from None
+        validate(row, ROW_SCHEMA, f"{label}: line {i}")
+        key = cell_key(row)
+        rows.pop(key, None)  # a later row of the same cell replaces it (and takes its place in file order)
+        rows[key] = row
+    return list(rows.values())
 
 
 def row_line(row: dict) -> bytes:

@@ -23,6 +23,7 @@ import io
 import re
 
 from ..errors import MissingDependency
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.jsonio import write_bytes
 from ..sim.gantt import nice_ticks, tick_label
 from .formats import columns
@@ -285,7 +286,7 @@ def compare_png(rows: list[dict], algorithms: list[str], schedules: list | None 
     return buf.getvalue()
 
 
-def best_schedules(best: dict[tuple, dict], clusters: dict, congestion: str = "channel") -> list[tuple]:
+def best_schedules(best: dict[tuple, dict], clusters: dict, congestion: str = DEFAULT_CONGESTION) -> list[tuple]:
     """``(graph, cluster, schedule, title)`` of each best placement in *best*
     (``(graph file, cluster)`` -> row carrying its ``_placement``), in the
     order of the bar panels, simulated again on its graph (the split graph
@@ -306,7 +307,7 @@ def best_schedules(best: dict[tuple, dict], clusters: dict, congestion: str = "c
 
 
 def write_plot(path: str, rows: list[dict], algorithms: list[str], best: dict[tuple, dict], clusters: dict,
-               congestion: str = "channel") -> None:
+               congestion: str = DEFAULT_CONGESTION) -> None:
     """Write ``--plot``: bars for every cell and a Gantt chart per best
     placement found in this run (cells taken from ``--resume`` have no
     placement to draw); ``.png`` through matplotlib, else SVG.

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import registry
+from ..model.congestion import DEFAULT_CONGESTION
 from .rows import FAILED_STATUSES, cell_key
 
 
@@ -28,9 +29,10 @@ class Task:
     params: dict = field(default_factory=dict)
     seed: int = 0
     time_limit: float | None = None
-    congestion: str = "channel"
+    congestion: str = DEFAULT_CONGESTION
     keep_placement: bool = False
     verbose: bool = False
+    memory: str = "time"
 
     @property
     def key(self) -> tuple:
@@ -46,11 +48,11 @@ def algorithm_params(algo: str, common: dict[str, Any], per_algo: dict[str, dict
                      time_limit: float | None, quick: bool = False, congestion: str | None = None) -> dict[str, Any]:
     """Parameters for *algo*: its ``quick_params`` when *quick*, then the
     *common* ones it declares (others are ignored: they belong to other
-    algorithms), then ``per_algo[algo]`` (all must exist), and
-    ``time_limit`` when the algorithm declares such a parameter and none
-    was given.  *congestion* (the judge's link rule) goes to every
-    algorithm that declares a ``congestion`` parameter and was not given
-    one, so it plans for the link model it is judged under.
+    algorithms), then ``per_algo[algo]`` (all must exist), and the flags
+    ``time_limit`` and *congestion* (the judge's link rule, so it plans for
+    the link model it is judged under) where the algorithm declares them and
+    none was given (:func:`celeritas_cli.registry.with_flags`, as ``placer
+    place``).
 
     Raises
     ------
@@ -72,10 +74,7 @@ def algorithm_params(algo: str, common: dict[str, Any], per_algo: dict[str, dict
         out.update(entry.quick_params)
     out.update({k: v for k, v in common.items() if k in entry.params})
     out.update(per_algo.get(algo, {}))
-    if time_limit is not None and "time_limit" in entry.params and "time_limit" not in out:
-        out["time_limit"] = time_limit
-    if congestion is not None and "congestion" in entry.params and "congestion" not in out:
-        out["congestion"] = congestion
+    out, _ = registry.with_flags(entry, out, time_limit=time_limit, congestion=congestion)
     entry.coerce(out)  # reject unknown / ill-typed parameters before any cell runs
     return out
 
@@ -83,12 +82,13 @@ def algorithm_params(algo: str, common: dict[str, Any], per_algo: dict[str, dict
 def make_tasks(graph_files: list[str], clusters: list, algorithms: list[str], *,
                coarsen: str | None = None, coarsen_params: dict | None = None,
                common_params: dict | None = None, per_algo_params: dict | None = None,
-               seed: int = 0, time_limit: float | None = None, congestion: str = "channel",
-               quick: bool = False, keep_placement: bool = False, verbose: bool = False) -> list[Task]:
+               seed: int = 0, time_limit: float | None = None, congestion: str = DEFAULT_CONGESTION,
+               quick: bool = False, keep_placement: bool = False, verbose: bool = False,
+               memory: str = "time") -> list[Task]:
     """The cells, in (graph, cluster, algorithm) order.  *clusters* are
     :class:`~celeritas_cli.model.cluster.Cluster` objects.  Every cell is
-    judged under *congestion*, and algorithms with a ``congestion``
-    parameter plan for it (:func:`algorithm_params`).
+    judged under *congestion* and the memory rule *memory*, and algorithms
+    with a ``congestion`` parameter plan for it (:func:`algorithm_params`).
 
     Raises
     ------
@@ -105,7 +105,7 @@ def make_tasks(graph_files: list[str], clusters: list, algorithms: list[str], *,
             doc = cl.to_dict()
             for a in algorithms:
                 tasks.append(Task(gf, cl.name, doc, a, coarsen, dict(coarsen_params or {}), params[a], seed,
-                                  time_limit, congestion, keep_placement, verbose))
+                                  time_limit, congestion, keep_placement, verbose, memory))
     return tasks
 
 

@@ -13,6 +13,27 @@ ops (bn, relu, add) are short.  Tensor sizes are
 chosen so the CCR (Celeritas Eq. 1) on 4xV100 over PCIe is in the 20-50
 range the paper's Table 2 reports for real models.  The same ``(n, seed)``
 always gives the same graph.
+
+Memory over time (docs/design.md, "Node memory"): every node says its
+``pass`` (``forward``, ``backward``, ``update``) and its ``resident_bytes``.
+A heavy op's parameters, their gradient buffers and the two Adam moments
+(``4 x params`` in training, the parameters alone in inference) are
+resident: the synthetic model keeps its gradient buffers allocated across
+steps, as PyTorch DDP's gradient buckets do.  Everything else is an
+activation: a forward op's output (saved for its gradient op, so it lives
+until that op finishes), a gradient op's input gradient.  Updates hold
+nothing of their own.  ``meta.batch_size`` is 128 samples: the costs are
+those of one batch, and 128 divides into whole samples for every
+data-parallel and micro-batch split up to 128 ways (powers of two up to 16
+replicas times 8 micro-batches).
+
+Example
+-------
+>>> doc = layered_doc(8, seed=1)
+>>> doc["meta"]["batch_size"], sorted({nd["pass"] for nd in doc["nodes"]})
+(128, ['backward', 'forward', 'update'])
+>>> all(0 <= nd["resident_bytes"] <= nd["memory_bytes"] for nd in doc["nodes"])
+True
 """
 
 from __future__ import annotations
@@ -22,6 +43,8 @@ import random
 from .graph import GRAPH_SCHEMA, Graph
 
 MiB = 1024**2
+#: the batch the synthetic costs hold for (``meta.batch_size``, module docstring)
+BATCH_SIZE = 128
 
 HEAVY = ("aten.convolution", "aten.mm")
 LIGHT = ("aten.native_batch_norm", "aten.relu", "aten.add", "aten.gelu", "aten.layer_norm")
@@ -45,7 +68,7 @@ def layered_doc(n: int, seed: int = 0, *, training: bool = True, name: str | Non
         b.updates(nf, grad, n)
     return {"schema": GRAPH_SCHEMA, "name": name or f"layered_n{n}_s{seed}",
             "meta": {"source": f"synthetic layered n={n} seed={seed}",
-                     "phase": "training" if training else "inference"},
+                     "phase": "training" if training else "inference", "batch_size": BATCH_SIZE},
             "nodes": b.nodes, "edges": b.edges}
 
 
@@ -78,7 +101,7 @@ class _Builder:
         params = int(rng.lognormvariate(-0.3, 1.2) * MiB * self.memory_scale) if heavy else 0
         mem = act + (4 * params if self.training else params)  # weights, grads, 2 Adam moments
         self.nodes.append({"id": f"{op.split('.')[-1]}_{i}", "op": op, "compute_s": round(comp, 9),
-                           "memory_bytes": mem})
+                           "memory_bytes": mem, "resident_bytes": mem - act, "pass": "forward"})
         if heavy:
             self.nodes[-1]["splittable"] = ["batch", "channel"] if op == "aten.convolution" else ["batch"]
             self.nodes[-1]["batch_independent"] = {"memory_bytes": mem - act, "state_bytes": params}
@@ -125,7 +148,7 @@ class _Builder:
             base = nodes[v]
             nodes.append({"id": f"grad_{base['id']}", "op": base["op"] + "_backward",
                           "compute_s": round(base["compute_s"] * self.rng.uniform(1.5, 2.5), 9),
-                          "memory_bytes": out_bytes[v]})
+                          "memory_bytes": out_bytes[v], "resident_bytes": 0, "pass": "backward"})
             grad[v] = g
         for s, d in self.fwd_edges:
             # gradient flows d -> s; the gradient of s's output is as large as s's output
@@ -150,7 +173,7 @@ class _Builder:
             pbytes = max(1, (nodes[v]["memory_bytes"] - self.out_bytes[v]) // 4)
             u = {"id": f"update_{nodes[v]['id']}", "op": "aten._fused_adam",
                  "compute_s": round(self.rng.lognormvariate(-11.0, 0.5), 9), "memory_bytes": 0,
-                 "colocation": group}
+                 "resident_bytes": 0, "pass": "update", "colocation": group}
             nodes.append(u)
             self.edges.append({"src": nodes[grad[v]]["id"], "dst": u["id"], "bytes": pbytes, "tensor": "wgrad"})
 

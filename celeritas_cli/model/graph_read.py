@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..errors import InvalidInput
 from .jsonio import check_depth
 from .limits import BYTES_MAX, TIME_MAX
+from .residency import PASSES
 
 #: node fields with a column of their own; any other field is kept in ``extra``
 KNOWN_NODE_FIELDS = frozenset({"id", "op", "compute_s", "compute_by_type", "memory_bytes", "colocation",
@@ -89,8 +90,34 @@ def read_nodes(nodes: list[dict], label: str) -> NodeColumns:
             ex = {k: v for k, v in nd.items() if k not in known}
             for k, val in ex.items():
                 check_depth(val, label, f"node '{nid}' field {k}")
+            if "resident_bytes" in ex:
+                ex["resident_bytes"] = check_resident(ex["resident_bytes"], memory[-1], f"{label}: node '{nid}'")
+            if "pass" in ex and ex["pass"] not in PASSES:
+                raise InvalidInput(f"{label}: node '{nid}' field pass: must be {', '.join(PASSES[:-1])} or "
+                                   f"{PASSES[-1]}, got {ex['pass']!r}")
             extra.append(ex)
     return out
+
+
+def check_resident(value, memory: int, where: str) -> int:
+    """``resident_bytes`` of a node holding *memory* bytes: an integer
+    ``0 <= value <= memory`` (the schema checks the type and the sign; a
+    float of integer value is read as that integer).
+
+    >>> check_resident(3, 5, "g: node 'a'")
+    3
+    >>> check_resident(6, 5, "g: node 'a'")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    celeritas_cli.errors.InvalidInput: g: node 'a' field resident_bytes: 6 is more than its memory_bytes (5)...
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+        raise InvalidInput(f"{where} field resident_bytes: must be a whole number of bytes >= 0, got {value!r}")
+    value = int(value)
+    if value > memory:
+        raise InvalidInput(f"{where} field resident_bytes: {value} is more than its memory_bytes ({memory}); the "
+                           f"resident state is a part of the node's memory")
+    return value
 
 
 def read_edges(edges: list[dict], index: dict[str, int], label: str) -> EdgeColumns:

@@ -9,7 +9,10 @@ file (``/dev/null``, a FIFO) is written into directly, never replaced.
 
 JSON has no NaN or Infinity and placer's numbers must fit a double: a document
 with ``NaN``, ``Infinity`` or ``1e400`` is rejected with the node and field
-named.  Free-form fields (``meta``, ``params``, extra node fields) may nest at
+named.  One document is at most :func:`max_input_bytes` long (512 MiB, or
+``PLACER_MAX_INPUT_MB``), decompressed: a larger plain file is refused before
+it is read, a ``*.gz`` file (or stdin) as soon as that many bytes came out,
+so a gzip bomb costs at most the cap in memory.  Free-form fields (``meta``, ``params``, extra node fields) may nest at
 most :data:`MAX_DEPTH` levels, so whatever placer writes stays serialisable.
 """
 
@@ -22,6 +25,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 import tempfile
 import zlib
@@ -43,6 +47,7 @@ SCHEMAS = {
     "placer.run/v1": "run.schema.json",
     "placer.measurements/v1": "measurements.schema.json",
     "placer.comm_samples/v1": "comm_samples.schema.json",
+    "placer.compare/v1": "compare_row.schema.json",
 }
 
 #: Deepest nesting accepted in a free-form field (``meta``, ``params``, extra
@@ -57,25 +62,117 @@ def label_of(path: str | os.PathLike) -> str:
     return "<stdin>" if str(path) == "-" else str(path)
 
 
+class TooLarge(InvalidInput):
+    """A document longer than :func:`max_input_bytes` (decompressed)."""
+
+
+_ENV_CAP = "PLACER_MAX_INPUT_MB"
+_CHUNK = 1 << 20
+
+
+def max_input_bytes() -> int:
+    """The most bytes placer reads from one document: ``$PLACER_MAX_INPUT_MB``
+    megabytes (MiB) when set, else :data:`~.limits.INPUT_BYTES_MAX` (512 MiB).
+
+    Raises
+    ------
+    InvalidInput
+        ``PLACER_MAX_INPUT_MB`` is not a whole number >= 1.
+
+    Example
+    -------
+    >>> max_input_bytes() == limits.INPUT_BYTES_MAX or _ENV_CAP in os.environ
+    True
+    """
+    text = os.environ.get(_ENV_CAP, "").strip()
+    if not text:
+        return limits.INPUT_BYTES_MAX
+    if not text.isdigit() or not 1 <= int(text) <= 2**33:
+        raise InvalidInput(f"{_ENV_CAP}={text!r}: expected a whole number of megabytes (MiB) >= 1")
+    return int(text) << 20
+
+
+def _too_large(label: str, what: str, cap: int) -> TooLarge:
+    return TooLarge(f"{label}: {what} more than {cap >> 20} MiB, the most placer reads from one document; "
+                    f"set {_ENV_CAP} to a larger number of MiB if the file is meant to be this large")
+
+
+def _read_capped(fh, label: str, cap: int, what: str) -> bytes:
+    """All of *fh*, refused as soon as more than *cap* bytes came out (memory
+    stays within the cap plus a few 1 MiB chunks)."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = fh.read(_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > cap:
+            raise _too_large(label, what, cap)
+        chunks.append(chunk)
+
+
+def unpack(data: bytes, label: str) -> bytes:
+    """*data* as read from a file named *label*: gunzipped for ``*.gz``,
+    both within :func:`max_input_bytes` (for bytes that did not come
+    through :func:`read_bytes`, e.g. a graph shipped to a Ray worker).
+
+    Raises
+    ------
+    InvalidInput
+        Not valid gzip, or longer than the cap (:class:`TooLarge`).
+
+    Example
+    -------
+    >>> unpack(gzip.compress(b"{}"), "g.json.gz"), unpack(b"{}", "g.json")
+    (b'{}', b'{}')
+    """
+    cap = max_input_bytes()
+    if not label.endswith(".gz"):
+        if len(data) > cap:
+            raise _too_large(label, "is", cap)
+        return data
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb") as gz:
+            return _read_capped(gz, label, cap, "decompresses to")
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InvalidInput(f"{label}: not a valid gzip file: {exc}") from None
+
+
 def read_bytes(path: str | os.PathLike) -> bytes:
     """Read *path* (``-`` = stdin) whole, as bytes; ``*.gz`` files are
-    decompressed transparently."""
+    decompressed transparently.  At most :func:`max_input_bytes`: a larger
+    plain file is refused before it is read, a gzip file or stdin as soon as
+    that much came out.
+
+    Raises
+    ------
+    InvalidInput
+        No such file, a directory, unreadable, not valid gzip, or too large
+        (:class:`TooLarge`).
+    """
+    cap = max_input_bytes()
     if str(path) == "-":
-        return sys.stdin.buffer.read()
+        return _read_capped(sys.stdin.buffer, "<stdin>", cap, "is")
+    name = str(path)
     try:
-        data = Path(path).read_bytes()
-        if str(path).endswith(".gz"):
+        with open(path, "rb") as fh:
+            if not name.endswith(".gz"):
+                info = os.fstat(fh.fileno())
+                if stat.S_ISREG(info.st_mode) and info.st_size > cap:
+                    raise _too_large(name, f"is {info.st_size:,} bytes,", cap)
+                return _read_capped(fh, name, cap, "is")
             try:
-                data = gzip.decompress(data)
-            except (OSError, EOFError, zlib.error) as exc:
-                raise InvalidInput(f"{path}: not a valid gzip file: {exc}") from None
-        return data
+                with gzip.GzipFile(fileobj=fh, mode="rb") as gz:
+                    return _read_capped(gz, name, cap, "decompresses to")
+            except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+                raise InvalidInput(f"{name}: not a valid gzip file: {exc}") from None
     except FileNotFoundError:
-        raise InvalidInput(f"{path}: no such file") from None
+        raise InvalidInput(f"{name}: no such file") from None
     except IsADirectoryError:
-        raise InvalidInput(f"{path}: is a directory, expected a JSON file") from None
+        raise InvalidInput(f"{name}: is a directory, expected a JSON file") from None
     except OSError as exc:
-        raise InvalidInput(f"{path}: cannot read: {exc.strerror}") from None
+        raise InvalidInput(f"{name}: cannot read: {exc.strerror or exc}") from None
 
 
 def loads(data: bytes, label: str) -> Any:
@@ -239,7 +336,7 @@ def validate(doc: Any, schema_tag: str, label: str) -> dict:
         raise InvalidInput(f"{label}: expected a JSON object with \"schema\": \"{schema_tag}\"")
     tag = doc.get("schema")
     if tag != schema_tag:
-        if tag in SCHEMAS:
+        if isinstance(tag, str) and tag in SCHEMAS:  # a list or object tag is unhashable
             raise InvalidInput(f"{label}: is a {tag} document, expected {schema_tag}")
         raise InvalidInput(f"{label}: field schema is {tag!r}, expected \"{schema_tag}\"")
     try:

@@ -27,6 +27,11 @@ BANDWIDTH_MIN, BANDWIDTH_MAX = 1.0, 1e18
 #: Most devices in one cluster (so per-step transfer totals stay below 2^63 bytes).
 DEVICES_MAX = 1024
 
+#: Most bytes placer reads from one input document (a plain file, stdin, or a
+#: ``*.gz`` file once decompressed): 512 MiB, about 1.5 million nodes of a
+#: graph.  The environment variable ``PLACER_MAX_INPUT_MB`` overrides it.
+INPUT_BYTES_MAX = 512 << 20
+
 #: How the schemas' bounds read in messages (fastjsonschema prints the number).
 WORDS = {
     str(BYTES_MAX): "2^53-1 bytes (8 PiB)",
@@ -34,3 +39,26 @@ WORDS = {
     "1e-06": "1e-6", "1000000.0": "1e6", "1000000": "1e6",
     "1e+18": "1e18 B/s", "1000000000000000000": "1e18 B/s",
 }
+
+#: Largest value of an integer count parameter (evaluations, iterations, nodes, splits):
+#: 1e9, far beyond what any run reaches, so every count is exact and fits the int64 of the
+#: JSON writer (algorithms' ``Param(int, ..., max=...)``; issue 24, N01).
+COUNT_MAX = 10**9
+#: Longest single wait handed to a timer, a poll or a thread (1e6 s, about 11.6 days): the
+#: operating system's limits are far lower than TIME_MAX (``poll`` takes an int of
+#: milliseconds, a ``threading.Timer`` a ``time_t``), so waits are clamped to this and
+#: re-armed by the caller's loop (issue 24, N03).
+WAIT_MAX = 1e6
+
+
+def wait_timeout(seconds: float) -> float | None:
+    """*seconds* as a timeout for ``select`` / ``poll`` / ``Condition.wait``:
+    ``None`` (wait without limit) for ``inf``, else clamped to ``0..WAIT_MAX``
+    (the caller waits again when it wakes early).
+
+    >>> wait_timeout(float("inf")), wait_timeout(-1.0), wait_timeout(1e12)
+    (None, 0.0, 1000000.0)
+    """
+    if seconds == float("inf"):
+        return None
+    return min(max(0.0, seconds), WAIT_MAX)

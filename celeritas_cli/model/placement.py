@@ -12,13 +12,18 @@ and, when the algorithm placed a graph it derived from the input:
   replicas, ring all-reduce of the gradients,
   :mod:`celeritas_cli.transform.replicate`) and ``{"transform": "split",
   "node": id, "dim": "batch"|"channel", "n": n, "overhead_s": s}`` (one
-  operation split, :mod:`celeritas_cli.transform.splitting`).  ``base``
+  operation split, :mod:`celeritas_cli.transform.splitting`), and the
+  ``microbatch`` and ``recompute`` steps of pipelines
+  (:mod:`celeritas_cli.transform.microbatch`,
+  :mod:`celeritas_cli.transform.recompute`; docs/design.md, "Pipelines").  ``base``
   (``{"graph": name, "members": [[ids], ...]}``) is present when the
   algorithm's input was a coarse graph: its nodes' members, in order.
 * ``split_graph``: the derived graph document the assignment and order
   refer to.  Its nodes say what they are: replicas carry ``replica`` and
   ``origin``, ring all-reduce nodes ``allreduce`` (producer, tensor, phase,
-  step, chunk), split parts ``split_of`` and ``part``.
+  step, chunk), split parts ``split_of`` and ``part``, micro-batch copies
+  and gradient accumulations ``microbatch`` and ``origin``, recompute
+  clones ``recompute_of``.
 
 The simulator rebuilds the derived graph from the graph it is given and the
 recipe and rejects a ``split_graph`` that differs

@@ -8,7 +8,12 @@ minimises is exactly what ``placer simulate`` reports.  The score is the
 pair ``(overflow, makespan)`` compared lexicographically: ``overflow`` is
 the number of bytes over device memory summed over devices (0 for a
 feasible placement), so any feasible placement beats any infeasible one and
-among infeasible ones the one closer to fitting wins.
+among infeasible ones the one closer to fitting wins.  The device memory is
+the judge's: each device's peak under its memory rule
+(:func:`~celeritas_cli.sim.memory.peaks` on the realised schedule, the
+``time`` rule, for a graph that declares ``resident_bytes``; the static sum
+otherwise, or with ``memory="static"``), so a candidate the search calls
+feasible is one ``placer simulate`` reports OK.
 
 The budget is counted in evaluations (deterministic); the wall clock only
 caps it (:class:`Budget` records when it did, so the caller can say so).
@@ -25,8 +30,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
+from ..sim.memory import DEFAULT_RULE, applied_rule, peaks
 from ..sim.simulator import Schedule, run_schedule
 
 
@@ -143,12 +150,18 @@ class Evaluator:
     weight : float
         Size of *graph* relative to the input graph of the search (a derived
         graph, e.g. data-parallel replicas, costs more per simulation).
+    memory : str
+        The judge's memory rule the overflow is counted under (``"time"``,
+        the default, or ``"static"``; module docstring).  :meth:`loads`
+        stays the static sum (what a move adds or removes, for the
+        refinement's memory repair).
     """
 
     KEEP_SCHEDULES = 8
 
-    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel | None = None, congestion: str = "channel",
-                 budget: Budget | None = None, weight: float = 1.0):
+    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel | None = None,
+                 congestion: str = DEFAULT_CONGESTION, budget: Budget | None = None, weight: float = 1.0,
+                 memory: str = DEFAULT_RULE):
         self.graph = graph
         self.cluster = cluster
         self.costs = cost_model(graph, cluster, costs)
@@ -156,12 +169,29 @@ class Evaluator:
         self.budget = budget if budget is not None else Budget(1 << 62, None)
         self.weight = weight
         self.capacity = [d.memory for d in cluster.devices]
+        self.memory_rule = applied_rule(graph, memory)[0]
         self.scores: dict[bytes, Score] = {}
         self._schedules: OrderedDict[bytes, Schedule] = OrderedDict()
 
     def loads(self, device_of: Sequence[int]) -> list[int]:
         """Memory per device of ``device_of``."""
         return self.graph.memory_by(device_of, self.cluster.k)
+
+    def judged_overflow(self, device_of: Sequence[int], sched: Schedule) -> int:
+        """Bytes over capacity summed over devices under the judge's rule:
+        the static sums, or under the time rule the peaks of *sched*
+        (:func:`~celeritas_cli.sim.memory.peaks`), computed only when some
+        device's static sum plus the bytes it receives - a bound on its
+        peak - is over its capacity."""
+        load = self.loads(device_of)
+        if self.memory_rule == "time":
+            received = [0] * self.cluster.k
+            for tr in sched.transfers:
+                received[tr.dst_dev] += tr.nbytes
+            if any(a + r > c for a, r, c in zip(load, received, self.capacity)):
+                return self.overflow(peaks(self.graph, sched, self.cluster.k))
+            return 0
+        return self.overflow(load)
 
     def overflow(self, load: Sequence[int]) -> int:
         """Bytes over capacity, summed over devices."""
@@ -196,7 +226,7 @@ class Evaluator:
         sched = run_schedule(self.graph, self.cluster, device_of, order, congestion=self.congestion,
                              costs=self.costs)
         self.budget.sim_seconds += time.perf_counter() - t0
-        score = Score(self.overflow(self.loads(device_of)), sched.makespan)
+        score = Score(self.judged_overflow(device_of, sched), sched.makespan)
         self.scores[key] = score
         self._schedules[key] = sched
         if len(self._schedules) > self.KEEP_SCHEDULES:

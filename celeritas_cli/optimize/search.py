@@ -15,19 +15,21 @@ simulator in the loop, under one evaluation budget.
 The budget is counted in simulations (:class:`~celeritas_cli.optimize.evaluator.Budget`):
 ``evaluations`` when given, else derived from the time limit and the graph
 size alone (:func:`default_evaluations`), so the same input, seed and limit
-give the same answer; the wall clock only caps the search, and the result
-says when it did (``estimate.clock_cut``).
+give the same answer; the wall clock only caps the search - until the
+``deadline`` the caller passes (``placer place``: the command's start + the
+limit, :func:`celeritas_cli.registry.deadline`) - and the result says when
+it did (``estimate.clock_cut``).
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .. import registry
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..sim.simulator import lower_bound
@@ -40,27 +42,8 @@ from .refine import State, refine
 EVAL_RATE = 2.5e5
 #: share of the time limit the finishing steps may need (writing the answer)
 RESERVE = 0.04
-#: where the wall clock of ``time_limit`` started, when earlier than the search (see :func:`clock_origin`)
-_ORIGIN: ContextVar[float | None] = ContextVar("auto_clock_origin", default=None)
-
-
-@contextmanager
-def clock_origin(t0: float):
-    """Count ``time_limit`` from ``t0`` (a :func:`time.perf_counter` reading)
-    instead of from the start of the search, e.g. from the start of a
-    command, so loading the graph counts too.  The evaluation budget does not
-    change (it depends on the limit, not on the clock).
-
-    >>> import time
-    >>> with clock_origin(time.perf_counter() - 5.0):
-    ...     _ORIGIN.get() is not None
-    True
-    """
-    token = _ORIGIN.set(t0)
-    try:
-        yield
-    finally:
-        _ORIGIN.reset(token)
+#: auto's time limit in seconds; with time limit 0 (no wall clock) the budget is this one's
+DEFAULT_TIME_LIMIT = 10.0
 
 
 def default_evaluations(graph: Graph, time_limit: float) -> int:
@@ -114,19 +97,19 @@ class Search:
     """One run of the optimizer (see the module docstring)."""
 
     def __init__(self, graph: Graph, cluster: Cluster, *, costs: CostModel | None = None, seed: int = 0,
-                 time_limit: float = 10.0, evaluations: int = 0, congestion: str = "channel",
-                 algos: list[str] | None = None, log: Callable[[str], None] | None = None):
+                 time_limit: float = DEFAULT_TIME_LIMIT, evaluations: int = 0, congestion: str = DEFAULT_CONGESTION,
+                 algos: list[str] | None = None, log: Callable[[str], None] | None = None,
+                 deadline: float | None = None):
         self.t0 = time.perf_counter()
         self.graph, self.cluster, self.seed = graph, cluster, seed
         self.costs = cost_model(graph, cluster, costs)
-        self.time_limit = time_limit
+        self.time_limit = time_limit or DEFAULT_TIME_LIMIT  # what the counted budgets derive from
         self.congestion = congestion
         self.algos = algos
         self.log = log or (lambda msg: None)
-        limit = evaluations if evaluations > 0 else default_evaluations(graph, time_limit)
-        origin = _ORIGIN.get()
-        start = self.t0 if origin is None else min(origin, self.t0)
-        self.budget = Budget(limit, start + time_limit * (1.0 - RESERVE))
+        limit = evaluations if evaluations > 0 else default_evaluations(graph, self.time_limit)
+        end = deadline if deadline is not None else registry.deadline(time_limit, self.t0)
+        self.budget = Budget(limit, None if end is None else end - time_limit * RESERVE)
         self.main = _Problem(graph, cluster, self.costs, congestion, seed, self.budget)
         self.derived: dict[int, _Problem] = {}
         self.candidates: list[Candidate] = []

@@ -57,21 +57,22 @@ def synthetic(kind: str, nodes: int, seed: int = 0) -> dict:
 
 def capture_model(spec: str, batch: int, *, phase: str = "training", config: dict | None = None,
                   measure: bool = False, threads: int | None = None,
-                  progress: Callable[[str], None] | None = None) -> dict:
+                  progress: Callable[[str], None] | None = None, precision: str | None = None) -> dict:
     """Capture model *spec* (zoo name, ``module:attr`` or ``file.py:attr``:
-    :func:`.models.resolve_model`) at *batch*; optionally time every node on
-    the local device (:mod:`.measure`) with *threads* torch threads.
-    Whatever the model prints goes to stderr, never into the graph document
-    on stdout."""
+    :func:`.models.resolve_model`) at *batch* in *precision* (``fp32``,
+    ``bf16``, ``fp16``; default: the zoo entry's, else ``fp32``); optionally
+    time every node on the local device (:mod:`.measure`) with *threads*
+    torch threads.  Whatever the model prints goes to stderr, never into the
+    graph document on stdout."""
     from .capture import profile_model
 
     if not measure:
         with stdout_to_stderr():
-            return profile_model(spec, batch, phase=phase, config=config)
+            return profile_model(spec, batch, phase=phase, config=config, precision=precision)
     from .measure import measure_doc
 
     with stdout_to_stderr():
-        doc, tr = profile_model(spec, batch, phase=phase, config=config, keep_trace=True)
+        doc, tr = profile_model(spec, batch, phase=phase, config=config, keep_trace=True, precision=precision)
         summary = measure_doc(doc, tr, threads=threads, progress=progress)
     if progress:
         progress(f"measured {summary['measured']} nodes on {summary['device']} with {summary['threads']} "
@@ -84,7 +85,8 @@ def capture_model(spec: str, batch: int, *, phase: str = "training", config: dic
 
 def standard_evaluation(spec: str, batch_sizes: list[int], target: int, *, phase: str = "training",
                         config: dict | None = None, measure: bool = False, threads: int | None = None,
-                        progress: Callable[[str], None] | None = None) -> tuple[dict, dict | None, str]:
+                        progress: Callable[[str], None] | None = None,
+                        precision: str | None = None) -> tuple[dict, dict | None, str]:
     """Celeritas 4.2.1 step 1 on a PyTorch model: capture at small batches,
     fit per-node lines, predict the graph at *target*.
 
@@ -113,7 +115,7 @@ def standard_evaluation(spec: str, batch_sizes: list[int], target: int, *, phase
         if progress:
             progress(f"capturing {spec} at batch {b}")
         docs.append(capture_model(spec, b, phase=phase, config=config, measure=measure, threads=threads,
-                                  progress=progress))
+                                  progress=progress, precision=precision))
     base = docs[0]["name"].rsplit("_b", 1)[0]
     meas = measurements_from_graphs(docs, sizes, name=base)
     est = extrapolate(meas, target)
@@ -131,7 +133,7 @@ def standard_evaluation(spec: str, batch_sizes: list[int], target: int, *, phase
     if not measure:
         if progress:
             progress(f"capturing {spec} at batch {target} to check the fit")
-        actual = capture_model(spec, target, phase=phase, config=config)
+        actual = capture_model(spec, target, phase=phase, config=config, precision=precision)
         return est, deviation(est, actual), f"vs. a direct capture at batch {target}"
     loo = leave_one_out(meas)
     if loo is None:

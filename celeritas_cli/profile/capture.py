@@ -40,6 +40,11 @@ How a model becomes a graph (Celeritas 4.2.1 and 6.1; FastT section 4):
    backward node only the parameter gradients it produces (kept until the
    update); other backward outputs are transient and hold nothing for the
    whole step.  The forward part is everything traced up to the loss.
+   ``resident_bytes`` is the resident part (owned parameters and buffers,
+   optimizer state: held for the whole step); the rest of ``memory_bytes``
+   is activation (kept outputs, kept gradients).  ``pass`` is ``forward``
+   (model inputs and everything up to the loss), ``backward`` (after the
+   loss) or ``update`` (the optimizer nodes).
 6. Costs: FLOPs from ``torch.utils.flop_counter.flop_registry`` or
    :mod:`.flops`, bytes moved = inputs + outputs, then the roofline of
    :mod:`.devices` for every device type (``compute_by_type``);
@@ -54,6 +59,18 @@ How a model becomes a graph (Celeritas 4.2.1 and 6.1; FastT section 4):
    carrying the node's parameters to later readers).  ``splittable``
    (convolution: batch and channel; its backward and matmuls: batch) is
    only set on nodes reached from a model input.
+8. Precision (``--precision``, ``meta.precision``): ``fp32`` traces the
+   step as written.  ``bf16`` / ``fp16`` trace the forward and the loss
+   under ``torch.autocast`` (torch's automatic mixed precision, its CPU op
+   policy: matmuls, convolutions and attention on half tensors, other ops
+   in their input's type): parameters, their gradients and Adam's moments
+   stay fp32 (master weights), each weight is cast to a half copy where it
+   is used (an ``_to_copy`` node; its half output is an activation, kept
+   for the backward pass as autograd keeps it).  ``fp16`` adds the loss
+   scale of torch's ``GradScaler`` (the loss times :data:`LOSS_SCALE`, each
+   gradient times its inverse before the update: ``unscale_``); ``bf16``
+   needs none.  Half matmuls and attention are priced at the tensor-core
+   peak times :data:`celeritas_cli.model.devices.TENSOR_CORE_EFFICIENCY`.
 """
 
 from __future__ import annotations
@@ -68,6 +85,11 @@ from ..model import devices as dev
 from .flops import formula_flops, is_tensor_core_op, short
 from .models import resolve_model
 from .stepmap import FACTORY_OPS, VIEW_OPS, flat, map_trace, nbytes, outputs  # noqa: F401 (re-exported)
+
+#: ``--precision`` -> the autocast dtype (``None``: no autocast).
+PRECISIONS = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+#: fp16 loss scale: ``torch.amp.GradScaler``'s initial scale (2^16); the capture keeps it constant.
+LOSS_SCALE = 2.0**16
 
 SPLITTABLE = {"convolution": ["batch", "channel"], "convolution_backward": ["batch"],
               "mm": ["batch"], "addmm": ["batch"], "bmm": ["batch"], "baddbmm": ["batch"]}
@@ -112,9 +134,10 @@ class Trace:
     n_inputs: int
     has_target: bool
     grad_of: list[int] = field(default_factory=list)   # output k (after loss) -> param index
+    precision: str = "fp32"
 
 
-def trace_step(model, batch: int, phase: str = "training") -> Trace:
+def trace_step(model, batch: int, phase: str = "training", precision: str = "fp32") -> Trace:
     """Trace one step of *model* at *batch* with make_fx on fake tensors.
 
     Parameters
@@ -122,6 +145,7 @@ def trace_step(model, batch: int, phase: str = "training") -> Trace:
     model : an ``nn.Module`` built on the meta device (:func:`build_meta`).
     batch : batch size (>= 1; use >= 2 for the Standard Evaluation).
     phase : ``training`` (forward, loss, backward; optimizer added later) or ``inference``.
+    precision : ``fp32``, or ``bf16`` / ``fp16`` mixed precision (module docstring, point 8).
     """
     torch = require_torch()
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -131,6 +155,9 @@ def trace_step(model, batch: int, phase: str = "training") -> Trace:
         raise InvalidInput(f"--phase must be training or inference, got {phase!r}")
     if batch < 1:
         raise InvalidInput(f"--batch-size must be >= 1, got {batch}")
+    if precision not in PRECISIONS:
+        raise InvalidInput(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    half = getattr(torch, PRECISIONS[precision]) if PRECISIONS[precision] else None
     training = phase == "training"
     model.train(training)
     named_params = [(k, p) for k, p in model.named_parameters()]
@@ -147,15 +174,20 @@ def trace_step(model, batch: int, phase: str = "training") -> Trace:
 
     def step(params, buffers, inputs, target):
         state = dict(zip(names, list(params) + list(buffers)))
-        if not training:
-            with torch.no_grad():
-                return torch.func.functional_call(model, state, tuple(inputs))
-        out = torch.func.functional_call(model, state, tuple(inputs))
-        if hasattr(model, "loss"):
-            loss = model.loss(out, target)
-        else:
-            loss = (out if torch.is_tensor(out) else out[0]).float().mean()
+        with torch.autocast("cpu", dtype=half or torch.bfloat16, enabled=half is not None):
+            if not training:
+                with torch.no_grad():
+                    return torch.func.functional_call(model, state, tuple(inputs))
+            out = torch.func.functional_call(model, state, tuple(inputs))
+            if hasattr(model, "loss"):
+                loss = model.loss(out, target)
+            else:
+                loss = (out if torch.is_tensor(out) else out[0]).float().mean()
+        if precision == "fp16":            # GradScaler: a scaled loss, gradients unscaled before the update
+            loss = loss * LOSS_SCALE
         grads = torch.autograd.grad(loss, [params[i] for i in trainable], allow_unused=True)
+        if precision == "fp16":
+            grads = tuple(g if g is None else g * (1.0 / LOSS_SCALE) for g in grads)
         return [loss] + [g for g in grads]
 
     with mode:
@@ -165,7 +197,8 @@ def trace_step(model, batch: int, phase: str = "training") -> Trace:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise InvalidInput(f"tracing {type(model).__name__} at batch {batch} failed: {first}") from None
     return Trace(gm=gm, param_names=[k for k, _ in named_params], buffer_names=[k for k, _ in named_buffers],
-                 n_inputs=len(inputs), has_target=target is not None, grad_of=trainable)
+                 n_inputs=len(inputs), has_target=target is not None, grad_of=trainable,
+                 precision=precision)
 
 
 def _is_tensor(val) -> bool:
@@ -233,6 +266,8 @@ def trace_to_doc(tr: Trace, *, name: str, meta: dict, optimizer: str = "adam") -
                    kept=sum(sm.out_bytes[v][k] for k in sorted(kept_grad.get(v, ()))),
                    batch_dep=batch_dep[v], readers=state_readers.get(v), colocation=colocation.get(v))
     edges = _edges(sm, state_edges, state_bytes)
+    meta = dict(meta)
+    meta.setdefault("precision", tr.precision)
     return {"schema": GRAPH_SCHEMA, "name": name, "meta": _meta(meta, sm, state_bytes, state_numel),
             "nodes": nodes, "edges": edges}
 
@@ -328,13 +363,17 @@ def _fill_node(nd: dict, v: int, sm, *, optimizer: str, state_bytes, state_numel
     owned = sum(state_bytes[s] for s in refs if owner.get(s) == v)
     read = sum(state_bytes[s] for s in refs)  # own and others' parameters this node reads
     mem += owned
+    resident = owned
     if v in sm.opt_param:
-        mem += (2 if optimizer == "adam" else 0) * state_bytes[sm.opt_param[v]]
+        resident += (2 if optimizer == "adam" else 0) * state_bytes[sm.opt_param[v]]
+        mem += resident - owned
     flops, moved, dtype, tc = _work(nd, v, sm, optimizer, state_bytes, state_numel)
     by_type = dev.times_by_type(flops, moved, dtype=dtype, tensor_core_op=tc)
     nd["compute_s"] = by_type[dev.REFERENCE]
     nd["compute_by_type"] = by_type
     nd["memory_bytes"] = int(mem)
+    nd["resident_bytes"] = int(resident)
+    nd["pass"] = "update" if v in sm.opt_param else ("backward" if sm.backward_from <= v else "forward")
     if colocation is not None:
         nd["colocation"] = colocation
     split = SPLITTABLE.get(short(nd["op"]))
@@ -378,12 +417,18 @@ def _meta(meta: dict, sm, state_bytes, state_numel) -> dict:
         meta["unused_state_bytes"] = int(unowned)
     meta["cost_model"] = (f"roofline on {', '.join(dev.DEVICES)}; compute_s = {dev.REFERENCE} "
                           f"(celeritas_cli.model.devices)")
+    if meta.get("precision", "fp32") != "fp32":
+        meta["cost_model"] += (f"; {meta['precision']} matmuls and attention at "
+                               f"{dev.TENSOR_CORE_EFFICIENCY:.0%} of the tensor-core peak")
     return meta
 
 
 def profile_model(spec: str, batch: int, *, phase: str = "training", config: dict | None = None,
-                  name: str | None = None, optimizer: str = "adam", keep_trace: bool = False):
-    """Capture zoo model / ``module:attr`` *spec* at *batch* as a graph document.
+                  name: str | None = None, optimizer: str = "adam", keep_trace: bool = False,
+                  precision: str | None = None):
+    """Capture zoo model / ``module:attr`` *spec* at *batch* as a graph document,
+    in *precision* (``fp32`` / ``bf16`` / ``fp16``; default: the zoo entry's,
+    ``bf16`` for the GPTs, else ``fp32``).
 
     Returns
     -------
@@ -394,13 +439,21 @@ def profile_model(spec: str, batch: int, *, phase: str = "training", config: dic
         doc = profile_model("transformer", 256)
     """
     factory, base = resolve_model(spec, config)
+    precision = precision or default_precision(spec)
     model = build_meta(factory)
-    tr = trace_step(model, batch, phase)
-    meta = {"source": f"profile torch:{spec}", "phase": phase, "batch_size": batch}
+    tr = trace_step(model, batch, phase, precision)
+    meta = {"source": f"profile torch:{spec}", "phase": phase, "batch_size": batch, "precision": precision}
     if config:
         meta["config"] = dict(config)
     doc = trace_to_doc(tr, name=name or f"{base}_b{batch}", meta=meta, optimizer=optimizer)
     return (doc, tr) if keep_trace else doc
+
+
+def default_precision(spec: str) -> str:
+    """The precision a zoo model is captured in by default (``fp32`` for other models)."""
+    from .zoo import ZOO
+
+    return ZOO[spec].precision if spec in ZOO else "fp32"
 
 
 def graph_stats(doc: dict, cluster=None) -> dict:

@@ -66,9 +66,10 @@ ATTN_BWD = frozenset(("_scaled_dot_product_flash_attention_for_cpu_backward",
                       "_scaled_dot_product_fused_attention_overrideable_backward"))
 EMBED = frozenset(("embedding", "embedding_dense_backward", "index_select", "gather", "scatter_add",
                    "index_add", "index_put", "index", "_unsafe_index", "_unsafe_index_put", "embedding_bag"))
-#: Ops eligible for tensor cores (matmul/convolution family).
+#: Ops eligible for tensor cores (matmul/convolution family, fused attention kernels).
 TENSOR_CORE = frozenset(("mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward", "_convolution",
-                         "matmul", "linear", "cudnn_convolution", "_slow_conv2d_forward", "_scaled_mm"))
+                         "matmul", "linear", "cudnn_convolution", "_slow_conv2d_forward", "_scaled_mm")
+                        ) | ATTN_FWD | ATTN_BWD
 #: FLOPs per parameter element of one Adam step (m, v, bias correction, update).
 ADAM_FLOPS_PER_ELEMENT = 12
 
@@ -154,5 +155,5 @@ def formula_flops(op: str, in_shapes: list[Shape], out_shapes: list[Shape], *,
 
 
 def is_tensor_core_op(op: str) -> bool:
-    """True for matmul/convolution ops (they may run on tensor cores)."""
+    """True for matmul/convolution/fused-attention ops (they may run on tensor cores)."""
     return short(op) in TENSOR_CORE

@@ -31,6 +31,7 @@ class ProfileRequest:
     model: str | None = None
     batch_size: int | None = None
     phase: str = "training"
+    precision: str | None = None
     config: dict = field(default_factory=dict)
     batch_sizes: list[int] | None = None
     target_batch: int | None = None
@@ -59,6 +60,8 @@ class ProfileRequest:
         mode = modes[0]
         if self.processes is not None and mode != "--comm-bench":
             return "--processes goes with --comm-bench"
+        if self.precision is not None and mode != "--model":
+            return "--precision goes with --model"
         if mode == "--from-measurements" and self.target_batch is None:
             return "--from-measurements needs --target-batch"
         if mode == "--model" and self.batch_sizes is None and self.target_batch is not None:
@@ -118,7 +121,7 @@ def make(req: ProfileRequest, progress: Callable[[str], None] | None = None) -> 
         target = req.target_batch or req.batch_size or max(req.batch_sizes, default=0)
         doc, table, how = standard_evaluation(req.model, req.batch_sizes, target, phase=req.phase,
                                               config=req.config, measure=req.measure, threads=req.threads,
-                                              progress=say)
+                                              progress=say, precision=req.precision)
         return Profiled("graph", doc, table, how)
     return Profiled("graph", _capture(req, say))
 
@@ -136,9 +139,9 @@ def _capture(req: ProfileRequest, say: Callable[[str], None]) -> dict:
 
         batch_size = ZOO[req.model].paper_batch if req.model in ZOO else 32
         say(f"no --batch-size given, using {batch_size}")
-    say(f"capturing {req.model} ({req.phase}) at batch {batch_size}")
+    say(f"capturing {req.model} ({req.phase}{', ' + req.precision if req.precision else ''}) at batch {batch_size}")
     return capture_model(req.model, batch_size, phase=req.phase, config=req.config, measure=req.measure,
-                         threads=req.threads, progress=say)
+                         threads=req.threads, progress=say, precision=req.precision)
 
 
 def _fitted_cluster(req: ProfileRequest, say: Callable[[str], None]) -> dict:

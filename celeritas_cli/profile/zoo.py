@@ -15,6 +15,7 @@ transformer        Transformer, 12 layers (6 encoder + 6 decoder), 16 heads,  25
                    2048 hidden units, FFN 4x
 tensor_holography  30 conv layers x 24 filters (Shi et al. 2021), RGB-D in    32
 resnet50           ResNet-50 (He et al. 2016), 224x224, 1000 classes          256 (ours)
+gpt_1.3b, _6.7b    GPT decoders (:mod:`.gpt`), sequence 2048, bf16 (not Celeritas) 8, 16 (ours)
 =================  =========================================================  ===========
 
 Readings chosen where the paper is silent: the Transformer's "12 layers"
@@ -32,11 +33,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .gpt import GPT, GPT_SMALL
 
 
 class ZooModel(nn.Module):
@@ -163,8 +167,7 @@ class InceptionV3(ZooModel):
 
     def __init__(self, width: float = 1.0, image: int = 299, num_classes: int = 1000):
         super().__init__()
-        self.image = image
-        self.num_classes = num_classes
+        self.image, self.num_classes = image, num_classes
 
         def w(c: int) -> int:
             return max(1, int(round(c * width)))
@@ -236,8 +239,7 @@ class ResNet50(ZooModel):
         self.image = image
         self.stem = nn.Sequential(nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(width),
                                   nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1))
-        blocks = []
-        cin = width
+        blocks, cin = [], width
         for i, n in enumerate(layers):
             mid = width * 2**i
             for j in range(n):
@@ -258,16 +260,14 @@ class ResNet50(ZooModel):
 class Attention(nn.Module):
     def __init__(self, d: int, heads: int, fused: bool):
         super().__init__()
-        self.h = heads
-        self.fused = fused
+        self.h, self.fused = heads, fused
         self.q = nn.Linear(d, d)
         self.k = nn.Linear(d, d)
         self.v = nn.Linear(d, d)
         self.o = nn.Linear(d, d)
 
     def forward(self, x, mem, causal: bool):
-        b, s, d = x.shape
-        t = mem.shape[1]
+        (b, s, d), t = x.shape, mem.shape[1]
         dh = d // self.h
         q = self.q(x).view(b, s, self.h, dh).transpose(1, 2)
         k = self.k(mem).view(b, t, self.h, dh).transpose(1, 2)
@@ -286,8 +286,7 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, d: int, ff: int):
         super().__init__()
-        self.up = nn.Linear(d, ff)
-        self.down = nn.Linear(ff, d)
+        self.up, self.down = nn.Linear(d, ff), nn.Linear(ff, d)
 
     def forward(self, x):
         return self.down(F.dropout(F.relu(self.up(x)), 0.1, self.training))
@@ -369,7 +368,6 @@ class Transformer(Seq2SeqModel):
         return self.out(y)
 
 
-
 # ---------------------------------------------------------------------- NMT
 class LSTMCell(nn.Module):
     """One LSTM cell written out (gates = x W_ih^T + h W_hh^T + b), so the
@@ -405,8 +403,7 @@ class NMT(Seq2SeqModel):
         self.tgt_embed = nn.Embedding(vocab, hidden)
         self.enc = nn.ModuleList(LSTMCell(hidden, hidden) for _ in range(layers))
         self.dec = nn.ModuleList(LSTMCell(2 * hidden if i == 0 else hidden, hidden) for i in range(layers))
-        self.att_q = nn.Linear(hidden, hidden, bias=False)
-        self.att_k = nn.Linear(hidden, hidden, bias=False)
+        self.att_q, self.att_k = nn.Linear(hidden, hidden, bias=False), nn.Linear(hidden, hidden, bias=False)
         self.att_v = nn.Linear(hidden, 1, bias=False)
         self.out = nn.Linear(hidden, vocab)
 
@@ -434,7 +431,6 @@ class NMT(Seq2SeqModel):
 
         dec = self._run(self.dec, list(self.tgt_embed(tgt).unbind(1)), first_extra=attend)
         return self.out(torch.stack(dec, 1))
-
 
 
 # -------------------------------------------------------- Tensor Holography
@@ -476,13 +472,14 @@ class TensorHolography(ZooModel):
 # ---------------------------------------------------------------- registry
 @dataclass(frozen=True)
 class ZooEntry:
-    """One model of the zoo: factory, the paper's batch size, a tiny config for tests."""
+    """One model of the zoo: factory, the paper's batch size, a tiny config for tests, default precision."""
 
     factory: Callable[..., nn.Module]
     paper_batch: int
     summary: str
     small: dict = field(default_factory=dict)
     table2_nodes: int | None = None
+    precision: str = "fp32"
 
 
 ZOO: dict[str, ZooEntry] = {
@@ -496,4 +493,8 @@ ZOO: dict[str, ZooEntry] = {
                                   {"convs": 4, "filters": 4, "image": 16}, 3810),
     "resnet50": ZooEntry(ResNet50, 256, "ResNet-50, 224x224 (batch 256)",
                          {"width": 4, "layers": (1, 1, 1, 1), "image": 32, "num_classes": 10}, None),
+    "gpt_1.3b": ZooEntry(partial(GPT, "1.3b"), 8, "GPT 1.3B: 24 layers, hidden 2048, 16 heads, sequence 2048, bf16 "
+                         "(batch 8)", GPT_SMALL, precision="bf16"),
+    "gpt_6.7b": ZooEntry(partial(GPT, "6.7b"), 16, "GPT 6.7B: 32 layers, hidden 4096, 32 heads, sequence 2048, bf16 "
+                         "(batch 16)", GPT_SMALL, precision="bf16"),
 }

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidInput
+from ..model.congestion import DEFAULT_CONGESTION
+from .checks import check_graph_file, default_device_map, dist_backend
 
 
 def dp_recipe(placement, label: str) -> dict | None:
@@ -82,13 +84,12 @@ class DPPrepared:
 
 
 def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label: str, config: dict | None,
-               graph=None, graph_label: str = "graph", device_map=None, seed: int = 0, congestion: str = "channel",
-               progress=None, step=None) -> DPPrepared:
+               graph=None, graph_label: str = "graph", device_map=None, seed: int = 0,
+               congestion: str = DEFAULT_CONGESTION, progress=None, step=None) -> DPPrepared:
     """Capture the step at the graph's batch (to simulate and check the placement) and at the
     replica batch (to run), cut the global batch into shards, and find each replica's device."""
     from ..model.graph import Graph
     from ..sim.simulator import simulate
-    from .api import check_graph_file, default_device_map
     from .step import capture_real, example_batch
 
     say = progress or (lambda msg: None)
@@ -262,6 +263,7 @@ def dp_rank_main(rank: int, job: dict) -> dict:
     import torch
     import torch.distributed as dist
 
+    from .dist import timed_steps
     from .executor import LocalChannel, Runner
     from .program import Program
     from .step import capture_real
@@ -281,23 +283,9 @@ def dp_rank_main(rank: int, job: dict) -> dict:
     first = runner.step()
     out: dict[str, Any] = {"rank": rank, "device": me, "loss": first["loss"].detach().cpu(),
                            "params": {p: t.detach().cpu() for p, t in runner.params().items()},
-                           "allreduce_bytes": ar.bytes, "walls": [], "busy": [], "cpu": []}
-    if timed:
-        from .timing import host
-
-        out.update(host=host(), timing=[])
-    for i in range(job["warmup"] - 1 + job["steps"]):
-        dist.barrier()
-        ar.take_events()
-        res = runner.step()
-        if i >= job["warmup"] - 1:
-            out["walls"].append(res["wall_s"])
-            out["busy"].append(res["busy"][me])
-            out["cpu"].append(res["cpu"][me])
-            if timed:
-                from .timing import record
-
-                out["timing"].append(record(res, ar.take_events()))
+                           "allreduce_bytes": ar.bytes}
+    out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=dist.barrier,
+                           events=ar.take_events))
     return out
 
 
@@ -331,8 +319,7 @@ def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmu
                     params=adam_reference(pre.step, {p: t / pre.k for p, t in grads.items()}, ADAM),
                     rng_states={}, device=ref_dev)
     ranks = pre.devices
-    cuda = [pre.tdev[d] for d in ranks if pre.tdev[d].startswith("cuda")]
-    backend = "nccl" if len(cuda) == len(ranks) and len(set(cuda)) == len(cuda) else "gloo"
+    backend = dist_backend(pre.tdev, ranks)
     job = {"spec": pre.step.spec, "batch": pre.replica_batch, "config": pre.step.config, "seed": pre.step.seed,
            "ids": pre.step.sm.ids, "sequence": pre.sequence, "ranks": ranks, "torch_devices": pre.tdev,
            "rank_devices": {r: pre.tdev[d] for r, d in enumerate(ranks)}, "dist_backend": backend,

@@ -27,7 +27,7 @@ step) has.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import InvalidInput
 from ..profile.launch import launch, worker_main
@@ -173,6 +173,38 @@ def _completed(work) -> bool | None:
 
 
 # ------------------------------------------------------------------ ranks
+def timed_steps(runner, me: int, *, warmup: int, steps: int, barrier: Callable[[], None],
+                events: Callable[[], list] | None = None) -> dict:
+    """The loop every rank runs after its first (checked) step - here and in
+    :mod:`.data_parallel`: ``warmup - 1`` more warm-up steps, then *steps*
+    timed ones, each after *barrier* (the ranks start every step together).
+    Returns ``{"walls": [...], "busy": [...], "cpu": [...]}`` of the timed
+    steps on device *me* (wall, busy and CPU seconds per step); with the
+    runner's ``node_times`` also ``host`` and ``timing`` (one
+    :func:`.timing.record` per timed step, with the events *events* returns:
+    data parallelism's all-reduces)."""
+    out: dict[str, Any] = {"walls": [], "busy": [], "cpu": []}
+    timed = getattr(runner, "node_times", False)
+    if timed:
+        from .timing import host
+
+        out.update(host=host(), timing=[])
+    for i in range(warmup - 1 + steps):
+        barrier()
+        if events is not None:
+            events()                                  # drop the previous step's
+        res = runner.step()
+        if i >= warmup - 1:
+            out["walls"].append(res["wall_s"])
+            out["busy"].append(res["busy"][me])
+            out["cpu"].append(res["cpu"][me])
+            if timed:
+                from .timing import record
+
+                out["timing"].append(record(res, events() if events is not None else ()))
+    return out
+
+
 def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
     """Everything one rank does: capture (unless *step* is given), build the
     program, run ``1 + warmup + steps`` steps, return its results.
@@ -198,31 +230,15 @@ def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
     rank_of = {d: r for r, d in enumerate(job["ranks"])}
     channel = DistChannel(prog, peers or Peers(), rank_of, me, dev, prepost=job["dist_backend"] == "gloo",
                           stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda")
-    timed = bool(job.get("node_times"))
     runner = Runner(prog, {me: dev}, [me], channel, rng_states=job["rng_states"], adam=job.get("adam"),
-                    node_times=timed)
-    barrier = (peers or Peers()).barrier
+                    node_times=bool(job.get("node_times")))
     first = runner.step()
     loss = first["loss"]
     out: dict[str, Any] = {"rank": rank, "device": me,
                            "loss": None if loss is None else loss.detach().cpu(),
                            "params": {p: t.detach().cpu() for p, t in runner.params().items()},
-                           "link": {k: list(v) for k, v in channel.link.items()}, "walls": [], "busy": [], "cpu": []}
-    if timed:
-        from .timing import host
-
-        out.update(host=host(), timing=[])
-    for i in range(job["warmup"] - 1 + job["steps"]):
-        barrier()
-        res = runner.step()
-        if i >= job["warmup"] - 1:
-            out["walls"].append(res["wall_s"])
-            out["busy"].append(res["busy"][me])
-            out["cpu"].append(res["cpu"][me])
-            if timed:
-                from .timing import record
-
-                out["timing"].append(record(res))
+                           "link": {k: list(v) for k, v in channel.link.items()}}
+    out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=(peers or Peers()).barrier))
     return out
 
 

@@ -10,6 +10,13 @@ a colour each, the rest share "other ops", and a legend under the chart says
 which is which (with each type's share of the busy time).  Given the
 simulator's lower bound (docs/design.md, simulator item 6), a dashed line
 marks it, labelled, and the subtitle gives makespan / LB.
+
+Given the simulation report (``memory=report``: its ``memory_timeline``,
+``memory_rule`` and per-device ``capacity_bytes``), a small lane per device
+under the others draws its live memory over time (the judge's rule,
+:mod:`celeritas_cli.sim.memory`), scaled to the larger of its capacity and
+its peak, with the capacity as a dashed line (red when the peak is over
+it); the Chrome trace gets one memory counter per device.
 """
 
 from __future__ import annotations
@@ -29,7 +36,10 @@ PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b
 OTHER_OPS = "#dcdcdc"
 TRANSFER = "#7f7f7f"
 LOWER_BOUND = "#b2182b"
+MEMORY = "#4e79a7"
+CAPACITY = "#555555"
 LEGEND_COLUMNS = 4
+MEMORY_ROW_H = 34
 
 
 def nice_ticks(vmax: float, max_intervals: int = 6) -> list[float]:
@@ -133,19 +143,90 @@ def op_colours(graph: Graph, sched) -> tuple[dict[str, str], dict[str, float]]:
     return {op: (PALETTE[i] if i < keep else OTHER_OPS) for i, op in enumerate(ranked)}, busy
 
 
-def gantt_svg(graph: Graph, cluster: Cluster, sched, title: str = "", lower_bound: float | None = None) -> str:
+def memory_lanes(cluster: Cluster, report: dict | None) -> list[tuple[str, list, int, int]]:
+    """``(device id, [[t, bytes], ...], capacity, peak)`` per device from a
+    simulation report's ``memory_timeline`` (none without a report)."""
+    if not report or not report.get("memory_timeline"):
+        return []
+    timeline, devs = report["memory_timeline"], {d["id"]: d for d in report.get("devices", [])}
+    out = []
+    for dv in cluster.devices:
+        pts = timeline.get(dv.id) or [[0.0, 0]]
+        peak = devs[dv.id]["memory_bytes"] if dv.id in devs else max(b for _, b in pts)
+        out.append((dv.id, pts, dv.memory, peak))
+    return out
+
+
+def lane_scale(capacity: int, peak: int) -> tuple[float, bool]:
+    """``(top of the lane in bytes, whether the capacity line is on it)``:
+    the capacity when the peak is at least a quarter of it, else 1.15 x
+    the peak (the capacity is then off the lane, and its label says so), so
+    the shape of a small footprint stays visible.
+
+    >>> lane_scale(100, 50), lane_scale(100, 20), lane_scale(100, 0)
+    ((100.0, True), (23.0, False), (100.0, True))
+    """
+    if peak <= 0 or peak >= capacity / 4:
+        return float(max(capacity, peak, 1)), True
+    return max(1.15 * peak, 1.0), False
+
+
+def _step_path(pts: list, end: float, x0: float, scale: float, y0: float, h: float, ymax: float) -> str:
+    """SVG points of a step function from its ``[t, bytes]`` points to *end*."""
+    out = []
+    for i, (t, b) in enumerate(pts):
+        t_next = pts[i + 1][0] if i + 1 < len(pts) else max(end, t)
+        y = y0 + h - h * b / ymax
+        out.append(f"{x0 + t * scale:.2f},{y:.2f} {x0 + t_next * scale:.2f},{y:.2f}")
+    return " ".join(out)
+
+
+def _memory_svg(lanes: list, y_start: float, left: float, inner: float, scale: float, end: float,
+                rule: str) -> list[str]:
+    out = [f'<text x="10" y="{y_start - 2:.0f}" font-size="10" fill="#555">memory ({html.escape(rule)} rule)</text>']
+    h = MEMORY_ROW_H - 8
+    for i, (dev_id, pts, cap, peak) in enumerate(lanes):
+        y = y_start + i * MEMORY_ROW_H
+        ymax, cap_on = lane_scale(cap, peak)
+        over = peak > cap
+        out.append(f'<text x="10" y="{y + 12}">{html.escape(dev_id)}</text>'
+                   f'<text x="10" y="{y + 24}" font-size="9" fill="{LOWER_BOUND if over else "#555"}">'
+                   f'peak {peak / 2**30:.3g} / {cap / 2**30:.3g} GiB</text>')
+        out.append(f'<rect x="{left}" y="{y}" width="{inner}" height="{h}" fill="#f8f8f8"/>')
+        out.append(f'<polyline fill="none" stroke="{MEMORY}" stroke-width="1.2" '
+                   f'points="{_step_path(pts, end, left, scale, y, h, ymax)}"><title>{html.escape(dev_id)}: '
+                   f'peak {peak} bytes</title></polyline>')
+        if cap_on:
+            yc = y + h - h * cap / ymax
+            out.append(f'<line x1="{left}" y1="{yc:.2f}" x2="{left + inner}" y2="{yc:.2f}" '
+                       f'stroke="{LOWER_BOUND if over else CAPACITY}" stroke-dasharray="4,3">'
+                       f'<title>capacity {cap} bytes</title></line>')
+        else:
+            out.append(f'<text x="{left + inner - 4}" y="{y + 9}" text-anchor="end" font-size="9" fill="#555">'
+                       f'capacity {cap / 2**30:.3g} GiB, above the lane</text>')
+    return out
+
+
+def gantt_svg(graph: Graph, cluster: Cluster, sched, title: str = "", lower_bound: float | None = None,
+              memory: dict | None = None) -> str:
     """An SVG Gantt chart of *sched* (a :class:`~celeritas_cli.sim.simulator.Schedule`),
-    with a dashed line at *lower_bound* seconds when it is given."""
+    with a dashed line at *lower_bound* seconds when it is given and a
+    memory lane per device when *memory* (the simulation report) is."""
     rows = _rows(graph, cluster, sched)
+    lanes = memory_lanes(cluster, memory)
     colours, _ = op_colours(graph, sched)
     legend = legend_entries(graph, sched)
     if lower_bound and lower_bound > 0:
         legend.append((f"lower bound {lower_bound:.4g} s", LOWER_BOUND))
+    if lanes:
+        legend.append(("live memory", MEMORY))
+        legend.append(("device capacity", CAPACITY))
     width, left, right, row_h, top = 1200, 150, 40, 22, 58
     ticks = nice_ticks(max(sched.makespan, lower_bound or 0.0))
     factor, unit = time_unit(ticks[-1])
     scale = (width - left - right) / ticks[-1]
-    axis_y = top + row_h * len(rows)
+    mem_y = top + row_h * len(rows) + 14
+    axis_y = top + row_h * len(rows) + (14 + MEMORY_ROW_H * len(lanes) if lanes else 0)
     legend_y = axis_y + 50
     height = legend_y + 20 * ((len(legend) + LEGEND_COLUMNS - 1) // LEGEND_COLUMNS) + 10
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -169,6 +250,9 @@ def gantt_svg(graph: Graph, cluster: Cluster, sched, title: str = "", lower_boun
             colour = TRANSFER if op == "transfer" else colours[op]
             out.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row_h - 4}" fill="{colour}">'
                        f'<title>{html.escape(name)} ({html.escape(op)}) {s:.6g}–{e:.6g} s</title></rect>')
+    if lanes:
+        out.extend(_memory_svg(lanes, mem_y, left, width - left - right, scale, sched.makespan,
+                               str(memory.get("memory_rule", "time"))))
     if lower_bound and lower_bound > 0:
         x = left + lower_bound * scale
         anchor, dx = ("end", -4) if x > left + (width - left - right) / 2 else ("start", 4)
@@ -184,6 +268,26 @@ def gantt_svg(graph: Graph, cluster: Cluster, sched, title: str = "", lower_boun
                    f'<text x="{x + 16}" y="{y}">{html.escape(label)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def draw_memory(axes, cluster: Cluster, sched, report: dict) -> None:
+    """Draw each device's memory lane (:func:`memory_lanes`) on its own
+    matplotlib axis of *axes* (one per device, sharing the time axis of the
+    chart): the live memory in GiB as a step line, the capacity dashed."""
+    factor, _ = time_unit(nice_ticks(sched.makespan)[-1])
+    for ax, (dev_id, pts, cap, peak) in zip(axes, memory_lanes(cluster, report)):
+        ts = [t * factor for t, _ in pts] + [max(sched.makespan, pts[-1][0]) * factor]
+        ys = [b / 2**30 for _, b in pts] + [pts[-1][1] / 2**30]
+        ymax, cap_on = lane_scale(cap, peak)
+        ax.step(ts, ys, where="post", color=MEMORY, linewidth=1.0)
+        if cap_on:
+            ax.axhline(cap / 2**30, color=LOWER_BOUND if peak > cap else CAPACITY, linestyle="--", linewidth=1.0)
+        else:
+            ax.text(0.995, 0.92, f"capacity {cap / 2**30:.3g} GiB, above the lane", transform=ax.transAxes,
+                    ha="right", va="top", fontsize=7, color="#555")
+        ax.set_ylim(0, ymax / 2**30 * 1.05)
+        ax.set_ylabel(dev_id, rotation=0, ha="right", va="center", fontsize=8)
+        ax.tick_params(labelsize=7)
 
 
 def draw_gantt(ax, graph: Graph, cluster: Cluster, sched, title: str = "",
@@ -215,8 +319,11 @@ def draw_gantt(ax, graph: Graph, cluster: Cluster, sched, title: str = "",
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
 
 
-def gantt_png(graph: Graph, cluster: Cluster, sched, title: str = "", lower_bound: float | None = None) -> bytes:
-    """The chart of :func:`draw_gantt` as PNG bytes (matplotlib, the ``plot`` extra).
+def gantt_png(graph: Graph, cluster: Cluster, sched, title: str = "", lower_bound: float | None = None,
+              memory: dict | None = None) -> bytes:
+    """The chart of :func:`draw_gantt` as PNG bytes (matplotlib, the ``plot``
+    extra), with :func:`draw_memory`'s lanes under it when *memory* (the
+    simulation report) is given.
 
     Raises
     ------
@@ -235,8 +342,16 @@ def gantt_png(graph: Graph, cluster: Cluster, sched, title: str = "", lower_boun
 
     rows = _rows(graph, cluster, sched)
     legend_rows = len(legend_entries(graph, sched)) + 1
-    fig, ax = plt.subplots(figsize=(12, max(0.4 * len(rows) + 1.5, 0.2 * legend_rows + 1.2)))
-    draw_gantt(ax, graph, cluster, sched, title, lower_bound)
+    lanes = len(memory_lanes(cluster, memory))
+    height = max(0.4 * len(rows) + 1.5, 0.2 * legend_rows + 1.2)
+    fig, axes = plt.subplots(1 + lanes, 1, figsize=(12, height + 0.6 * lanes), sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": [height] + [0.6] * lanes})
+    draw_gantt(axes[0][0], graph, cluster, sched, title, lower_bound)
+    if lanes:
+        draw_memory([a[0] for a in axes[1:]], cluster, sched, memory)
+        axes[-1][0].set_xlabel(axes[0][0].get_xlabel())
+        axes[0][0].set_xlabel("")
+        axes[1][0].set_title(f"memory (GiB, {memory.get('memory_rule', 'time')} rule)", fontsize=9, loc="left")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
@@ -245,15 +360,16 @@ def gantt_png(graph: Graph, cluster: Cluster, sched, title: str = "", lower_boun
 
 
 def write_gantt(graph: Graph, cluster: Cluster, sched, path: str, title: str = "",
-                lower_bound: float | None = None) -> None:
+                lower_bound: float | None = None, memory: dict | None = None) -> None:
     """Write the Gantt chart to *path* (atomically, like every output): ``.svg``
-    by hand, ``.png`` through matplotlib (``pip install -e .[plot]``)."""
+    by hand, ``.png`` through matplotlib (``pip install -e .[plot]``); with
+    memory lanes when *memory* (the simulation report) is given."""
     ext = os.path.splitext(str(path))[1].lower()
     if ext == ".svg":
-        write_bytes(gantt_svg(graph, cluster, sched, title, lower_bound).encode(), path)
+        write_bytes(gantt_svg(graph, cluster, sched, title, lower_bound, memory).encode(), path)
     elif ext == ".png":
         try:
-            data = gantt_png(graph, cluster, sched, title, lower_bound)
+            data = gantt_png(graph, cluster, sched, title, lower_bound, memory)
         except MissingDependency as exc:
             raise MissingDependency(f"{path}: {exc}") from None
         write_bytes(data, path)
@@ -261,9 +377,11 @@ def write_gantt(graph: Graph, cluster: Cluster, sched, path: str, title: str = "
         raise InvalidInput(f"{path}: Gantt charts are written as .svg or .png")
 
 
-def chrome_trace(graph: Graph, cluster: Cluster, sched) -> dict:
+def chrome_trace(graph: Graph, cluster: Cluster, sched, memory: dict | None = None) -> dict:
     """Chrome trace-event JSON: one thread per device (compute) and per
-    directed link (transfers), times in microseconds."""
+    directed link (transfers), times in microseconds; with *memory* (the
+    simulation report) a counter ``memory <device>`` per device (bytes
+    live, ``ph: "C"``) from its ``memory_timeline``."""
     events: list[dict] = []
     rows = _rows(graph, cluster, sched)
     for tid, (label, items) in enumerate(rows):
@@ -271,9 +389,13 @@ def chrome_trace(graph: Graph, cluster: Cluster, sched) -> dict:
         for s, e, name, op in items:
             events.append({"name": name, "cat": op, "ph": "X", "pid": 0, "tid": tid,
                            "ts": s * 1e6, "dur": (e - s) * 1e6})
+    for dev_id, pts, _cap, _peak in memory_lanes(cluster, memory):
+        for t, b in pts:
+            events.append({"name": f"memory {dev_id}", "cat": "memory", "ph": "C", "pid": 0, "ts": t * 1e6,
+                           "args": {"bytes": b}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"graph": graph.name, "cluster": cluster.name, "makespan_s": sched.makespan}}
 
 
-def write_trace(graph: Graph, cluster: Cluster, sched, path: str) -> None:
-    write_json(chrome_trace(graph, cluster, sched), path)
+def write_trace(graph: Graph, cluster: Cluster, sched, path: str, memory: dict | None = None) -> None:
+    write_json(chrome_trace(graph, cluster, sched, memory), path)

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from ..errors import PlacerError
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.placement import Placement
@@ -53,7 +54,7 @@ def attach_origin(coarse: Graph) -> Graph | None:
 
 
 def original_makespan(coarse: Graph, cluster: Cluster, device_of: Sequence[int],
-                      order: Sequence[Sequence[int]] | None = None, *, congestion: str = "channel",
+                      order: Sequence[Sequence[int]] | None = None, *, congestion: str = DEFAULT_CONGESTION,
                       costs: CostModel | None = None) -> float | None:
     """Simulated makespan on ``coarse.origin`` of a placement given on the
     coarse graph's node indices (``device_of``, optional per-device

@@ -51,26 +51,11 @@ from __future__ import annotations
 from bisect import bisect_right
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from ..errors import InvalidInput
+# the rules are defined one layer down (registry and the commands use them too); re-exported here
+from ..model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION, check_congestion
 
 if TYPE_CHECKING:
     from ..model.costs import CostModel
-
-#: the congestion rules, default first
-CONGESTION_RULES = ("channel", "port", "none")
-DEFAULT_CONGESTION = "channel"
-
-
-def check_congestion(rule: str, what: str = "congestion rule") -> str:
-    """Return *rule* if it is a congestion rule, else raise
-    :class:`~celeritas_cli.errors.InvalidInput` naming *what*.
-
-    >>> check_congestion("port")
-    'port'
-    """
-    if rule not in CONGESTION_RULES:
-        raise InvalidInput(f"unknown {what} '{rule}' (use {', '.join(CONGESTION_RULES)})")
-    return rule
 
 
 def fifo_key(ready: float, producer: int, tensor: int, dst: int, batch: int = 0) -> tuple:

@@ -51,6 +51,7 @@ import heapq
 from bisect import bisect_left, bisect_right
 
 from ..model.cluster import Cluster
+from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel
 from ..model.graph import Graph
 from ..scheduling.timeline import Timeline
@@ -87,7 +88,7 @@ class PartialSchedule:
     (5.0, 4.0)
     """
 
-    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, congestion: str = "channel",
+    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, congestion: str = DEFAULT_CONGESTION,
                  insertion: bool = True):
         self.graph, self.cluster, self.costs = graph, cluster, costs
         self.congestion, self.insertion = congestion, insertion

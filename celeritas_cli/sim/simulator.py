@@ -23,10 +23,18 @@ Semantics (docs/design.md, "The simulator"):
    largest upward rank computed with this placement's real costs, ties by
    topological index.  All events at one instant are processed before any
    device picks its next node.
-5. Memory: per-device sum of ``memory_bytes``; a device over capacity makes
-   the status ``OOM`` (reported, not an error).  A placement that splits a
-   colocation group is invalid (:class:`~celeritas_cli.errors.ColocationError`).
-6. The report (``placer.report/v1``) carries the makespan, per-device busy
+5. Memory (:mod:`celeritas_cli.sim.memory`): under the ``time`` rule (the
+   default) each device's live memory along the realised schedule -
+   resident state for the whole step, an activation from its node's start
+   until its last use, a received tensor from its transfer's start until
+   its last consumer there finishes - and its peak; under ``static`` (the
+   seed papers' rule, and the rule for a graph that declares no
+   ``resident_bytes``) the per-device sum of ``memory_bytes``.  A device
+   whose peak is over capacity makes the status ``OOM`` (reported, not an
+   error).  A placement that splits a colocation group is invalid
+   (:class:`~celeritas_cli.errors.ColocationError`).
+6. The report (``placer.report/v1``, :mod:`celeritas_cli.sim.report`)
+   carries the makespan, per-device busy
    time, utilisation and memory, per-link busy time and bytes, transfer
    totals, OOM devices, the critical path of the realised schedule (walking
    back from the last node through whichever of "the device's previous node"
@@ -53,14 +61,15 @@ from ..errors import ColocationError, InvalidInput
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
-from ..model.placement import Placement, finite_or_none
+from ..model.placement import Placement
 from ..transform.derivation import rebuild
 from .bounds import lower_bounds
 from .links import CONGESTION_RULES, DEFAULT_CONGESTION, LinkState, check_congestion
+from .memory import DEFAULT_RULE, RULES as MEMORY_RULES, check_rule
+from .report import REPORT_SCHEMA, build_report, critical_path
 
-__all__ = ["CONGESTION_RULES", "Schedule", "Transfer", "build_report", "check_colocation", "critical_path",
-           "lower_bound", "makespan_of", "run_schedule", "simulate"]
-REPORT_SCHEMA = "placer.report/v1"
+__all__ = ["CONGESTION_RULES", "MEMORY_RULES", "REPORT_SCHEMA", "Schedule", "Transfer", "build_report",
+           "check_colocation", "critical_path", "lower_bound", "makespan_of", "run_schedule", "simulate"]
 
 
 @dataclass(slots=True)
@@ -360,24 +369,9 @@ def lower_bound(graph: Graph, cluster: Cluster, costs: CostModel | None = None) 
     return max(cp, work)
 
 
-def critical_path(graph: Graph, sched: Schedule) -> list[int]:
-    """Nodes of the realised schedule's critical path, first to last."""
-    if graph.n == 0:
-        return []
-    v = max(range(graph.n), key=lambda x: (sched.finish[x], -x))
-    path = []
-    seen = set()
-    while v != -1 and v not in seen:
-        seen.add(v)
-        path.append(v)
-        v = sched.binding[v]
-    path.reverse()
-    return path
-
-
-def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion: str = "channel",
+def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion: str = DEFAULT_CONGESTION,
              label: str = "placement", schedule_out: list | None = None,
-             costs: CostModel | None = None) -> dict:
+             costs: CostModel | None = None, memory: str = DEFAULT_RULE) -> dict:
     """Simulate *placement* of *graph* on *cluster* and return the
     ``placer.report/v1`` document (see the module docstring).
 
@@ -390,13 +384,16 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     *schedule_out* is a list, the :class:`Schedule` is appended to it (for
     ``--gantt`` / ``--trace``).  *costs* is the cost model to judge under
     (default: the file's costs; re-bound to a split graph when there is one).
+    *memory* is the memory rule, ``"time"`` (default) or ``"static"``
+    (:mod:`~celeritas_cli.sim.memory`; a graph that declares no
+    ``resident_bytes`` is judged by the static rule and the report says so).
 
     Raises
     ------
     InvalidInput
         The placement misses or invents nodes, names unknown devices, or its
         order cannot be followed; its ``split_graph`` does not derive from
-        *graph* by its ``derivation``.
+        *graph* by its ``derivation``; an unknown memory rule.
     ColocationError
         A colocation group is split across devices.
 
@@ -409,9 +406,11 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     ...           [{"src": "a", "dst": "b", "bytes": 100}])
     >>> c = uniform(2, bandwidth=100.0, latency=0.0)
     >>> p = Placement("ab", c.name, "given", {"a": "gpu0", "b": "gpu1"})
-    >>> simulate(g, c, p)["makespan_s"]
-    4.0
+    >>> r = simulate(g, c, p)
+    >>> r["makespan_s"], r["memory_rule"]
+    (4.0, 'static')
     """
+    check_rule(memory)
     given = graph  # bounds of a derived placement say which graph they hold for (sim/bounds.py)
     if placement.split_graph is not None or placement.derivation is not None:
         graph = rebuild(graph, placement.derivation, placement.split_graph, label)
@@ -421,69 +420,12 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs, label=label)
     if schedule_out is not None:
         schedule_out.append(sched)
-    return build_report(graph, cluster, placement, sched, costs, congestion, given=given)
-
-
-def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched: Schedule,
-                 costs: CostModel, congestion: str, given: Graph | None = None) -> dict:
-    k = cluster.k
-    busy = [0.0] * k
-    count = [0] * k
-    for v, d in enumerate(sched.device_of):
-        busy[d] += costs.time[v][d]
-        count[d] += 1
-    mem = graph.memory_by(sched.device_of, k)
-    over_ids = set(cluster.over_capacity(mem))
-    makespan = sched.makespan
-    devices = []
-    oom = [cluster.ids[d] for d in sorted(over_ids)]
-    for d, dv in enumerate(cluster.devices):
-        over = d in over_ids
-        devices.append({"id": dv.id, "type": dv.type, "nodes": count[d], "busy_s": busy[d],
-                        "utilisation": busy[d] / makespan if makespan > 0 else 0.0,
-                        "memory_bytes": mem[d], "capacity_bytes": dv.memory, "oom": over})
-    links: dict[tuple[int, int], list] = {}
-    for tr in sched.transfers:
-        st = links.setdefault((tr.src_dev, tr.dst_dev), [0.0, 0, 0])
-        st[0] += tr.end - tr.start
-        st[1] += tr.nbytes
-        st[2] += 1
-    link_rows = [{"src": cluster.ids[a], "dst": cluster.ids[b], "busy_s": st[0], "bytes": st[1], "transfers": st[2]}
-                 for (a, b), st in sorted(links.items())]
     bounds = lower_bounds(graph, cluster, costs, given=given, derivation=placement.derivation)
-    lb = bounds[0]["value_s"]  # path_and_work: lower_bound()
-    # the tightest bound that holds for this placement (memory_cut needs it to fit)
-    tight = max((b for b in bounds if not (oom and b["name"] == "memory_cut")), key=lambda b: b["value_s"])
-    path = critical_path(graph, sched)
-    cp_ids: list[str] = []
-    for v in path:
-        cp_ids.extend(graph.original_ids(v))
-    return {
-        "schema": REPORT_SCHEMA,
-        "graph": graph.original_name,
-        "cluster": cluster.name,
-        "algorithm": placement.algorithm,
-        "congestion": congestion,
-        "status": "OOM" if oom else "OK",
-        "makespan_s": makespan,
-        "lower_bound_s": lb,
-        "makespan_over_lb": finite_or_none(makespan / lb) if lb > 0 else None,
-        "lower_bounds": bounds,
-        "tight_lower_bound_s": tight["value_s"],
-        "tight_lower_bound_from": tight["name"],
-        "makespan_over_tight_lb": finite_or_none(makespan / tight["value_s"]) if tight["value_s"] > 0 else None,
-        "oom_devices": oom,
-        "devices": devices,
-        "links": link_rows,
-        "transfers": {"count": len(sched.transfers), "bytes": sum(tr.nbytes for tr in sched.transfers)},
-        "critical_path": cp_ids,
-        "estimate": placement.estimate.to_dict(),
-        "placement_time_s": placement.placement_time_s,
-    }
+    return build_report(graph, cluster, placement, sched, costs, congestion, bounds, given=given, memory=memory)
 
 
 def makespan_of(graph: Graph, cluster: Cluster, device_of: Sequence[int],
-                order: Sequence[Sequence[int]] | None = None, *, congestion: str = "channel",
+                order: Sequence[Sequence[int]] | None = None, *, congestion: str = DEFAULT_CONGESTION,
                 costs: CostModel | None = None) -> float:
     """Simulated makespan of an index-level placement (for algorithms that
     score candidates, e.g. OS-DPOS, the Hierarchical Planner)."""

@@ -3,9 +3,9 @@
 Shared by every coarsening method (Celeritas CPD-TOPO + Optimal_BP, Baechi,
 Moirai fusion): given ``cluster_of[v]`` for each node, :func:`contract`
 returns the coarse :class:`Graph` whose node ``c`` stands for the members of
-cluster ``c`` (docs/design.md: compute and memory are sums, an edge between coarse
-nodes carries the sum of the distinct tensors crossing it, and
-``meta.coarsened_from`` names the original graph).  :func:`contract` does not
+cluster ``c`` (docs/design.md: compute, memory and resident bytes are sums,
+an edge between coarse nodes carries the sum of the distinct tensors
+crossing it, and ``meta.coarsened_from`` names the original graph).  :func:`contract` does not
 check acyclicity of the quotient; :func:`is_acyclic` does, and coarsening
 methods assert it (Celeritas Lemma 2 guarantees it for contiguous segments
 of a topological order).
@@ -17,6 +17,7 @@ from collections import deque
 from typing import Callable, Iterable, Sequence
 
 from ..model.graph import Graph
+from ..model.residency import pass_of, resident_list
 
 
 def contract(graph: Graph, cluster_of: Sequence[int], *, name: str | None = None,
@@ -96,8 +97,11 @@ def _colocation_roots(graph: Graph, member_lists: Iterable[list[int]]) -> Callab
 def _coarse_node(graph: Graph, mem: list[int], root: Callable[[str], str]) -> dict:
     """The node document of one cluster: compute and memory summed (per
     device type too, a member without a type's time counting its
-    ``compute_s``), the merged colocation group, ``splittable`` kept for a
-    single member, and the original ids as ``members``."""
+    ``compute_s``), ``resident_bytes`` summed when the graph declares it
+    (a member without it counting all its memory), the members' ``pass``
+    when they all have the same, the merged colocation group,
+    ``splittable`` kept for a single member, and the original ids as
+    ``members``."""
     first = mem[0]
     types: set[str] = set()
     for v in mem:
@@ -111,6 +115,12 @@ def _coarse_node(graph: Graph, mem: list[int], root: Callable[[str], str]) -> di
             t: sum((graph.compute_by_type[v] or {}).get(t, graph.compute[v]) for v in mem)
             for t in sorted(types)}
     nd["memory_bytes"] = sum(graph.memory[v] for v in mem)
+    resident = resident_list(graph)
+    if resident is not None:
+        nd["resident_bytes"] = sum(resident[v] for v in mem)
+    passes = {pass_of(graph, v) for v in mem}
+    if len(passes) == 1 and None not in passes:
+        nd["pass"] = passes.pop()
     groups = sorted({graph.colocation[v] for v in mem if graph.colocation[v] is not None})
     if groups:
         nd["colocation"] = root(groups[0])

@@ -26,7 +26,13 @@ placed a coarse graph).  Steps, applied in order:
   :func:`~celeritas_cli.transform.replicate.data_parallel_graph`;
 * ``{"transform": "split", "node": id, "dim": "batch" | "channel", "n": n,
   "overhead_s": s}``: :func:`~celeritas_cli.transform.splitting.split_operation`
-  (``node`` is an id of the graph the previous steps produced).
+  (``node`` is an id of the graph the previous steps produced);
+* ``{"transform": "microbatch", "m": m, "global_batch": B, "micro_batches":
+  [b0, ...], "overhead_s": s}`` (+ ``"assume_batch": N``):
+  :func:`~celeritas_cli.transform.microbatch.microbatch_graph` (the recorded
+  batches must be what the graph and ``m`` give);
+* ``{"transform": "recompute", "nodes": [ids]}``:
+  :func:`~celeritas_cli.transform.recompute.recompute_graph`.
 
 ``base`` = ``{"graph": name, "members": [[original ids of coarse node 0],
 ...]}``: the algorithm's input was a coarse graph with these members (in
@@ -51,7 +57,7 @@ from typing import Any
 from ..errors import InvalidInput
 from ..model.graph import Graph
 
-TRANSFORMS = ("data-parallel", "split")
+TRANSFORMS = ("data-parallel", "split", "microbatch", "recompute")
 REL_TOL = 1e-9
 
 
@@ -102,6 +108,8 @@ def apply_step(graph: Graph, step: dict, label: str = "derivation") -> Graph:
     InvalidInput
         An unknown transform or a step the transform rejects.
     """
+    from .microbatch import apply_microbatch_step
+    from .recompute import apply_recompute_step
     from .replicate import data_parallel_graph
     from .splitting import split_operation
 
@@ -114,6 +122,8 @@ def apply_step(graph: Graph, step: dict, label: str = "derivation") -> Graph:
                                        bucket_mb=_number(step.get("bucket_mb", 0.0)))
         if kind == "split":
             return split_operation(graph, str(step["node"]), str(step["dim"]), int(step["n"]), overhead_s=overhead)
+        if kind in ("microbatch", "recompute"):  # transform/microbatch.py, transform/recompute.py
+            return (apply_microbatch_step if kind == "microbatch" else apply_recompute_step)(graph, step, label)
     except KeyError as exc:
         raise InvalidInput(f"{label}: step {step!r} misses field {exc.args[0]}") from None
     except (TypeError, ValueError):

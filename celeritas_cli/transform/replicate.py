@@ -24,6 +24,11 @@ Structure
   batch is ``k`` times larger), with :func:`~.split_cost.part_times`;
   memory = batch-independent memory (parameters, gradients, optimizer
   state, held in full by every replica) + ``ceil(f * activations)``.
+  ``resident_bytes`` (a graph that declares it, docs/design.md "Node
+  memory") stays whole in every replica - each holds the full resident
+  state - capped at the replica's memory, so the replica's activation is
+  the rest: the batch-independent non-resident bytes (kept gradients) and
+  its share of the activations; ``pass`` is copied.
   Optimizer updates and batch-independent nodes run in full in every
   replica.  ``flops``, ``bytes_moved``, ``output_bytes`` and ``batch_line``
   are rescaled the same way, so a replica node can be split again.
@@ -104,6 +109,7 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
+from ..model.residency import memory_fields, resident_of
 from .allreduce import bucket_cap, bucket_ring, gradient_buckets, gradient_ring
 from .split_cost import (
     DEFAULT_OVERHEAD_S,
@@ -163,6 +169,7 @@ def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: 
     extra = dict(graph.node_extra[v] or {}) if graph.node_extra else {}
     extra.pop("replica", None)
     extra.pop("origin", None)
+    extra.update(memory_fields(graph, v, out["memory_bytes"], resident_of(graph, v)))
     if scales:
         bi = extra.get("batch_independent") if isinstance(extra.get("batch_independent"), dict) else {}
         if isinstance(extra.get("flops"), (int, float)):

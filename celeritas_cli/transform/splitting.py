@@ -68,6 +68,14 @@ the parameter bytes a part needs:
   rule; a sum reads ``n`` partials: ``(n + 1) · bytes / 9e11``), memory 0
   except the sum's kept gradient.
 
+Memory over time (docs/design.md "Node memory"): in a graph that declares
+``resident_bytes``, ``op/weights`` holds the resident part of ``op``'s
+memory (as much of it as its memory holds; the rest of the resident bytes,
+if any, goes in equal shares to the parts), a channel split part
+``ceil(resident / n)``, and the parts' activation shares, the sums' kept
+gradients and the split and concat nodes are activations (resident 0);
+every new node carries ``op``'s ``pass``.
+
 Sub-operations are not splittable again (``splittable`` is dropped).  A
 split must be one :func:`~.split_cost.splittable_dims` allows: no batch
 split of a batch-independent op (an optimizer update), no channel split of
@@ -101,6 +109,7 @@ from typing import Any, Callable
 
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
+from ..model.residency import memory_fields, resident_of
 from .split_cost import (
     COPY_BANDWIDTH_BPS,
     DEFAULT_OVERHEAD_S,
@@ -258,6 +267,7 @@ class _Split:
     new_nodes: list[dict] = field(default_factory=list)
     new_edges: list[dict] = field(default_factory=list)
     weights: str | None = None
+    weights_resident: int = 0
     sum_mem: dict[int, int] = field(default_factory=dict)
 
     @property
@@ -299,8 +309,10 @@ def _weights_node(sp: _Split) -> None:
     if not (params > 0 or sp.states or (sp.batch and rest > 0)):
         return
     sp.weights = sp.fresh(f"{sp.vid}/weights")
-    wn: dict[str, Any] = {"id": sp.weights, "op": "weights", "compute_s": 0.0,
-                          "memory_bytes": int(rest) if sp.batch else 0, "split_of": sp.vid}
+    wmem = int(rest) if sp.batch else 0
+    wn: dict[str, Any] = {"id": sp.weights, "op": "weights", "compute_s": 0.0, "memory_bytes": wmem,
+                          "split_of": sp.vid, **memory_fields(g, v, wmem, resident_of(g, v))}
+    sp.weights_resident = wn.get("resident_bytes", 0)
     if g.colocation[v] is not None:
         wn["colocation"] = g.colocation[v]
     sp.new_nodes.append(wn)
@@ -330,7 +342,7 @@ def _split_inputs(sp: _Split) -> None:
             node = sp.fresh(f"{sp.vid}/split{j}")
             j += 1
             sp.new_nodes.append({"id": node, "op": "split", "compute_s": 2.0 * tb / COPY_BANDWIDTH_BPS,
-                                 "memory_bytes": 0, "split_of": sp.vid})
+                                 "memory_bytes": 0, "split_of": sp.vid, **memory_fields(g, sp.v, 0, 0)})
             sp.new_edges.append({**sp.edicts[es[0]], "dst": node})
             for i, pid in enumerate(sp.parts):
                 sp.new_edges.append({"src": node, "dst": pid, "bytes": _ceil_div(tb, sp.n), "tensor": f"part{i}"})
@@ -347,20 +359,24 @@ def _part_nodes(sp: _Split, overhead_s: float) -> None:
     g, v, n = sp.graph, sp.v, sp.n
     fixed = sp.prof.fixed_memory[v]
     act = g.memory[v] - fixed
+    resident = resident_of(g, v)
     if sp.batch:
         c_s, c_by = part_times(g, v, 1.0 / n, overhead_s=overhead_s)
         part_mem = _ceil_div(act, n)
+        part_res = _ceil_div(max(0, resident - sp.weights_resident), n)
     else:
         c_s = g.compute[v] / n + overhead_s
         by = g.compute_by_type[v]
         c_by = {k: val / n + overhead_s for k, val in sorted(by.items())} if by else None
         part_mem = _ceil_div(fixed, n) + _ceil_div(act, n)
+        part_res = _ceil_div(resident, n)
     for i, pid in enumerate(sp.parts):
         pn: dict[str, Any] = {"id": pid, "op": g.op[v], "compute_s": c_s, "memory_bytes": int(part_mem)}
         if c_by:
             pn["compute_by_type"] = c_by
         pn["split_of"] = sp.vid
         pn["part"] = i
+        pn.update(memory_fields(g, v, int(part_mem), part_res))
         sp.new_nodes.append(pn)
 
 
@@ -378,13 +394,14 @@ def _merge_outputs(sp: _Split) -> None:
         elif t in sp.grads:
             src = sp.fresh(f"{sp.vid}/sum{j}")
             sp.new_nodes.append({"id": src, "op": "sum", "compute_s": (n + 1) * tb / COPY_BANDWIDTH_BPS,
-                                 "memory_bytes": int(sp.sum_mem[t]), "split_of": sp.vid})
+                                 "memory_bytes": int(sp.sum_mem[t]), "split_of": sp.vid,
+                                 **memory_fields(g, sp.v, int(sp.sum_mem[t]), 0)})
             for pid in sp.parts:
                 sp.new_edges.append({"src": pid, "dst": src, "bytes": tb, "tensor": f"partial{j}"})
         else:
             src = sp.fresh(f"{sp.vid}/concat{j}")
             sp.new_nodes.append({"id": src, "op": "concat", "compute_s": 2.0 * tb / COPY_BANDWIDTH_BPS,
-                                 "memory_bytes": 0, "split_of": sp.vid})
+                                 "memory_bytes": 0, "split_of": sp.vid, **memory_fields(g, sp.v, 0, 0)})
             for pid in sp.parts:
                 sp.new_edges.append({"src": pid, "dst": src, "bytes": _ceil_div(tb, n), "tensor": f"out{j}"})
         for e in es:

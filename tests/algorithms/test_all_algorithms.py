@@ -24,6 +24,7 @@ Entries whose ``extra`` (e.g. ``torch``) is not importable are skipped.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 from pathlib import Path
@@ -34,6 +35,7 @@ from celeritas_cli import registry
 from celeritas_cli.model.graph import Graph
 from celeritas_cli.model.io import load_cluster, load_graph
 from celeritas_cli.model.jsonio import write_json
+from celeritas_cli.model.placement import Placement
 from celeritas_cli.sim.simulator import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +87,31 @@ def _cases():
     return cases
 
 
+def _registered():
+    entries = [e for e in registry.entries() if not e.name.startswith("test-")]  # not test-registered stand-ins
+    return entries + [registry.get_coarsener(n) for n in registry.coarsener_names()]
+
+
+@pytest.mark.parametrize("entry", _registered(), ids=lambda e: f"{e.kind}-{e.name}")
+def test_registered_function_follows_the_protocol(entry):
+    """The :class:`registry.Algorithm` protocol, checked on the signature:
+    ``(graph, cluster, *, seed=0, costs=None, **params)``, each ``Param``'s
+    default equal to the function's, ``deadline`` exactly where there is a
+    ``time_limit``, the shared time-limit / congestion parameters, a max on
+    every integer parameter, valid quick parameters (what ``place`` passes;
+    what it returns is checked on every run below)."""
+    assert registry.signature_problems(entry) == []
+
+
+def test_the_protocol_check_sees_a_wrong_default():
+    entry = registry.get("heft")
+    wrong = dataclasses.replace(entry, params={**entry.params, "insertion": registry.Param(bool, False, "x")})
+    assert registry.signature_problems(wrong) == ["parameter insertion: default False, the signature says True"]
+    timed = dataclasses.replace(entry, params={**entry.params, "time_limit": registry.Param(float, 1.0, "s", gt=0)})
+    problems = registry.signature_problems(timed)
+    assert "keyword deadline=None missing" in problems and any("not the shared one" in p for p in problems)
+
+
 def _run(name: str, graph: Graph, cluster, params: dict):
     return registry.place(graph, cluster, name, seed=0, params=params)
 
@@ -103,6 +130,7 @@ def test_algorithm_through_simulator(algo, gname, cname, tmp_path):
 
     p1 = _run(algo, graph, cluster, params)
     p2 = _run(algo, graph, cluster, params)
+    assert isinstance(p1, Placement), "the protocol: an algorithm returns a Placement"
 
     # the graph the placement refers to: a derived graph (FastT/FD-DPS splits, data parallelism), else the input
     target = Graph.from_dict(p1.split_graph, "split_graph") if p1.split_graph is not None else graph

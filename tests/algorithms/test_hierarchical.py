@@ -252,6 +252,7 @@ def memory_bound_coarse_graph():
     doc = g.to_dict()
     for nd in doc["nodes"]:
         nd["memory_bytes"] = 10
+        nd.pop("resident_bytes", None)  # the static rule: every node's 10 bytes for the whole step
     g = Graph.from_dict(doc)
     chunk = [0] * g.n
     for i, v in enumerate(g.topo_order()):

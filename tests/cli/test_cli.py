@@ -137,3 +137,61 @@ def test_place_simulate_on_a_coarse_graph_says_which_graph(tmp_path):
     piped = run(["coarsen", "-"], input=open(G60).read()).stdout  # no file to go back to
     r = run(["place", "-", "--algo", "adjusting", "--simulate"], input=piped)
     assert "on the coarse graph" in r.stderr and "these are the coarse graph's numbers" in r.stderr
+
+
+# ------------------------------------------------------ shared flags (issue 26) and issue 24 N03 / N18
+def test_place_congestion_flag_reaches_the_algorithm_and_p_wins():
+    base = ["place", G60, "--cluster", "4xV100-pcie", "--no-timings"]
+    r = run(base + ["--algo", "dpos", "--congestion", "port"])
+    assert r.exit_code == 0 and orjson.loads(r.stdout)["params"]["congestion"] == "port"
+    same = run(base + ["--algo", "dpos", "-p", "congestion=port"])
+    assert same.stdout_bytes == r.stdout_bytes  # the flag and -p are one parameter
+    r = run(base + ["--algo", "dpos", "-p", "congestion=none", "--congestion", "port"])
+    assert orjson.loads(r.stdout)["params"]["congestion"] == "none"
+    assert "--congestion ignored: -p congestion=none wins" in r.stderr
+    r = run(base + ["--algo", "heft", "--congestion", "port", "--time-limit", "5"])
+    assert r.stdout_bytes == run(base + ["--algo", "heft"]).stdout_bytes
+    assert "--congestion ignored: 'heft' takes no congestion" in r.stderr
+    assert "--time-limit ignored: 'heft' takes no time_limit" in r.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "1e300"])
+@pytest.mark.parametrize("cmd", ["place", "compare"])
+def test_n18_a_bad_time_limit_is_a_usage_error_naming_the_option(cmd, value):
+    """Issue 24, N18: ``compare --time-limit nan`` exits 2 naming the
+    option, as ``place`` does (one check for both)."""
+    args = [cmd, G60, "--time-limit", value] + (["--algos", "heft,auto", "--quick"] if cmd == "compare" else [])
+    r = run(args)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert "Invalid value for '--time-limit'" in r.stderr and "from 0 (no limit) to 1e12" in r.stderr
+
+
+@pytest.mark.parametrize("option", ["--steps", "--threads", "--warmup", "--batch-size"])
+def test_n18_run_counts_below_one_are_usage_errors(option, tmp_path):
+    for cmd in (["run"], ["export"]) if option == "--batch-size" else (["run"],):
+        r = run(cmd + ["-P", str(tmp_path / "missing.json"), option, "0"])
+        assert r.exit_code == 2 and f"Invalid value for '{option}'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("limit", ["1e7", "1e12", "0"])
+def test_n03_compare_accepts_the_documented_time_limits(limit):
+    """Issue 24, N03: a per-cell limit of 1e7 s or 1e12 s (inside the
+    accepted 0..1e12) runs; the worker wait is clamped instead of
+    overflowing poll()."""
+    r = run(["compare", G60, "--algos", "heft", "--quick", "--format", "json", "--time-limit", limit,
+             "--no-progress"])
+    assert r.exit_code == 0, r.stderr
+    (row,) = [orjson.loads(line) for line in r.stdout.splitlines()]
+    assert row["status"] == "OK" and row["algorithm"] == "heft"
+
+
+def test_n03_milp_with_a_huge_time_limit_starts_no_overflowing_timer(tmp_path):
+    """Issue 24, N03: ``place --algo milp --time-limit 1e10`` printed an
+    OverflowError from the watchdog thread; now no timer that long starts."""
+    out = tmp_path / "p.json"
+    p = subprocess.run([sys.executable, "-m", "celeritas_cli", "place", G60, "--algo", "milp", "--time-limit",
+                        "1e10", "-p", "det_time=0.5", "--cluster", "4xV100-pcie", "-o", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "Exception" not in p.stderr and "Traceback" not in p.stderr and "OverflowError" not in p.stderr
+    assert orjson.loads(out.read_bytes())["params"]["time_limit"] == 1e10

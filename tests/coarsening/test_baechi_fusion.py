@@ -164,3 +164,39 @@ def test_fusion_on_inference_graph():
     for m in cg.members:  # every fused group starts with a convolution
         if len(m) > 1:
             assert g.op[g.index[m[0]]] == "aten.convolution"
+
+
+# ------------------------------------------------------- fusion that fuses nothing says why (issue 24)
+def test_fusion_that_fuses_nothing_says_why(capsys):
+    """The multi-output graph above: stderr names the blocked link; an inference graph that fuses
+    something says nothing; a graph without the rules' first op type says so."""
+    g = build("f", [_op("c", "aten.convolution"), _op("b", "aten.native_batch_norm"), _op("x", "aten.mm")],
+              [edge("c", "b", tensor="o"), edge("c", "x", tensor="o")])
+    registry.coarsen(g, CL, "fusion")
+    err = capsys.readouterr().err
+    assert "fusion fused nothing: 1 conv->bn link is a multi-output connection" in err
+    assert "training graph" not in err  # no backward op, no phase: not called a training graph
+    registry.coarsen(layered(1000, seed=0, training=False), CL, "fusion")
+    assert capsys.readouterr().err == ""
+    registry.coarsen(build("m", [_op("m", "aten.mm")], []), CL, "fusion")
+    assert "no op of the rules' first type (conv) in m" in capsys.readouterr().err
+
+
+def test_fusion_on_the_resnet50_training_graph_explains_the_backward_pass():
+    """The new user's case: ResNet-50's training graph has 53 convolutions (49 in the bottlenecks,
+    4 downsampling shortcuts), each feeding its batch norm and the backward pass, so all 53
+    conv->bn links are multi-output and nothing is fused - said in one stderr line."""
+    from click.testing import CliRunner
+
+    from celeritas_cli.cli import main
+
+    from ..conftest import SAMPLES
+
+    res = CliRunner().invoke(main, ["coarsen", str(SAMPLES / "zoo" / "resnet50.json.gz"), "--method", "fusion",
+                                    "-c", "4xV100-pcie"])
+    assert res.exit_code == 0
+    why = [line for line in res.stderr.splitlines() if "fused nothing" in line]
+    assert why == ["placer: fusion fused nothing: 53 conv->bn links are multi-output connections (the first op's "
+                   "output also feeds another op), which Moirai III-B never fuses. In a training graph every "
+                   "forward output is also saved for the backward pass, so fusion (for inference graphs) finds "
+                   "nothing: profile with --phase inference, or use --method cpd."]

@@ -252,7 +252,7 @@ def test_coarsen_parameter_ranges():
 
 def test_time_limit_nan_is_a_usage_error():
     r = run(["place", G60, "--algo", "milp", "--time-limit", "nan"])
-    assert r.exit_code == 2 and "finite number of seconds" in r.output
+    assert r.exit_code == 2 and "must be a number of seconds from 0 (no limit) to 1e12" in r.output
 
 
 # ------------------------------------------------------------- solver guards
@@ -287,3 +287,14 @@ def test_trace_on_stdout_only_when_the_report_is_not(tmp_path):
     assert r.exit_code == 2 and r.stdout == "" and "--trace FILE" in r.stderr
     r = run(["simulate", G60, "-P", str(p), "--trace", "-", "-o", str(tmp_path / "report.json")])
     assert r.exit_code == 0 and "traceEvents" in orjson.loads(r.stdout)
+
+
+@pytest.mark.parametrize("tag", ["[]", "{}", "[\"placer.graph/v1\"]"])
+def test_a_schema_tag_that_is_not_a_string_is_named(tmp_path, tag):
+    """Found by tests/test_fuzz_inputs.py (a resume row with "schema": []): an unhashable tag was looked
+    up in the table of schemas - a TypeError traceback for every kind of document."""
+    g = tmp_path / "g.json"
+    g.write_text(f'{{"schema": {tag}, "nodes": [], "edges": []}}')
+    r = run(["simulate", str(g), "-P", str(SAMPLES.parent / "examples" / "expert_placement.json")])
+    assert r.exit_code == 1 and r.stderr.strip() == f"Error: {g}: field schema is {orjson.loads(tag)!r}, expected " \
+                                                     f"\"placer.graph/v1\""

@@ -23,6 +23,7 @@ from celeritas_cli.model.io import load_cluster, load_graph
 from celeritas_cli.optimize.evaluator import Budget, Evaluator
 from celeritas_cli.optimize.levels import atoms, hierarchy
 from celeritas_cli.optimize.portfolio import plan
+from celeritas_cli.optimize.search import DEFAULT_TIME_LIMIT, RESERVE, Search, default_evaluations
 from celeritas_cli.transform.split_cost import DEFAULT_OVERHEAD_S
 from celeritas_cli.sim.simulator import simulate
 
@@ -195,9 +196,39 @@ def test_bad_parameters():
     with pytest.raises(InvalidInput, match="algos"):
         auto(g, c, algos="metis,nope", quiet=True)
     with pytest.raises(InvalidInput, match="time_limit"):
-        auto(g, c, time_limit=0, quiet=True)
+        auto(g, c, time_limit=-1.0, quiet=True)
     with pytest.raises(InvalidInput, match="evaluations"):
         auto(g, c, evaluations=-1, quiet=True)
+
+
+def test_time_limit_zero_is_no_wall_clock_with_the_default_budget():
+    """The one rule of every time_limit: 0 = no limit.  auto then never
+    looks at the clock and counts the budget of its default 10 s."""
+    g = load_graph(G60)
+    c = load_cluster("4xV100-pcie")
+    free = Search(g, c, time_limit=0.0)
+    assert free.budget.deadline is None and free.budget.limit == default_evaluations(g, DEFAULT_TIME_LIMIT)
+    p = auto(g, c, time_limit=0.0, evaluations=40, quiet=True)
+    assert p.estimate["clock_cut"] is False and p.estimate["evaluation_budget"] == 40
+
+
+def test_the_deadline_is_the_callers_not_the_search_start():
+    """registry.place passes ``deadline`` (the command's start + limit): a
+    deadline already past cuts the search at once, while the counted budget
+    still follows time_limit."""
+    import time
+
+    g = load_graph(G60)
+    c = load_cluster("4xV100-pcie")
+    t0 = time.perf_counter()
+    late = Search(g, c, time_limit=30.0, deadline=t0 - 1.0)
+    assert late.budget.limit == default_evaluations(g, 30.0)
+    assert late.budget.deadline == pytest.approx(t0 - 1.0 - 30.0 * RESERVE)
+    on_time = Search(g, c, time_limit=30.0)
+    assert on_time.budget.deadline == pytest.approx(on_time.t0 + 30.0 * (1 - RESERVE))
+    p = registry.place(g, c, "auto", params={"time_limit": 30.0, "quiet": True, "evaluations": 10**6},
+                       started=t0 - 31.0)
+    assert p.estimate["clock_cut"] is True and p.estimate["evaluations"] < 100
 
 
 # ------------------------------------------------------------- machinery

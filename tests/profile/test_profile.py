@@ -16,7 +16,7 @@ from celeritas_cli.model.cluster import Cluster
 from celeritas_cli.model.graph import Graph
 from celeritas_cli.profile import from_measurements, synthetic
 from celeritas_cli.profile.commfit import fit_cluster, fit_link
-from celeritas_cli.model.devices import DEVICES, roofline_time, times_by_type
+from celeritas_cli.model.devices import DEVICES, TENSOR_CORE_EFFICIENCY, roofline_time, times_by_type
 from celeritas_cli.profile.flops import attention_flops, formula_flops
 from celeritas_cli.profile.regression import (
     check_measurements,
@@ -176,8 +176,9 @@ def test_roofline_compute_and_memory_bound():
     v = DEVICES["V100"]
     assert roofline_time(v.fp32, 0, "V100") == pytest.approx(1.0 + v.launch_s)
     assert roofline_time(0, v.bandwidth_Bps * 2, "V100") == pytest.approx(2.0 + v.launch_s)
-    # half-precision matmuls use the tensor cores, pointwise ops do not
-    assert roofline_time(v.fp16, 0, "V100", dtype="float16", tensor_core_op=True) == pytest.approx(1 + v.launch_s)
+    # half-precision matmuls use the tensor cores (at TENSOR_CORE_EFFICIENCY of their peak), pointwise ops do not
+    assert roofline_time(v.fp16 * TENSOR_CORE_EFFICIENCY, 0, "V100", dtype="float16",
+                         tensor_core_op=True) == pytest.approx(1 + v.launch_s)
     assert roofline_time(v.fp16, 0, "V100", dtype="float16") == pytest.approx(8 + v.launch_s)
     t = times_by_type(1e12, 1e9)
     assert set(t) == {"V100", "P100", "T4", "P4", "2080Ti", "3060Ti", "A100", "H100"}

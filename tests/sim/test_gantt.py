@@ -93,3 +93,65 @@ def test_simulate_gantt_draws_the_reports_lower_bound(tmp_path):
 
     lb = orjson.loads(r.stdout)["lower_bound_s"]
     assert f"lower bound {lb:.4g} s" in svg.read_text()
+
+
+@pytest.fixture
+def memory_chart():
+    """a (40 B resident + 60 B activation, 1 s) on gpu0 sends 50 B (1 s) to b (30 B) on gpu1;
+    capacities 100 B: gpu0 peaks at 100 (t=0), gpu1 at 80 (t=2)."""
+    g = build("m", [node("a", 1, 100, resident_bytes=40), node("b", 1, 30, resident_bytes=0)],
+              [edge("a", "b", 50)])
+    c = uniform(2, memory=100, bandwidth=50.0, latency=0.0)
+    scheds: list = []
+    rep = simulate(g, c, Placement.from_indices(g, c, [0, 1], algorithm="given"), schedule_out=scheds)
+    return g, c, scheds[0], rep
+
+
+def test_svg_memory_lanes_under_the_chart(memory_chart):
+    g, c, sched, rep = memory_chart
+    assert [d["memory_bytes"] for d in rep["devices"]] == [100, 80]
+    svg = gantt_svg(g, c, sched, memory=rep)
+    assert "memory (time rule)" in svg and "live memory" in svg and "device capacity" in svg
+    assert svg.count("<polyline") == 2 and svg.count("<title>capacity 100 bytes</title>") == 2
+    assert "polyline" not in gantt_svg(g, c, sched)  # no lanes without the report
+    # gpu1's lane: 0 until the transfer starts (t=1), 50 B received, then b's 30 B from t=2 until t=3
+    assert rep["memory_timeline"]["gpu1"] == [[0.0, 0], [1.0, 50], [2.0, 80], [3.0, 0]]
+
+
+def test_trace_has_a_memory_counter_per_device(memory_chart):
+    from celeritas_cli.sim.gantt import chrome_trace
+
+    g, c, sched, rep = memory_chart
+    counters = [e for e in chrome_trace(g, c, sched, rep)["traceEvents"] if e["ph"] == "C"]
+    assert {e["name"] for e in counters} == {"memory gpu0", "memory gpu1"}
+    assert [(e["ts"], e["args"]["bytes"]) for e in counters if e["name"] == "memory gpu1"] == \
+        [(0.0, 0), (1e6, 50), (2e6, 80), (3e6, 0)]
+    assert not [e for e in chrome_trace(g, c, sched)["traceEvents"] if e["ph"] == "C"]
+
+
+def test_png_memory_lanes(tmp_path, memory_chart):
+    pytest.importorskip("matplotlib")
+    g, c, sched, rep = memory_chart
+    out = tmp_path / "m.png"
+    write_gantt(g, c, sched, str(out), memory=rep)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_memory_option_table_gantt_and_trace(tmp_path):
+    import orjson
+
+    g60 = str(SAMPLES / "layered_60.json")
+    p, svg, trace = tmp_path / "p.json", tmp_path / "g.svg", tmp_path / "t.json"
+    assert CliRunner().invoke(main, ["place", g60, "--algo", "m-topo", "-o", str(p)]).exit_code == 0
+    r = CliRunner().invoke(main, ["simulate", g60, "-P", str(p), "--gantt", str(svg), "--trace", str(trace)])
+    rep = orjson.loads(r.stdout)
+    assert r.exit_code == 0 and rep["memory_rule"] == "time"
+    for d in rep["devices"]:  # the peak is at most the static sum plus the buffers received
+        received = sum(ln["bytes"] for ln in rep["links"] if ln["dst"] == d["id"])
+        assert d["memory_bytes"] <= d["static_memory_bytes"] + received
+    assert svg.read_text().count("<polyline") == 4
+    assert any(e["ph"] == "C" for e in orjson.loads(trace.read_bytes())["traceEvents"])
+    t = CliRunner().invoke(main, ["simulate", g60, "-P", str(p), "--memory", "static", "--format", "table"])
+    assert t.exit_code == 0 and "memory rule: static" in t.output and "peak under the static rule" in t.output
+    bad = CliRunner().invoke(main, ["simulate", g60, "-P", str(p), "--memory", "peak"])
+    assert bad.exit_code == 2

@@ -21,6 +21,8 @@ NOISE_FRACTION = 0.75
 750 of 1000 in the released controller)."""
 PAPER_ITERATIONS = 1000
 """HRL section 3: "All results are after 1000 iterations"."""
+MAX_ITERATIONS = 10**6
+"""Most iterations ``-p iterations`` accepts: 1000 x the paper's (issue 24, N01)."""
 SECONDS_PER_GROUP = 6e-3
 """Cost model, decoder: seconds per group per iteration (one Placer decode
 and its backward pass: M LSTM steps with attention over M groups)."""
@@ -74,12 +76,15 @@ def auto_iterations(n: int, m: int, groups: int, samples: int, time_limit: float
 @dataclass
 class TrainingBudget:
     """Counted iterations, capped by the wall clock from ``t0`` (the call's
-    start, torch's import included) to ``t0 + time_limit``."""
+    start, torch's import included) to ``end`` (the call's deadline, a
+    :func:`time.perf_counter` reading; default ``t0 + time_limit``; none
+    when ``time_limit`` is 0)."""
 
     iterations: int
     samples: int
     time_limit: float
     t0: float
+    end: float | None = None
     done: int = 0
     n_samples: int = 0
     first_s: float = 0.0      # modelled seconds of one iteration (iteration_cost_s)
@@ -89,6 +94,8 @@ class TrainingBudget:
 
     def __post_init__(self) -> None:
         self.horizon = self.iterations
+        if self.end is None and self.time_limit:
+            self.end = self.t0 + self.time_limit
 
     def noisy(self, it: int) -> bool:
         """Exploration noise during the first ``NOISE_FRACTION`` of the
@@ -108,9 +115,9 @@ class TrainingBudget:
         now = time.perf_counter()
         if it == 1:
             self._t1 = now
-        if not self.time_limit:
+        if not self.time_limit or self.end is None:
             return True
-        deadline = self.t0 + self.time_limit - min(MARGIN_S, 0.1 * self.time_limit)
+        deadline = self.end - min(MARGIN_S, 0.1 * self.time_limit)
         if it == 0:
             if now + self.first_s <= deadline:
                 return True

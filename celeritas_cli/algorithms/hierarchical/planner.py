@@ -110,13 +110,13 @@ from dataclasses import dataclass
 from ... import log
 from ...errors import InvalidInput, MissingDependency, SolverError
 from ...model.cluster import Cluster
+from ...model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
-from ...model.limits import TIME_MAX
 from ...model.placement import Placement
-from ...registry import Param, register
-from ...sim.simulator import CONGESTION_RULES, lower_bound
-from .budget import PAPER_ITERATIONS, TrainingBudget, auto_iterations, iteration_cost_s
+from ...registry import Param, congestion_param, register, time_limit_param
+from ...sim.simulator import lower_bound
+from .budget import MAX_ITERATIONS, PAPER_ITERATIONS, TrainingBudget, auto_iterations, iteration_cost_s
 from .features import (
     ADJ_DIM,
     MAX_OUTPUTS,
@@ -156,11 +156,12 @@ def _caveat(done: int, samples: int) -> str | None:
     params={
         "groups": Param(int, 0, "number of groups M; 0 = min(256, colocation units)", min=0, max=65536),
         "iterations": Param(int, 0, "policy updates, the deterministic budget (0 = as many as fit in time_limit "
-                                    "by a fixed cost model; 1000, the paper's, without a limit)", min=0),
+                                    "by a fixed cost model; 1000, the paper's, without a limit)", min=0,
+                            max=MAX_ITERATIONS),
         "samples_per_iteration": Param(int, 8, "joint placements sampled (and simulated) per update", min=1,
                                        max=4096),
-        "time_limit": Param(float, 60.0, "wall-clock cap on the whole call in seconds (0 = no limit)", min=0,
-                            max=TIME_MAX),
+        "time_limit": time_limit_param(60.0, "wall-clock cap on the whole call (0: the paper's 1000 "
+                                             "iterations)"),
         "lr": Param(float, 0.05, "Adam learning rate", gt=0, max=10.0),
         "hidden": Param(int, 64, "hidden width of the Grouper and the Placer LSTMs", min=2, max=4096),
         "oom_penalty": Param(float, 2.0, "OOM runtime as a multiple of an upper bound on any makespan",
@@ -169,8 +170,7 @@ def _caveat(done: int, samples: int) -> str | None:
                                        "residual OOM graded (deviation); graded: the OOM runtime grows with the "
                                        "bytes over capacity (deviation); fixed: the paper's fixed penalty",
                           choices=OOM_MODES),
-        "congestion": Param(str, "channel", "simulator congestion rule for the reward",
-                            choices=CONGESTION_RULES),
+        "congestion": congestion_param("simulator congestion rule for the reward"),
         "progress": Param(bool, True, "show best simulated runtime on stderr"),
     },
     extra="torch",
@@ -180,8 +180,8 @@ def _caveat(done: int, samples: int) -> str | None:
 def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
                  groups: int = 0, iterations: int = 0,
                  samples_per_iteration: int = 8, time_limit: float = 60.0, lr: float = 0.05, hidden: int = 64,
-                 oom_penalty: float = 2.0, oom_mode: str = "mask", congestion: str = "channel",
-                 progress: bool = True, history: list | None = None) -> Placement:
+                 oom_penalty: float = 2.0, oom_mode: str = "mask", congestion: str = DEFAULT_CONGESTION,
+                 progress: bool = True, history: list | None = None, deadline: float | None = None) -> Placement:
     """Train the Hierarchical Planner's policy on *graph* and return the best
     placement it sampled.
 
@@ -226,6 +226,10 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
         averaged over the samples), ``noise`` and ``best_feasible_s`` (best
         feasible makespan so far, None before the first) - the learning
         curve ``benchmarks/bench_time_limits.py`` prints.
+    deadline : float, optional
+        The :func:`time.perf_counter` reading at which the wall clock ends
+        (``registry.place`` passes the command's start + *time_limit*);
+        default: *time_limit* from this call's start.
 
     Returns
     -------
@@ -273,7 +277,7 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
     costs = cost_model(graph, cluster, costs)
     env = _reward_env(graph, cluster, costs, congestion, oom_mode)
     M = groups or default_groups(graph)
-    budget = _budget(graph, cluster.k, M, iterations, samples_per_iteration, time_limit, t0)
+    budget = _budget(graph, cluster.k, M, iterations, samples_per_iteration, time_limit, t0, deadline)
     run = _Run(graph, cluster, costs, seed, M, budget, oom_mode, t0, env.unit_of)
     if graph.n == 0 or cluster.k == 1:
         dev_unit = [0] * len(env.unit_mem)
@@ -326,7 +330,7 @@ def _reward_env(graph: Graph, cluster: Cluster, costs: CostModel, congestion: st
 
 
 def _budget(graph: Graph, k: int, M: int, iterations: int, samples: int, time_limit: float,
-            t0: float) -> TrainingBudget:
+            t0: float, end: float | None) -> TrainingBudget:
     """The counted budget (:mod:`.budget`); :class:`SolverError` when one
     iteration, which cannot be interrupted, would take over half the limit."""
     one = iteration_cost_s(graph.n, graph.m, M, samples)
@@ -336,7 +340,7 @@ def _budget(graph: Graph, k: int, M: int, iterations: int, samples: int, time_li
                           f"first (`placer coarsen G | placer place - --algo hierarchical`) or raise --time-limit "
                           f"to {2 * one + 1:.0f} s or more")
     return TrainingBudget(iterations or auto_iterations(graph.n, graph.m, M, samples, time_limit),
-                          samples, time_limit, t0, first_s=one)
+                          samples, time_limit, t0, end, first_s=one)
 
 
 def _seeded_training(torch, hm, env: RewardEnv, feats: dict, training: Training, seed: int,

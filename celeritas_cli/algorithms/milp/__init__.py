@@ -70,16 +70,17 @@ Eq. 4-8), :mod:`.symmetry`, :mod:`.replay` and :mod:`.hints` (warm start),
 from __future__ import annotations
 
 from ...model.cluster import Cluster
+from ...model.congestion import DEFAULT_CONGESTION
 from ...model.costs import CostModel
 from ...model.graph import Graph
 from ...model.limits import TIME_MAX
 from ...model.placement import Placement
-from ...registry import Param, register
+from ...registry import Param, congestion_param, register, time_limit_param
 from .data import UNITS_MAX, auto_resolution, integer_durations, model_size
 from .hints import HINT_CHAIN, Hint, add_hint, heuristic_hint, hinted_model
 from .model import MilpVars, build_model
 from .replay import integer_schedule
-from .solver import DET_PER_SECOND, solve
+from .solver import DEFAULT_TIME_LIMIT, DET_PER_SECOND, solve
 from .symmetry import identical_classes
 
 __all__ = ["DET_PER_SECOND", "HINT_CHAIN", "UNITS_MAX", "Hint", "MilpVars", "add_hint", "auto_resolution",
@@ -90,14 +91,13 @@ __all__ = ["DET_PER_SECOND", "HINT_CHAIN", "UNITS_MAX", "Hint", "MilpVars", "add
 @register("milp", paper="Moirai", section="III-D, Eq. 4-8",
           summary="Exact placement + schedule by CP-SAT (Moirai's MILP), warm-started; for coarse graphs.",
           params={
-              "time_limit": Param(float, 60.0, "wall-clock limit in seconds for the whole call", gt=0,
-                                  max=TIME_MAX),
+              "time_limit": time_limit_param(DEFAULT_TIME_LIMIT, "wall-clock limit for the whole call (the "
+                                                                 "det_time and model-size budgets of 60 s when 0)"),
               "workers": Param(int, 8, "CP-SAT workers when deterministic=false (capped at the CPU count)", min=1,
                                max=1024),
               "resolution": Param(float, 0.0, "seconds per integer time unit (0 = automatic)", min=0,
                                  max=TIME_MAX),
-              "congestion": Param(str, "channel", "transfer contention rule, as the simulator",
-                                  choices=("channel", "port", "none")),
+              "congestion": congestion_param("transfer contention rule, as the simulator"),
               "hint": Param(str, "auto", "warm start: auto, none, or an algorithm name"),
               "deterministic": Param(bool, True, "reproducible search (one worker, deterministic-time budget); "
                                                  "false = parallel workers until the wall clock"),
@@ -106,9 +106,9 @@ __all__ = ["DET_PER_SECOND", "HINT_CHAIN", "UNITS_MAX", "Hint", "MilpVars", "add
           },
           quick_params={"time_limit": 5}, uses_origin=True)
 def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
-         time_limit: float = 60.0, workers: int = 8,
-         resolution: float = 0.0, congestion: str = "channel", hint: str = "auto",
-         deterministic: bool = True, det_time: float = 0.0) -> Placement:
+         time_limit: float = DEFAULT_TIME_LIMIT, workers: int = 8,
+         resolution: float = 0.0, congestion: str = DEFAULT_CONGESTION, hint: str = "auto",
+         deterministic: bool = True, det_time: float = 0.0, deadline: float | None = None) -> Placement:
     """Moirai's exact placement (III-D) solved by CP-SAT; see :func:`solve`.
 
     Example
@@ -123,4 +123,5 @@ def milp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     ('OPTIMAL', 3.0)
     """
     return solve(graph, cluster, time_limit=time_limit, workers=workers, seed=seed, resolution=resolution,
-                 congestion=congestion, hint=hint, deterministic=deterministic, det_time=det_time, costs=costs)
+                 congestion=congestion, hint=hint, deterministic=deterministic, det_time=det_time, costs=costs,
+                 deadline=deadline)

@@ -28,9 +28,9 @@ from typing import Callable
 
 from ...errors import InvalidInput
 from ...model.cluster import Cluster
+from ...model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
-from ...sim.simulator import CONGESTION_RULES
 from .data import Problem, cp_module, problem_data
 from .symmetry import identical_classes, symmetry_breaking
 
@@ -263,7 +263,7 @@ def producer_fifo(model, pb: Problem, rule: str, transfers: dict) -> list[tuple[
     return chains
 
 
-def build_model(graph: Graph, cluster: Cluster, *, resolution: float, congestion: str = "channel",
+def build_model(graph: Graph, cluster: Cluster, *, resolution: float, congestion: str = DEFAULT_CONGESTION,
                 horizon: int | None = None, costs: CostModel | None = None, symmetry: bool = True):
     """Build the CP-SAT model of Moirai III-D for *graph* on *cluster*.
 

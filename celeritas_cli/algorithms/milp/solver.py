@@ -10,22 +10,27 @@ deterministic-time budget, the wall-clock cap) and write the result
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
 
+from ... import registry
 from ...errors import Infeasible, InvalidInput, SolverError
 from ...log import chatty
 from ...model.cluster import Cluster
+from ...model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
+from ...model.limits import WAIT_MAX
 from ...model.placement import Placement
 from ...sim.judge import original_makespan
-from ...sim.simulator import CONGESTION_RULES, lower_bound
+from ...sim.simulator import lower_bound
 from .data import choose_resolution, cp_module, model_size, stderr_console
 from .hints import heuristic_hint, hint_names, hinted_model
 from .result import Call, WarmStart, give_up, solver_placement
 
+DEFAULT_TIME_LIMIT = 60.0  # seconds; with time_limit 0 (no wall clock) the counted budgets are this one's
 TOO_LARGE = 5000      # nodes: above this the model is not built (return the hint)
 LARGE = 1000          # nodes: above this warn that a proof is unlikely
 HINT_SHARE = 0.5
@@ -88,7 +93,8 @@ def solver_parameters(prm, *, deterministic: bool, workers: int, det_budget: flo
         prm.linearization_level = 0
     else:
         prm.num_workers = workers
-    prm.max_time_in_seconds = max(cap, 0.01)
+    if math.isfinite(cap):  # else CP-SAT's default: no wall-clock limit
+        prm.max_time_in_seconds = max(cap, 0.01)
     prm.random_seed = int(seed) % (2**31)
     prm.log_search_progress = False
     prm.cp_model_probing_level = 0
@@ -101,19 +107,23 @@ def search(cp_model, model, *, deterministic: bool, workers: int, det_budget: fl
     Deterministic: the search stopped by the deterministic budget
     *det_budget* (:func:`solver_parameters`); the wall clock *cap* only
     caps it and ``wall_cut`` says when it did.  Otherwise *workers* in
-    parallel until *cap* seconds.  A watchdog calls ``stop_search`` shortly
-    after *cap* in case a phase ignores the limit.
+    parallel until *cap* seconds (``inf``: no wall-clock limit).  A watchdog
+    calls ``stop_search`` shortly after *cap* in case a phase ignores the
+    limit; none beyond :data:`~celeritas_cli.model.limits.WAIT_MAX` (a timer
+    that long overflows the platform's clock, issue 24 N03).
     """
     solver = cp_model.CpSolver()
     solver_parameters(solver.parameters, deterministic=deterministic, workers=workers, det_budget=det_budget,
                       cap=cap, seed=seed)
-    watchdog = threading.Timer(1.05 * cap + 0.2, solver.stop_search)
-    watchdog.daemon = True
-    watchdog.start()
+    watchdog = threading.Timer(1.05 * cap + 0.2, solver.stop_search) if 1.05 * cap + 0.2 <= WAIT_MAX else None
+    if watchdog is not None:
+        watchdog.daemon = True
+        watchdog.start()
     try:
         status = solver.solve(model, progress_callback_class()(res, console, quiet))
     finally:
-        watchdog.cancel()
+        if watchdog is not None:
+            watchdog.cancel()
     done = status in (cp_model.OPTIMAL, cp_model.INFEASIBLE)
     wall_cut = deterministic and not done and solver.deterministic_time < 0.99 * det_budget
     if wall_cut:
@@ -139,8 +149,8 @@ def too_large(graph: Graph, k: int, time_limit: float) -> str | None:
 def _check_args(congestion: str, time_limit: float, det_time: float) -> None:
     if congestion not in CONGESTION_RULES:
         raise InvalidInput(f"milp: unknown congestion rule '{congestion}' (use channel, port or none)")
-    if not time_limit > 0:
-        raise InvalidInput(f"milp: time_limit must be > 0 seconds, got {time_limit}")
+    if not time_limit >= 0:
+        raise InvalidInput(f"milp: time_limit must be >= 0 seconds (0 = no limit), got {time_limit}")
     if det_time < 0:
         raise InvalidInput(f"milp: det_time must be >= 0 (0 = automatic), got {det_time}")
 
@@ -154,13 +164,13 @@ def _empty_placement(graph: Graph, cluster: Cluster, params: dict, seed: int) ->
 
 def warm_start(call: Call, hint: str, time_limit: float) -> WarmStart:
     """Run the warm-start chain named by *hint* (started only within
-    ``HINT_SHARE`` of *time_limit*) and judge its memory-feasible best on
-    the original graph when that is known."""
+    ``HINT_SHARE`` of *time_limit*; 0 = no limit) and judge its
+    memory-feasible best on the original graph when that is known."""
     graph, cluster, costs, console = call.graph, call.cluster, call.costs, call.console
     names = hint_names(hint)
+    cut_at = time.perf_counter() + HINT_SHARE * time_limit if time_limit else math.inf
     best, chain_cut = (heuristic_hint(graph, cluster, names, call.seed, call.congestion, costs,
-                                      None if call.quiet else console,
-                                      deadline=time.perf_counter() + HINT_SHARE * time_limit)
+                                      None if call.quiet else console, deadline=cut_at)
                        if names else (None, False))
     if chain_cut:
         console.print(f"milp: the wall clock cut the warm-start chain after {HINT_SHARE:.0%} of --time-limit "
@@ -182,14 +192,17 @@ def _base_estimate(call: Call) -> dict:
     return est
 
 
-def search_cap(t0: float, time_limit: float, warm: WarmStart) -> float:
-    """Seconds left for the search: the call's *time_limit* from *t0*
-    less a reserve for the result's two simulations (graph solved and
-    original) and for the caller to write it and exit (placer place:
-    limit + 10 % + 1 s in all)."""
+def search_cap(end: float | None, time_limit: float, warm: WarmStart) -> float:
+    """Seconds left for the search: until the call's deadline *end* (a
+    :func:`time.perf_counter` reading; None = no limit: ``inf``) less a
+    reserve for the result's two simulations (graph solved and original)
+    and for the caller to write it and exit (placer place: limit + 10 % +
+    1 s in all)."""
+    if end is None:
+        return math.inf
     reserve = 2.0 * (warm.best.sim_s if warm.best is not None else 0.0) + 2.0 * warm.orig_s \
         + 0.02 * time_limit + min(0.5, 0.05 * time_limit)
-    return t0 + time_limit - reserve - time.perf_counter()
+    return end - reserve - time.perf_counter()
 
 
 def _outcome(cp_model, call: Call, model, mv, solver, status, search_est: dict) -> Placement:
@@ -214,9 +227,9 @@ def _outcome(cp_model, call: Call, model, mv, solver, status, search_est: dict) 
 
 
 def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: int = 8, seed: int = 0,
-          resolution: float = 0.0, congestion: str = "channel", hint: str = "auto",
+          resolution: float = 0.0, congestion: str = DEFAULT_CONGESTION, hint: str = "auto",
           quiet: bool = False, deterministic: bool = True, det_time: float = 0.0,
-          costs: CostModel | None = None) -> Placement:
+          costs: CostModel | None = None, deadline: float | None = None) -> Placement:
     """Place *graph* on *cluster* with the CP-SAT model of :func:`~.model.build_model`.
 
     Parameters
@@ -229,7 +242,9 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
         larger than ``INTERVALS_PER_SECOND`` x *time_limit* optional
         intervals (:func:`~.data.model_size`) is not built: the best warm start is
         returned with a message saying to coarsen first (or
-        :class:`SolverError` when there is none).
+        :class:`SolverError` when there is none).  0 = no wall-clock limit;
+        the counted budgets (``det_time``, model size) are then those of
+        :data:`DEFAULT_TIME_LIMIT`.
     workers : int
         CP-SAT search workers when ``deterministic`` is false, capped at
         ``os.cpu_count()`` (the deterministic search uses one).
@@ -283,18 +298,25 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     -----
     Never worse than the warm start (see :mod:`.result`).
 
+    deadline : float, optional
+        The :func:`time.perf_counter` reading at which the wall clock ends
+        (``registry.place`` passes the command's start + *time_limit*);
+        default: *time_limit* from this call's start.
+
     References
     ----------
     Moirai (moirai.txt) III-D, Eq. 4-8; the OR-Tools flexible job-shop
     sample for the interval formulation.
     """
     t0 = time.perf_counter()
+    end = deadline if deadline is not None else registry.deadline(time_limit, t0)
     cp_model = cp_module()  # the import (about a second) counts against the limit
     console = stderr_console()
     quiet = quiet or not chatty()  # placer compare runs cells quietly unless -v
     _check_args(congestion, time_limit, det_time)
+    budget_s = time_limit or DEFAULT_TIME_LIMIT  # what the counted budgets derive from
     workers = 1 if deterministic else max(1, min(int(workers), os.cpu_count() or 1))
-    det_budget = det_time if det_time > 0 else DET_PER_SECOND * time_limit
+    det_budget = det_time if det_time > 0 else DET_PER_SECOND * budget_s
     n, k = graph.n, cluster.k
     costs = cost_model(graph, cluster, costs)
     params = {"workers": workers, "congestion": congestion}
@@ -308,7 +330,7 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     call = Call(graph, cluster, costs, congestion, seed, deterministic, console, quiet, params)
     call.warm = warm_start(call, hint, time_limit)
     call.base_est = _base_estimate(call)
-    msg = too_large(graph, k, time_limit)
+    msg = too_large(graph, k, budget_s)
     if msg:
         return give_up(call, msg, "UNKNOWN", "model too large for the time limit",
                        f"model not built ({n} nodes, {model_size(graph, k)} intervals); returned hint '{{hint}}'")
@@ -319,7 +341,7 @@ def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: 
     res = choose_resolution(graph, costs, resolution, best.makespan if best is not None else None)
     params["resolution"] = res
     model, mv = hinted_model(graph, cluster, best, call.warm.fallback is not None, res, congestion, costs)
-    cap = search_cap(t0, time_limit, call.warm)
+    cap = search_cap(end, time_limit, call.warm)
     if cap <= 0.0:
         return give_up(call, f"milp: no time left for the search within --time-limit {time_limit:g} s; coarsen "
                              f"first or raise it", "UNKNOWN", "no time left to search",
