@@ -57,6 +57,10 @@ def calibrate(reports, graph_path, cluster_path, cluster_out, clock, output):
         f"{s['scaled_linearly']} scaled linearly from another batch")
     say(f"fit error per sample (|sample - fitted| / fitted): mean {100 * e['mean']:.1f}%, median "
         f"{100 * e['median']:.1f}%, p90 {100 * e['p90']:.1f}%, {100 * e['within_20']:.0f}% within 20%")
+    fit = s["op_types"].get("*")
+    if fit:
+        say(f"node times against the graph's: {1e6 * fit['overhead_s']:.1f} us + {fit['scale']:.3f} x old time "
+            f"(least squares over {fit['nodes']} nodes; per op type in meta.calibrated of the graph)")
     for lab, g in s["dispatch_s"].items():
         say(f"{lab}: dispatch overhead {1e6 * g:.1f} us per node")
     for host, h in s["hosts"].items():

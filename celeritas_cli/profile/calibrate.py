@@ -330,7 +330,8 @@ def calibrate(graph_doc: dict, cluster_doc: dict, reports: list[dict], *, labels
                "hosts": hosts, "op_types": {k: v for k, v in types.items() if k == "*" or v["nodes"] >= 3},
                "links": {f"{a}->{b}": f for (a, b), f in links.items()}}
     out_graph.setdefault("meta", {})["calibrated"] = {k: summary[k] for k in ("reports", "clock", "batch",
-                                                                              "nodes_fitted", "batch_lines")}
+                                                                              "nodes_fitted", "batch_lines",
+                                                                              "op_types")}
     out_graph["meta"]["calibrated"]["node_error_median"] = summary["node_error"]["median"]
     Graph.from_dict(out_graph, "calibrated graph")
     Cluster.from_dict(out_cluster, "calibrated cluster")
