@@ -9,7 +9,7 @@ GRAPH   ?= sample_graphs/zoo/transformer.json.gz
 CLUSTER ?= sample_graphs/clusters/4xV100-pcie.json
 ALGO    ?= auto
 
-.PHONY: install install-torch demo test test-all bench samples clean
+.PHONY: install install-torch install-ray install-browser demo test test-all bench samples clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,18 @@ $(VENV)/.torch: | $(VENV)/.installed
 	touch $@
 
 install-torch: $(VENV)/.torch
+
+# Ray is an optional extra (placer compare --executor ray); CI installs it (.ci/run) so the Ray tests run
+$(VENV)/.ray: pyproject.toml | $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[ray]'
+	touch $@
+
+install-ray: $(VENV)/.ray
+
+# the slow browser test of the HTML pages (tests/report/test_browser.py): playwright and Debian's chromium
+install-browser: | $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e '.[browser]'
+	test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 
 demo: install
 	@mkdir -p out

@@ -76,7 +76,7 @@ def bucket_rows(files: list[str], cluster, sizes: list[float]) -> list[dict]:
             p = registry.place(g, cluster, "data-parallel", params={"bucket_mb": mb})
             wall = time.perf_counter() - t0
             row["cells"].append({"bucket_mb": mb, "makespan_s": p.estimate["makespan_s"],
-                                 "status": p.estimate["status"], "nodes": len(p.split_graph["nodes"]),
+                                 "status": p.estimate["status"], "nodes": p.derived.n,
                                  "wall_s": wall})
         rows.append(row)
     return rows

@@ -2,6 +2,10 @@
 carries only the JSON document, so pipes keep working).  Library modules and
 the CLI both use it; it imports nothing of the package.
 
+:class:`Progress` shows long work (``placer compare``'s cells, ``auto``'s
+search): a rich bar on a terminal, plain lines when stderr is a pipe or a
+file, nothing inside :func:`quiet` (``-q``).
+
 :func:`stdout_to_stderr` keeps code we do not control (C libraries such as
 METIS, a user's model) from writing into our stdout.
 """
@@ -69,6 +73,95 @@ def quiet(on: bool = True) -> Iterator[None]:
         yield
     finally:
         _CHATTY.reset(token)
+
+
+class Progress:
+    """Progress of long work on stderr, in one of three modes: ``"bar"`` (a
+    rich progress bar; stderr is a terminal), ``"lines"`` (plain lines;
+    stderr is a pipe or a log file) or ``"off"`` (*enabled* false, or inside
+    :func:`quiet`).  Use it as a context manager.
+
+    :meth:`update` moves the bar (nothing in the other modes); :meth:`line`
+    prints a progress line (above the bar, or plain; nothing when off);
+    :meth:`note` prints a line in every mode (a failure, a warning).  No
+    refresh thread runs (``placer compare`` forks its workers while the bar
+    is up): the bar is redrawn on each call.
+
+    Example
+    -------
+    >>> with Progress("cells", total=2, enabled=False) as bar:
+    ...     bar.update(advance=1); bar.line("not shown"); bar.mode
+    'off'
+    """
+
+    def __init__(self, description: str, total: float | None = None, *, enabled: bool = True,
+                 mode: str | None = None):
+        if mode is None:
+            mode = "off" if not (enabled and chatty()) else ("bar" if _stderr_is_terminal() else "lines")
+        if mode not in ("bar", "lines", "off"):
+            raise ValueError(f"unknown progress mode {mode!r}")
+        self.mode = mode
+        self.description = description
+        self.total = total
+        self._bar = None
+        self._task = None
+
+    def __enter__(self) -> "Progress":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self.mode != "bar" or self._bar is not None:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import Progress as RichProgress
+
+        self._bar = RichProgress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=stderr_console(),
+                                 auto_refresh=False, transient=False)
+        self._bar.start()
+        self._task = self._bar.add_task(self.description, total=self.total)
+        self._bar.refresh()
+
+    def update(self, *, completed: float | None = None, advance: float = 0, total: float | None = None,
+               description: str | None = None) -> None:
+        """Move the bar: *completed* (absolute) or *advance*, a new *total*
+        or *description* (shown left of the bar)."""
+        if self._bar is None:
+            return
+        fields: dict = {}
+        if completed is not None:
+            fields["completed"] = completed
+        if total is not None:
+            fields["total"] = total
+        if description is not None:
+            fields["description"] = description
+        if advance:
+            fields["advance"] = advance
+        self._bar.update(self._task, **fields)
+        self._bar.refresh()
+
+    def line(self, msg: str) -> None:
+        """A progress line: above the bar, or plain on stderr; nothing when off."""
+        if self.mode != "off":
+            self.note(msg)
+
+    def note(self, msg: str) -> None:
+        """A line in every mode (above the bar when there is one), never
+        hard-wrapped: stderr is often a log file that people grep."""
+        if self._bar is not None:
+            self._bar.console.print(msg, markup=False, highlight=False, soft_wrap=True)
+        else:
+            warn(msg)
+
+    def stop(self, description: str | None = None) -> None:
+        if self._bar is not None:
+            self.update(description=description)
+            self._bar.stop()
+            self._bar = None
 
 
 @functools.lru_cache(maxsize=1)

@@ -440,8 +440,8 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     """Run registered algorithm *algo* and return its :class:`Placement`,
     with ``algorithm``, ``params``, ``seed`` and ``placement_time_s`` filled in
     (wall time of the algorithm itself, like Celeritas Table 4).  A result
-    that carries a ``split_graph`` gets an estimate said to hold for that
-    graph (``estimate.graph == "split"``).
+    made on a derived graph (``derived``) gets an estimate said to hold for
+    that graph (``estimate.graph == "split"``).
 
     *params* are checked and converted (:meth:`Entry.coerce`) before
     anything runs.  *costs* is the cost model to place under (default: the
@@ -470,8 +470,8 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     with stdout_to_stderr():  # C libraries (METIS) print to fd 1; stdout is for the JSON document
         result = entry.func(graph, cluster, seed=seed, costs=costs, **kwargs, **clock)
     result.placement_time_s = time.perf_counter() - t0
-    if result.split_graph is not None and result.estimate.graph != "split":
-        result.estimate = result.estimate.with_graph("split", len(result.split_graph.get("nodes", ())))
+    if result.derived is not None and result.estimate.graph != "split":
+        result.estimate = result.estimate.with_graph("split", result.derived.n)
     result.algorithm = algo
     result.params = {**kwargs, **result.params}
     result.seed = seed

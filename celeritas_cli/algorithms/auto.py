@@ -16,22 +16,32 @@ is memory-feasible whenever any candidate is.
 Deterministic for a seed: the budget is counted in simulations
 (``evaluations``; by default derived from ``time_limit`` and the graph's size),
 and the wall clock only caps it - the result says so on stderr and in
-``estimate.clock_cut``.  The machinery lives in :mod:`celeritas_cli.optimize`.
+``estimate.clock_cut``.  ``time_limit`` bounds the whole call (for ``placer
+place`` the whole command, loading included): no member starts that is not
+expected to end before the deadline, and every member left out is said with
+its reason (stderr, ``estimate.skipped``) - on a 36,000-node graph with a
+5 s limit, METIS and m-TOPO run and data parallelism (a replica cannot fit a
+device) does not (issue 24, N16).  The machinery lives in
+:mod:`celeritas_cli.optimize`; the last stderr line says the plan in words
+(:mod:`celeritas_cli.sim.describe`).
 """
 
 from __future__ import annotations
 
 from ..errors import InvalidInput
-from ..log import chatty, warn
+from ..log import Progress, chatty, warn
 from ..model.cluster import Cluster
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..model.limits import COUNT_MAX
 from ..model.placement import Placement, finite_or_none
+from ..optimize.portfolio import batch_split_refusal
 from ..optimize.search import DEFAULT_TIME_LIMIT, Search
 from ..registry import Param, congestion_param, register, time_limit_param
 from ..registry import names as registered
+from ..sim.describe import describe_placement
+from .data_parallel import ASSUME_BATCH
 
 
 @register("auto", paper="placer", section="portfolio + simulator-in-the-loop multilevel refinement",
@@ -42,9 +52,11 @@ from ..registry import names as registered
                   "evaluations": Param(int, 0, "simulations the search may make (0 = from time_limit, or the "
                                               "default 10 s when it is 0, and the graph size, so the clock "
                                               "normally never decides)", min=0, max=COUNT_MAX),
-                  "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice)"),
+                  "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice); "
+                                          "each named one runs, or stderr says why not"),
                   "congestion": congestion_param("congestion rule the simulator judges with"),
                   "quiet": Param(bool, False, "no progress lines on stderr"),
+                  "assume_batch": ASSUME_BATCH,
                   "verify": Param(int, 0, "run the N best simulated placements with placer run on the machine the "
                                           "cluster describes and return the fastest measured (0 = off)",
                                   min=0, max=20)},
@@ -52,7 +64,7 @@ from ..registry import names as registered
 def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
          time_limit: float = DEFAULT_TIME_LIMIT, evaluations: int = 0, algos: str = "",
          congestion: str = DEFAULT_CONGESTION, quiet: bool = False, deadline: float | None = None,
-         verify: int = 0) -> Placement:
+         assume_batch: int = 0, verify: int = 0) -> Placement:
     """Search for the best placement the simulator can confirm (module docstring).
 
     Parameters
@@ -72,7 +84,10 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         Simulation budget; 0 derives it from *time_limit* and the graph size
         (:func:`~celeritas_cli.optimize.search.default_evaluations`).
     algos : str
-        Comma-separated registered algorithms to use as the portfolio.
+        Comma-separated registered algorithms to use as the portfolio; each
+        runs (``milp`` and ``hierarchical`` with a share of the time limit),
+        or stderr and ``estimate.skipped`` say why it cannot (``given``
+        needs a placement file; an extra that is not installed).
     congestion : {"channel", "port", "none"}
         The simulator's congestion rule for every judgement.
     quiet : bool
@@ -83,6 +98,11 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         The :func:`time.perf_counter` reading at which the wall clock ends
         (``registry.place`` passes the command's start + *time_limit*, so
         loading counts too); default: *time_limit* from this call's start.
+    assume_batch : int
+        The batch the graph's costs hold for when it declares none (0 = the
+        graph's own), passed to the members that split the batch.  Without
+        a batch (or on a coarse graph, or with fewer samples than devices)
+        the data-parallel members are left out, and a line on stderr says why.
     verify : int
         Measured in the loop (:mod:`celeritas_cli.optimize.verify`): run the
         *verify* best simulated placements with ``placer run`` and return the
@@ -92,7 +112,10 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     -------
     Placement
         ``estimate`` records the judge, the winner and what refinement gained
-        (``makespan_s`` is the simulator's on the graph given).
+        (``makespan_s`` is the simulator's on the graph given), the budget's
+        account (``evaluations``: simulations made; ``evaluations_spent``:
+        those plus the members' estimated work, of ``evaluation_budget``),
+        every candidate, and ``skipped``: each member left out, with why.
 
     Raises
     ------
@@ -122,14 +145,17 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         if unknown:
             raise InvalidInput(f"'auto' parameter algos: unknown or not allowed: {', '.join(unknown)}")
     costs = cost_model(graph, cluster, costs)
+    why = batch_split_refusal(graph, cluster, assume_batch or None)
+    if why is not None and chatty() and not quiet and (names is None or "data-parallel" in names):
+        warn(f"auto: data parallelism left out: {why}")
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
-                    congestion=congestion, algos=names, log=warn if chatty() and not quiet else None,
-                    deadline=deadline)
-    out = search.run()
+                    congestion=congestion, algos=names, log=warn if chatty() and not quiet else None, notice=warn,
+                    deadline=deadline, assume_batch=assume_batch or None)
+    out = _run(search, chatty() and not quiet)
+    spent = _spent(search)
     if out.clock_cut:
-        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({search.budget.spent:.0f} of "
-             f"{search.budget.limit:.0f} evaluations spent), so another run may differ; raise --time-limit or "
-             f"lower -p evaluations for a repeatable result")
+        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({spent}), so another run may differ; "
+             f"raise --time-limit or lower -p evaluations for a repeatable result")
     winner = out.winner.spec.name if out.winner is not None else None
     start = out.start_score.makespan if out.start_score is not None else out.score.makespan
     estimate = {
@@ -137,7 +163,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         "makespan_by": "simulator",
         "status": "FEASIBLE" if out.score.feasible else "OOM",
         "judge": "simulator",
-        "judged_on": "derived graph (split_graph)" if out.graph is not graph else
+        "judged_on": "derived graph (derivation)" if out.graph is not graph else
                      ("coarse input graph" if graph.is_coarse else "original graph"),
         "congestion": congestion,
         "lower_bound_s": out.lower_bound,
@@ -152,20 +178,42 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         "clock_cut": out.clock_cut,
         "candidates": out.candidates,
     }
+    if out.skipped:
+        estimate["skipped"] = out.skipped
     p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", order=out.order, seed=seed,
                                estimate=estimate)
-    if out.graph is not graph:  # a derived graph (splits, data parallelism): carry it and its recipe
-        for attr in ("split_graph", "derivation"):
-            if getattr(out.winner.placement, attr, None) is not None:
-                setattr(p, attr, getattr(out.winner.placement, attr))
+    if out.graph is not graph:  # a derived graph (splits, data parallelism): keep it and its recipe
+        p.derivation, p.derived = out.winner.placement.derivation, out.graph
         p.graph = graph.original_name
     if chatty() and not quiet:
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
-             f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), "
-             f"{out.evaluations} evaluations")
+             f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), {spent}")
+        warn(f"auto: the plan: {describe_placement(p, graph)}")
     if verify > 0:
         from ..optimize.verify import choose_measured
 
         p = choose_measured(p, (id(out.graph), tuple(out.device_of)), search, graph, cluster, verify,
                             log=warn if chatty() and not quiet else None)
     return p
+
+
+def _spent(search: Search) -> str:
+    """The budget's account in one phrase, the same wherever it is said:
+    simulations made, plus the members' estimated work, of the budget."""
+    b = search.budget
+    return (f"{b.spent:.1f} of {b.limit:.0f} evaluations spent: {b.used} simulations + {b.charged:.1f} charged "
+            f"by estimate for the placers' work and larger graphs")
+
+
+def _run(search: Search, talk: bool):
+    """``search.run()``; on a terminal with a progress bar on stderr (the
+    evaluation budget spent, the search's lines printed above it).  Piped,
+    the lines come as they are; quiet, nothing."""
+    with Progress("auto", total=search.budget.limit, enabled=talk) as bar:
+        if bar.mode == "bar":
+            def line(msg: str) -> None:
+                bar.update(completed=min(search.budget.spent, search.budget.limit))
+                bar.line(msg)
+
+            search.log = line
+        return search.run()

@@ -35,13 +35,18 @@ from ..model.graph import Graph
 from ..model.limits import TIME_MAX
 from ..model.placement import Placement, finite_or_none
 from ..registry import Param, register
+from ..transform.admit import dp_batch
 from ..transform.allreduce import BUCKET_MB_MAX
+from ..transform.batch import BATCH_MAX, whole_samples
 from ..transform.derivation import attach, data_parallel_step
 from ..transform.replicate import SCALINGS, data_parallel_graph
 from ..transform.split_cost import DEFAULT_OVERHEAD_S, batch_profile
 from ..sim.simulator import lower_bound, run_schedule
 
 SHARES = ("equal", "proportional")
+#: the ``assume_batch`` parameter of the algorithms that split the batch (``--assume-batch``)
+ASSUME_BATCH = Param(int, 0, "the batch the graph's costs hold for, when it declares none (meta.batch_size); "
+                     "0 = the graph's own (--assume-batch)", min=0, max=BATCH_MAX)
 #: default ``bucket_mb``: PyTorch DDP's default ``bucket_cap_mb`` (see :func:`data_parallel` for the measurements)
 DEFAULT_BUCKET_MB = 25.0
 
@@ -118,11 +123,12 @@ def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
                                   "to each device's speed on the graph (not in the paper)", choices=SHARES),
                   "bucket_mb": Param(float, DEFAULT_BUCKET_MB, "gradients all-reduced in buckets of this many MiB "
                                      "in the order they become ready (PyTorch DDP's bucket_cap_mb, not in "
-                                     "FastT); 0 = one ring all-reduce per gradient", min=0, max=BUCKET_MB_MAX)},
+                                     "FastT); 0 = one ring all-reduce per gradient", min=0, max=BUCKET_MB_MAX),
+                  "assume_batch": ASSUME_BATCH},
           quick_params={})
 def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
                   devices: str = "", scaling: str = "strong", overhead_s: float = DEFAULT_OVERHEAD_S,
-                  shares: str = "equal", bucket_mb: float = DEFAULT_BUCKET_MB) -> Placement:
+                  shares: str = "equal", bucket_mb: float = DEFAULT_BUCKET_MB, assume_batch: int = 0) -> Placement:
     """Data-parallel placement of *graph* (FastT's DP baseline).
 
     Parameters
@@ -158,6 +164,15 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         one ring all-reduce of its total bytes once all its gradients are
         ready; ``0`` reduces every gradient by its own ring.  Recorded in
         the recipe.  Default 25 MiB, DDP's default ``bucket_cap_mb``.
+    assume_batch : int
+        The batch the graph's costs hold for when it declares none
+        (``meta.batch_size``; 0 = the graph's own).  Strong scaling over
+        ``k > 1`` replicas divides the batch, which is possible only where
+        the batch is known and has at least ``k`` samples; the replicas get
+        whole samples (a batch that ``k`` does not divide gives the first
+        ``batch % k`` replicas one sample more, recorded as ``shares``).
+        Recorded in the recipe (``assume_batch``), with the batch divided
+        (``global_batch``).
         Measured (``benchmarks/bench_data_parallel.py --only buckets``,
         simulated step against ``bucket_mb=0``) on the five zoo models:
         4xV100-pcie 0.97-1.06, 8xA100-nvswitch 0.91-1.00,
@@ -173,7 +188,7 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     Returns
     -------
     Placement
-        Over the data-parallel graph (``split_graph``, with ``derivation``
+        Over the data-parallel graph (``derived``, with ``derivation``
         ``[{"transform": "data-parallel", ...}]``), without an order, and
         an ``estimate`` holding the simulated makespan (channel congestion),
         ``status`` (``OOM`` when a device is over capacity), the simulator's
@@ -186,15 +201,19 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     Raises
     ------
     InvalidInput
-        Unknown devices or more replicas than devices.
+        Unknown devices or more replicas than devices; strong scaling of a
+        graph that declares no batch (and none assumed), of a batch smaller
+        than the replicas, or of a coarse graph (its gradients cannot be
+        told apart: replicate the original graph); a data-parallel graph
+        over the derived-graph budget.  Said before anything is built.
 
     Example
     -------
     >>> from celeritas_cli.model.generate import layered
     >>> from celeritas_cli.model.cluster import uniform
-    >>> p = data_parallel(layered(40, seed=1), uniform(2))
-    >>> p.estimate["replicas"], sorted(set(p.assignment.values()))
-    (2, ['gpu0', 'gpu1'])
+    >>> p = data_parallel(layered(40, seed=1), uniform(2), assume_batch=32)
+    >>> p.estimate["replicas"], sorted(set(p.assignment.values())), p.derivation["steps"][0]["global_batch"]
+    (2, ['gpu0', 'gpu1'], 32)
 
     References
     ----------
@@ -203,12 +222,18 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     Distributed", VLDB 2020.
     """
     devs = choose_devices(cluster, devices)
-    costs = cost_model(graph, cluster, costs)
+    k = len(devs)
+    assumed = assume_batch or None
     if shares == "proportional" and scaling != "strong":
         raise InvalidInput("data-parallel parameter shares: proportional needs scaling=strong")
+    batch, _ = dp_batch(graph, k, scaling, None, assumed)  # refuses a graph without a batch before anything else
+    costs = cost_model(graph, cluster, costs)
     split = proportional_shares(graph, costs, devs) if shares == "proportional" else None
-    g2 = data_parallel_graph(graph, len(devs), scaling=scaling, overhead_s=overhead_s, shares=split,
-                             bucket_mb=bucket_mb)
+    if batch is not None and scaling == "strong" and k > 1:
+        samples = whole_samples(batch, k, split, what=f"data-parallel over {k} replicas: the batch")
+        split = None if len(set(samples)) == 1 else [b / batch for b in samples]
+    g2 = data_parallel_graph(graph, k, scaling=scaling, overhead_s=overhead_s, shares=split,
+                             bucket_mb=bucket_mb, assume_batch=assumed)
     c2 = costs.for_graph(g2)
     device_of = replica_devices(g2, devs)
     sched = run_schedule(g2, cluster, device_of, None, costs=c2)
@@ -227,8 +252,11 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         estimate["bucket_mb"], estimate["buckets"] = info["bucket_mb"], info["buckets"]
     if "global_batch" in info:
         estimate["global_batch"] = info["global_batch"]
+        estimate["replica_batch"] = info["replica_batch"]
     if oom:
         estimate["oom_devices"] = oom
     p = Placement.from_indices(g2, cluster, device_of, algorithm="data-parallel", seed=seed, estimate=estimate)
-    attach(p, graph, g2, [data_parallel_step(len(devs), scaling, overhead_s, split, bucket_mb)])
+    strong_split = batch is not None and scaling == "strong" and k > 1
+    attach(p, graph, g2, [data_parallel_step(k, scaling, overhead_s, split, bucket_mb,
+                                             global_batch=batch if strong_split else None, assume_batch=assumed)])
     return p

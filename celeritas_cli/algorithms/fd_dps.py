@@ -70,8 +70,13 @@ Reading of sections 4.2-4.3 (the text omits the formulas):
   split cost model of :mod:`celeritas_cli.transform.split_cost`, shared
   with OS-DPOS and data parallelism); both graphs are scheduled and the
   one with the smaller simulated makespan (under *congestion*, the rule
-  the schedules were planned for) is kept (the split graph travels in
-  ``Placement.split_graph``, its recipe in ``Placement.derivation``).
+  the schedules were planned for) is kept (the split graph in
+  ``Placement.derived``, its recipe in ``Placement.derivation``).  A node's
+  first allowed dimension is the first whose split into *split_parts*
+  parts can be built: a batch split only where the graph declares its batch
+  (``meta.batch_size`` or ``assume_batch``) and *split_parts* divides the
+  samples (:func:`~celeritas_cli.transform.admit.split_refusal`); a node
+  with none is not split.  *split_parts* may not exceed the devices.
 """
 
 from __future__ import annotations
@@ -87,13 +92,16 @@ from ..model.graph import Graph
 from ..model.limits import COUNT_MAX, TIME_MAX
 from ..model.placement import Placement
 from ..registry import Param, congestion_param, register
+from ..transform.admit import split_refusal
 from ..transform.derivation import attach, split_step
+from ..transform.recipe_check import MAX_STEPS
 from ..scheduling.memory import DeviceMemory
 from ..transform.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
 from ..transform.splitting import split_operation
 from ..scheduling.timeline import Timeline
 from ..sim.links import InputArrivals
 from ..sim.simulator import makespan_of
+from .data_parallel import ASSUME_BATCH
 
 DEFAULT_EPS = 1.0e-9
 
@@ -303,22 +311,27 @@ class _FdDps:
 
 
 def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int, max_splits: int,
-                    overhead_s: float) -> tuple[Graph, list[dict]]:
+                    overhead_s: float, assume_batch: int | None = None) -> tuple[Graph, list[dict]]:
     """Split the splittable critical nodes (Definition 10 on the unscheduled
     graph), heaviest first, at most *max_splits*, along their first allowed
     dimension (:func:`~celeritas_cli.transform.split_cost.splittable_dims`)
-    into *parts* parts; returns the split graph and its recipe steps."""
+    whose split into *parts* parts can be built (a batch split needs equal
+    parts of whole samples, :func:`~celeritas_cli.transform.admit.split_refusal`);
+    returns the split graph and its recipe steps."""
     _, _, _, crit = est_lst(graph, costs)
     topo = graph.topo_index()
-    cands = sorted((v for v in range(graph.n) if crit[v] and splittable_dims(graph, v)),
-                   key=lambda v: (-costs.mean_time[v], topo[v]))
+    dim_of = {v: next((d for d in splittable_dims(graph, v) if split_refusal(graph, v, d, parts, assume_batch) is None),
+                      None) for v in range(graph.n) if crit[v]}
+    cands = sorted((v for v, d in dim_of.items() if d is not None), key=lambda v: (-costs.mean_time[v], topo[v]))
     if max_splits > 0:
         cands = cands[:max_splits]
+    cands = cands[:MAX_STEPS]  # a recipe has at most MAX_STEPS steps
     g = graph
     steps = []
+    assumed = assume_batch if "batch_size" not in graph.meta else None
     for v in cands:
-        steps.append(split_step(graph.ids[v], splittable_dims(graph, v)[0], parts, overhead_s))
-        g = split_operation(g, graph.ids[v], steps[-1]["dim"], parts, overhead_s=overhead_s)
+        steps.append(split_step(graph.ids[v], dim_of[v], parts, overhead_s, assumed))
+        g = split_operation(g, graph.ids[v], steps[-1]["dim"], parts, overhead_s=overhead_s, assume_batch=assume_batch)
     return g, steps
 
 
@@ -337,11 +350,13 @@ def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int
                   "max_splits": Param(int, 8, "split at most this many operators (0 = all critical ones)", min=0,
                                        max=COUNT_MAX),
                   "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)", min=0,
-                                      max=TIME_MAX)},
+                                      max=TIME_MAX),
+                  "assume_batch": ASSUME_BATCH},
           quick_params={})
 def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, eps: float = DEFAULT_EPS,
            fallback: str = "lowest-priority", congestion: str = DEFAULT_CONGESTION, split: bool = False,
-           split_parts: int = 0, max_splits: int = 8, overhead_s: float = DEFAULT_OVERHEAD_S) -> Placement:
+           split_parts: int = 0, max_splits: int = 8, overhead_s: float = DEFAULT_OVERHEAD_S,
+           assume_batch: int = 0) -> Placement:
     """FD-DPS placement and execution order: :func:`fd_dps_schedule`, with
     ``split=True`` on the graph with its critical operators split too
     (:func:`_keep_split_if_faster`).  The module docstring has every reading
@@ -356,6 +371,9 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
         Unused (deterministic).
     eps, fallback, congestion, split, split_parts, max_splits, overhead_s :
         See the module docstring and the registry help.
+    assume_batch : int
+        The batch the graph's costs hold for when it declares none (0 = the
+        graph's own), for batch splits; recorded in the recipe.
 
     Returns
     -------
@@ -372,6 +390,9 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
     """
     if not eps > 0:
         raise InvalidInput(f"fd-dps parameter eps: must be a positive constant (Definition 12), got {eps}")
+    if split and split_parts > cluster.k:
+        raise InvalidInput(f"fd-dps parameter split_parts: {split_parts} parts is more than the {cluster.k} devices "
+                           f"of cluster '{cluster.name}'")
     costs = cost_model(graph, cluster, costs)
     device_of, order, _, ms, oom, ncrit = fd_dps_schedule(graph, cluster, costs, eps=eps, fallback=fallback,
                                                         congestion=congestion)
@@ -380,7 +401,8 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
     if split and cluster.k > 1:
         g_used, steps, device_of, order = _keep_split_if_faster(
             graph, cluster, costs, device_of, order, estimate, eps=eps, fallback=fallback, congestion=congestion,
-            parts=split_parts or cluster.k, max_splits=max_splits, overhead_s=overhead_s)
+            parts=split_parts or cluster.k, max_splits=max_splits, overhead_s=overhead_s,
+            assume_batch=assume_batch or None)
     p = Placement.from_indices(g_used, cluster, device_of, algorithm="fd-dps", order=order, seed=seed,
                                estimate=estimate)
     attach(p, graph, g_used, steps)
@@ -389,14 +411,15 @@ def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | 
 
 def _keep_split_if_faster(graph: Graph, cluster: Cluster, costs: CostModel, device_of: list[int],
                           order: list[list[int]], estimate: dict, *, eps: float, fallback: str, congestion: str,
-                          parts: int, max_splits: int, overhead_s: float) -> tuple[Graph, list[dict], list, list]:
+                          parts: int, max_splits: int, overhead_s: float,
+                          assume_batch: int | None = None) -> tuple[Graph, list[dict], list, list]:
     """Section 4.1 with ``split=True``: schedule the graph with its critical
     splittable operators split (:func:`_split_critical`) too and keep the
     schedule of smaller simulated makespan (under *congestion*, the rule
     both were planned for).  Returns ``(graph used, its recipe steps,
     device_of, order)``; *estimate* gets both simulated makespans and, when
     the split graph wins, its schedule's numbers and splits."""
-    g_split, steps = _split_critical(graph, cluster, costs, parts, max_splits, overhead_s)
+    g_split, steps = _split_critical(graph, cluster, costs, parts, max_splits, overhead_s, assume_batch)
     if g_split is graph:
         return graph, [], device_of, order
     c2 = costs.for_graph(g_split)

@@ -36,10 +36,10 @@ def given(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
     src = load_placement(file)
     target = graph
     if src.derivation is not None or src.split_graph is not None:
-        target = rebuild(graph, src.derivation, src.split_graph, label=file)
+        target = rebuild(graph, src.derivation, src.split_graph, label=file, devices=cluster.k, cluster=cluster.name)
     device_of, order = src.resolve(target, cluster, label=file)
     p = Placement.from_indices(target, cluster, device_of, order=order, algorithm="given", seed=seed,
                                params={"file": file}, estimate=dict(src.estimate))
     if target is not graph:
-        p.derivation, p.split_graph, p.graph = src.derivation, target.to_dict(), graph.original_name
+        p.derivation, p.derived, p.graph = src.derivation, target, graph.original_name
     return p

@@ -126,3 +126,57 @@ def stdin_is_tty() -> bool:
         return sys.stdin.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+assume_batch_option = click.option(
+    "--assume-batch", "assume_batch", type=click.IntRange(1, 2**53 - 1), default=None, metavar="N",
+    help="The batch the graph's costs hold for, when the graph does not say (meta.batch_size): lets the "
+         "algorithms that split the batch (data-parallel, os-dpos, fd-dps -p split=true, auto) do so; "
+         "recorded in the placement's recipe. Same as -p assume_batch=N.")
+
+max_derived_option = click.option(
+    "--max-derived-nodes", "max_derived_nodes", type=click.IntRange(1, 2**31), default=None, metavar="N",
+    help="Largest derived graph (data-parallel replicas, split operations) placer builds, in nodes "
+         "(default 1,000,000, and 4 edges per node); a recipe over it is refused before anything is built.")
+
+
+def placement_cluster(placement, cluster_path: str | None, label: str):
+    """The cluster to simulate *placement* on.
+
+    ``--cluster`` when given: a warning on stderr when its digest differs
+    from the one the placement records (another cluster, or an edited copy
+    under the same name).  Without ``--cluster``: the bundled cluster the
+    placement names, when its digest matches; a placement without a digest
+    (an older file) gets today's rule (the bundled cluster it names, else
+    the default).
+
+    Raises
+    ------
+    InvalidInput
+        Without ``--cluster``, a placement made on a cluster that is not the
+        bundled one of its name (one line saying which file to pass).
+    """
+    from ..errors import InvalidInput
+    from ..model.io import bundled_cluster_names
+
+    digest = placement.cluster_digest
+    made = f"cluster '{placement.cluster}'" + (f" (file {placement.cluster_file})" if placement.cluster_file else "")
+    if cluster_path is not None:
+        cluster = get_cluster(cluster_path)
+        if digest and cluster.digest() != digest:
+            warn(f"placer: warning: {label} was made for {made}, digest {digest}; the cluster given, "
+                 f"'{cluster.name}', has digest {cluster.digest()} (another cluster, or an edited copy): the result "
+                 f"is for the cluster given")
+        return cluster
+    bundled = placement.cluster in bundled_cluster_names()
+    if digest is None:  # made before placements recorded their cluster: as before
+        return get_cluster(placement.cluster if bundled else None, quiet=bundled)
+    how = f"pass the cluster file it was made on: --cluster {placement.cluster_file or 'FILE'}"
+    if not bundled:
+        raise InvalidInput(f"{label}: was made for {made}, which is not a bundled cluster; {how}")
+    cluster = get_cluster(placement.cluster, quiet=True)
+    if cluster.digest() != digest:
+        raise InvalidInput(f"{label}: was made for {made} with digest {digest}, but the bundled "
+                           f"'{placement.cluster}' has digest {cluster.digest()} (an edited copy under the same "
+                           f"name); {how}")
+    return cluster

@@ -12,7 +12,8 @@ from .placed_step import check_exportable, placed_step_options, prepare_step, wr
 @click.command("export", context_settings={"max_content_width": 100})
 @placed_step_options
 @click.option("--format", "fmt", type=click.Choice(["torch"]), default="torch", show_default=True,
-              help="torch: a Python module with placed_step() and a PlacedStep class (torch.fx code generation).")
+              help="torch: a Python module with placed_step() and a PlacedStep class (torch.fx code generation), or a "
+                   "torch.distributed.pipelining program for a pipeline of module segments.")
 @click.option("-o", "--output", "output", metavar="FILE.py", default="-", show_default=True,
               help="Where to write the source, atomically (- = stdout).")
 def export(model, batch_size, config, placement_path, graph_path, cluster_path, device_map, seed, fmt, output):
@@ -30,6 +31,12 @@ def export(model, batch_size, config, placement_path, graph_path, cluster_path, 
       import placed
       step = placed.PlacedStep(model)      # moves parameters and buffers to their devices
       loss = step(x, target=y)             # forward, backward and Adam, placed
+
+    A pipeline placement whose stages are contiguous segments of the model's
+    submodules (one microbatch step, GPipe / 1F1B / interleaved orders) is
+    written as a torch.distributed.pipelining program instead (run it with
+    torchrun); other micro-batched or hybrid placements as placer's own code.
+    The last line on stderr says which, and why.
     """
     pre, inp, say = prepare_step("export", model, batch_size, config, placement_path, graph_path, cluster_path,
                                  device_map, seed)

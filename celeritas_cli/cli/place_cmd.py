@@ -8,17 +8,21 @@ import click
 
 from .. import registry
 from ..errors import InvalidInput
+from ..log import quiet as quiet_output
 from ..log import warn
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import cost_model
 from ..model.io import load_graph
 from ..sim.judge import attach_origin
 from ..sim.simulator import simulate
+from ..transform.size import derived_budget
 from .common import (
+    assume_batch_option,
     cluster_option,
     congestion_option,
     emit,
     get_cluster,
+    max_derived_option,
     output_option,
     parse_params,
     seed_option,
@@ -65,10 +69,19 @@ def _list_algorithms() -> None:
 @click.option("--timings/--no-timings", default=True, show_default=True,
               help="Record wall-clock times (placement_time_s, solver/training times). --no-timings makes the "
                    "file byte-identical for the same input and --seed.")
+@assume_batch_option
+@click.option("--embed-derived", is_flag=True,
+              help="Also write the derived graph (data-parallel replicas, split operations) as split_graph, for "
+                   "tools that want the document; by default only its recipe (derivation) is written, from which "
+                   "simulate, run and export rebuild it.")
+@max_derived_option
 @click.option("--list", "list_algos", is_flag=True, help="List the algorithms with their papers and exit.")
+@click.option("-q", "--quiet", is_flag=True,
+              help="No progress (auto's bar or lines) and no notes on stderr; warnings about the result are "
+                   "still said.")
 @output_option
-def place(graph_path, algo, cluster_path, params, seed, time_limit, congestion, do_simulate, timings, list_algos,
-          output):
+def place(graph_path, algo, cluster_path, params, seed, time_limit, congestion, do_simulate, timings, assume_batch,
+          embed_derived, max_derived_nodes, list_algos, quiet, output):
     """Place GRAPH (a graph or coarse graph file, - for stdin) on a cluster.
 
     Without --algo, auto searches for the best placement it can confirm with
@@ -81,10 +94,12 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, congestion, 
     Examples:
       placer place g.json > p.json                 # auto, the default
       placer place g.json --time-limit 60 --no-timings -o p.json
+      placer place g.json -q -o p.json             # no progress on stderr
       placer coarsen g.json | placer place --algo adjusting > p.json
       placer place g.json --algo heft --cluster moirai-intra-server -o p.json
       placer place coarse.json --algo milp --time-limit 30 --congestion port
       placer place g.json --algo m-sct --seed 3 --no-timings   # byte-identical reruns
+      placer place g.json --algo data-parallel --assume-batch 64   # a graph without meta.batch_size
       placer place --list
     """
     started = time.perf_counter()
@@ -102,20 +117,23 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, congestion, 
                                    "`placer place g.json` or `placer coarsen g.json | placer place --algo adjusting`)")
         graph_path = "-"
     entry = registry.get(algo)
-    raw, left_out = registry.with_flags(entry, parse_params(params), time_limit=time_limit, congestion=congestion)
+    raw, left_out = registry.with_flags(entry, parse_params(params), time_limit=time_limit, congestion=congestion,
+                                        assume_batch=assume_batch)
     for line in left_out:
         warn(f"placer: {line}")
     entry.coerce(raw)  # a bad or out-of-range parameter says so before anything is loaded
     graph = load_graph(graph_path)
-    cluster = get_cluster(cluster_path)
+    cluster = get_cluster(cluster_path, quiet=quiet)
     if graph.is_coarse and (do_simulate or entry.uses_origin):
         attach_origin(graph)  # meta.coarsened_from_file, when readable
     costs = cost_model(graph, cluster)
     # --time-limit bounds the whole command, loading included: the deadline counts from its start
-    result = registry.place(graph, cluster, algo, seed=seed, params=raw, costs=costs, started=started)
+    with quiet_output(quiet), derived_budget(max_derived_nodes):
+        result = registry.place(graph, cluster, algo, seed=seed, params=raw, costs=costs, started=started)
     if do_simulate:
-        _report(graph, cluster, algo, result, costs, congestion or DEFAULT_CONGESTION)
-    emit(result.to_dict(timings=timings), output)
+        with derived_budget(max_derived_nodes):
+            _report(graph, cluster, algo, result, costs, congestion or DEFAULT_CONGESTION)
+    emit(result.to_dict(timings=timings, embed_derived=embed_derived), output)
 
 
 def _report(graph, cluster, algo: str, result, costs, congestion: str) -> None:

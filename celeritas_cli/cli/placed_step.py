@@ -13,9 +13,9 @@ import click
 
 from ..errors import InvalidInput
 from ..model.congestion import DEFAULT_CONGESTION
-from ..model.io import bundled_cluster_names, load_graph, load_placement
+from ..model.io import load_graph, load_placement
 from ..model.jsonio import label_of, write_bytes
-from .common import get_cluster, seed_option, stderr_console
+from .common import placement_cluster, seed_option, stderr_console
 
 
 def parse_device_map(text: str | None) -> dict[str, str]:
@@ -100,10 +100,11 @@ def load_inputs(model, batch_size, config, placement_path, graph_path, cluster_p
             raise click.UsageError("--batch-size is required (or --graph from `placer profile --model ...`)")
         batch_size = meta["batch_size"]
         say(f"batch size {batch_size} (from {graph_path})")
-    if cluster_path is None and placement.cluster in bundled_cluster_names():
-        cluster = get_cluster(placement.cluster, quiet=True)
-    else:
-        cluster = get_cluster(cluster_path)
+    if graph is not None and isinstance(meta.get("batch_size"), int) and batch_size != meta["batch_size"]:
+        raise click.UsageError(f"--batch-size {batch_size}, but {graph_path} holds costs for a batch of "
+                               f"{meta['batch_size']} (the placement was made for it): run with -b "
+                               f"{meta['batch_size']}, or profile and place the graph at batch {batch_size}")
+    cluster = placement_cluster(placement, cluster_path, label)
     return Inputs(model, batch_size, cfg, placement, label, graph, label_of(graph_path) if graph_path else "graph",
                   cluster)
 
@@ -131,21 +132,32 @@ def prepare_step(command: str, model, batch_size, config, placement_path, graph_
 
 
 def check_exportable(pre, label: str) -> None:
-    """Export writes one process's placed step; a data-parallel placement is not one."""
+    """Export writes one process's placed step, or a pipeline; a plain data-parallel placement is neither."""
     from ..run.api import Prepared
+    from ..run.mb_plan import MBPrepared
 
-    if not isinstance(pre, Prepared):
+    if not isinstance(pre, (Prepared, MBPrepared)):
         raise InvalidInput(f"{label}: a data-parallel placement is not exported (it is one model per process: use "
                            f"torch DistributedDataParallel); run it with placer run --backend gloo")
 
 
 def write_source(pre, inp: Inputs, path: str, say: Callable[[str], None] | None = None) -> None:
-    """Write the placed step *pre* as Python source to *path* (``-``: stdout)."""
-    from ..run.export import export_source
+    """Write the placed step *pre* as Python source to *path* (``-``: stdout) and say what it wrote:
+    placer's own code (:mod:`celeritas_cli.run.export`), or for a micro-batched or pipelined placement
+    a ``torch.distributed.pipelining`` program where it can be (:mod:`celeritas_cli.run.mb_export`)."""
+    from ..run.mb_plan import MBPrepared
 
-    src = export_source(pre.prog, inp.cluster.ids, pre.tdev, graph=pre.sim_graph.name, cluster=inp.cluster.name,
-                        label=inp.label, algorithm=inp.placement.algorithm)
+    if isinstance(pre, MBPrepared):
+        from ..run.mb_export import export_derived
+
+        src, what = export_derived(pre, inp.cluster, label=inp.label, algorithm=inp.placement.algorithm)
+    else:
+        from ..run.export import export_source
+
+        src = export_source(pre.prog, inp.cluster.ids, pre.tdev, graph=pre.sim_graph.name, cluster=inp.cluster.name,
+                            label=inp.label, algorithm=inp.placement.algorithm)
+        what = (f"{len(pre.prog.sequence)} nodes on {len(pre.prog.devices)} device(s), {len(pre.prog.transfers)} "
+                f"copies")
     write_bytes(src.encode(), path)
-    if say is not None and path != "-":
-        say(f"wrote {path}: {len(pre.prog.sequence)} nodes on {len(pre.prog.devices)} device(s), "
-            f"{len(pre.prog.transfers)} copies")
+    if say is not None:
+        say(f"wrote {'the placed step' if path == '-' else path}: {what}")

@@ -56,6 +56,12 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
     next to the simulated one, busy time per device and bytes per link.
     Exit code 1 when the numerics do not match. Needs torch.
 
+    A micro-batched or pipelined placement (GPipe, 1F1B or interleaved
+    orders; recomputation; data parallelism x pipeline) runs node by node
+    of its derived graph, micro-batches on their samples, gradients
+    accumulated; the report's microbatch object says the schedule and the
+    yardstick (the whole batch, or per micro-batch for BatchNorm).
+
     \b
     Examples:
       placer profile --model tensor_holography -b 2 -o th.json
@@ -120,6 +126,7 @@ def _torchrun(model, batch_size, config, placement_path, graph_path, cluster_pat
             if export_path:
                 check_exportable(pre, inp.label)
             ranks = pre.prog.devices if hasattr(pre, "prog") else pre.devices     # rank r runs ranks[r]
+            # (a micro-batched plan is refused by run_placement below, before any rank is given work)
             pre.tdev = {d: session.devices[r] if r < session.world else "cpu" for r, d in enumerate(ranks)}
             if threads is None:
                 threads = max(1, (os.cpu_count() or 1) // max(1, session.local_world))
@@ -127,10 +134,14 @@ def _torchrun(model, batch_size, config, placement_path, graph_path, cluster_pat
             session.abort(one_line(str(exc) or type(exc).__name__))
             raise
         say(f"torchrun: {session.world} processes ({session.kind}: {', '.join(session.devices)})")
-        report = run_placement(inp.spec, inp.batch, inp.placement, inp.cluster, label=inp.label, backend="gloo",
-                               steps=steps, warmup=warmup, seed=seed, threads=threads, congestion=congestion,
-                               rtol=rtol, atol=atol, timeout=timeout, progress=say, prepared=pre,
-                               node_times=node_times, launcher=launcher(session))
+        try:
+            report = run_placement(inp.spec, inp.batch, inp.placement, inp.cluster, label=inp.label,
+                                   backend="gloo", steps=steps, warmup=warmup, seed=seed, threads=threads,
+                                   congestion=congestion, rtol=rtol, atol=atol, timeout=timeout, progress=say,
+                                   prepared=pre, node_times=node_times, launcher=launcher(session))
+        except Exception as exc:       # before the job was handed out, the other ranks still wait for it
+            session.abort(one_line(str(exc) or type(exc).__name__))
+            raise
         report["launcher"] = "torchrun"
         _finish(report, pre, inp, export_path, fmt, output, rtol, atol, say)
 

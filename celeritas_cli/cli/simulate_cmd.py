@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import click
 
-from ..model.io import bundled_cluster_names, load_graph, load_placement
+from ..model.io import load_graph, load_placement
+from ..sim.describe import describe_placement
 from ..sim.memory import RULES as MEMORY_RULES
 from ..sim.simulator import simulate as run_simulation
-from .common import congestion_option, emit, get_cluster, output_option
+from ..transform.size import derived_budget
+from .common import congestion_option, emit, max_derived_option, output_option, placement_cluster
 
 
-def render_report(report: dict) -> None:
+def render_report(report: dict, plan: str | None = None) -> None:
+    """The report as a table on stdout; *plan* the placement's plan in words
+    (:func:`celeritas_cli.sim.describe.describe_placement`)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -21,6 +25,8 @@ def render_report(report: dict) -> None:
                   f"(congestion: {report['congestion']}, memory rule: {report['memory_rule']})")
     if report.get("memory_rule_note"):
         console.print(f"note: {report['memory_rule_note']}", markup=False)
+    if plan:
+        console.print(f"plan: {plan}", markup=False)
     console.print(f"makespan {report['makespan_s']:.6g} s   lower bound {lb:.6g} s   "
                   f"makespan/LB {ratio:.3f}   status {report['status']}" if ratio is not None else
                   f"makespan {report['makespan_s']:.6g} s   status {report['status']}")
@@ -61,8 +67,9 @@ def render_report(report: dict) -> None:
 @click.option("--placement", "-P", "placement_path", required=True, metavar="FILE|-",
               help="Placement file (- for stdin).")
 @click.option("--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
-              help="Cluster file or bundled name. Default: the placement's cluster if it is a bundled one, "
-                   "else 4xV100-pcie.")
+              help="Cluster file or bundled name. Default: the bundled cluster the placement was made for (a "
+                   "placement made on a cluster file, or on an edited copy of a bundled one, needs --cluster; "
+                   "a --cluster other than the one it was made for is a warning).")
 @congestion_option("channel: one transfer at a time per directed link; port: one uplink and one downlink "
                    "per device; none: transfers overlap freely.")
 @click.option("--no-congestion", is_flag=True, help="Short for --congestion none.")
@@ -76,10 +83,14 @@ def render_report(report: dict) -> None:
                    "under the lanes.")
 @click.option("--trace", metavar="FILE",
               help="Write a Chrome trace JSON (chrome://tracing, Perfetto), with memory counters per device.")
-@click.option("--format", "fmt", type=click.Choice(["json", "table"]), default="json", show_default=True,
-              help="json: the placer.report/v1 document; table: a readable summary on stdout.")
+@click.option("--format", "fmt", type=click.Choice(["json", "table", "html"]), default="json", show_default=True,
+              help="json: the placer.report/v1 document; table: a readable summary on stdout; html: one "
+                   "self-contained page (Gantt chart with hover details and the critical path, memory over time "
+                   "per device, link traffic, estimate and caveats) written to -o.")
+@max_derived_option
 @output_option
-def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion, memory, gantt, trace, fmt, output):
+def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion, memory, gantt, trace, fmt,
+             max_derived_nodes, output):
     """Simulate a placement of GRAPH and report makespan, utilisation, memory
     (each device's peak, when and what is live then), transfers, the
     critical path and makespan / lower bound.
@@ -90,6 +101,7 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
       placer place g.json --algo heft | placer simulate g.json -P - --gantt g.svg
       placer simulate g.json -P p.json --congestion port --trace trace.json -o report.json
       placer simulate g.json -P p.json --memory static --format table
+      placer simulate g.json -P p.json --format html -o page.html
     """
     if graph_path == "-" and placement_path == "-":
         raise click.UsageError("GRAPH and --placement cannot both be stdin")
@@ -100,14 +112,12 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
         congestion = "none"
     placement = load_placement(placement_path)
     graph = load_graph(graph_path)
-    if cluster_path is None and placement.cluster in bundled_cluster_names():
-        cluster = get_cluster(placement.cluster, quiet=True)
-    else:
-        cluster = get_cluster(cluster_path)
     label = "<stdin>" if placement_path == "-" else placement_path
+    cluster = placement_cluster(placement, cluster_path, label)
     scheds: list = []
-    report = run_simulation(graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds,
-                            memory=memory)
+    with derived_budget(max_derived_nodes):
+        report = run_simulation(graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds,
+                                memory=memory)
     sim_graph = scheds[0].graph  # the split graph when the placement carries one
     if gantt:
         from ..sim.gantt import write_gantt
@@ -118,8 +128,14 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
         from ..sim.gantt import write_trace
 
         write_trace(sim_graph, cluster, scheds[0], trace, memory=report)
-    if fmt == "table":
-        render_report(report)
+    if fmt == "html":
+        from ..model.jsonio import write_bytes
+        from ..report import placement_page
+
+        plan = describe_placement(placement, graph, cluster)
+        write_bytes(placement_page(sim_graph, cluster, scheds[0], report, plan).encode(), output)
+    elif fmt == "table":
+        render_report(report, describe_placement(placement, graph, cluster))
         if output != "-":
             emit(report, output)
     else:

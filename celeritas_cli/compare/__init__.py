@@ -8,13 +8,16 @@ lower bound, utilisation, transfer totals and times as one flat result row
 (``placer.compare/v1``).  The package, by responsibility:
 
 * :mod:`.rows` - the row: fields, identity (``--resume`` key), order, best;
-* :mod:`.inputs` - graph discovery, default algorithms (from the registry);
+* :mod:`.inputs` - graph discovery, default algorithms (from the registry),
+  the ``--algos`` groups;
 * :mod:`.tasks` - the cells to run and their parameters;
 * :mod:`.cell` - one cell: load, coarsen, place, simulate;
 * :mod:`.executors` - serial, worker processes with time limits, Ray;
 * :mod:`.ndjson` - rows streamed as NDJSON and read back;
-* :mod:`.formats` - Celeritas Table 3/4 as text or Markdown, CSV;
+* :mod:`.formats` - Celeritas Table 3/4 as text (fitted to the terminal) or
+  Markdown, CSV;
 * :mod:`.plots` - bar panels and Gantt charts (``--plot``);
+* :mod:`.html` - the whole comparison as one page (``--format html``);
 * :mod:`.driver` - :func:`compare` (the rows) and :func:`run_compare`
   (what the command does: resume, progress, outputs).
 """

@@ -12,23 +12,24 @@ seed.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from .. import registry
 from ..errors import InvalidInput, MissingDependency
-from ..log import stderr_console, warn
+from ..log import Progress, warn
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.jsonio import write_bytes
 from .executors import import_ray, run_tasks
-from .formats import render
+from .formats import render, table_width
 from .inputs import default_algorithms, discover_graphs
 from .ndjson import NdjsonStream, read_rows
-from .rows import FAILED_STATUSES, sort_rows
+from .rows import FAILED_STATUSES, cell_key, sort_rows
 from .tasks import Task, kept_rows, make_tasks, tasks_to_run
 
-FORMATS = ("table", "json", "csv", "markdown")
+FORMATS = ("table", "json", "csv", "markdown", "html")
 
 
 def compare(graph_paths: Iterable[str], clusters: list, algorithms: list[str] | None = None, *,
@@ -121,7 +122,7 @@ class CompareOptions:
         """The keyword arguments of :func:`~.tasks.make_tasks`."""
         return dict(coarsen=self.coarsen, coarsen_params=self.coarsen_params, common_params=self.common_params,
                     per_algo_params=self.per_algo_params, seed=self.seed, time_limit=self.time_limit,
-                    congestion=self.congestion, quick=self.quick, keep_placement=bool(self.plot),
+                    congestion=self.congestion, quick=self.quick, keep_placement=bool(self.plot) or self.fmt == "html",
                     verbose=self.verbose, memory=self.memory)
 
 
@@ -135,63 +136,57 @@ class CompareResult:
 
 
 class _Progress:
-    """The progress bar on stderr (or none), and the console failures are
-    printed on (above the bar)."""
+    """Progress of the cells on stderr (:class:`celeritas_cli.log.Progress`):
+    a bar on a terminal, one line per finished cell when stderr is piped,
+    nothing with ``progress=False`` (``-q``, ``--no-progress``); failures
+    and the cells' own output are printed in every mode."""
 
     def __init__(self, total: int, enabled: bool):
         self.total = total
         self.todo = total
         self.done = 0
-        self.console = stderr_console()
-        self.bar = None
-        self.pid = None
-        if enabled:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            # no auto-refresh thread: worker processes are forked from this one
-            self.bar = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, auto_refresh=False,
-                                transient=False)
+        self.view = Progress("compare", total, enabled=enabled)
 
     def start(self) -> None:
-        if self.bar is not None:
-            self.bar.start()
-            self.pid = self.bar.add_task("compare", total=self.total)
-
-    def _update(self, advance: bool = False, **fields) -> None:
-        if self.bar is not None:
-            if advance:
-                self.bar.advance(self.pid)
-            self.bar.update(self.pid, **fields)
-            self.bar.refresh()
+        self.view.start()
 
     def plan(self, todo: int) -> None:
         self.todo = todo
-        self._update(total=todo, description=f"{todo} of {self.total} cells to run")
+        self.view.update(total=todo, description=f"{todo} of {self.total} cells to run")
+        if todo < self.total:
+            self.view.line(f"compare: {todo} of {self.total} cells to run (the rest resumed)")
 
     def started(self, task: Task) -> None:
-        self._update(description=task.label())
+        self.view.update(description=task.label())
 
-    def finished(self) -> None:
+    def finished(self, task: Task | None = None, row: dict | None = None) -> None:
         self.done += 1
-        self._update(advance=True)
+        self.view.update(advance=1)
+        if self.view.mode == "lines" and task is not None:
+            self.view.line(f"compare: {self.done}/{self.todo} {task.label()}: {_outcome(row or {})}")
 
     def print(self, msg: str) -> None:
-        """A line above the bar (never wrapped: stderr is often a log file that people grep)."""
-        (self.bar.console if self.bar is not None else self.console).print(msg, markup=False, highlight=False,
-                                                                           soft_wrap=True)
+        """A line in every mode (above the bar when there is one)."""
+        self.view.note(msg)
 
     def stop(self, description: str = "done") -> None:
-        if self.bar is not None:
-            self._update(description=description)
-            self.bar.stop()
-            self.bar = None
+        self.view.stop(description)
+
+
+def _outcome(row: dict) -> str:
+    """``OK, makespan 0.123 s`` (a finished cell in one phrase).
+
+    Example
+    -------
+    >>> _outcome({"status": "OOM", "makespan_s": 2.5, "placement_time_s": 0.01})
+    'OOM, makespan 2.5 s, placed in 0.01 s'
+    """
+    text = str(row.get("status"))
+    if row.get("makespan_s") is not None:
+        text += f", makespan {row['makespan_s']:.4g} s"
+    if row.get("placement_time_s") is not None:
+        text += f", placed in {row['placement_time_s']:.2g} s"
+    return text
 
 
 class _BestPlacements:
@@ -273,6 +268,10 @@ def run_compare(graphs: Iterable[str], clusters: list, algorithms: list[str] | N
     algorithms = list(algorithms) if algorithms else default_algorithms()
     _check(clusters, options)
     previous = read_rows(options.resume) if options.resume else None
+    if options.resume and options.fmt != "json" and options.output != "-" \
+            and os.path.realpath(options.output) == os.path.realpath(options.resume):
+        raise InvalidInput(f"{options.output}: -o is the --resume file; {options.fmt} output would replace its rows "
+                           f"(write the {options.fmt} to another file)")
     files = discover_graphs(graphs)
     make_tasks(files, clusters, algorithms, **options.task_options())  # bad parameters fail before any output
     stream = NdjsonStream(options.output, options.resume) if options.fmt == "json" else None
@@ -281,6 +280,7 @@ def run_compare(graphs: Iterable[str], clusters: list, algorithms: list[str] | N
             stream.write(r)
     progress = _Progress(len(files) * len(clusters) * len(algorithms), options.progress)
     best = _BestPlacements(algorithms)
+    placements: dict[tuple, dict] = {}  # --format html: each cell's placement, without its split_graph
 
     def on_result(task: Task, row: dict) -> None:
         for line in row.pop("_log", "").splitlines():
@@ -288,10 +288,13 @@ def run_compare(graphs: Iterable[str], clusters: list, algorithms: list[str] | N
                 progress.print(f"{task.label()}: {line.removeprefix(task.algorithm + ': ')}")
         if row.get("status") in FAILED_STATUSES:
             progress.print(f"{row['status']}: {task.label()}: {row.get('error')}")
-        best.offer(row, row.pop("_placement", None))
+        placement = row.pop("_placement", None)
+        best.offer(row, placement)
+        if options.fmt == "html" and placement is not None:
+            placements[cell_key(row)] = {k: v for k, v in placement.items() if k != "split_graph"}
         if stream is not None:
             stream.write(row)
-        progress.finished()
+        progress.finished(task, row)
 
     try:
         progress.start()
@@ -309,7 +312,7 @@ def run_compare(graphs: Iterable[str], clusters: list, algorithms: list[str] | N
         progress.stop()
         if stream is not None:
             stream.close()
-    _write_outputs(rows, algorithms, best.rows, clusters, options)
+    _write_outputs(rows, algorithms, best.rows, clusters, options, placements)
     failed = [r for r in rows if r.get("status") in FAILED_STATUSES]
     if failed:
         warn(f"placer: {len(failed)} of {len(rows)} cells failed or timed out")
@@ -330,11 +333,17 @@ def _interrupted(options: CompareOptions, done: int, todo: int, stream: NdjsonSt
 
 
 def _write_outputs(rows: list[dict], algorithms: list[str], best: dict, clusters: list,
-                   options: CompareOptions) -> None:
-    """The tables (all formats but json, which was streamed) and the plot."""
-    if options.fmt != "json":
+                   options: CompareOptions, placements: dict | None = None) -> None:
+    """The tables (all formats but json, which was streamed), the page and the plot."""
+    if options.fmt == "html":
+        from .html import best_views, compare_page
+
+        views = best_views(best, {c.name: c for c in clusters}, options.congestion, options.memory)
+        write_bytes(compare_page(rows, algorithms, placements, views).encode(), options.output)
+    elif options.fmt != "json":
         color = options.fmt == "table" and options.output == "-" and sys.stdout.isatty()
-        write_bytes(render(options.fmt, rows, algorithms, color=color).encode(), options.output)
+        width = table_width(options.output == "-" and sys.stdout.isatty())
+        write_bytes(render(options.fmt, rows, algorithms, color=color, width=width).encode(), options.output)
     if options.plot:
         from .plots import write_plot
 

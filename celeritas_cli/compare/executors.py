@@ -214,8 +214,29 @@ def _ray_init(ray, address: str | None) -> bool:
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False,
                  logging_level="ERROR")
     except Exception as exc:  # ConnectionError, RuntimeError, ...
-        raise InvalidInput(f"cannot start or reach Ray at {address or 'a new local instance'}: {exc}") from None
+        raise InvalidInput(ray_error(address, exc)) from None
     return True
+
+
+def ray_error(address: str | None, exc: BaseException) -> str:
+    """One line saying why Ray could not be reached or started, and what to do.
+
+    Example
+    -------
+    >>> ray_error("auto", ConnectionError("Could not find any running Ray instance. Please specify ..."))
+    "--ray-address auto: no running Ray cluster found on this machine; start one with 'ray start --head' (README: Ray), or leave --ray-address out to start a local Ray for this run"
+    >>> "(the last one it knew, 10.0.0.2:6379, is gone)" in ray_error(
+    ...     "auto", ConnectionError("Failed to connect to Ray cluster at 10.0.0.2:6379"))
+    True
+    >>> ray_error("10.0.0.9:6379", RuntimeError("timed out\\nmore"))
+    'cannot start or reach Ray at 10.0.0.9:6379: timed out'
+    """
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if address == "auto" and ("running Ray instance" in first or "Failed to connect" in first):
+        gone = f" (the last one it knew, {first.rsplit(' at ', 1)[-1]}, is gone)" if " at " in first else ""
+        return (f"--ray-address auto: no running Ray cluster found on this machine{gone}; start one with "
+                f"'ray start --head' (README: Ray), or leave --ray-address out to start a local Ray for this run")
+    return f"cannot start or reach Ray at {address or 'a new local instance'}: {first}"
 
 
 def run_ray(tasks: list[Task], jobs: int | None = None, address: str | None = None,

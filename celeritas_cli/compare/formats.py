@@ -175,44 +175,195 @@ def _table_titles(metrics: Iterable[str] | None = None) -> list[tuple[str, str]]
     return [(m, t) for m, t in TABLES if metrics is None or m in metrics]
 
 
+#: width of ``--format table`` when it goes to a file or a pipe (and ``$COLUMNS`` is not set)
+DEFAULT_WIDTH = 120
+
+
+def table_width(to_terminal: bool) -> int:
+    """The width ``--format table`` must fit: ``$COLUMNS`` when set, else
+    the terminal's width when the table goes to one, else
+    :data:`DEFAULT_WIDTH`."""
+    import os
+    import shutil
+
+    try:
+        cols = int(os.environ.get("COLUMNS", ""))
+        if cols > 20:
+            return cols
+    except ValueError:
+        pass
+    if to_terminal:
+        return max(40, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
+    return DEFAULT_WIDTH
+
+
+def _grid(m: dict, metric: str, transposed: bool, color: bool, folded: bool = False
+          ) -> tuple[list[str], list[str], list[tuple]]:
+    """One table of :func:`matrix` *m* as ``(label headers, column headers,
+    [(labels, cells), ...])``: graphs as rows and algorithms as columns, or
+    *transposed* (algorithms as rows, one column per graph, the speed-up in
+    two last rows).  The best makespan is bold (``*`` in plain text).
+    *folded*: names in the column headers (and the second best's) on
+    several lines, as narrow as the column's values (:func:`fold`)."""
+    def mark(text: str, best: bool) -> str:
+        if not best:
+            return escape(text) if color else text
+        return f"[bold]{escape(text)}[/bold]" if color else f"{text}*"
+
+    def graph_label(mr: dict) -> str:
+        return f"{mr['graph']}\n{mr['cluster']}" if m["multi_cluster"] else mr["graph"]
+
+    def width(texts: Iterable[str]) -> int:  # a column's room: its values, at least FOLD_MIN
+        return max([FOLD_MIN] + [_text_width(t) for t in texts]) if folded else 10**6
+
+    speed = metric == "makespan_s"
+    if not transposed:
+        heads = ["Graph"] + (["Cluster"] if m["multi_cluster"] else [])
+        body = [([mr["graph"]] + ([mr["cluster"]] if m["multi_cluster"] else []),
+                 [mark(mr["cells"][c], c == mr["best"]) for c in m["columns"]]
+                 + ([_speedup_text(mr)] if speed else [])) for mr in m["rows"]]
+        cols = [fold(c, width(mr["cells"][c] + "*" for mr in m["rows"])) for c in m["columns"]]
+        return heads, cols + (["Speed up"] if speed else []), body
+    body = [([c], [mark(mr["cells"][c], c == mr["best"]) for mr in m["rows"]]) for c in m["columns"]]
+    room = [width([mr["cells"][c] + "*" for c in m["columns"]] + ["100.0%"]) for mr in m["rows"]]
+    if speed:
+        body.append((["speed-up"], [f"{100 * mr['speedup']:.1f}%" if mr["speedup"] is not None else "-"
+                                    for mr in m["rows"]]))
+        body.append((["over (2nd best)"], [fold(mr["second"] or "-", w) for mr, w in zip(m["rows"], room)]))
+    return ["Algorithm"], [fold(graph_label(mr), w) for mr, w in zip(m["rows"], room)], body
+
+
+#: names in a column header (and the second best's in the transposed table) fold to the column's
+#: values' width, but not below this
+FOLD_MIN = 8
+
+
+def fold(text: str, width: int, breaks: str = "_-") -> str:
+    """*text* on lines of at most *width* cells, broken after ``_`` or
+    ``-`` (a piece longer than *width* stays whole); existing line breaks
+    are kept.
+
+    Example
+    -------
+    >>> fold("tensor_holography_b32", 11)
+    'tensor_\\nholography_\\nb32'
+    >>> fold("data-parallel", 8), fold("heft", 3), fold("gpt_1.3b_b8", 8)
+    ('data-\\nparallel', 'heft', 'gpt_\\n1.3b_b8')
+    """
+    out = []
+    for line in text.split("\n"):
+        pieces, cur = [], ""
+        for ch in line:
+            cur += ch
+            if ch in breaks:
+                pieces.append(cur)
+                cur = ""
+        if cur:
+            pieces.append(cur)
+        lines = [""]
+        for piece in pieces:
+            if lines[-1] and len(lines[-1]) + len(piece) > width:
+                lines.append("")
+            lines[-1] += piece
+        out.extend(lines)
+    return "\n".join(out)
+
+
+def escape(text: str) -> str:
+    """*text* safe inside rich markup."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def _text_width(text: str) -> int:
+    from rich.cells import cell_len
+
+    return max((cell_len(line) for line in text.split("\n")), default=0)
+
+
+def _column_widths(heads: list[str], cols: list[str], body: list[tuple]) -> tuple[list[int], list[int]]:
+    """Natural widths of the label columns and the data columns (text only)."""
+    lw = [max([_text_width(h)] + [_text_width(labels[i]) for labels, _ in body]) for i, h in enumerate(heads)]
+    cw = [max([_text_width(c)] + [_text_width(cells[j]) for _, cells in body]) for j, c in enumerate(cols)]
+    return lw, cw
+
+
+def table_fits(heads: list[str], cols: list[str], body: list[tuple], width: int) -> bool:
+    """Whether the table fits *width* columns: each column takes its text
+    plus two of padding and one of border, plus one border at the end."""
+    lw, cw = _column_widths(heads, cols, body)
+    return sum(w + 3 for w in lw + cw) + 1 <= width
+
+
+def _chunks(heads: list[str], cols: list[str], body: list[tuple], width: int) -> list[list[int]]:
+    """The data columns in consecutive groups that fit *width* with the
+    label columns repeated (a column wider than the rest of the line gets a
+    group of its own)."""
+    lw, cw = _column_widths(heads, cols, body)
+    room = width - sum(w + 3 for w in lw) - 1
+    groups: list[list[int]] = [[]]
+    used = 0
+    for j, w in enumerate(cw):
+        if groups[-1] and used + w + 3 > room:
+            groups.append([])
+            used = 0
+        groups[-1].append(j)
+        used += w + 3
+    return groups
+
+
+def table_layout(m: dict, width: int) -> tuple[bool, bool]:
+    """``(transposed, folded)`` for the tables of *m* to fit *width*: the
+    first of graphs as rows, the same with the names in the headers folded,
+    algorithms as rows, the same folded, that fits the makespan table (the
+    widest); when none does, folded, and algorithms as rows when there are
+    at least as many algorithms as graphs (fewer column groups)."""
+    for transposed in (False, True):
+        for folded in (False, True):
+            if table_fits(*_grid(m, "makespan_s", transposed, False, folded), width):
+                return transposed, folded
+    return len(m["columns"]) >= len(m["rows"]), True
+
+
 def format_table(rows: list[dict], algorithms: list[str] | None = None, *, color: bool = False,
-                 width: int = 400) -> str:
+                 width: int = DEFAULT_WIDTH) -> str:
     """Plain-text (or, with *color*, ANSI) tables like Celeritas Tables 3 and
     4, rendered with rich: makespan, placement time, makespan / LB.  The
-    best makespan is bold (``*`` in plain text); the last column is the
-    speed-up of the best over the second best."""
+    best makespan is bold (``*`` in plain text); the speed-up of the best
+    over the second best ends each row.  Fits *width* columns: graphs as
+    rows when they fit, else algorithms as rows (:func:`table_layout`), and
+    columns split into groups (label column repeated) when even that is too
+    wide."""
     from rich.console import Console
     from rich.table import Table
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=color, no_color=not color, width=width, highlight=False,
                       color_system="standard" if color else None)
+    transposed, folded = table_layout(matrix(rows, "makespan_s", algorithms), width)
     for metric, title in _table_titles():
         m = matrix(rows, metric, algorithms)
         caption = None
         if metric == "makespan_s":
             caption = ("best in bold" if color else "best marked *") + "; OOM: a device over memory"
+            if transposed:
+                caption += f"; algorithms as rows (graphs as rows would not fit {width} columns)"
             if coarse_note(rows):
                 caption += f"; {coarse_note(rows)}"
-        t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
-        t.add_column("Graph")
-        if m["multi_cluster"]:
-            t.add_column("Cluster")
-        for c in m["columns"]:
-            t.add_column(c, justify="right")
-        if metric == "makespan_s":
-            t.add_column("Speed up")
-        for mr in m["rows"]:
-            cells = []
-            for c in m["columns"]:
-                text = mr["cells"][c]
-                if c == mr["best"]:
-                    text = f"[bold]{text}[/bold]" if color else f"{text}*"
-                cells.append(text)
-            first = [mr["graph"]] + ([mr["cluster"]] if m["multi_cluster"] else [])
-            last = [_speedup_text(mr)] if metric == "makespan_s" else []
-            t.add_row(*first, *cells, *last)
-        console.print(t)
+        heads, cols, body = _grid(m, metric, transposed, color, folded)
+        groups = _chunks(*_grid(m, metric, transposed, False, folded), width)  # plain text: what the columns hold
+        for gi, group in enumerate(groups):
+            part = f" ({gi + 1}/{len(groups)})" if len(groups) > 1 else ""
+            t = Table(title=escape(title + part), caption=caption if gi == len(groups) - 1 else None,
+                      title_justify="left", caption_justify="left")
+            for h in heads:
+                t.add_column(escape(h), no_wrap=True)
+            for j in group:
+                t.add_column(escape(cols[j]), justify="right")
+            for labels, cells in body:
+                t.add_row(*[escape(x) for x in labels], *[cells[j] if color else escape(cells[j]) for j in group])
+            console.print(t)
         for line in caveat_lines(rows, algorithms):
             console.print(line, markup=False, highlight=False)
         console.print()
@@ -291,10 +442,11 @@ def format_csv(rows: list[dict], algorithms: list[str] | None = None) -> str:
     return buf.getvalue()
 
 
-def render(fmt: str, rows: list[dict], algorithms: list[str] | None = None, *, color: bool = False) -> str:
-    """*rows* as ``table``, ``csv`` or ``markdown`` text."""
+def render(fmt: str, rows: list[dict], algorithms: list[str] | None = None, *, color: bool = False,
+           width: int = DEFAULT_WIDTH) -> str:
+    """*rows* as ``table`` (fitting *width* columns), ``csv`` or ``markdown`` text."""
     if fmt == "table":
-        return format_table(rows, algorithms, color=color)
+        return format_table(rows, algorithms, color=color, width=width)
     if fmt == "csv":
         return format_csv(rows, algorithms)
     if fmt == "markdown":

@@ -1,6 +1,7 @@
 """What a comparison runs over: the graph files found under the given paths
-and the algorithms taken by default (every registered one whose optional
-extra is installed, resolved from the registry at run time)."""
+and the algorithms - by default every registered one whose optional extra is
+installed, resolved from the registry at run time - or a named group of them
+(:data:`ALGORITHM_GROUPS`, ``--algos placement``)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,62 @@ def default_algorithms() -> list[str]:
     except ``given``, which needs a placement file (``--algos given -p
     given:file=P.json`` still works)."""
     return [e.name for e in registry.entries() if extra_available(e.extra) and e.name not in NOT_BY_DEFAULT]
+
+
+#: the parallelism planners: they derive a graph (replicas, micro-batches, stages, shards) and place it;
+#: names not registered (yet) are left out when a group is expanded
+PARALLELISM_PLANNERS = ("data-parallel", "pipeline", "gpipe", "pipedream", "alpa-stages", "fsdp")
+
+#: ``--algos`` group name -> what it holds (the help text); :func:`algorithm_group` expands it
+ALGORITHM_GROUPS = {
+    "default": "what runs without --algos: every algorithm whose extra is installed, but given",
+    "all": "the same, today",
+    "placement": "the operator placers (papers, baselines, auto): all but the parallelism planners",
+    "pipelines": "the parallelism planners (data-parallel; pipeline planners when registered) and auto",
+}
+
+
+def algorithm_group(name: str) -> list[str]:
+    """The registered algorithms of the ``--algos`` group *name*
+    (:data:`ALGORITHM_GROUPS`), in registry order.
+
+    Raises
+    ------
+    InvalidInput
+        An unknown group.
+
+    Example
+    -------
+    >>> "heft" in algorithm_group("placement"), "data-parallel" in algorithm_group("placement")
+    (True, False)
+    >>> algorithm_group("pipelines")[:2]
+    ['auto', 'data-parallel']
+    """
+    if name not in ALGORITHM_GROUPS:
+        raise InvalidInput(f"unknown algorithm group '{name}' (groups: {', '.join(ALGORITHM_GROUPS)})")
+    runnable = default_algorithms()
+    if name == "placement":
+        return [a for a in runnable if a not in PARALLELISM_PLANNERS]
+    if name == "pipelines":
+        return [a for a in runnable if a in PARALLELISM_PLANNERS or a == "auto"]
+    return runnable
+
+
+def expand_algorithms(items: Iterable[str]) -> list[str]:
+    """Algorithm names and group names (:data:`ALGORITHM_GROUPS`) ->
+    algorithm names, groups expanded in place, duplicates dropped (first
+    kept).  A name that is neither stays as it is (the caller says it is
+    unknown).
+
+    Example
+    -------
+    >>> expand_algorithms(["heft", "placement"])[:2]
+    ['heft', 'adjusting']
+    """
+    out: list[str] = []
+    for item in items:
+        out.extend(algorithm_group(item) if item in ALGORITHM_GROUPS and item not in registry.names() else [item])
+    return list(dict.fromkeys(out))
 
 
 _SCHEMA_RE = re.compile(rb'"schema"\s*:\s*"([^"]*)"')

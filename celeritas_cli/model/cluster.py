@@ -45,6 +45,8 @@ class Cluster:
     latency: list[list[float]]
     doc: dict = field(default_factory=dict, repr=False)
     index: dict[str, int] = field(default_factory=dict)
+    #: the file the cluster was read from (None: bundled, built in code, or stdin)
+    source: str | None = field(default=None, compare=False)
     #: per device, the factor its node times are multiplied by because it shares a host's cores with other
     #: devices (the ``hosts`` field; 1.0 for a device alone): :meth:`~celeritas_cli.model.costs.CostModel.node_row`
     contention: list[float] = field(default_factory=list)
@@ -116,6 +118,30 @@ class Cluster:
                 "bandwidth_Bps": [min(bws), max(bws)] if bws else None,
                 "latency_s": [min(lats), max(lats)] if lats else None,
                 "description": str(meta.get("description") or meta.get("source") or "")}
+
+    def digest(self) -> str:
+        """A fingerprint of what the cluster is: the first 16 hex digits of
+        the sha256 of the canonical JSON (sorted keys, no spaces) of its
+        devices (id, type, memory_bytes, speed, in order) and its resolved
+        links (bandwidth_Bps and latency_s of every ordered pair).  The name
+        and ``meta`` are not part of it, so an edited copy that keeps a
+        bundled cluster's name has another digest, and the same cluster
+        written differently (default links or explicit pairs) the same one.
+
+        >>> uniform(2).digest() == uniform(2, name="other").digest(), uniform(2).digest() == uniform(3).digest()
+        (True, False)
+        """
+        import hashlib
+
+        import orjson
+
+        cached = self.__dict__.get("_digest")
+        if cached is None:  # clusters are not mutated after loading
+            doc = {"devices": [[d.id, d.type, d.memory, d.speed] for d in self.devices],
+                   "bandwidth_Bps": self.bandwidth, "latency_s": self.latency}
+            cached = hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+            self.__dict__["_digest"] = cached
+        return cached
 
     def to_dict(self) -> dict:
         if self.doc:

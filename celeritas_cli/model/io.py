@@ -39,7 +39,10 @@ def load_cluster(path: str | os.PathLike | None) -> Cluster:
             return bundled_cluster(p)
         raise InvalidInput(f"{p}: no such file, and no bundled cluster of that name "
                            f"(bundled: {', '.join(bundled_cluster_names())}; `placer clusters` describes them)")
-    return Cluster.from_dict(read_json(path), label_of(path))
+    cluster = Cluster.from_dict(read_json(path), label_of(path))
+    if p != "-":
+        cluster.source = p
+    return cluster
 
 
 def bundled_cluster_names() -> list[str]:

@@ -18,17 +18,26 @@ and, when the algorithm placed a graph it derived from the input:
   :mod:`celeritas_cli.transform.recompute`; docs/design.md, "Pipelines").  ``base``
   (``{"graph": name, "members": [[ids], ...]}``) is present when the
   algorithm's input was a coarse graph: its nodes' members, in order.
-* ``split_graph``: the derived graph document the assignment and order
-  refer to.  Its nodes say what they are: replicas carry ``replica`` and
-  ``origin``, ring all-reduce nodes ``allreduce`` (producer, tensor, phase,
-  step, chunk), split parts ``split_of`` and ``part``, micro-batch copies
-  and gradient accumulations ``microbatch`` and ``origin``, recompute
-  clones ``recompute_of``.
+* ``split_graph`` (only when asked, ``placer place --embed-derived``): the
+  derived graph document the assignment and order refer to.  Its nodes say
+  what they are: replicas carry ``replica`` and ``origin``, ring all-reduce
+  nodes ``allreduce`` (producer, tensor, phase, step, chunk), split parts
+  ``split_of`` and ``part``, micro-batch copies and gradient accumulations
+  ``microbatch`` and ``origin``, recompute clones ``recompute_of``.  In
+  memory an algorithm's placement keeps the derived graph itself
+  (``derived``, never written).
 
 The simulator rebuilds the derived graph from the graph it is given and the
 recipe and rejects a ``split_graph`` that differs
 (:func:`celeritas_cli.transform.derivation.rebuild`); a ``split_graph``
 without a ``derivation`` is rejected.
+
+``cluster_digest`` (:meth:`~celeritas_cli.model.cluster.Cluster.digest`) is
+the fingerprint of the cluster the placement was made for, and
+``cluster_file`` the file it was read from (absent for a bundled cluster):
+``placer simulate`` without ``--cluster`` uses the bundled cluster the
+placement names only when the digest matches, and says which file to pass
+otherwise.
 
 Algorithms work on node and device indices and build their result with
 :meth:`Placement.from_indices`, which expands a coarse graph's ``members`` so
@@ -76,10 +85,27 @@ class Placement:
     placement_time_s: float = 0.0
     split_graph: dict | None = None
     derivation: dict | None = None
+    cluster_digest: str | None = None
+    cluster_file: str | None = None
+    derived: Graph | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.estimate, Estimate):
             self.estimate = Estimate.from_dict(self.estimate)
+
+    @property
+    def derived_graph(self) -> Graph | None:
+        """The same as ``derived`` (the name another work package used)."""
+        return self.derived
+
+    @derived_graph.setter
+    def derived_graph(self, graph: Graph | None) -> None:
+        self.derived = graph
+
+    @property
+    def is_derived(self) -> bool:
+        """True when the placement refers to a derived graph (a recipe, a carried or an in-memory one)."""
+        return self.derivation is not None or self.split_graph is not None or self.derived is not None
 
     # ---------------------------------------------------------------- build
     @classmethod
@@ -123,40 +149,52 @@ class Placement:
             est = est.with_graph("coarse", graph.n)
         return cls(graph=graph.original_name, cluster=cluster.name, algorithm=algorithm,
                    assignment=assignment, order=ordered, params=dict(params or {}), seed=seed,
-                   estimate=est)
+                   estimate=est, cluster_digest=cluster.digest(), cluster_file=cluster.source)
 
     # ------------------------------------------------------------ serialise
-    def to_dict(self, *, timings: bool = True) -> dict:
+    def to_dict(self, *, timings: bool = True, embed_derived: bool = False) -> dict:
         """The ``placer.placement/v1`` document.  ``timings=False`` leaves out
         the wall-clock measurements (``placement_time_s`` becomes 0 and
         ``estimate`` keys ending in ``_time_s`` are dropped), so the same
-        input and seed give byte-identical files."""
+        input and seed give byte-identical files.  ``embed_derived=True``
+        writes the derived graph as ``split_graph`` (by default only its
+        recipe, ``derivation``, from which ``simulate`` rebuilds it)."""
         estimate = self.estimate.to_dict(timings=timings)
         doc: dict[str, Any] = {
             "schema": PLACEMENT_SCHEMA,
             "graph": self.graph,
             "cluster": self.cluster,
+        }
+        if self.cluster_digest is not None:
+            doc["cluster_digest"] = self.cluster_digest
+        if self.cluster_file is not None:
+            doc["cluster_file"] = self.cluster_file
+        doc.update({
             "algorithm": self.algorithm,
             "params": self.params,
             "seed": self.seed,
             "assignment": self.assignment,
-        }
+        })
         if self.order is not None:
             doc["order"] = self.order
         doc["estimate"] = estimate
         doc["placement_time_s"] = self.placement_time_s if timings else 0.0
         if self.derivation is not None:
             doc["derivation"] = self.derivation
-        if self.split_graph is not None:
-            doc["split_graph"] = self.split_graph
+        if embed_derived:
+            if self.derived is not None:
+                doc["split_graph"] = self.derived.to_dict()
+            elif self.split_graph is not None:
+                doc["split_graph"] = self.split_graph
         return doc
 
     @classmethod
     def from_dict(cls, doc: Any, label: str = "placement") -> "Placement":
         validate(doc, PLACEMENT_SCHEMA, label)
-        for key in ("params", "estimate"):
+        for key in ("params", "estimate", "derivation"):
             check_depth(doc.get(key), label, f"field {key}")
         return cls(graph=doc.get("graph", ""), cluster=doc.get("cluster", ""),
+                   cluster_digest=doc.get("cluster_digest"), cluster_file=doc.get("cluster_file"),
                    algorithm=doc.get("algorithm", "given"), assignment=dict(doc["assignment"]),
                    order={k: list(v) for k, v in doc["order"].items()} if doc.get("order") is not None else None,
                    params=dict(doc.get("params") or {}), seed=doc.get("seed"),

@@ -66,28 +66,51 @@ class Budget:
     ``take()`` spends one simulation and answers whether it may be made;
     ``clock_cut`` becomes True when the deadline, not the count, said no.
 
+    Time decisions use the measured speed of the simulations made so far
+    (seconds per simulation of the input graph, :meth:`sim_time`; before the
+    first one, *sim_prior_s*): work of ``x`` simulations is expected to take
+    ``x * sim_time()`` seconds, and ``reserve`` simulations' worth of time
+    before the deadline is kept for finishing (the answer's bound, its
+    placement document, writing it).
+
     >>> b = Budget(3, None)
     >>> b.take(), b.charge(1.0), b.take(), b.take()
     (True, None, True, False)
     """
 
-    def __init__(self, evaluations: float, deadline: float | None):
+    def __init__(self, evaluations: float, deadline: float | None, sim_prior_s: float = 0.0, reserve: float = 0.0):
         self.limit = max(0.0, float(evaluations))
         self.used = 0
         self.charged = 0.0
         self.deadline = deadline
         self.clock_cut = False
         self.sim_seconds = 0.0  # wall time of the simulations made (for clock decisions only)
+        self.sim_weight = 0.0  # their sizes, in simulations of the input graph
+        self.sim_prior_s = sim_prior_s
+        self.reserve = reserve
 
     @property
     def spent(self) -> float:
         return self.used + self.charged
 
-    def remaining_time(self) -> float:
-        return float("inf") if self.deadline is None else self.deadline - time.perf_counter()
+    def sim_time(self) -> float:
+        """Seconds one simulation of the input graph takes: the mean of those
+        made so far, else the prior."""
+        return self.sim_seconds / self.sim_weight if self.sim_weight > 0 else self.sim_prior_s
 
-    def out_of_time(self) -> bool:
-        if self.remaining_time() <= 0:
+    def seconds_for(self, amount: float) -> float:
+        """Expected seconds of work of *amount* simulations plus one to judge it."""
+        return (amount + 1) * self.sim_time()
+
+    def remaining_time(self) -> float:
+        """Seconds left before the deadline, less the reserve for finishing."""
+        if self.deadline is None:
+            return float("inf")
+        return self.deadline - time.perf_counter() - self.reserve * self.sim_time()
+
+    def out_of_time(self, weight: float = 0.0) -> bool:
+        """No time left for a simulation of *weight* (0: none left at all)."""
+        if self.remaining_time() <= weight * self.sim_time():
             self.clock_cut = True
             return True
         return False
@@ -104,8 +127,9 @@ class Budget:
         """Spend one simulation; one of a graph *weight* times the input
         graph's size also charges ``weight - 1``.  ``clock=False``: the
         deadline does not refuse it (only the count does), for judging work
-        already paid for."""
-        if self.over_count(weight) or (clock and self.out_of_time()):
+        already paid for; else a simulation expected to end past the
+        deadline is refused."""
+        if self.over_count(weight) or (clock and self.out_of_time(weight)):
             return False
         self.used += 1
         self.charged += max(0.0, weight - 1.0)
@@ -116,11 +140,12 @@ class Budget:
 
     def affordable(self, amount: float) -> bool:
         """Whether work of *amount* simulations (plus one to judge it) fits
-        in the time left, at the measured speed of simulations; False sets
-        ``clock_cut``."""
+        in the time left; False sets ``clock_cut``.  Before any simulation
+        is measured only the prior speed is known, and the first piece of
+        work is always affordable (an answer needs one candidate)."""
         if self.deadline is None or not self.used:
             return True
-        if self.remaining_time() < (amount + 1) * self.sim_seconds / self.used:
+        if self.remaining_time() < self.seconds_for(amount):
             self.clock_cut = True
             return False
         return True
@@ -226,6 +251,7 @@ class Evaluator:
         sched = run_schedule(self.graph, self.cluster, device_of, order, congestion=self.congestion,
                              costs=self.costs)
         self.budget.sim_seconds += time.perf_counter() - t0
+        self.budget.sim_weight += self.weight
         score = Score(self.judged_overflow(device_of, sched), sched.makespan)
         self.scores[key] = score
         self._schedules[key] = sched

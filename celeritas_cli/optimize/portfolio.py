@@ -22,14 +22,35 @@ Which members run is decided from the graph's size and the time limit alone
 * ``data-parallel`` members (the strongest single start whenever the model
   fits one device, and refined on their own derived graph) are instead
   held to :data:`DP_SHARE` of the budget, together, on top of
-  :data:`PORTFOLIO_SHARE`;
+  :data:`PORTFOLIO_SHARE`; they are left out where the batch cannot be
+  split (:func:`batch_split_refusal`: no declared batch and none assumed,
+  fewer samples than devices, a coarse graph), and ``auto`` says why;
 * coarse graphs aim at about ``4 k``, ``16 k`` and ``64 k`` coarse nodes for
   ``k`` devices (``R = ceil(n / target)``, ``M`` at its default), the range of
   Celeritas' Table 2 for a handful of devices; a granularity is skipped when
   the graph is not much larger than the target;
+* when the budget is too small for :data:`MEMBER_SHARE` to admit even
+  METIS (a huge graph: a few simulations in all), the *anchors*
+  (:data:`ANCHORS`: METIS, compute- and memory-balanced, and m-TOPO - cheap
+  and usually memory-feasible) run first, within :data:`ANCHOR_SHARE`;
+* ``data-parallel`` members are left out, and said so, when one replica
+  (its parameters, gradients and optimizer state in full plus its share of
+  the activations, :func:`replica_memory`) exceeds the smallest device: the
+  answer would be OOM (issue 24, N16: the data-parallel member of a 92 GiB
+  model on 32 GiB devices took 7 s and was the only candidate);
 * ``milp`` (Moirai's exact model) joins only for tiny problems with tight
   memory (:func:`wants_milp`), where exact packing can be the only feasible
-  answer.
+  answer;
+* ``-p algos=...`` names the members: every named algorithm runs (N19),
+  except the ones auto cannot run, which :func:`plan` reports with the
+  reason (``given`` needs a placement file); algorithms with a wall-clock
+  ``time_limit`` of their own (``milp``, ``hierarchical``) run after the
+  others with a share of the time left (:data:`TIMED`).
+
+Every left-out member is reported with its reason (``skipped``), and
+:func:`run_portfolio` also skips, and reports, a member whose estimated
+time (its cost in simulations at the measured speed of simulations) does
+not fit before the deadline - the clock decides only there.
 
 On a cluster of uneven devices (types or speeds differ), ``data-parallel``
 also runs with ``shares=proportional`` (batch shares by device speed: on the
@@ -54,34 +75,34 @@ gradient), so auto also tries ``bucket_mb=0`` (one ring per gradient, a
 graph about ``1 + k/2`` times larger: :data:`UNBUCKETED_FACTOR`) under
 :data:`DP_SHARE` and the same :data:`DP_GATE` as ``dpos@data-parallel``.
 
-A placement that carries a derived graph (``split_graph``: FastT / FD-DPS
-operation splitting, data parallelism) is judged on that graph, as
+A placement made on a derived graph (``derived``, with its recipe: FastT /
+FD-DPS operation splitting, data parallelism) is judged on that graph, as
 ``placer simulate`` does, and refined there.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
-from dataclasses import dataclass, field
-from typing import Callable
 
 from .. import registry
-from ..errors import PlacerError
-from ..log import chatty, quiet, warn
 from ..model.cluster import Cluster
-from ..model.costs import CostModel
 from ..model.graph import Graph
-from ..model.placement import Placement
+from ..model.residency import resident_list
+from ..transform.split_cost import batch_profile
+from .runner import Candidate, Runner, Spec, available, run_portfolio
+
+__all__ = ["OVER_SHARE", "Candidate", "Runner", "Spec", "available", "dp_misfit", "member_cost", "plan",
+           "replica_memory", "run_portfolio", "wants_milp"]
 
 #: rough cost of a member in simulations of the graph it runs on (measured on one core)
 COST = {"metis": 1.5, "scotch": 2.0, "m-topo": 0.3, "single-device": 0.2, "data-parallel": 2.0, "heft": 5.0,
         "dpos": 5.0, "adjusting": 7.0, "m-etf": 10.0, "order-place": 2.0, "fd-dps": 4.0, "m-sct": 8.0,
         "os-dpos": 60.0}
-#: data-parallel's cost per squared device count, in simulations of the input graph (measured with 25 MiB
-#: buckets on layered graphs of 1,000 nodes on 4, 8 and 16 devices: 0.38, 0.21, 0.21 k**2)
-DP_COST = 0.25
+#: data-parallel's cost per squared device count, in simulations of the input graph.  Measured with 25 MiB
+#: buckets on synthetic layered graphs (benchmarks/bench_time_limits.py --costs), building the replicas'
+#: validated graph and simulating it once: 1.3-2.0 k**2 on 4 devices and 1.3-3.1 k**2 on 8, for 1,000 to
+#: 36,000 nodes (0.21-0.38 k**2 before derived graphs were schema-checked on building)
+DP_COST = 1.5
 #: os-dpos' cost per squared device count and split trial (measured as above: 3.4-4.9)
 OS_DPOS_COST = 4.0
 #: data-parallel with one ring per gradient (bucket_mb=0) costs about 1 + k * this times the bucketed one
@@ -97,6 +118,19 @@ MEMBER_SHARE = 0.1
 PORTFOLIO_SHARE = 0.3
 #: at most this share of the budget for the data-parallel members together (beside PORTFOLIO_SHARE)
 DP_SHARE = 0.3
+#: cheap members that run first, and within ANCHOR_SHARE, when MEMBER_SHARE would leave them out
+ANCHORS = ("metis", "m-topo")
+ANCHOR_SHARE = 0.5
+#: algorithms with a wall-clock ``time_limit`` of their own: run after the others, each with at most this share
+#: of the evaluations and of the time left
+TIMED = ("milp", "hierarchical")
+TIMED_SHARE = 0.25
+#: the reason plan() gives for a member whose cost is over its share
+OVER_SHARE = "over its share of the budget"
+#: named algorithms auto cannot run, and why
+CANNOT = {"given": "it re-evaluates a placement file (-p file=P.json), which auto cannot pass to its members; "
+                   "use placer place --algo given -p file=P.json",
+          "auto": "auto cannot be its own member"}
 #: members run on each coarse graph, in this order
 COARSE = ("metis", "m-etf", "adjusting", "heft", "dpos", "order-place")
 #: target coarse nodes per device of the coarse granularities
@@ -108,49 +142,9 @@ GRANULARITY = (4, 16, 64)
 PRIORITY = ("metis", "data-parallel", "dpos@data-parallel", 16, "dpos", "heft", "adjusting", 4, 64, "scotch", "m-etf",
             "single-device", "fd-dps", "m-topo", "order-place", "m-sct", "os-dpos")
 MILP_MAX_NODES = 40
-
-
-@dataclass(frozen=True)
-class Spec:
-    """One portfolio member: ``algo`` with ``params`` on the input graph
-    (``R = None``), on its ``cpd`` coarse graph of range ``R``, or (``on =
-    "data-parallel"``) on its data-parallel graph."""
-
-    algo: str
-    params: tuple = ()
-    R: int | None = None
-    on: str | None = None
-
-    @property
-    def name(self) -> str:
-        label = self.algo
-        if self.params:
-            label += "(" + ",".join(f"{k}={v}" for k, v in self.params) + ")"
-        if self.on is not None:
-            return f"{label}@{self.on}"
-        return label if self.R is None else f"{label}@cpd(R={self.R})"
-
-
-@dataclass
-class Candidate:
-    """A portfolio member's result: its placement and how the simulator
-    judged it (``device_of`` / ``order`` over the nodes of the graph it is
-    simulated on - the input graph, or the derived graph it carries)."""
-
-    spec: Spec
-    placement: Placement
-    graph: Graph
-    device_of: list[int]
-    order: list[list[int]] | None
-    derived: bool = False
-    score: object = None
-    extra: dict = field(default_factory=dict)
-
-
-def _available(name: str) -> bool:
-    if name not in registry.names():
-        return False
-    return registry.get(name).extra is None
+#: a named ``milp`` (-p algos=milp) runs on the input graph up to this size, else on the largest coarse graph
+#: within it
+MILP_NAMED_MAX_NODES = 200
 
 
 def granularities(graph: Graph, cluster: Cluster) -> dict[int, int]:
@@ -170,7 +164,7 @@ def wants_milp(graph: Graph, cluster: Cluster, coarse_sizes: dict[int, int], fea
     :data:`MILP_MAX_NODES` nodes) whose memory is tight: no other candidate
     fits, or the graph needs more than 70 % of the cluster's memory - where
     packing exactly can be the only way to fit."""
-    if not _available("milp") or cluster.k < 2:
+    if not available("milp") or cluster.k < 2:
         return None
     if feasible and graph.total_memory() <= 0.7 * cluster.total_memory():
         return None
@@ -190,7 +184,7 @@ def member_cost(spec: Spec, k: int) -> float:
     simulations of that graph, for *k* devices (module docstring).
 
     >>> member_cost(Spec("metis"), 8), member_cost(Spec("data-parallel"), 8)
-    (1.5, 16.0)
+    (1.5, 96.0)
     >>> member_cost(Spec("os-dpos", (("max_ops", 1),)), 4)
     448.0
     """
@@ -206,29 +200,113 @@ def member_cost(spec: Spec, k: int) -> float:
     return COST.get(spec.algo, 10.0)
 
 
-def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None = None) -> list[tuple[Spec, float]]:
-    """The portfolio for *graph* and an evaluation *budget* (module
-    docstring): ``(spec, charge)`` pairs in the order they run, *charge* the
-    member's estimated cost in simulations of the input graph (its own
-    judgement not included; the first member of a coarse graph also pays for
-    building it).  Members are offered in :data:`PRIORITY` order; one over
-    :data:`MEMBER_SHARE` of the budget, or one that would take the portfolio
-    over :data:`PORTFOLIO_SHARE`, is left out (data-parallel members:
-    :data:`DP_SHARE` together).  *names* restricts it to those algorithms,
-    and then every one of them runs, whatever its cost, charged at most its
-    share."""
+def batch_split_refusal(graph: Graph, cluster: Cluster, assume_batch: int | None = None) -> str | None:
+    """Why the members that split the batch (data parallelism, DPOS on the
+    data-parallel graph) cannot run on *graph*, or None: no declared batch
+    (and none assumed), fewer samples than devices, a coarse graph
+    (:func:`~celeritas_cli.transform.admit.dp_refusal`).  ``plan`` leaves them
+    out and ``auto`` says why on stderr."""
+    from ..transform.admit import dp_refusal
+
+    return dp_refusal(graph, cluster.k, assume_batch, sized=False) if cluster.k > 1 else None
+
+
+def replica_memory(graph: Graph, k: int) -> int:
+    """Bytes one replica of ``data-parallel`` (equal shares, strong
+    scaling) holds under the static rule, without building it: every node's
+    batch-independent memory (parameters, gradients, optimizer state) in
+    full plus ``ceil(1/k)`` of its activations, as
+    :func:`~celeritas_cli.transform.replicate.data_parallel_graph` builds
+    it (the all-reduce ring nodes hold none).
+
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.transform.replicate import data_parallel_graph
+    >>> g = build("m", [{"id": "x", "compute_s": 4.0, "memory_bytes": 400},
+    ...                 {"id": "w", "compute_s": 8.0, "memory_bytes": 500, "colocation": "p",
+    ...                  "batch_independent": {"memory_bytes": 100, "state_bytes": 100}},
+    ...                 {"id": "g", "compute_s": 8.0, "memory_bytes": 100},
+    ...                 {"id": "u", "op": "optim.sgd", "compute_s": 1.0, "memory_bytes": 0, "colocation": "p"}],
+    ...           [{"src": "x", "dst": "w", "bytes": 400}, {"src": "w", "dst": "g", "bytes": 400},
+    ...            {"src": "g", "dst": "u", "bytes": 100}], meta={"batch_size": 8})
+    >>> d = data_parallel_graph(g, 2)
+    >>> replica_memory(g, 2), sum(d.memory[v] for v in range(d.n) if d.ids[v].endswith("/rep0"))
+    (600, 600)
+    """
+    prof = batch_profile(graph)
+    total = 0
+    for v in range(graph.n):
+        fixed = prof.fixed_memory[v]
+        act = graph.memory[v] - fixed
+        total += fixed + (-(-act // k) if k > 1 and not prof.fixed_node[v] else act)
+    return total
+
+
+def dp_misfit(graph: Graph, cluster: Cluster, spec: Spec) -> str | None:
+    """Why the data-parallel member *spec* cannot fit memory under the
+    rule the judge applies, or None; a sound test, never leaving out a
+    member that could fit.  Time rule (the graph declares
+    ``resident_bytes``): every replica holds the model's resident state in
+    full for the whole step, so its peak is at least that - over the
+    smallest device, no split of the batch fits.  Static rule, equal
+    shares: one replica (:func:`replica_memory`) exceeds the smallest
+    device; uneven shares (``shares=proportional``): no split of the batch
+    fits - a device holds less than the batch-independent memory ``F``
+    every replica holds, or the devices' room beyond ``F`` is less than the
+    activations ``A`` to share (``sum(M_d - F) < A``).
+
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> g = layered(60, seed=1)  # declares resident_bytes: the time rule
+    >>> dp_misfit(g, uniform(4, memory=2**40), Spec("data-parallel")) is None
+    True
+    >>> dp_misfit(g, uniform(4, memory=2**20), Spec("data-parallel"))[:36]
+    "every replica holds the model's resi"
+    """
+    k = cluster.k
+    prof = batch_profile(graph)
+    resident = resident_list(graph)
+    if resident is not None:
+        held = sum(min(resident[v], graph.memory[v] if prof.fixed_node[v] else prof.fixed_memory[v])
+                   for v in range(graph.n))
+        if held <= cluster.min_memory():
+            return None
+        return (f"every replica holds the model's resident state ({held / 2**30:.3g} GiB of parameters, buffers "
+                f"and optimizer state) for the whole step and the smallest device holds "
+                f"{cluster.min_memory() / 2**30:.3g} GiB")
+    if dict(spec.params).get("shares", "equal") == "equal":
+        need = replica_memory(graph, k)
+        if need <= cluster.min_memory():
+            return None
+        return (f"one replica needs {need / 2**30:.3g} GiB (parameters and optimizer state in full, 1/{k} of the "
+                f"activations) and the smallest device holds {cluster.min_memory() / 2**30:.3g} GiB")
+    fixed = sum(prof.fixed_memory[v] if not prof.fixed_node[v] else graph.memory[v] for v in range(graph.n))
+    act = graph.total_memory() - fixed
+    room = sum(max(0, d.memory - fixed) for d in cluster.devices)
+    if fixed <= cluster.min_memory() and room >= act:
+        return None
+    return (f"every replica holds {fixed / 2**30:.3g} GiB of parameters and optimizer state and the devices' room "
+            f"beyond it ({room / 2**30:.3g} GiB) cannot hold the {act / 2**30:.3g} GiB of activations")
+
+
+def _offers(graph: Graph, cluster: Cluster, split_batch: bool = True) -> list[list[tuple[Spec, float]]]:
+    """Every member auto would consider, grouped (a coarse graph's members
+    together), in :data:`PRIORITY` order, with its :func:`member_cost`;
+    without the members that split the batch when *split_batch* is False
+    (:func:`batch_split_refusal`)."""
     size = max(1, graph.n + graph.m)
     k = cluster.k
     per_node = (graph.n + graph.m) / graph.n if graph.n else 1.0
     coarse_R = granularities(graph, cluster)
     offers: list[list[tuple[Spec, float]]] = []
     for item in PRIORITY:
+        if not split_batch and item in ("data-parallel", "dpos@data-parallel"):
+            continue
         if item == "dpos@data-parallel":
             if max(graph.total_memory(), 1) <= cluster.min_memory() and k > 1:
                 spec = Spec("dpos", on="data-parallel")
                 offers.append([(spec, member_cost(spec, k))])
         elif isinstance(item, str):
-            if not _available(item):
+            if not available(item):
                 continue
             offers.append([(Spec(item), member_cost(Spec(item), k))])
             if item == "metis" and graph.total_memory() > 0.5 * cluster.total_memory():
@@ -244,26 +322,84 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
             R = coarse_R[item]
             shrink = min(1.0, per_node * math.ceil(graph.n / R) / size)
             offers.append([(Spec(algo, (), R), COST.get(algo, 10.0) * shrink) for algo in COARSE])
+    return offers
+
+
+def _named_offers(graph: Graph, cluster: Cluster, names: list[str], offers: list, say) -> list:
+    """*offers* plus the named algorithms :data:`PRIORITY` does not offer
+    (run on the input graph), less those auto cannot run (said)."""
+    offered = {spec.algo for group in offers for spec, _ in group}
+    out = list(offers)
+    for name in names:
+        if name in CANNOT:
+            say(name, CANNOT[name])
+        elif not available(name, named=True):
+            extra = registry.get(name).extra if name in registry.names() else None
+            say(name, f"needs the '{extra}' extra (pip install -e .[{extra}])" if extra else "not registered")
+        elif name not in offered and name not in TIMED:
+            out.append([(Spec(name), member_cost(Spec(name), cluster.k))])
+    return out
+
+
+def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None = None,
+         skipped: list[tuple[str, str]] | None = None, *, split_batch: bool = True) -> list[tuple[Spec, float]]:
+    """The portfolio for *graph* and an evaluation *budget* (module
+    docstring): ``(spec, charge)`` pairs in the order they run, *charge* the
+    member's estimated cost in simulations of the input graph (its own
+    judgement not included; the first member of a coarse graph also pays for
+    building it).  Members are offered in :data:`PRIORITY` order; one over
+    :data:`MEMBER_SHARE` of the budget, or one that would take the portfolio
+    over :data:`PORTFOLIO_SHARE`, is left out (data-parallel members:
+    :data:`DP_SHARE` together; the :data:`ANCHORS`, when the budget is
+    tight: :data:`ANCHOR_SHARE`, and first).  *names* restricts it to those
+    algorithms, and then every one of them runs, whatever its cost, charged
+    at most its share (:data:`TIMED` members are run by the search, not
+    planned here).  *skipped* collects ``(member, reason)`` for every member
+    left out.  ``split_batch=False`` leaves out the members that split the
+    batch (:func:`batch_split_refusal`; ``auto`` says why in one line)."""
+    k = cluster.k
+    notes: list[tuple[str, str]] = skipped if skipped is not None else []
+    say = lambda name, why: notes.append((name, why))  # noqa: E731
+    offers = _offers(graph, cluster, split_batch)
+    if names:
+        offers = _named_offers(graph, cluster, names, offers, say)
+    tight = not names and COST["metis"] + 1 > MEMBER_SHARE * budget
+    if tight:  # a huge graph: the cheap, usually feasible partitioners first
+        offers.sort(key=lambda group: group[0][0].algo not in ANCHORS or group[0][0].R is not None)
     out: list[tuple[Spec, float]] = []
     spent = dp_spent = 0.0
     for members in offers:
         built = False
         for spec, charge in members:
-            if (names and spec.algo not in names) or not _available(spec.algo):
+            if (names and spec.algo not in names) or not available(spec.algo, named=bool(names)):
                 continue
             if spec.on is not None and not any(o == Spec(spec.on) for o, _ in out):
+                if not names or spec.on in names:
+                    say(spec.name, f"its base, {spec.on}, does not run")
                 continue  # its base graph is built by that member, which must run first
             if spec.R is not None and not built:
                 charge += CPD_COST
             dp = spec.algo == "data-parallel" or spec.on == "data-parallel"
+            anchor = tight and spec.algo in ANCHORS and spec.R is None
             if dp:
+                share = DP_SHARE
                 over = dp_spent + charge + 1 > DP_SHARE * budget
+            elif anchor:
+                share = ANCHOR_SHARE
+                over = spent + charge + 1 > ANCHOR_SHARE * budget
             else:
+                share = MEMBER_SHARE
                 over = charge + 1 > MEMBER_SHARE * budget or spent + charge + 1 > PORTFOLIO_SHARE * budget
             if over and not names:
+                say(spec.name, f"{OVER_SHARE} (costs about {charge + 1:.3g} of the {budget:.0f} evaluations)")
                 continue
             if over:  # named: runs whatever its cost, charged at most its share (so it can still be judged)
-                charge = min(charge, max(0.0, (DP_SHARE if dp else MEMBER_SHARE) * budget - 1))
+                charge = min(charge, max(0.0, share * budget - 1))
+            if spec.algo == "data-parallel" and not names and k > 1:
+                misfit = dp_misfit(graph, cluster, spec)
+                if misfit:
+                    say(spec.name, misfit)
+                    continue
             built = built or spec.R is not None
             if dp:
                 dp_spent += charge + 1
@@ -273,100 +409,3 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
     return out
 
 
-class Runner:
-    """Runs portfolio members on the input graph and its cpd coarse graphs
-    (built once each), under one cost model."""
-
-    def __init__(self, graph: Graph, cluster: Cluster, costs: CostModel, seed: int = 0):
-        self.graph = graph
-        self.cluster = cluster
-        self.costs = costs
-        self.seed = seed
-        self.coarse: dict[int, Graph] = {}
-        self._dp: tuple[Graph, Placement] | None = None
-
-    def coarse_graph(self, R: int) -> Graph:
-        if R not in self.coarse:
-            self.coarse[R] = registry.coarsen(self.graph, self.cluster, "cpd", params={"R": R}, costs=self.costs)
-        return self.coarse[R]
-
-    def data_parallel(self) -> tuple[Graph, Placement]:
-        """The data-parallel graph (equal shares) and its placement, built once."""
-        if self._dp is None:
-            self.run(Spec("data-parallel"))
-        assert self._dp is not None
-        return self._dp
-
-    def run(self, spec: Spec, params: dict | None = None) -> Candidate:
-        """Place with *spec* and map the result onto the graph it is judged on.
-
-        Raises
-        ------
-        PlacerError
-            The algorithm failed (the caller skips the member).
-        """
-        if spec.on == "data-parallel":
-            return self._on_data_parallel(spec, params)
-        g = self.graph if spec.R is None else self.coarse_graph(spec.R)
-        said = io.StringIO()
-        try:  # a member's own lines are not auto's: shown (prefixed) only when chatty
-            with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said), quiet():
-                p = registry.place(g, self.cluster, spec.algo, seed=self.seed,
-                                   params={**dict(spec.params), **(params or {})}, costs=self.costs.for_graph(g))
-        finally:
-            if chatty():
-                for line in said.getvalue().splitlines():
-                    warn(f"auto: {spec.name}: {line}")
-        if p.split_graph is not None:
-            judged = Graph.from_dict(p.split_graph, f"{spec.name} (split_graph)")
-            device_of, order = p.resolve(judged, self.cluster, spec.name)
-            if spec == Spec("data-parallel") and not params:
-                self._dp = (judged, p)
-            return Candidate(spec, p, judged, device_of, order, derived=True)
-        device_of, order = p.resolve(self.graph, self.cluster, spec.name)
-        return Candidate(spec, p, self.graph, device_of, order)
-
-
-    def _on_data_parallel(self, spec: Spec, params: dict | None) -> Candidate:
-        """*spec*'s algorithm on the data-parallel graph; the placement
-        carries that graph's recipe, so ``placer simulate`` rebuilds it."""
-        dg, dp = self.data_parallel()
-        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()), quiet():
-            p = registry.place(dg, self.cluster, spec.algo, seed=self.seed,
-                               params={**dict(spec.params), **(params or {})}, costs=self.costs.for_graph(dg))
-        device_of, order = p.resolve(dg, self.cluster, spec.name)
-        p.split_graph, p.derivation, p.graph = dp.split_graph, dp.derivation, dp.graph
-        return Candidate(spec, p, dg, device_of, order, derived=True)
-
-
-def run_portfolio(runner: Runner, specs: list[tuple[Spec, float]], judge: Callable[[Candidate], bool],
-                  budget, params: Callable[[Spec], dict] | None = None,
-                  on_error: Callable[[Spec, Exception], None] | None = None,
-                  wanted: Callable[[Spec], bool] | None = None) -> list[Candidate]:
-    """Run *specs* in order, charging each its estimated cost to *budget*
-    (:class:`~celeritas_cli.optimize.evaluator.Budget`); *judge* scores each
-    candidate (False when the budget is spent).  A member the time left
-    cannot pay for is skipped (the budget records that the clock decided),
-    and so is one *wanted* answers False for (nothing charged)."""
-    out: list[Candidate] = []
-    for spec, charge in specs:
-        if budget.exhausted():
-            break
-        if wanted is not None and not wanted(spec):
-            continue
-        if not budget.affordable(charge):
-            continue
-        budget.charge(charge)
-        try:
-            cand = runner.run(spec, params(spec) if params else None)
-        except PlacerError as exc:
-            if on_error is not None:
-                on_error(spec, exc)
-            continue
-        except Exception as exc:  # a bug in one member must not cost the user the answer; say it
-            warn(f"auto: candidate {spec.name} failed ({type(exc).__name__}: {exc}); skipped - please report it")
-            continue
-        if not judge(cand):
-            break
-        out.append(cand)
-    return out

@@ -19,6 +19,16 @@ give the same answer; the wall clock only caps the search - until the
 ``deadline`` the caller passes (``placer place``: the command's start + the
 limit, :func:`celeritas_cli.registry.deadline`) - and the result says when
 it did (``estimate.clock_cut``).
+
+The time limit bounds the whole call - for ``placer place`` the whole
+command, loading included.  No piece of work starts that is not expected
+to end before the deadline: a portfolio member is sized before it starts
+(its cost in simulations at the measured speed of simulations,
+:meth:`~celeritas_cli.optimize.evaluator.Budget.affordable`), and so is
+building the refinement's levels (:data:`LEVELS_COST`) and every
+refinement simulation; :data:`RESERVE` of the limit plus
+:data:`FINISH_COST` simulations' worth of time is kept for the answer's
+bound and its document.  What is skipped is said, with the reason.
 """
 
 from __future__ import annotations
@@ -35,13 +45,38 @@ from ..model.graph import Graph
 from ..sim.simulator import lower_bound
 from .evaluator import Budget, Evaluator, Score
 from .levels import Level, hierarchy
-from .portfolio import DP_GATE, Candidate, Runner, Spec, plan, run_portfolio, unbucketed, wants_milp
+from .portfolio import (
+    ANCHORS,
+    DP_GATE,
+    MILP_NAMED_MAX_NODES,
+    OVER_SHARE,
+    TIMED,
+    TIMED_SHARE,
+    Candidate,
+    Runner,
+    Spec,
+    available,
+    batch_split_refusal,
+    plan,
+    run_portfolio,
+    unbucketed,
+    wants_milp,
+)
 from .refine import State, refine
 
 #: simulated nodes + edges per second assumed by :func:`default_evaluations`
 EVAL_RATE = 2.5e5
-#: share of the time limit the finishing steps may need (writing the answer)
+#: share of the time limit kept at least for the finishing steps (writing the answer)
 RESERVE = 0.04
+#: the finishing steps (the answer's lower bound, its placement document, writing it, the interpreter freeing
+#: the graph at exit), in simulations of the input graph (measured: 0.1 + 0.08 + 0.02 on a 36,000-node graph;
+#: the exit 0.4-0.8 of a simulation on 200,000 nodes, more on a loaded machine)
+FINISH_COST = 1.0
+#: building the refinement's levels (heavy-edge matching), in simulations of the graph refined
+#: (measured 3.6 on a 36,000-node graph)
+LEVELS_COST = 4.0
+#: a member with a time limit of its own (milp, hierarchical) is not started with less than this many seconds
+TIMED_MIN_S = 1.0
 #: auto's time limit in seconds; with time limit 0 (no wall clock) the budget is this one's
 DEFAULT_TIME_LIMIT = 10.0
 
@@ -74,6 +109,7 @@ class Outcome:
     evaluations: int = 0
     clock_cut: bool = False
     lower_bound: float = 0.0  # simulator's lower_bound of ``graph`` (the graph the answer runs)
+    skipped: list[dict] = field(default_factory=list)  # members that did not run: {"name", "why"}
 
 
 class _Problem:
@@ -94,25 +130,37 @@ class _Problem:
 
 
 class Search:
-    """One run of the optimizer (see the module docstring)."""
+    """One run of the optimizer (see the module docstring).
+
+    *deadline* (a :func:`time.perf_counter` reading) is when the whole call
+    must be done; default: *time_limit* from the start of the search (none
+    for a limit of 0).  *log* hears progress; *notice* hears what
+    qualifies the answer whatever the verbosity (a named member that did
+    not run, and why)."""
 
     def __init__(self, graph: Graph, cluster: Cluster, *, costs: CostModel | None = None, seed: int = 0,
                  time_limit: float = DEFAULT_TIME_LIMIT, evaluations: int = 0, congestion: str = DEFAULT_CONGESTION,
                  algos: list[str] | None = None, log: Callable[[str], None] | None = None,
-                 deadline: float | None = None):
+                 notice: Callable[[str], None] | None = None, deadline: float | None = None,
+                 assume_batch: int | None = None):
         self.t0 = time.perf_counter()
         self.graph, self.cluster, self.seed = graph, cluster, seed
         self.costs = cost_model(graph, cluster, costs)
         self.time_limit = time_limit or DEFAULT_TIME_LIMIT  # what the counted budgets derive from
         self.congestion = congestion
         self.algos = algos
+        self.assume_batch = assume_batch
         self.log = log or (lambda msg: None)
+        self.notice = notice or self.log
         limit = evaluations if evaluations > 0 else default_evaluations(graph, self.time_limit)
         end = deadline if deadline is not None else registry.deadline(time_limit, self.t0)
-        self.budget = Budget(limit, None if end is None else end - time_limit * RESERVE)
+        prior = max(1, graph.n + graph.m) / EVAL_RATE
+        self.budget = Budget(limit, None if end is None else end - time_limit * RESERVE, sim_prior_s=prior,
+                             reserve=FINISH_COST)
         self.main = _Problem(graph, cluster, self.costs, congestion, seed, self.budget)
         self.derived: dict[int, _Problem] = {}
         self.candidates: list[Candidate] = []
+        self.skipped: list[dict] = []
         self._last_log = self.t0
 
     # ------------------------------------------------------------ helpers
@@ -138,26 +186,87 @@ class Search:
                  f"{cand.placement.placement_time_s:.2f} s, {self.budget.spent:.0f} evaluations spent)")
         return True
 
+    def _skip(self, name: str, why: str, say: bool = True) -> None:
+        """Record (``estimate.skipped``) and say a member that did not run;
+        a named one (``-p algos``) is said whatever the verbosity."""
+        self.skipped.append({"name": name, "why": why})
+        named = self.algos is not None and name.split("(")[0].split("@")[0] in self.algos
+        if say or named:
+            (self.notice if named else self.log)(f"auto: candidate {name} skipped: {why}")
+
     def progress(self, msg: str) -> None:
         now = time.perf_counter()
         if now - self._last_log >= 1.0:
             self._last_log = now
-            self.log(f"auto: {now - self.t0:5.1f} s, {self.budget.used} evaluations: {msg}")
+            self.log(f"auto: {now - self.t0:5.1f} s, {self.budget.used} simulations: {msg}")
 
     # ------------------------------------------------------------- phases
     def portfolio(self) -> None:
-        runner = Runner(self.graph, self.cluster, self.costs, self.seed)
-        specs = plan(self.graph, self.cluster, self.budget.limit, self.algos)
-        skipped = lambda s, e: self.log(f"auto: candidate {s.name} skipped: {e}")  # noqa: E731
-        run_portfolio(runner, specs, self._judge, self.budget, on_error=skipped, wanted=self._wanted)
+        runner = Runner(self.graph, self.cluster, self.costs, self.seed, self.assume_batch)
+        notes: list[tuple[str, str]] = []
+        specs = plan(self.graph, self.cluster, self.budget.limit, self.algos, notes,
+                     split_batch=batch_split_refusal(self.graph, self.cluster, self.assume_batch) is None)
+        over = [name for name, why in notes if why.startswith(OVER_SHARE)]
+        for name, why in notes:
+            self._skip(name, why, say=not why.startswith(OVER_SHARE))
+        if over:  # one line for the members the count leaves out (estimate.skipped has each one's cost)
+            plain = [x for x in over if "@cpd" not in x]
+            coarse = len(over) - len(plain)
+            self.log(f"auto: {len(over)} members left out, each over its share of the {self.budget.limit:.0f} "
+                     f"evaluations: {', '.join(plain)}" + (f" and {coarse} on coarse graphs" if coarse else ""))
+        failed = lambda s, e: self._skip(s.name, f"it failed: {e}")  # noqa: E731
+        run_portfolio(runner, specs, self._judge, self.budget, on_error=failed, wanted=self._wanted,
+                      on_skip=lambda s, why: self._skip(s.name, why))
+        self._timed(runner, failed)
+
+    def _timed(self, runner: Runner, failed) -> None:
+        """The members with a wall-clock limit of their own (:data:`~.portfolio.TIMED`):
+        ``milp`` where :func:`~.portfolio.wants_milp` says (or wherever it
+        is named), ``hierarchical`` when named; each with a time limit
+        derived from ``time_limit`` alone (0.3 of it, named ones sharing 0.8
+        of it), capped by the time left, and :data:`~.portfolio.TIMED_SHARE`
+        of the evaluations left."""
         feasible = any(c.score.feasible for c in self.candidates)
-        where = wants_milp(self.graph, self.cluster, {R: g.n for R, g in runner.coarse.items()}, feasible)
-        if where is not None and (self.algos is None or "milp" in self.algos) and not self.budget.exhausted():
-            milp = {"time_limit": max(1.0, 0.3 * self.time_limit), "workers": 1, "congestion": self.congestion,
-                    "hint": "none" if feasible else "auto"}
-            charge = 0.25 * (self.budget.limit - self.budget.spent)
-            run_portfolio(runner, [(Spec("milp", (), where or None), charge)], self._judge, self.budget,
-                          lambda spec: milp, on_error=skipped)
+        named = [a for a in TIMED if self.algos is not None and a in self.algos]
+        todo: list[Spec] = []
+        if "milp" in named:
+            todo.append(Spec("milp", (), self._milp_graph(runner)))
+        elif self.algos is None:
+            where = wants_milp(self.graph, self.cluster, {R: g.n for R, g in runner.coarse.items()}, feasible)
+            if where is not None:
+                todo.append(Spec("milp", (), where or None))
+        todo += [Spec(a) for a in named if a != "milp"]
+        for spec in todo:
+            if not available(spec.algo, named=spec.algo in named):
+                continue  # said by plan
+            seconds = 0.8 * self.time_limit / len(named) if named else 0.3 * self.time_limit
+            left = self.budget.remaining_time()
+            if self.budget.exhausted() or left < TIMED_MIN_S:
+                self._skip(spec.name, f"needs at least {TIMED_MIN_S:g} s and {max(0.0, left):.2g} s are left "
+                                      f"before the deadline" if left < TIMED_MIN_S else "the budget is spent")
+                continue
+            if seconds > left:
+                seconds = left
+                self.budget.clock_cut = True
+            params = {"time_limit": max(TIMED_MIN_S, seconds), "congestion": self.congestion}
+            if spec.algo == "milp":
+                params.update({"workers": 1, "hint": "none" if feasible else "auto"})
+            elif spec.algo == "hierarchical":
+                params["progress"] = False
+            charge = TIMED_SHARE * (self.budget.limit - self.budget.spent)
+            run_portfolio(runner, [(spec, charge)], self._judge, self.budget, lambda _s, p=params: p,
+                          on_error=failed)
+
+    def _milp_graph(self, runner: Runner) -> int | None:
+        """Where a named ``milp`` runs: the input graph up to
+        :data:`~.portfolio.MILP_NAMED_MAX_NODES` nodes, else the largest
+        ``cpd`` coarse graph within that size (``R``)."""
+        if self.graph.n <= MILP_NAMED_MAX_NODES:
+            return None
+        R = -(-self.graph.n // max(1, MILP_NAMED_MAX_NODES // 2))
+        while runner.coarse_graph(R).n > MILP_NAMED_MAX_NODES:
+            R *= 2
+        return R
 
     def _wanted(self, spec: Spec) -> bool:
         """A member on the data-parallel graph, and data parallelism with one
@@ -202,13 +311,20 @@ class Search:
 
     def refine_all(self) -> tuple[Candidate | None, State | None]:
         """Refine from each start in turn; a refinement that reaches a state
-        an earlier one accepted stops there (it would end the same way)."""
+        an earlier one accepted stops there (it would end the same way).
+        Building a graph's levels (:data:`LEVELS_COST`) starts only when it
+        fits in the time left."""
         best_c, best_s = None, None
         visited: set[tuple[int, bytes]] = set()
         for cand in self.starts():
             if self.budget.exhausted():
                 break
             prob = self._problem(cand)
+            if prob._levels is None and not self.budget.affordable(LEVELS_COST * prob.ev.weight):
+                self.log(f"auto: refinement of {cand.spec.name} skipped: its levels need about "
+                         f"{self.budget.seconds_for(LEVELS_COST * prob.ev.weight):.2g} s and "
+                         f"{max(0.0, self.budget.remaining_time()):.2g} s are left before the deadline")
+                break
             state = self._start_state(cand, prob)
             if state is None:
                 break
@@ -229,14 +345,18 @@ class Search:
 
     def run(self) -> Outcome:
         self.portfolio()
-        if not self.candidates:  # no budget at all: the cheapest placer, judged once
+        if not self.candidates:  # nothing ran: a cheap placer, judged once, whatever the budget says
+            fallback = next(a for a in (*ANCHORS, "m-topo") if available(a))
+            if self.algos is not None:
+                self.notice(f"auto: none of {', '.join(self.algos)} gave a candidate; the answer is {fallback}'s")
             self.budget.limit = self.budget.spent + 1
             self.budget.deadline = None
-            run_portfolio(Runner(self.graph, self.cluster, self.costs, self.seed), [(Spec("m-topo"), 0.0)],
+            run_portfolio(Runner(self.graph, self.cluster, self.costs, self.seed, self.assume_batch),
+                          [(Spec(fallback), 0.0)],
                           self._judge, self.budget)
         start = min(self.candidates, key=lambda c: (c.score.overflow, c.score.makespan))
         self.log(f"auto: best start {start.spec.name}: {_fmt(start.score)}; refining "
-                 f"({self.budget.limit - self.budget.spent:.0f} evaluations left)")
+                 f"({self.budget.limit - self.budget.spent:.0f} of {self.budget.limit:.0f} evaluations left)")
         ref_c, ref_s = self.refine_all()
         rows = [{"name": c.spec.name, "makespan_s": c.score.makespan,
                  "status": "FEASIBLE" if c.score.feasible else "OOM"} for c in self.candidates]
@@ -251,6 +371,7 @@ class Search:
         # a member whose own search the wall clock ended (e.g. milp) makes the answer unrepeatable too
         unrepeatable = any(c.placement.estimate.get("repeatable") is False for c in self.candidates)
         out.clock_cut = self.budget.clock_cut or unrepeatable
+        out.skipped = self.skipped
         return out
 
 

@@ -145,9 +145,7 @@ def candidate_placement(cand, cluster: Cluster, graph: Graph) -> Placement:
     (a derived candidate carries its graph's recipe, as ``auto``'s own answer does)."""
     p = Placement.from_indices(cand.graph, cluster, cand.device_of, algorithm="auto", order=cand.order)
     if cand.derived:
-        for attr in ("split_graph", "derivation"):
-            if getattr(cand.placement, attr, None) is not None:
-                setattr(p, attr, getattr(cand.placement, attr))
+        p.derivation, p.derived = cand.placement.derivation, cand.graph
         p.graph = graph.original_name
     return p
 
@@ -179,7 +177,8 @@ def choose_measured(answer: Placement, answer_key: tuple, search, graph: Graph, 
         est.update(lower_bound_s=None, makespan_over_lb=None)
     out = Placement(graph=chosen.graph, cluster=cluster.name, algorithm="auto", assignment=chosen.assignment,
                     order=chosen.order, params=answer.params, seed=answer.seed, estimate=est,
-                    split_graph=chosen.split_graph, derivation=chosen.derivation)
+                    split_graph=chosen.split_graph, derivation=chosen.derivation, cluster_digest=answer.cluster_digest,
+                    cluster_file=answer.cluster_file, derived=chosen.derived)
     if log and idx is not None:
         log(f"auto: verify: chose {name}: measured {rows[idx]['measured_s']:.6g} s (simulated {sim:.6g} s)")
     return out

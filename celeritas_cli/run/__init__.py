@@ -17,7 +17,13 @@ Importing this package never imports torch; :func:`run_placement`,
 A plain data-parallel placement (one ``data-parallel`` derivation step) runs
 one rank per replica (:mod:`.data_parallel`): each runs the step captured at
 its share of the batch with a :class:`.executor.Runner` whose ``grad_hook``
-all-reduces each gradient before its update.  Other placements that
+all-reduces each gradient before its update.  A placement whose recipe
+micro-batches or recomputes (pipelines, GPipe / 1F1B / interleaved orders,
+optionally with data parallelism: hybrids) runs node by node of its derived
+graph (:mod:`.mb_plan`, :mod:`.mb_program`, :mod:`.mb_runner`,
+:mod:`.mb_reference`, :mod:`.mb_run`) and is exported as a
+``torch.distributed.pipelining`` program where it can be (:mod:`.pipe_export`),
+else as placer's own code (:mod:`.mb_export`).  Other placements that
 transform the graph (operation splitting, a coarse ``base``) are refused
 with one line.
 

@@ -85,7 +85,14 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
     from .program import Program
     from .step import capture_real
 
+    from .mb_plan import executed_recipe, prepare_mb
+
     say = progress or (lambda msg: None)
+    steps = executed_recipe(placement, label)
+    if steps is not None:  # micro-batches, pipelines, recomputation (+ data parallelism): run/mb_*.py
+        return prepare_mb(spec, batch, placement, cluster, steps, label=label, config=config, graph=graph,
+                          graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
+                          progress=progress, step=step)
     recipe = dp_recipe(placement, label)
     if recipe is not None:
         return prepare_dp(spec, batch, placement, cluster, recipe, label=label, config=config, graph=graph,
@@ -162,6 +169,22 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
     pre = prepared or prepare(spec, batch, placement, cluster, label=label, config=config, graph=graph,
                               graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
                               progress=progress)
+    from .mb_plan import MBPrepared
+
+    if isinstance(pre, MBPrepared):
+        from .mb_run import run_mb
+
+        if launcher is not None:
+            raise InvalidInput(f"{label}: under torchrun placer run executes plain and data-parallel placements; "
+                               f"run a micro-batched or pipelined plan with --backend gloo")
+        n_threads = default_threads(backend, len(pre.devices), threads, pre.sim_graph, cluster)
+        report = run_mb(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
+                        threads=n_threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
+                        load=load_average(), seed=seed, progress=progress)
+        if node_times:
+            report["notes"].append("--node-times: per-node times are not recorded for micro-batched or pipelined "
+                                   "plans (plain and data-parallel placements only)")
+        return report
     if not isinstance(pre, Prepared):
         return _run_data_parallel(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
                                   threads=threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,

@@ -31,6 +31,11 @@ def check_same_graph(step_doc: dict, placement: Placement, label: str, graph: Gr
     if placement.split_graph is not None or placement.derivation is not None:
         raise InvalidInput(f"{label}: the placement transforms the graph ({placement.algorithm}); placer run executes "
                            f"placements of the captured graph and plain data parallelism")
+    made, now = _name_batch(placement.graph), _name_batch(step_doc["name"])
+    if made and now and made[0] == now[0] and made[1] != now[1]:
+        raise InvalidInput(f"{label} was made for graph '{placement.graph}' (batch {made[1]}), the capture is "
+                           f"'{step_doc['name']}' (batch {now[1]}): the simulated step would be another batch's; "
+                           f"run with -b {made[1]}")
     extra = [nid for nid in placement.assignment if nid not in known]
     missing = [nid for nid in ids if nid not in placement.assignment]
     if extra or missing:
@@ -40,6 +45,12 @@ def check_same_graph(step_doc: dict, placement: Placement, label: str, graph: Gr
                            f"the capture is '{step_doc['name']}' ({len(ids)} nodes): {what}; {how}")
     if graph is not None:
         check_graph_file(step_doc, graph, graph_label)
+
+
+def _name_batch(name: str) -> tuple[str, int] | None:
+    """``"net_b8"`` -> ``("net", 8)``: the batch ``placer profile`` writes into a graph's name."""
+    base, sep, tail = str(name).rpartition("_b")
+    return (base, int(tail)) if sep and base and tail.isdigit() else None
 
 
 def check_graph_file(step_doc: dict, graph: Graph, graph_label: str = "graph") -> None:

@@ -60,7 +60,7 @@ def dp_recipe(placement, label: str) -> dict | None:
     if (d or {}).get("base"):
         what += " of a coarse graph"
     raise InvalidInput(f"{label}: the placement transforms the graph ({what}); placer run executes placements "
-                       f"of the captured graph and plain data parallelism")
+                       f"of the captured graph, plain data parallelism and micro-batched / recomputed plans")
 
 
 @dataclass
@@ -94,6 +94,13 @@ def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label
 
     say = progress or (lambda msg: None)
     k, scaling = int(recipe["replicas"]), recipe.get("scaling", "strong")
+    made_for = recipe.get("global_batch")
+    if scaling == "strong" and isinstance(made_for, int) and made_for != batch:
+        raise InvalidInput(f"{label}: was made for a global batch of {made_for} samples, the run is at batch {batch}; "
+                           f"run with -b {made_for}, or place the graph profiled at batch {batch}")
+    if recipe.get("shares") is not None:
+        raise InvalidInput(f"{label}: its replicas run uneven batch shares ({recipe['shares']}); placer run executes "
+                           f"equal shares only (a batch the replicas divide)")
     if step is None:
         say(f"capturing {spec} at batch {batch} (the graph's)")
         step = capture_real(spec, batch, config=config, seed=seed)

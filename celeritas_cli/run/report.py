@@ -160,6 +160,13 @@ def render_table(report: dict, console=None) -> None:
     console.print(f"numerics: {ok}  loss {report['loss']:.6g} vs {report['reference_loss']:.6g} unplaced "
                   f"(|diff| {report['loss_max_abs_diff']:.3g}); {report['params_compared']} parameters, max |diff| "
                   f"{report['params_max_abs_diff']:.3g}")
+    mb = report.get("microbatch")
+    if mb:  # a micro-batched / pipelined / hybrid run (run/mb_run.py)
+        exact = "exact" if mb["per_microbatch"]["params_max_abs_diff"] == 0 else "not exact"
+        console.print(f"plan: {' + '.join(mb['recipe'])}, schedule {mb['schedule'] or 'from the orders'}, "
+                      f"{mb['replicas']} replica(s) x {mb['micro_batches']} micro-batch(es) of "
+                      f"{sorted(set(mb['instance_batches']))}, {mb['recomputed']} recomputed node(s); yardstick "
+                      f"{mb['yardstick']}; per-micro-batch step {exact}")
     ratio = report["measured_over_simulated"]
     console.print(f"step: measured {report['measured_step_s']:.6g} s (median of {report['steps']}), simulated "
                   f"{report['simulated_step_s']:.6g} s" + (f", measured/simulated {ratio:.2f}" if ratio else ""))

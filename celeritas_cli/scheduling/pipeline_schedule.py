@@ -294,7 +294,7 @@ def pipeline_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int], stage
     Returns
     -------
     Placement
-        Over the micro-batched graph (``derivation`` + ``split_graph``),
+        Over the micro-batched graph (``derivation`` + ``derived``),
         with ``order``; its ``estimate`` says the schedule, stages, devices,
         micro-batches and the ideal bubble fraction, and no makespan (the
         simulator judges it).

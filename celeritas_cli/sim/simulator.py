@@ -413,7 +413,8 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     check_rule(memory)
     given = graph  # bounds of a derived placement say which graph they hold for (sim/bounds.py)
     if placement.split_graph is not None or placement.derivation is not None:
-        graph = rebuild(graph, placement.derivation, placement.split_graph, label)
+        graph = rebuild(graph, placement.derivation, placement.split_graph, label, devices=cluster.k,
+                        cluster=cluster.name)
     device_of, order = placement.resolve(graph, cluster, label)
     check_colocation(graph, cluster, device_of, label)
     costs = cost_model(graph, cluster, costs)

@@ -5,13 +5,13 @@ Algorithms that transform the graph before placing it (``os-dpos`` and
 ``fd-dps --split``: operation splitting; ``data-parallel`` and ``os-dpos``
 on a model that fits one device: the data-parallel graph) place the
 *derived* graph.  Their placement records the recipe in
-``Placement.derivation`` and carries the derived graph in
-``Placement.split_graph`` (for ``placer simulate --gantt`` and for tools
-that execute the placement).  The simulator never trusts that document: it
-rebuilds the derived graph from the graph it is given and the recipe, with
-the same functions the algorithms used (:func:`derive`), rejects a carried
-``split_graph`` that differs (:func:`rebuild`), and simulates the rebuilt
-graph.
+``Placement.derivation`` and keeps the derived graph in memory
+(``Placement.derived``); the file carries it as ``split_graph`` only when
+asked (``placer place --embed-derived``, for tools that want the document).
+The simulator never trusts a file: it rebuilds the derived graph from the
+graph it is given and the recipe, with the same functions the algorithms
+used (:func:`derive`), rejects a carried ``split_graph`` that differs
+(:func:`rebuild`), and simulates the rebuilt graph.
 
 The recipe — ``derivation``
 ---------------------------
@@ -20,13 +20,16 @@ placed a coarse graph).  Steps, applied in order:
 
 * ``{"transform": "data-parallel", "replicas": k, "scaling": "strong" |
   "weak", "overhead_s": s}`` (and ``"shares": [f0, ...]``, the replicas'
-  batch fractions, when they are not equal; ``"bucket_mb": x``, when the
-  gradients are all-reduced in DDP buckets of ``x`` MiB, absent = 0 = one
-  ring per gradient):
-  :func:`~celeritas_cli.transform.replicate.data_parallel_graph`;
+  batch fractions in whole samples, when they are not equal;
+  ``"bucket_mb": x``, when the gradients are all-reduced in DDP buckets of
+  ``x`` MiB, absent = 0 = one ring per gradient; ``"global_batch": B``, the
+  batch strong scaling divided, which the graph must hold costs for;
+  ``"assume_batch": B`` when the user asserted the batch of a graph that
+  declares none): :func:`~celeritas_cli.transform.replicate.data_parallel_graph`;
 * ``{"transform": "split", "node": id, "dim": "batch" | "channel", "n": n,
-  "overhead_s": s}``: :func:`~celeritas_cli.transform.splitting.split_operation`
-  (``node`` is an id of the graph the previous steps produced);
+  "overhead_s": s}`` (and ``"assume_batch"`` as above):
+  :func:`~celeritas_cli.transform.splitting.split_operation` (``node`` is
+  an id of the graph the previous steps produced);
 * ``{"transform": "microbatch", "m": m, "global_batch": B, "micro_batches":
   [b0, ...], "overhead_s": s}`` (+ ``"assume_batch": N``):
   :func:`~celeritas_cli.transform.microbatch.microbatch_graph` (the recorded
@@ -40,7 +43,24 @@ its node order).  Given that coarse graph, :func:`rebuild` starts from it;
 given the original graph, it contracts it by ``members``
 (:func:`~celeritas_cli.transform.contract.contract`, the function every
 coarsening method ends with), which recomputes the coarse costs from the
-original ones.
+original ones.  A grouping that does not cover the graph exactly once, or
+whose groups form a cycle, is refused; data parallelism refuses a coarse
+graph (:func:`~.admit.check_replicable`), so a ``base`` cannot remove the
+gradient all-reduce either.
+
+Checking (nothing in a file is trusted): :data:`STEPS` declares every
+transform's step - its fields with a type and range check each, the
+required ones, a check against the graph it applies to, the size of what
+it builds and the builder (:class:`~.recipe_check.StepKind`).  :func:`derive`
+checks every step's fields first, then for each step in turn checks it
+against the graph, states its size and refuses it over the derived-graph
+budget (:mod:`~.size`) before building it.  Errors name the file and the
+field (``p.json: field derivation.steps[0].shares[3]: must be a number, got
+'0.25'``); ``replicas`` and ``n`` may not exceed the cluster's devices.  A
+new transform adds one :class:`~.recipe_check.StepKind` entry to
+:data:`STEPS`: its fields (checks from :mod:`~.recipe_check`), ``required``,
+``defaults``, ``check``, ``size`` (nodes and edges from the input graph,
+before building) and ``build``.
 
 Comparison: node by node in order (id, op, times, memory, colocation,
 splittable, members, extra fields), then edge by edge; floating-point values
@@ -56,28 +76,60 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..model.graph import Graph
+from ..model.limits import TIME_MAX
+from .admit import DIMENSIONS, check_shares, data_parallel_size, replica_samples, split_refusal, split_size
+from .allreduce import BUCKET_MB_MAX
+from .batch import BATCH_MAX, declared_batch
+from .microbatch import microbatch_batches, microbatch_graph, microbatch_size
+from .recipe_check import (
+    Context,
+    StepKind,
+    check_base,
+    check_recipe,
+    choice,
+    integer,
+    integers,
+    number,
+    numbers,
+    string,
+    strings,
+)
+from .recompute import recompute_graph, recompute_size, resolve_nodes
+from .replicate import SCALINGS, data_parallel_graph
+from .size import Size, check_size
+from .split_cost import DEFAULT_OVERHEAD_S
+from .splitting import split_operation
 
-TRANSFORMS = ("data-parallel", "split", "microbatch", "recompute")
 REL_TOL = 1e-9
 
 
 def data_parallel_step(replicas: int, scaling: str, overhead_s: float, shares: list[float] | None = None,
-                       bucket_mb: float = 0.0) -> dict:
+                       bucket_mb: float = 0.0, *, global_batch: int | None = None,
+                       assume_batch: int | None = None) -> dict:
     """The recipe step of :func:`~.replicate.data_parallel_graph` (``shares``
     only when the batch shares are not equal, ``bucket_mb`` only when
-    gradients are bucketed)."""
+    gradients are bucketed, ``global_batch`` the batch strong scaling
+    divided, ``assume_batch`` only when the user asserted it)."""
     step: dict[str, Any] = {"transform": "data-parallel", "replicas": int(replicas), "scaling": scaling,
                             "overhead_s": overhead_s}
     if shares is not None:
         step["shares"] = [float(x) for x in shares]
     if bucket_mb:
         step["bucket_mb"] = float(bucket_mb)
+    if global_batch is not None:
+        step["global_batch"] = int(global_batch)
+    if assume_batch is not None:
+        step["assume_batch"] = int(assume_batch)
     return step
 
 
-def split_step(node: str, dim: str, n: int, overhead_s: float) -> dict:
-    """The recipe step of :func:`~.splitting.split_operation`."""
-    return {"transform": "split", "node": node, "dim": dim, "n": int(n), "overhead_s": overhead_s}
+def split_step(node: str, dim: str, n: int, overhead_s: float, assume_batch: int | None = None) -> dict:
+    """The recipe step of :func:`~.splitting.split_operation` (``assume_batch``
+    only for a batch split of a graph that declares no batch)."""
+    step: dict[str, Any] = {"transform": "split", "node": node, "dim": dim, "n": int(n), "overhead_s": overhead_s}
+    if assume_batch is not None and dim == "batch":
+        step["assume_batch"] = int(assume_batch)
+    return step
 
 
 def recipe(graph: Graph, steps: list[dict]) -> dict:
@@ -91,103 +143,215 @@ def recipe(graph: Graph, steps: list[dict]) -> dict:
 
 def attach(placement, graph: Graph, derived: Graph, steps: list[dict]) -> None:
     """Record on *placement* (made on *derived*) the recipe from *graph*, the
-    algorithm's input, and the derived graph document; nothing when
-    *steps* is empty (the placement is on *graph* itself)."""
+    algorithm's input, and keep the derived graph in memory
+    (``placement.derived``; written as ``split_graph`` only on request,
+    ``place --embed-derived``); nothing when *steps* is empty (the
+    placement is on *graph* itself)."""
     placement.graph = graph.original_name
     if not steps:
         return
     placement.derivation = recipe(graph, steps)
-    placement.split_graph = derived.to_dict()
+    placement.derived = derived
 
 
-def apply_step(graph: Graph, step: dict, label: str = "derivation") -> Graph:
-    """Apply one recipe step (module docstring) to *graph*.
+# ------------------------------------------------------------------ the step table
+def _strip(msg: str) -> str:
+    return msg.split(": ", 1)[1] if msg.startswith(("data-parallel: ", "split: ")) else msg
+
+
+def _dp_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] | None:
+    """Fields of a data-parallel step that need the graph: ``shares`` (``k``
+    fractions summing to 1, whole samples of the batch), ``global_batch``
+    (the graph's batch)."""
+    k, strong = step["replicas"], step["scaling"] == "strong"
+    shares = step.get("shares")
+    if shares is not None:
+        if not strong:
+            return "shares", "batch shares need strong scaling (weak: every replica runs the whole batch)"
+        if len(shares) != k:
+            return "shares", f"must list one batch fraction per replica ({k}), got {len(shares)}"
+        try:
+            shares = check_shares(shares, k)
+        except InvalidInput:
+            return "shares", f"must be {k} positive batch fractions summing to 1, got {_short(shares)}"
+    if not strong or k < 2:
+        return None
+    try:
+        batch = declared_batch(graph, step.get("assume_batch"),
+                               what=f"data parallelism over {k} replicas (each on a share of the batch)")
+    except InvalidInput as exc:
+        return None, str(exc)
+    if "global_batch" in step and step["global_batch"] != batch:
+        return "global_batch", (f"the placement was made for a batch of {step['global_batch']} samples, graph "
+                                f"'{graph.name}' holds costs for {batch}")
+    try:
+        replica_samples(batch, k, shares)
+    except InvalidInput as exc:
+        return ("shares" if shares is not None else "replicas"), _strip(str(exc))
+    return None
+
+
+def _dp_build(graph: Graph, step: dict) -> Graph:
+    return data_parallel_graph(graph, step["replicas"], scaling=step["scaling"], overhead_s=step["overhead_s"],
+                               shares=step.get("shares"), bucket_mb=step.get("bucket_mb", 0.0),
+                               assume_batch=step.get("assume_batch"))
+
+
+def _split_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] | None:
+    v = graph.index.get(step["node"])
+    if v is None:
+        return "node", f"graph '{graph.name}' has no node '{step['node']}'"
+    why = split_refusal(graph, v, step["dim"], step["n"], step.get("assume_batch"))
+    return (None, _strip(why)) if why else None
+
+
+def _split_build(graph: Graph, step: dict) -> Graph:
+    return split_operation(graph, step["node"], step["dim"], step["n"], overhead_s=step["overhead_s"],
+                           assume_batch=step.get("assume_batch"))
+
+
+def _mb_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] | None:
+    """The recorded batches of a microbatch step must be what the graph and ``m`` give."""
+    try:
+        total, mbs = microbatch_batches(graph, step["m"], step.get("assume_batch"))
+    except InvalidInput as exc:
+        return None, _strip(str(exc))
+    if step["global_batch"] != total:
+        return "global_batch", f"is {step['global_batch']}, graph '{graph.name}' gives {total}"
+    if step["micro_batches"] != mbs:
+        return "micro_batches", (f"is {_short(step['micro_batches'])}, graph '{graph.name}' with m={step['m']} "
+                                 f"gives {mbs}")
+    return None
+
+
+def _recompute_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] | None:
+    try:
+        resolve_nodes(graph, step["nodes"])
+    except InvalidInput as exc:
+        return "nodes", _strip(str(exc))
+    return None
+
+
+_OVERHEAD = number(0, TIME_MAX)
+_BATCH = integer(1, BATCH_MAX)
+
+#: every recipe step: its fields and their checks, what it builds and how large that is (:mod:`.recipe_check`);
+#: a new transform adds its entry here
+STEPS: dict[str, StepKind] = {
+    "data-parallel": StepKind(
+        fields={"replicas": integer(1, at_most_devices=True), "scaling": choice(*SCALINGS), "overhead_s": _OVERHEAD,
+                "shares": numbers(), "bucket_mb": number(0, BUCKET_MB_MAX), "global_batch": _BATCH,
+                "assume_batch": _BATCH},
+        required=("replicas",), defaults={"scaling": "strong", "overhead_s": DEFAULT_OVERHEAD_S},
+        check=_dp_check, build=_dp_build,
+        size=lambda g, st: data_parallel_size(g, st["replicas"], st.get("bucket_mb", 0.0)),
+        hint="fewer replicas, or larger gradient buckets (bucket_mb)"),
+    "split": StepKind(
+        fields={"node": string(), "dim": choice(*DIMENSIONS), "n": integer(2, at_most_devices=True),
+                "overhead_s": _OVERHEAD, "assume_batch": _BATCH},
+        required=("node", "dim", "n"), defaults={"overhead_s": DEFAULT_OVERHEAD_S},
+        check=_split_check, build=_split_build,
+        size=lambda g, st: split_size(g, g.index[st["node"]], st["dim"], st["n"]), hint="fewer parts"),
+    "microbatch": StepKind(  # transform/microbatch.py (WP "pipe")
+        fields={"m": integer(1), "global_batch": _BATCH, "micro_batches": integers(1), "overhead_s": _OVERHEAD,
+                "assume_batch": _BATCH},
+        required=("m", "global_batch", "micro_batches"), defaults={"overhead_s": DEFAULT_OVERHEAD_S},
+        check=_mb_check, size=lambda g, st: Size(*microbatch_size(g, st["m"])), hint="fewer micro-batches",
+        build=lambda g, st: microbatch_graph(g, st["m"], overhead_s=st["overhead_s"],
+                                             assume_batch=st.get("assume_batch"))),
+    "recompute": StepKind(  # transform/recompute.py (WP "pipe")
+        fields={"nodes": strings()}, required=("nodes",), check=_recompute_check,
+        size=lambda g, st: Size(*recompute_size(g, st["nodes"])), hint="fewer recomputed nodes",
+        build=lambda g, st: recompute_graph(g, st["nodes"])),
+}
+TRANSFORMS = tuple(STEPS)
+
+
+def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices: int | None = None,
+           cluster: str = "") -> Graph:
+    """The derived graph: *graph* (the base, see :func:`base_graph`) with the
+    recipe's steps applied in order.  Every step's fields are checked
+    first (:func:`~.recipe_check.check_recipe`); then each step is checked
+    against the graph it applies to, sized (:mod:`~.size`) and only then
+    built (:func:`apply_step`).  *devices* (the cluster's device count, when
+    known) bounds ``replicas`` and ``n``.
 
     Raises
     ------
     InvalidInput
-        An unknown transform or a step the transform rejects.
+        ``<label>: field derivation.steps[i].<field>: ...`` or
+        ``<label>: derivation.steps[i] (<transform>): ...``.
     """
-    from .microbatch import apply_microbatch_step
-    from .recompute import apply_recompute_step
-    from .replicate import data_parallel_graph
-    from .splitting import split_operation
-
-    kind = step.get("transform")
-    try:
-        overhead = float(step.get("overhead_s", 2.0e-6))
-        if kind == "data-parallel":
-            return data_parallel_graph(graph, int(step["replicas"]), scaling=str(step.get("scaling", "strong")),
-                                       overhead_s=overhead, shares=step.get("shares"),
-                                       bucket_mb=_number(step.get("bucket_mb", 0.0)))
-        if kind == "split":
-            return split_operation(graph, str(step["node"]), str(step["dim"]), int(step["n"]), overhead_s=overhead)
-        if kind in ("microbatch", "recompute"):  # transform/microbatch.py, transform/recompute.py
-            return (apply_microbatch_step if kind == "microbatch" else apply_recompute_step)(graph, step, label)
-    except KeyError as exc:
-        raise InvalidInput(f"{label}: step {step!r} misses field {exc.args[0]}") from None
-    except (TypeError, ValueError):
-        raise InvalidInput(f"{label}: step {step!r} has a field of the wrong type") from None
-    raise InvalidInput(f"{label}: unknown transform {kind!r} (known: {', '.join(TRANSFORMS)})")
-
-
-def _number(x: Any) -> float:
-    """A recipe's number: an int or float (not a bool, not a string)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise TypeError(x)
-    return float(x)
-
-
-def derive(graph: Graph, derivation: dict, label: str = "derivation") -> Graph:
-    """The derived graph: *graph* (the base, see :func:`base_graph`) with the
-    recipe's steps applied in order."""
-    for step in derivation.get("steps") or []:
-        graph = apply_step(graph, step, label)
+    ctx = Context(label, devices, cluster)
+    for i, (step, kind) in enumerate(check_recipe(derivation, STEPS, ctx)):
+        graph = _apply(graph, i, step, kind, ctx)
     return graph
 
 
-def base_graph(graph: Graph, derivation: dict, label: str) -> Graph:
+def apply_step(graph: Graph, step: Any, label: str = "derivation", *, devices: int | None = None,
+               cluster: str = "") -> Graph:
+    """Apply one recipe step to *graph*, checked and sized as :func:`derive`
+    does (its messages say ``derivation.steps[0]``).
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("g", [{"id": "c", "compute_s": 4, "memory_bytes": 0, "splittable": ["batch"]}], [],
+    ...           meta={"batch_size": 8})
+    >>> apply_step(g, split_step("c", "batch", 2, 0.0)).n
+    2
+    """
+    ctx = Context(label, devices, cluster)
+    ((st, kind),) = check_recipe({"steps": [step]}, STEPS, ctx)
+    return _apply(graph, 0, st, kind, ctx)
+
+
+def _apply(graph: Graph, i: int, step: dict, kind: StepKind, ctx: Context) -> Graph:
+    """Step *i* (fields already checked): against *graph*, sized, then built."""
+    where, label = f"derivation.steps[{i}]", ctx.label
+    if kind.check is not None:
+        problem = kind.check(graph, step, ctx)
+        if problem:
+            name, why = problem
+            raise InvalidInput(f"{label}: field {where}.{name}: {why}" if name else
+                               f"{label}: {where} ({step['transform']}): {why}")
+    check_size(kind.size(graph, step), f"{label}: {where} ({step['transform']})", kind.hint, ctx.devices)
+    try:
+        return kind.build(graph, step)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{label}: {where} ({step['transform']}): {_strip(str(exc))}") from None
+
+
+def base_graph(graph: Graph, derivation: Any, label: str) -> Graph:
     """The graph the recipe starts from: *graph*, or *graph* contracted by
     ``base.members`` when the algorithm placed a coarse graph and *graph*
-    is the original."""
-    base = derivation.get("base")
-    if not base or graph.is_coarse:
+    is the original (the grouping checked: :func:`~.recipe_check.check_base`)."""
+    base = derivation.get("base") if isinstance(derivation, dict) else None
+    if base is None or graph.is_coarse:
         return graph
     from .contract import contract
 
-    members = base.get("members") or []
-    cluster_of = [-1] * graph.n
-    for c, group in enumerate(members):
-        for nid in group:
-            v = graph.index.get(nid)
-            if v is None:
-                raise InvalidInput(f"{label}: derivation base names node '{nid}', which is not in graph '{graph.name}'")
-            if cluster_of[v] != -1:
-                raise InvalidInput(f"{label}: derivation base lists node '{nid}' twice")
-            cluster_of[v] = c
-    missing = [graph.ids[v] for v in range(graph.n) if cluster_of[v] == -1]
-    if missing:
-        raise InvalidInput(f"{label}: derivation base does not cover node '{missing[0]}' of graph '{graph.name}'")
+    cluster_of = check_base(graph, base, Context(label))
     return contract(graph, cluster_of, name=str(base.get("graph") or f"{graph.name}@coarse"))
 
 
-def rebuild(graph: Graph, derivation: dict | None, carried: dict | None, label: str = "placement") -> Graph:
+def rebuild(graph: Graph, derivation: dict | None, carried: dict | None, label: str = "placement", *,
+            devices: int | None = None, cluster: str = "") -> Graph:
     """The derived graph a placement refers to, rebuilt from *graph* and the
-    recipe; a *carried* ``split_graph`` must match it.
+    recipe (:func:`derive`); a *carried* ``split_graph`` must match it.
 
     Raises
     ------
     InvalidInput
-        A carried graph without a recipe, a recipe that cannot be applied,
-        or a carried graph that differs from the rebuilt one (the message
-        names the first node or edge that does not match).
+        A carried graph without a recipe, a recipe that cannot be applied
+        (the message names the file and the field), or a carried graph that
+        differs from the rebuilt one (the message names the first node or
+        edge that does not match).
 
     Example
     -------
     >>> from celeritas_cli.model.graph import build
     >>> g = build("g", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
     ...                 {"id": "c", "compute_s": 4, "memory_bytes": 0, "splittable": ["batch"]}],
-    ...           [{"src": "a", "dst": "c", "bytes": 100}])
+    ...           [{"src": "a", "dst": "c", "bytes": 100}], meta={"batch_size": 8})
     >>> d = {"steps": [split_step("c", "batch", 2, 0.0)]}
     >>> doc = derive(g, d).to_dict()
     >>> rebuild(g, d, doc).n
@@ -197,11 +361,15 @@ def rebuild(graph: Graph, derivation: dict | None, carried: dict | None, label: 
     Traceback (most recent call last):
     ...
     celeritas_cli.errors.InvalidInput: ...split_graph node 'c/part0' does not derive ...: compute_s is 0.002, ...
+    >>> rebuild(g, {"steps": [split_step("c", "batch", 3, 0.0)]}, None, "p.json")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    celeritas_cli.errors.InvalidInput: p.json: derivation.steps[0] (split): node 'c' runs on 8 samples, which ...
     """
     if derivation is None:
         raise InvalidInput(f"{label}: the placement carries a split_graph but no derivation, so placer cannot check "
                            f"that it derives from graph '{graph.name}'; re-run placer place to get one")
-    derived = derive(base_graph(graph, derivation, label), derivation, label)
+    derived = derive(base_graph(graph, derivation, label), derivation, label, devices=devices, cluster=cluster)
     if carried is not None:
         diff = first_difference(derived.to_dict(), carried)
         if diff:

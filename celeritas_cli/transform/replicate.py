@@ -110,7 +110,9 @@ from typing import Any
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
 from ..model.residency import memory_fields, resident_of
-from .allreduce import bucket_cap, bucket_ring, gradient_buckets, gradient_ring
+from .admit import check_replicable, check_shares, data_parallel_size, dp_batch, gradient_plan
+from .allreduce import bucket_cap, bucket_ring, gradient_ring
+from .size import check_size
 from .split_cost import (
     DEFAULT_OVERHEAD_S,
     BatchProfile,
@@ -126,23 +128,6 @@ def _part_bytes(x: int, k: int, frac: float, equal: bool) -> int:
     """Bytes of a replica's share of *x*: ``ceil(x / k)`` for equal shares,
     ``ceil(frac * x)`` otherwise."""
     return -(-int(x) // k) if equal else math.ceil(frac * int(x))
-
-
-def check_shares(shares, k: int) -> list[float]:
-    """*shares* as a list of ``k`` positive batch fractions summing to 1.
-
-    Raises
-    ------
-    InvalidInput
-        Wrong length, a non-positive or non-finite share, or a sum not 1.
-    """
-    try:
-        out = [float(x) for x in shares]
-    except (TypeError, ValueError):
-        raise InvalidInput(f"data-parallel: shares must be a list of numbers, got {shares!r}") from None
-    if len(out) != k or not all(math.isfinite(x) and x > 0 for x in out) or abs(math.fsum(out) - 1.0) > 1e-9:
-        raise InvalidInput(f"data-parallel: shares must be {k} positive batch fractions summing to 1, got {shares!r}")
-    return out
 
 
 def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: bool, overhead_s: float,
@@ -189,7 +174,7 @@ def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: 
 
 def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
                         overhead_s: float = DEFAULT_OVERHEAD_S, shares: list[float] | None = None,
-                        bucket_mb: float = 0.0) -> Graph:
+                        bucket_mb: float = 0.0, assume_batch: int | None = None) -> Graph:
     """The data-parallel graph of *graph* with *replicas* replicas (see the
     module docstring).
 
@@ -210,7 +195,16 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         of the batch instead of ``1/k`` (uneven batch shares, e.g. in
         proportion to device speed; :func:`check_shares`).  Its times,
         activations and activation tensors scale by its share; gradients,
-        and so the all-reduce, are whole in every replica.
+        and so the all-reduce, are whole in every replica.  Every share
+        must be a whole number of samples of the batch
+        (:func:`replica_samples`); without *shares* a batch that ``k`` does
+        not divide is shared in whole samples too (the first ``batch % k``
+        replicas one sample more).
+    bucket_mb : float
+        DDP gradient buckets of this many MiB (0: one ring per gradient).
+    assume_batch : int, optional
+        The batch the graph's costs hold for, when it declares none
+        (``--assume-batch``; :func:`~.batch.declared_batch`).
 
     Returns
     -------
@@ -219,9 +213,14 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     Raises
     ------
     InvalidInput
-        ``replicas < 1``, an unknown scaling, or *shares* that are not
-        ``k`` positive fractions summing to 1 (or given with weak scaling),
-        or a negative or non-finite *bucket_mb*.
+        ``replicas < 1``, an unknown scaling, *shares* that are not ``k``
+        positive fractions summing to 1 (or given with weak scaling), a
+        negative or non-finite *bucket_mb*; a coarse, already data-parallel
+        or split graph (:func:`check_replicable`); strong scaling over
+        ``k > 1`` replicas of a graph that declares no batch, or of fewer
+        than ``k`` samples (:func:`dp_batch`); a graph over the derived-graph
+        budget (:func:`data_parallel_size`, :mod:`~.size`).  All before
+        anything is built.
 
     Example
     -------
@@ -232,7 +231,7 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     ...                 {"id": "g", "compute_s": 8.0, "memory_bytes": 100},
     ...                 {"id": "u", "op": "optim.sgd", "compute_s": 1.0, "memory_bytes": 0, "colocation": "p"}],
     ...           [{"src": "x", "dst": "w", "bytes": 400}, {"src": "w", "dst": "g", "bytes": 400},
-    ...            {"src": "g", "dst": "u", "bytes": 100}])
+    ...            {"src": "g", "dst": "u", "bytes": 100}], meta={"batch_size": 8})
     >>> d = data_parallel_graph(g, 2, overhead_s=0.0)
     >>> d.compute[d.index["w/rep1"]], d.memory[d.index["w/rep1"]], d.compute[d.index["u/rep1"]]
     (4.0, 300, 1.0)
@@ -246,11 +245,18 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         raise InvalidInput(f"data-parallel: unknown scaling '{scaling}' (use strong or weak)")
     strong = scaling == "strong"
     cap = bucket_cap(bucket_mb)
-    if shares is not None:
-        if not strong:
-            raise InvalidInput("data-parallel: batch shares need strong scaling (weak: every replica runs the "
-                               "whole batch)")
+    if shares is not None and not strong:
+        raise InvalidInput("data-parallel: batch shares need strong scaling (weak: every replica runs the "
+                           "whole batch)")
+    check_replicable(graph)
+    batch, samples = dp_batch(graph, k, scaling, shares, assume_batch)
+    if samples is not None:
+        shares = None if len(set(samples)) == 1 else [b / batch for b in samples]
+    elif shares is not None:
         shares = check_shares(shares, k)
+    check_size(data_parallel_size(graph, k, bucket_mb), f"data-parallel: {k} replicas of graph '{graph.name}'",
+               "use fewer replicas (-p devices=N)" + (" or gradient buckets (-p bucket_mb=25)" if cap <= 0 else ""),
+               devices=k)
     prof = batch_profile(graph)
     fresh = fresh_namer(graph)
     n = graph.n
@@ -283,16 +289,18 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
                 if out["bytes"] != ed["bytes"]:
                     out.pop("comm_s_by_pair", None)
             edges.append(out)
-    grads = [t for t in range(len(graph.tensor_src)) if prof.gradient[t]] if reduce else []
+    grads, buckets = gradient_plan(graph, k, cap)
     ring_of = {t: j for t, j in zip(grads, _ring_index(graph, grads))}
-    buckets = gradient_buckets(graph, grads, cap)
     for b, ts in enumerate(buckets):
         if len(ts) == 1:
             gradient_ring(graph, ts[0], ring_of[ts[0]], k, rep_id, fresh, nodes, edges)
         else:
             bucket_ring(graph, b, ts, k, rep_id, fresh, nodes, edges)
     meta = dict(graph.meta)
-    meta["data_parallel"] = _info(graph, k, scaling, shares, grads, buckets if cap > 0 else None, bucket_mb)
+    if batch is not None:
+        meta["batch_size"] = batch  # the assumed one, when the graph declares none
+    meta["data_parallel"] = _info(graph, k, scaling, shares, grads, buckets if cap > 0 else None, bucket_mb,
+                                  batch, samples)
     name = f"{graph.name}+dp{k}"
     return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
                            label=name)
@@ -310,7 +318,8 @@ def _ring_index(graph: Graph, grads: list[int]) -> list[int]:
 
 
 def _info(graph: Graph, k: int, scaling: str, shares: list[float] | None, grads: list[int],
-          buckets: list[list[int]] | None, bucket_mb: float) -> dict[str, Any]:
+          buckets: list[list[int]] | None, bucket_mb: float, batch: int | None,
+          samples: list[int] | None) -> dict[str, Any]:
     """``meta.data_parallel`` of the data-parallel graph (module docstring)."""
     strong = scaling == "strong"
     frac: Any = (1.0 / k if shares is None else shares) if strong else 1.0
@@ -322,10 +331,12 @@ def _info(graph: Graph, k: int, scaling: str, shares: list[float] | None, grads:
     if buckets is not None:
         info["bucket_mb"] = float(bucket_mb)
         info["buckets"] = len(buckets)
-    b = graph.meta.get("batch_size")
-    if isinstance(b, (int, float)) and not isinstance(b, bool):
-        info["global_batch"] = b if strong else b * k
-        info["replica_batch"] = (b / k if shares is None else [b * x for x in shares]) if strong else b
+    if batch is not None:
+        info["global_batch"] = batch if strong else batch * k
+        if samples is None:
+            info["replica_batch"] = batch
+        else:
+            info["replica_batch"] = samples[0] if len(set(samples)) == 1 else samples
     return info
 
 

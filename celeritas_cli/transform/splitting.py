@@ -110,17 +110,17 @@ from typing import Any, Callable
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
 from ..model.residency import memory_fields, resident_of
+from .admit import DIMENSIONS, node_batch, split_refusal, split_size
+from .size import check_size
 from .split_cost import (
     COPY_BANDWIDTH_BPS,
     DEFAULT_OVERHEAD_S,
     batch_profile,
     part_times,
-    splittable_dims,
 )
 
-DIMENSIONS = ("batch", "channel")
 __all__ = ["COPY_BANDWIDTH_BPS", "DEFAULT_OVERHEAD_S", "DIMENSIONS", "activation_bytes", "split_operation",
-           "split_many", "is_split_graph"]
+           "split_many", "is_split_graph", "split_refusal", "split_size", "node_batch"]
 
 
 def _ceil_div(a: int, n: int) -> int:
@@ -162,31 +162,21 @@ def fresh_namer(graph: Graph):
     return fresh
 
 
-def _resolve(graph: Graph, node: int | str, dim: str, n: int) -> int:
+def _resolve(graph: Graph, node: int | str, dim: str, n: int, assume: int | None = None) -> int:
     if isinstance(node, str):
         if node not in graph.index:
             raise InvalidInput(f"split: graph '{graph.name}' has no node '{node}'")
         v = graph.index[node]
     else:
         v = int(node)
-    vid = graph.ids[v]
-    dims = graph.splittable[v] or []
-    if dim not in dims:
-        raise InvalidInput(f"split: node '{vid}' cannot be split along '{dim}' "
-                           f"(its splittable field lists {dims or 'nothing'})")
-    if dim not in DIMENSIONS:
-        raise InvalidInput(f"split: node '{vid}': unknown dimension '{dim}' (known: {', '.join(DIMENSIONS)})")
-    if dim not in splittable_dims(graph, v):
-        why = ("it does not depend on the batch" if dim == "batch"
-               else "it produces gradients, whose channel split would need a sum of partial input gradients")
-        raise InvalidInput(f"split: node '{vid}' cannot be split along '{dim}': {why}")
-    if int(n) < 2:
-        raise InvalidInput(f"split: node '{vid}': the number of parts must be at least 2, got {n}")
+    why = split_refusal(graph, v, dim, n, assume)
+    if why:
+        raise InvalidInput(why)
     return v
 
 
 def split_operation(graph: Graph, node: int | str, dim: str, n: int, *,
-                    overhead_s: float = DEFAULT_OVERHEAD_S) -> Graph:
+                    overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None) -> Graph:
     """Split *node* of *graph* along *dim* into *n* sub-operations.
 
     FastT Algorithm 2's ``SplitOperation`` (lines 16-30) in its steps: the
@@ -214,6 +204,9 @@ def split_operation(graph: Graph, node: int | str, dim: str, n: int, *,
     overhead_s : float
         Extra time of each sub-operation where the time is linear (one
         kernel launch).
+    assume_batch : int, optional
+        The batch the graph's costs hold for, when it declares none
+        (``--assume-batch``), for a batch split.
 
     Returns
     -------
@@ -224,19 +217,24 @@ def split_operation(graph: Graph, node: int | str, dim: str, n: int, *,
     ------
     InvalidInput
         Unknown node, a dimension the node does not list or may not be split
-        along, ``n < 2``.
+        along, ``n < 2``, a batch split of a graph without a declared batch
+        or into parts that are not equal whole samples
+        (:func:`split_refusal`), a result over the derived-graph budget
+        (:func:`split_size`); all before anything is built.
 
     Example
     -------
     >>> from celeritas_cli.model.graph import build
     >>> g = build("g", [{"id": "a", "compute_s": 1, "memory_bytes": 0},
     ...                 {"id": "c", "compute_s": 4, "memory_bytes": 0, "splittable": ["batch"]}],
-    ...           [{"src": "a", "dst": "c", "bytes": 100}])
+    ...           [{"src": "a", "dst": "c", "bytes": 100}], meta={"batch_size": 8})
     >>> s = split_operation(g, "c", "batch", 2, overhead_s=0.0)
     >>> [s.ids[v] for v in range(s.n)], s.compute[2]
     (['a', 'c/split0', 'c/part0', 'c/part1'], 2.0)
     """
-    v = _resolve(graph, node, dim, n)
+    v = _resolve(graph, node, dim, n, assume_batch)
+    check_size(split_size(graph, v, dim, n), f"split: node '{graph.ids[v]}' into {n} parts",
+               "split it into fewer parts")
     sp = _Split.start(graph, v, dim, int(n))
     _weights_node(sp)
     _split_inputs(sp)

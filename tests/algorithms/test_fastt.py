@@ -101,7 +101,8 @@ def test_dpos_channel_model_beats_congestion_free_model_under_congestion():
 def dominant_conv():
     """in(0.1) -> conv(10, splittable) -> out(0.1): one dominant operator."""
     return build("dom", [node("in", 0.1), node("conv", 10.0, splittable=["batch", "channel"]), node("out", 0.1)],
-                 [edge("in", "conv", 1000, tensor="out"), edge("conv", "out", 1000, tensor="out")])
+                 [edge("in", "conv", 1000, tensor="out"), edge("conv", "out", 1000, tensor="out")],
+                 meta={"batch_size": 12})
 
 
 def test_os_dpos_splits_dominant_conv_on_two_devices():
@@ -110,11 +111,11 @@ def test_os_dpos_splits_dominant_conv_on_two_devices():
     base = simulate(g, cl, dpos(g, cl))["makespan_s"]
     assert base == pytest.approx(10.2)
     p = registry.place(g, cl, "os-dpos", params={"start": "dag"})
-    assert p.split_graph is not None and p.estimate["input"] == "dag"
+    assert p.derived is not None and p.estimate["input"] == "dag"
     assert p.derivation == {"steps": [{"transform": "split", "node": "conv", "dim": "batch", "n": 2,
                                        "overhead_s": 2e-6}]}
     assert p.estimate["splits"] == [{"node": "conv", "dim": "batch", "n": 2}]
-    split = Graph.from_dict(p.split_graph)
+    split = p.derived
     assert {p.assignment["conv/part0"], p.assignment["conv/part1"]} == {"gpu0", "gpu1"}
     rep = simulate(g, cl, p)
     assert rep["makespan_s"] == pytest.approx(p.estimate["makespan_s"])
@@ -127,7 +128,7 @@ def test_os_dpos_keeps_the_unsplit_graph_when_splitting_does_not_pay():
     g = dominant_conv()
     cl = uniform(2, bandwidth=100.0, latency=0.0)  # a 500-byte slice takes 5 s
     p = registry.place(g, cl, "os-dpos", params={"start": "dag"})
-    assert p.split_graph is None and p.derivation is None and p.estimate["splits"] == []
+    assert p.derived is None and p.derivation is None and p.estimate["splits"] == []
     assert simulate(g, cl, p)["makespan_s"] == pytest.approx(10.2)
 
 
@@ -139,7 +140,7 @@ def test_os_dpos_on_layered_never_worse_than_dpos():
     rep = simulate(g, cl, p)
     assert rep["makespan_s"] <= d + 1e-12
     assert rep["makespan_s"] == pytest.approx(p.estimate["makespan_s"])
-    if p.split_graph is not None:
+    if p.derived is not None:
         assert isinstance(p, Placement) and p.estimate["splits"]
 
 
@@ -151,8 +152,8 @@ def test_os_dpos_starts_from_the_data_parallel_graph_when_the_model_fits():
     p = registry.place(g, cl, "os-dpos")
     assert p.estimate["input"] == "data-parallel"
     assert p.derivation["steps"][0] == {"transform": "data-parallel", "replicas": 4, "scaling": "strong",
-                                        "overhead_s": 2e-6}
-    sg = Graph.from_dict(p.split_graph)
+                                        "overhead_s": 2e-6, "global_batch": 8}
+    sg = p.derived
     assert {sg.node_extra[v]["origin"] for v in range(sg.n) if "origin" in (sg.node_extra[v] or {})} == set(g.ids)
     dp = registry.place(g, cl, "data-parallel")
     ms = simulate(g, cl, p)["makespan_s"]

@@ -16,7 +16,7 @@ from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.costs import CostModel
 from celeritas_cli.model.generate import layered
-from celeritas_cli.model.graph import Graph, build
+from celeritas_cli.model.graph import build
 from celeritas_cli.sim.simulator import simulate
 
 from ..conftest import edge, node
@@ -127,26 +127,28 @@ def test_fd_dps_channel_model_helps_under_congestion():
 
 def test_fd_dps_split_improves_dominant_conv():
     g = build("dom", [node("in", 0.1), node("conv", 10.0, splittable=["batch"]), node("out", 0.1)],
-              [edge("in", "conv", 1000, tensor="out"), edge("conv", "out", 1000, tensor="out")])
+              [edge("in", "conv", 1000, tensor="out"), edge("conv", "out", 1000, tensor="out")],
+                 meta={"batch_size": 12})
     cl = uniform(2, bandwidth=1e6, latency=0.0)
     plain = fd_dps(g, cl)
     split = fd_dps(g, cl, split=True)
     m0 = simulate(g, cl, plain)["makespan_s"]
     m1 = simulate(g, cl, split)["makespan_s"]
     assert m0 == pytest.approx(10.2)
-    assert split.split_graph is not None and m1 < 0.53 * m0
+    assert split.derived is not None and m1 < 0.53 * m0
     assert split.estimate["splits"] == [{"node": "conv", "dim": "batch", "n": 2}]
-    sg = Graph.from_dict(split.split_graph)
+    sg = split.derived
     assert {split.assignment[f"conv/part{i}"] for i in range(2)} == {"gpu0", "gpu1"}
     assert sg.meta["split_from"] == "dom"
 
 
 def test_fd_dps_split_guard_keeps_unsplit_when_worse():
     g = build("dom", [node("in", 0.1), node("conv", 10.0, splittable=["batch"]), node("out", 0.1)],
-              [edge("in", "conv", 1000, tensor="out"), edge("conv", "out", 1000, tensor="out")])
+              [edge("in", "conv", 1000, tensor="out"), edge("conv", "out", 1000, tensor="out")],
+                 meta={"batch_size": 12})
     cl = uniform(2, bandwidth=100.0, latency=0.0)
     p = fd_dps(g, cl, split=True)
-    assert p.split_graph is None
+    assert p.derived is None
     assert simulate(g, cl, p)["makespan_s"] == pytest.approx(10.2)
 
 
@@ -160,14 +162,15 @@ def test_fd_dps_split_comparison_uses_its_congestion_rule():
     queue on gpu0's uplink and the concat's downlink, FD-DPS's split
     schedule takes 11.63 s, so it must keep the unsplit 10.2 s one."""
     g = build("dom", [node("in", 0.1), node("conv", 10.0, splittable=["batch"]), node("out", 0.1)],
-              [edge("in", "conv", 3000, tensor="out"), edge("conv", "out", 3000, tensor="out")])
+              [edge("in", "conv", 3000, tensor="out"), edge("conv", "out", 3000, tensor="out")],
+              meta={"batch_size": 12})
     cl = uniform(3, bandwidth=350.0, latency=0.0)
     by_channel = fd_dps(g, cl, split=True, congestion="channel")
-    assert by_channel.split_graph is not None
+    assert by_channel.derived is not None
     assert simulate(g, cl, by_channel)["makespan_s"] == pytest.approx(9.2476, rel=1e-4)
     assert simulate(g, cl, by_channel, congestion="port")["makespan_s"] > 12
     by_port = fd_dps(g, cl, split=True, congestion="port")
-    assert by_port.split_graph is None
+    assert by_port.derived is None
     assert by_port.estimate["unsplit_simulated_s"] == pytest.approx(10.2)
     assert by_port.estimate["split_simulated_s"] == pytest.approx(11.6286, rel=1e-4)
     assert simulate(g, cl, by_port, congestion="port")["makespan_s"] == pytest.approx(10.2)

@@ -436,3 +436,68 @@ def test_a_model_too_large_for_the_time_limit_is_not_built(capsys):
     assert "too large to solve within --time-limit 1 s" in err and "placer coarsen" in err
     with pytest.raises(Exception, match="coarsen first"):
         solve(g, c, time_limit=1.0, quiet=True, hint="none")
+
+
+# ------------------------------------------------- time grid (issue 24, N15)
+def slow_link_cluster(k=2, slow=("gpu0", "gpu1"), bandwidth=100.0, latency=0.0):
+    """*k* devices on links of *bandwidth* / *latency*, except one directed
+    pair *slow* of 1 B/s and 1e12 s latency (the N15 reproducer's link)."""
+    from celeritas_cli.model.cluster import Cluster
+
+    doc = uniform(k, bandwidth=bandwidth, latency=latency).to_dict()
+    doc["links"]["pairs"] = [{"src": slow[0], "dst": slow[1], "bandwidth_Bps": 1, "latency_s": 1e12}]
+    return Cluster.from_dict(doc, label="slow-link")
+
+
+def test_one_slow_link_keeps_the_grid_fine_hand_computed():
+    """a (2 s) and b (2 s) feed c (1 s), 100 B each.  One device: 5 s.  Split
+    a on gpu0, b on gpu1: c on gpu0 receives b's output over gpu1->gpu0 (100 B
+    at 100 B/s = 1 s, arriving at 3) and ends at 4; c on gpu1 would wait 1e12 s
+    for a's output on the slow link gpu0->gpu1.  Optimum 4 s.  Before the fix
+    the 1e12 s link made the grid 10 s, every time 0 units: 'OPTIMAL 0 s'."""
+    g = build("abc", [node("a", 2), node("b", 2), node("c", 1)],
+              [{"src": "a", "dst": "c", "bytes": 100}, {"src": "b", "dst": "c", "bytes": 100}])
+    c = slow_link_cluster()
+    assert brute(g, c) == pytest.approx(4.0)
+    p = run(g, c, hint="auto")
+    e = p.estimate
+    assert e["resolution_s"] <= 1e-4 and e["time_grid"] == "fine"
+    assert e["status"] == "OPTIMAL"
+    assert e["objective_s"] == pytest.approx(4.0, abs=1e-6) and e["best_bound_s"] == pytest.approx(4.0, abs=1e-6)
+    assert e["makespan_s"] == pytest.approx(4.0, abs=1e-9) == simulate(g, c, p)["makespan_s"]
+    assert p.assignment["a"] != p.assignment["b"] and p.assignment["c"] == "gpu0" == p.assignment["a"]
+
+
+def test_n15_reproducer_cluster_gives_a_real_bound():
+    """N15: layered_60 on 4xV100-pcie with one link gpu3->gpu2 of latency
+    1e12 s.  Expected as on the plain cluster: a fine grid, status FEASIBLE,
+    a bound at least the simulator's lower bound (0.000527 s) and below the
+    makespan - never 'OPTIMAL objective 0 s, bound 0 s'."""
+    from celeritas_cli.model.cluster import Cluster
+    from celeritas_cli.model.io import bundled_cluster, load_graph
+
+    doc = bundled_cluster("4xV100-pcie").to_dict()
+    doc["links"]["pairs"] = [{"src": "gpu3", "dst": "gpu2", "bandwidth_Bps": 1, "latency_s": 1e12}]
+    c = Cluster.from_dict(doc, label="one_link_latency_1e12")
+    g = load_graph("sample_graphs/layered_60.json")
+    e = run(g, c, hint="auto", time_limit=3).estimate
+    assert e["resolution_s"] == pytest.approx(1e-9) and e["time_grid"] == "fine"
+    assert e["objective_s"] > 0 and e["status"] == "FEASIBLE"
+    assert e["lower_bound_s"] == pytest.approx(0.000527368, rel=1e-6)
+    assert e["lower_bound_s"] <= e["best_bound_s"] <= e["makespan_s"]
+    assert e["rounding_s"] < 1e-6 and e["makespan_s"] < 1.0
+
+
+def test_a_coarse_user_grid_says_so_and_is_never_optimal():
+    """-p resolution=10 on millisecond times: every time
+    rounds up to one 10 s unit (never to zero), the solver proves its
+    optimum of the rounded model, but the status stays FEASIBLE, time_grid
+    is 'coarse', and the bound falls back to the simulator's (1 ms)."""
+    g = build("ab", [node("a", 1e-3), node("b", 1e-3)], [{"src": "a", "dst": "b", "bytes": 10}])
+    c = uniform(2)
+    e = run(g, c, resolution=10.0).estimate
+    assert e["solver_status"] == "OPTIMAL" and e["status"] == "FEASIBLE"
+    assert e["time_grid"] == "coarse" and "coarse" in e["grid_note"]
+    assert e["objective_s"] == pytest.approx(20.0)  # two nodes of one unit each, in sequence
+    assert e["best_bound_s"] == pytest.approx(2e-3) == e["lower_bound_s"]
+    assert e["makespan_s"] == pytest.approx(2e-3)

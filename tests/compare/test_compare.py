@@ -308,7 +308,7 @@ def test_plot_gantt_of_a_split_placement_draws_the_split_graph(tmp_path):
                       {"id": "conv", "compute_s": 10.0, "memory_bytes": 0, "splittable": ["batch"]},
                       {"id": "out", "compute_s": 0.1, "memory_bytes": 0}],
               [{"src": "in", "dst": "conv", "bytes": 1000, "tensor": "out"},
-               {"src": "conv", "dst": "out", "bytes": 1000, "tensor": "out"}])
+               {"src": "conv", "dst": "out", "bytes": 1000, "tensor": "out"}], meta={"batch_size": 8})
     gf, cf, out = tmp_path / "dom.json", tmp_path / "c.json", tmp_path / "p.svg"
     write_json(g.to_dict(), gf)
     write_json(uniform(2, bandwidth=1e6, latency=0.0).to_dict(), cf)
@@ -317,8 +317,7 @@ def test_plot_gantt_of_a_split_placement_draws_the_split_graph(tmp_path):
     assert res.exit_code == 0, res.output
     svg = out.read_text()
     assert "best = os-dpos" in svg
-    split_ids = [n["id"] for n in orjson.loads(orjson.dumps(
-        registry.place(g, uniform(2, bandwidth=1e6, latency=0.0), "os-dpos").split_graph))["nodes"]]
+    split_ids = registry.place(g, uniform(2, bandwidth=1e6, latency=0.0), "os-dpos").derived.ids
     assert len(split_ids) > 3 and all(f"<title>{i} (" in svg for i in split_ids)
 
 

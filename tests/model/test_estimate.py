@@ -67,8 +67,9 @@ def test_a_coarse_graph_estimate_says_coarse_and_serialises_flat():
 
 def test_a_split_graph_estimate_says_split():
     g = build("dom", [node("in", 0.1), node("conv", 10.0, splittable=["batch"]), node("out", 0.1)],
-              [edge("in", "conv", 1000, tensor="out"), edge("conv", "out", 1000, tensor="out")])
+              [edge("in", "conv", 1000, tensor="out"), edge("conv", "out", 1000, tensor="out")],
+              meta={"batch_size": 8})
     p = registry.place(g, uniform(2, bandwidth=1e6, latency=0.0), "os-dpos")
-    assert p.split_graph is not None
-    assert p.estimate.graph == "split" and p.estimate.graph_nodes == len(p.split_graph["nodes"])
+    assert p.derived is not None
+    assert p.estimate.graph == "split" and p.estimate.graph_nodes == p.derived.n
     assert p.estimate.makespan_by == "simulator"

@@ -375,8 +375,13 @@ def test_data_parallel_placement_is_prepared_as_replicas_with_shards():
     assert torch.equal(torch.cat([s[1] for s in pre.shards]), whole.target)
     with pytest.raises(InvalidInput, match="runs with --backend gloo"):
         api.run_placement(CNN, 4, p, uniform(2), prepared=pre, backend="local")
-    with pytest.raises(InvalidInput, match="cannot share a batch of 3 evenly"):
+    # a batch of 3 on 2 replicas: whole samples 2 + 1 (issue 24.1), which placer run does not execute
+    with pytest.raises(InvalidInput, match=r"uneven batch shares \(\[0.666"):
         api.prepare(CNN, 3, dp_placement(CNN, 3), uniform(2), step=step_of(CNN, 3))
+    # run -b 2 with a placement made for batch 4: one line, before anything is captured
+    with pytest.raises(InvalidInput, match="was made for a global batch of 4 samples, the run is at batch 2; "
+                                           "run with -b 4"):
+        api.prepare(CNN, 2, p, uniform(2))
 
 
 def test_placements_that_split_operations_are_refused():

@@ -200,7 +200,7 @@ def test_placer_simulate_judges_a_pipeline_file_and_rejects_a_forged_recipe(tmp_
     r = CliRunner().invoke(main, ["simulate", str(tmp_path / "g.json"), "-c", str(tmp_path / "c.json"),
                                   "-P", str(tmp_path / "bad.json")])
     assert r.exit_code == 1 and r.stdout == ""
-    assert r.stderr.strip().count("\n") == 0 and "with m=2 gives 4 and [2, 2]" in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "field derivation.steps[0].micro_batches: is [1, 1, 1, 1], graph 'chain3' with m=2 gives [2, 2]" in r.stderr
 
 
 def test_recomputing_every_stage_costs_one_more_forward_per_micro_batch():

@@ -33,7 +33,7 @@ TOL = 1e-9
 def chain() -> tuple:
     """a (4 s) -> b (4 s), no optimizer: on 2 devices the original critical
     path is 8 s, two data-parallel replicas on half the batch take 2 + 2."""
-    g = build("ab", [node("a", 4.0), node("b", 4.0)], [edge("a", "b", 100)])
+    g = build("ab", [node("a", 4.0), node("b", 4.0)], [edge("a", "b", 100)], meta={"batch_size": 2})
     return g, uniform(2, bandwidth=100.0, latency=0.0)
 
 

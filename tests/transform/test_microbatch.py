@@ -162,19 +162,19 @@ def test_recipe_rebuilds_and_tampering_is_rejected():
     assert rebuild(g, p.derivation, carried).n == d.n
     assert simulate(g, c, p)["status"] == "OK"
     bad = {"steps": [{**p.derivation["steps"][0], "m": 4}]}
-    with pytest.raises(InvalidInput, match=r"micro_batches \[2, 2\], but graph 'chain2' with m=4 gives 4 and "
-                                           r"\[1, 1, 1, 1\]"):
+    with pytest.raises(InvalidInput, match=r"field derivation.steps\[0\].micro_batches: is \[2, 2\], graph 'chain2' "
+                                           r"with m=4 gives \[1, 1, 1, 1\]"):
         rebuild(g, bad, carried)
     bad = {"steps": [{**p.derivation["steps"][0], "micro_batches": [3, 1]}]}
-    with pytest.raises(InvalidInput, match="records global_batch 4 and micro_batches"):
+    with pytest.raises(InvalidInput, match=r"field derivation.steps\[0\].micro_batches: is \[3, 1\]"):
         rebuild(g, bad, carried)
     doc = dict(carried, nodes=[dict(nd) for nd in carried["nodes"]])
     doc["nodes"][ids(d).index("f0/mb1")]["compute_s"] = 0.0
     with pytest.raises(InvalidInput, match="split_graph node 'f0/mb1' does not derive .*compute_s is 0.0"):
         rebuild(g, p.derivation, doc)
-    with pytest.raises(InvalidInput, match="misses field m"):
+    with pytest.raises(InvalidInput, match=r"field derivation.steps\[0\].m: missing"):
         derive(g, {"steps": [{"transform": "microbatch", "global_batch": 4, "micro_batches": [2, 2]}]})
-    with pytest.raises(InvalidInput, match="wrong type"):
+    with pytest.raises(InvalidInput, match=r"field derivation.steps\[0\].m: must be an integer, got '2'"):
         derive(g, {"steps": [{**p.derivation["steps"][0], "m": "2"}]})
 
 

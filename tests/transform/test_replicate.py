@@ -149,21 +149,31 @@ def test_layered_graph_updates_are_recognised_and_reduced():
     assert rep["makespan_s"] >= p.estimate["allreduce_bytes_per_device"] / 1.0e10
 
 
-def test_coarse_graph_replicated_and_simulated_on_the_original():
+def test_coarse_graph_is_not_replicated_and_a_forged_base_is_caught_the_same_way():
+    """Issue 24.2 (N13): on a coarse graph gradients and updates are no longer told apart, so the
+    all-reduce silently disappeared; data parallelism refuses coarse input, and a recipe whose base
+    regroups the graph is refused by simulate the same way."""
     g = tiny()
-    cg = contract(g, [0, 0, 1, 2], method="test")
+    cg = contract(g, [0, 0, 1, 1], method="test")  # b (the gradient) and u (the update) in one node
     cl = uniform(2, bandwidth=100.0, latency=0.0)
-    p = registry.place(cg, cl, "data-parallel")
-    assert p.derivation["base"]["members"] == [["x", "f"], ["b"], ["u"]]
-    assert simulate(g, cl, p)["makespan_s"] == pytest.approx(simulate(cg, cl, p)["makespan_s"])
-    assert simulate(g, cl, p)["makespan_s"] == pytest.approx(p.estimate["makespan_s"])
+    with pytest.raises(InvalidInput, match="graph 'tiny@test' is coarse: .* replicate the original graph 'tiny'"):
+        registry.place(cg, cl, "data-parallel")
+    p = registry.place(g, cl, "data-parallel")
+    assert p.derived.meta["data_parallel"]["gradients"] == 1
+    p.derivation = {**p.derivation, "base": {"graph": "tiny@test", "members": [["x", "f"], ["b", "u"]]}}
+    with pytest.raises(InvalidInput, match=r"^p.json: derivation.steps\[0\] \(data-parallel\): graph 'tiny@test' is "
+                                           r"coarse"):
+        simulate(g, cl, p, label="p.json")
+    p.derivation["base"]["members"] = [["x", "b"], ["f", "u"]]  # x -> f -> b -> u: a cycle between the groups
+    with pytest.raises(InvalidInput, match=r"field derivation.base.members: this grouping .* has a cycle"):
+        simulate(g, cl, p, label="p.json")
 
 
 def test_forged_data_parallel_graph_is_rejected():
     g = tiny()
     cl = uniform(4, bandwidth=1000.0, latency=0.0, memory=500)
     p = registry.place(g, cl, "data-parallel")
-    forged = copy.deepcopy(p.split_graph)
+    forged = copy.deepcopy(p.to_dict(embed_derived=True)["split_graph"])
     for nd in forged["nodes"]:
         nd["memory_bytes"] //= 4  # hide the OOM
     p.split_graph = forged
@@ -175,7 +185,7 @@ def test_forged_data_parallel_graph_is_rejected():
 def test_cli_place_simulate_and_a_forged_file(tmp_path):
     gpath = tmp_path / "tiny.json"
     gpath.write_text(json.dumps(tiny().to_dict()))
-    r = CliRunner().invoke(main, ["place", str(gpath), "--algo", "data-parallel", "--no-timings"])
+    r = CliRunner().invoke(main, ["place", str(gpath), "--algo", "data-parallel", "--no-timings", "--embed-derived"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["derivation"]["steps"][0]["transform"] == "data-parallel"
@@ -233,7 +243,7 @@ def test_proportional_shares_by_hand_and_through_the_recipe():
     # a (4 s, 400 B activation) -> b (4 s), no optimizer, on a 1x and a 3x device.  Equal shares: the
     # slow replica takes 2 + 2 = 4 s.  Proportional: shares 1/4 and 3/4, both replicas take 1 + 1 = 2 s
     # = (4 + 4) / (1 + 3), the work bound of any derivation: optimal.
-    g = build("ab", [node("a", 4.0, 400), node("b", 4.0)], [edge("a", "b", 100)])
+    g = build("ab", [node("a", 4.0, 400), node("b", 4.0)], [edge("a", "b", 100)], meta={"batch_size": 4})
     cl = uniform(2, bandwidth=100.0, latency=0.0, speeds=[1.0, 3.0])
     eq = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0})
     pr = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0, "shares": "proportional"})
@@ -248,6 +258,7 @@ def test_proportional_shares_by_hand_and_through_the_recipe():
     assert [d["memory_bytes"] for d in rep["devices"]] == [300 + 25, 300 + 75]
     # the recipe's shares are checked: other shares give another graph than the one carried
     forged = copy.deepcopy(pr)
+    forged.split_graph = pr.derived.to_dict()  # as carried by a file written with --embed-derived
     forged.derivation["steps"][0]["shares"] = [0.5, 0.5]
     with pytest.raises(InvalidInput, match="does not derive"):
         simulate(g, cl, forged)
@@ -274,7 +285,7 @@ def three(sizes=(100, 100, 100), k_time: float = 6.0) -> Graph:
     for i, gb in zip((3, 2, 1), sizes):
         nodes.append(node(f"u{i}", 0.0, op="optim.sgd", colocation=f"p{i}"))
         edges.append(edge(f"b{i}", f"u{i}", gb, tensor=f"g{i}"))
-    return build("three", nodes, edges, meta={"phase": "training"})
+    return build("three", nodes, edges, meta={"phase": "training", "batch_size": 24})
 
 
 def _place(g, cl, mb):
@@ -299,8 +310,8 @@ def test_bucket_bytes_and_node_count_by_hand(k):
     assert all(ln["transfers"] == 2 * (k - 1) for ln in rep["links"]) and len(rep["links"]) == k
     # 6 nodes per replica; a ring is k (2k-2) reduce-scatter/all-gather nodes + k results, a bucket adds k
     # bucket nodes: per gradient 6k + 3 k (2k-1), bucketed 6k + k + k (2k-2) + k
-    assert len(per.split_graph["nodes"]) == 6 * k + 3 * k * (2 * k - 1) == {2: 30, 3: 63}[k]
-    assert len(one.split_graph["nodes"]) == 6 * k + 2 * k * k == {2: 20, 3: 36}[k]
+    assert per.derived.n == 6 * k + 3 * k * (2 * k - 1) == {2: 30, 3: 63}[k]
+    assert one.derived.n == 6 * k + 2 * k * k == {2: 20, 3: 36}[k]
 
 
 def test_bucketing_wins_where_latency_dominates_by_hand():
@@ -367,7 +378,7 @@ def test_bucket_recipe_round_trip_and_forgeries_through_the_cli(tmp_path):
     gpath.write_text(json.dumps(three().to_dict()))
     cl = ["--cluster", "8xA100-nvswitch"]
     r = CliRunner().invoke(main, ["place", str(gpath), "--algo", "data-parallel", "-p", "bucket_mb=1", *cl,
-                                  "--no-timings"])
+                                  "--no-timings", "--embed-derived"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["derivation"]["steps"][0]["bucket_mb"] == 1.0 and doc["estimate"]["buckets"] == 1
@@ -379,7 +390,8 @@ def test_bucket_recipe_round_trip_and_forgeries_through_the_cli(tmp_path):
     # 8 replicas x 6 nodes, then the bucket nodes where the recipe's bucket_mb=0 gives g3's ring
     for value, message in ((0, "split_graph node #48 does not derive from graph 'three': it is "
                                "'bucket0/allreduce/bucket/rep0', the derivation gives 'b3/allreduce0/rs0/rep0'"),
-                           (-1, "bucket_mb must be between 0 and"), ("1", "has a field of the wrong type")):
+                           (-1, "p.json: field derivation.steps[0].bucket_mb: must be at least 0"),
+                           ("1", "p.json: field derivation.steps[0].bucket_mb: must be number")):
         forged = copy.deepcopy(doc)
         forged["derivation"]["steps"][0]["bucket_mb"] = value
         ppath.write_text(json.dumps(forged))

@@ -29,7 +29,7 @@ def conv_graph(meta=None):
                           node("y", 1.0, 0)],
                  [edge("x", "conv", 200, tensor="out"), edge("x", "y", 200, tensor="out"),
                   edge("conv", "y", 400, tensor="out")],
-                 meta=meta or {})
+                 meta={"batch_size": 8, **(meta or {})})
 
 
 def _edges(g: Graph, src: str, dst: str) -> list[int]:
@@ -97,7 +97,7 @@ def backward_graph(fields: bool = True):
                  [edge("x", "w", 8000, tensor="x:0"), edge("w", "cb", 552960, tensor="w:weight"),
                   edge("w", "cb", 8000, tensor="w:0"),
                   edge("cb", "dx", 8000, tensor="cb:0"), edge("cb", "adam", 552960, tensor="cb:1")],
-                 meta={"phase": "training"})
+                 meta={"phase": "training", "batch_size": 8})
 
 
 @pytest.mark.parametrize("fields", [True, False])
@@ -155,7 +155,7 @@ def test_split_rejects_bad_requests():
 
 def _one():
     return build("one", [node("a", 1.0), node("c", 8.0, splittable=["batch"]), node("z", 1.0)],
-                 [edge("a", "c", 100, tensor="out"), edge("c", "z", 100, tensor="out")])
+                 [edge("a", "c", 100, tensor="out"), edge("c", "z", 100, tensor="out")], meta={"batch_size": 8})
 
 
 def _one_placement(g, cl):
@@ -163,6 +163,7 @@ def _one_placement(g, cl):
     dev = [1 if s.ids[v] == "c/part1" else 0 for v in range(s.n)]
     p = Placement.from_indices(s, cl, dev, algorithm="test")
     attach(p, g, s, [split_step("c", "batch", 2, 0.0)])
+    p.split_graph = p.to_dict(embed_derived=True)["split_graph"]  # as a file written with --embed-derived
     return p
 
 
@@ -219,7 +220,7 @@ def test_simulate_rejects_a_split_graph_with_a_changed_edge_or_an_extra_node():
 
 def test_coarse_graph_keeps_members_of_unsplit_nodes():
     g = build("g", [node("a", 1), node("b", 1), node("c", 6, splittable=["batch"]), node("d", 1)],
-              [edge("a", "b"), edge("b", "c"), edge("c", "d")])
+              [edge("a", "b"), edge("b", "c"), edge("c", "d")], meta={"batch_size": 8})
     cg = contract(g, [0, 0, 1, 2], method="test")
     s = split_operation(cg, "c", "batch", 2)
     assert s.members[s.index["a"]] == ["a", "b"]
@@ -237,7 +238,7 @@ def test_coarse_graph_keeps_members_of_unsplit_nodes():
 
 def test_split_twice_appends_records():
     g = build("g", [node("a", 1), node("c", 6, splittable=["batch"]), node("e", 6, splittable=["batch"])],
-              [edge("a", "c"), edge("c", "e")])
+              [edge("a", "c"), edge("c", "e")], meta={"batch_size": 6})
     s = split_operation(split_operation(g, "c", "batch", 2), "e", "batch", 3)
     assert s.meta["split_from"] == "g"
     assert [r["node"] for r in s.meta["splits"]] == ["c", "e"]

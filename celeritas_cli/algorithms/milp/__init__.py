@@ -30,12 +30,17 @@ CP-SAT in the flexible-job-shop style:
   and link rows/columns that swap): the j-th device of a class may only host
   a group if the (j-1)-th hosts a group of smaller topological rank.
 
-Times are integers of ``resolution`` seconds (rounded to nearest; the default
-resolution is the power of ten giving the hint's makespan 1e5-1e6 units).
-The model is a relaxation of the simulator: every simulated schedule (any
-order, FIFO channels) is a solution, so CP-SAT's best bound is a lower bound
-on the simulated makespan of any placement under the same congestion rule
-(up to the rounding).  The simulator's tie rule is modelled too: one
+Times are integers of ``resolution`` seconds (rounded to nearest, a
+positive time never to zero units; the default resolution is the power of
+ten giving the hint's makespan 1e5-1e6 units - the schedule's scale, not the
+longest option's: a time beyond 2^40 units, e.g. a link of 1e12 s latency,
+is clamped, which keeps the model a relaxation).  The model is a relaxation
+of the simulator: every simulated schedule (any order, FIFO channels) is a
+solution, so CP-SAT's best bound is a lower bound on the simulated makespan
+of any placement under the same congestion rule up to the rounding; the
+result subtracts the rounding (:func:`~.data.rounding_seconds`) so that
+``best_bound_s`` is a real bound, and calls the grid ``coarse`` (never
+OPTIMAL) when the rounding is more than 5 % of the makespan.  The simulator's tie rule is modelled too: one
 producer's transfers on one channel (``port``: on its uplink) leave in tensor
 order.  The converse does not hold exactly: the solver may let a later
 producer's transfer pass an earlier one on a channel (Moirai's Eq. 8 is a

@@ -20,10 +20,16 @@ from ...model.costs import CostModel, downward_rank, upward_rank
 from ...model.graph import Graph
 
 #: Longest integer duration given to CP-SAT.  A longer node or transfer time is
-#: clamped to it: it is ~1e6 times any horizon built from a warm start (which
-#: sits at 1e5-1e6 units), so such an option stays infeasible, and every sum
-#: in the model stays far below CP-SAT's 2^62 (and no inf reaches int()).
+#: clamped to it (a relaxation: the model's time is shorter than the real one,
+#: so CP-SAT's bound stays a lower bound): it is ~1e6 times any horizon built
+#: from a warm start (which sits at 1e5-1e6 units), so such an option stays
+#: unused, and every sum in the model stays far below CP-SAT's 2^62 (and no
+#: inf reaches int()).  The resolution follows the schedule's scale, never the
+#: longest option's (issue 24, N15: one link of 1e12 s latency made the grid
+#: 10 s and every other time 0 units, "OPTIMAL 0 s").
 UNITS_MAX = 2**40
+#: Largest horizon (units): a serial horizon summing clamped times stays within CP-SAT's int64.
+HORIZON_MAX = 2**52
 
 
 def cp_module():
@@ -72,10 +78,17 @@ def auto_resolution(upper_s: float) -> float:
 
 
 def to_units(x: float, res: float) -> int:
-    """*x* seconds in units of *res* seconds, rounded to nearest, at most
-    :data:`UNITS_MAX` (also for inf)."""
+    """*x* seconds in units of *res* seconds, rounded to nearest but never
+    to zero for a positive time (at least one unit), at most
+    :data:`UNITS_MAX` (also for inf).
+
+    >>> to_units(2.4e-6, 1e-6), to_units(1e-12, 1e-6), to_units(0.0, 1e-6), to_units(float("inf"), 1.0) == UNITS_MAX
+    (2, 1, 0, True)
+    """
+    if not x > 0:
+        return 0
     u = x / res + 0.5
-    return int(math.floor(u)) if u < UNITS_MAX else UNITS_MAX
+    return max(1, int(math.floor(u))) if u < UNITS_MAX else UNITS_MAX
 
 
 def integer_durations(graph: Graph, cluster: Cluster, resolution: float, costs: CostModel
@@ -94,19 +107,53 @@ def integer_durations(graph: Graph, cluster: Cluster, resolution: float, costs: 
 def choose_resolution(graph: Graph, costs: CostModel, resolution: float, upper_s: float | None) -> float:
     """Seconds per unit: *resolution* when > 0, else :func:`auto_resolution`
     of *upper_s* (the warm start's makespan; default the serial sum of the
-    slowest node times); coarsened to a power of ten when the longest time
-    would exceed 2^39 units (CP-SAT's integers), or :class:`InvalidInput`
-    when the user chose that resolution."""
+    slowest node times).  The scale is the schedule's, not the longest
+    option's: a time longer than :data:`UNITS_MAX` units (a link of 1e12 s)
+    is clamped by :func:`to_units`.  A user resolution so fine that the
+    schedule itself would take more than 2^39 units is :class:`InvalidInput`."""
+    scale = upper_s if upper_s is not None and upper_s > 0 else sum(costs.max_time)
     res = float(resolution)
     if res <= 0:
-        res = auto_resolution(upper_s if upper_s is not None else sum(costs.max_time))
-    longest = max([0.0, *costs.max_time, *(costs.max_comm(e) for e in range(graph.m))])
-    if longest / res >= UNITS_MAX / 2:  # CP-SAT's integers: keep every duration below 2^39 units
-        if resolution > 0:
-            raise InvalidInput(f"milp: resolution {res:g} s makes the longest time ({longest:.6g} s) more than "
-                               f"2^39 units; use -p resolution={longest / (UNITS_MAX / 2):.3g} or coarser")
-        res = 10.0 ** math.ceil(math.log10(longest / (UNITS_MAX / 2)))
+        return auto_resolution(scale)
+    if math.isfinite(scale) and scale / res >= UNITS_MAX / 2:  # CP-SAT's integers
+        raise InvalidInput(f"milp: resolution {res:g} s makes the schedule ({scale:.6g} s) more than 2^39 "
+                           f"units; use -p resolution={scale / (UNITS_MAX / 2):.3g} or coarser")
     return res
+
+
+def rounding_seconds(graph: Graph, cluster: Cluster, res: float, costs: CostModel,
+                     durations: tuple[list[list[int]], list] | None = None) -> float:
+    """How far the model's integer times can put a schedule from the
+    simulator's: the sum, over the tasks one schedule can hold (every node,
+    and every tensor sent to at most ``min(k - 1, consumers)`` devices), of
+    the largest rounding error of that task (``|units * res - seconds|``;
+    clamped times, a relaxation, are left out).  CP-SAT's bound minus this
+    is a lower bound on the simulated makespan of every placement, and a
+    grid whose rounding is a large share of the makespan is *coarse*.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> from celeritas_cli.model.costs import cost_model
+    >>> g = build("g", [{"id": "a", "compute_s": 1.2, "memory_bytes": 0}], [])
+    >>> c = uniform(2)
+    >>> round(rounding_seconds(g, c, 1.0, cost_model(g, c)), 9)
+    0.2
+    """
+    k = cluster.k
+    dur, comm = durations if durations is not None else integer_durations(graph, cluster, res, costs)
+
+    def err(units: int, seconds: float) -> float:
+        return abs(units * res - seconds) if units < UNITS_MAX else 0.0
+
+    total = 0.0
+    for v in range(graph.n):
+        total += max((err(dur[v][d], costs.time[v][d]) for d in range(k)), default=0.0)
+    for t in range(len(graph.tensor_src)):
+        sends = min(k - 1, len({graph.edge_dst[e] for e in graph.tensor_edges[t]}))
+        if sends > 0:
+            total += sends * max(err(comm[t][a][b], costs.tensor_comm(t, a, b))
+                                 for a in range(k) for b in range(k) if a != b)
+    return total
 
 
 def model_size(graph: Graph, k: int) -> int:
@@ -207,7 +254,7 @@ def problem_data(graph: Graph, cluster: Cluster, resolution: float, horizon: int
     mindur = [min(dur[v][d] for d in range(k) if node_allowed[v][d]) for v in range(graph.n)]
     if horizon is None:
         horizon = serial_horizon(dur, comm, node_allowed, k)
-    horizon = max(int(horizon), 1)
+    horizon = min(max(int(horizon), 1), HORIZON_MAX)
     # earliest start / remaining work at the fastest allowed device, no communication
     head = [int(x) for x in downward_rank(graph, mindur.__getitem__, lambda e: 0)]
     tail = [int(x) for x in upward_rank(graph, mindur.__getitem__, lambda e: 0)]

@@ -64,7 +64,7 @@ def _simulated_hint(graph: Graph, cluster: Cluster, name: str, seed: int, conges
     from ... import registry
 
     p = registry.place(graph, cluster, name, seed=seed, costs=costs)
-    if p.split_graph is not None:
+    if p.is_derived:
         return None
     device_of, order = p.resolve(graph, cluster, f"{name} hint")
     check_colocation(graph, cluster, device_of, f"{name} hint")

@@ -13,10 +13,16 @@ solution, the warm start is returned with a note and a caveat
 
 The estimate: ``status`` (CP-SAT's status, except that OPTIMAL is
 downgraded to FEASIBLE when the returned placement's simulated makespan
-does not meet the proven bound within the rounding), ``solver_status``,
-``makespan_s`` (simulated makespan of the returned placement,
-``makespan_by: "simulator"``), ``objective_s``, ``best_bound_s``, ``gap``,
-``resolution_s``, ``hint`` / ``hint_makespan_s``, ``source`` (``solver`` or
+does not meet the proven bound within the rounding, or when the time grid
+is coarse), ``solver_status``, ``makespan_s`` (simulated makespan of the
+returned placement, ``makespan_by: "simulator"``), ``objective_s``,
+``best_bound_s`` (a real lower bound: CP-SAT's bound less ``rounding_s``,
+:func:`~.data.rounding_seconds`, or the simulator's ``lower_bound_s`` when
+that is higher), ``gap`` (CP-SAT's own, in its integers),
+``resolution_s``, ``rounding_s``, ``time_grid`` (``fine``, or ``coarse``
+with a ``grid_note`` when the rounding is more than :data:`COARSE_GRID` of
+the makespan: then neither objective nor bound says much, and the status
+is never OPTIMAL), ``hint`` / ``hint_makespan_s``, ``source`` (``solver`` or
 ``hint``), ``det_time`` / ``det_time_used``, ``repeatable`` and a ``note``
 when the hint was returned.  Status, makespan and bounds hold for the
 graph solved: on a coarse graph ``estimate.graph`` is ``"coarse"``, and
@@ -37,8 +43,12 @@ from ...model.graph import Graph
 from ...model.placement import Placement
 from ...sim.judge import original_makespan
 from ...sim.simulator import run_schedule
+from .data import rounding_seconds
 from .hints import Hint
 from .model import MilpVars
+
+#: a time grid whose rounding (``rounding_s``) exceeds this share of the makespan is coarse
+COARSE_GRID = 0.05
 
 
 @dataclass
@@ -91,17 +101,49 @@ def solution(graph: Graph, k: int, mv: MilpVars, solver) -> tuple[list[int], lis
     return device_of, order
 
 
-def honest_status(optimal: bool, makespan_s: float, bound_s: float, tol_s: float) -> str:
-    """``OPTIMAL`` only when CP-SAT proved optimality *and* the returned
+def honest_status(optimal: bool, makespan_s: float, bound_s: float, tol_s: float, coarse: bool = False) -> str:
+    """``OPTIMAL`` only when CP-SAT proved optimality, the returned
     placement's simulated makespan meets the bound within *tol_s* (the
-    rounding of every task); else ``FEASIBLE`` - never FEASIBLE called optimal.
+    rounding of every task) and the time grid is not *coarse*; else
+    ``FEASIBLE`` - never FEASIBLE called optimal.
 
     Example
     -------
     >>> honest_status(True, 3.0, 2.5, 0.1), honest_status(True, 2.55, 2.5, 0.1)
     ('FEASIBLE', 'OPTIMAL')
+    >>> honest_status(True, 2.55, 2.5, 0.1, coarse=True)
+    'FEASIBLE'
     """
-    return "OPTIMAL" if optimal and makespan_s <= bound_s + tol_s else "FEASIBLE"
+    return "OPTIMAL" if optimal and not coarse and makespan_s <= bound_s + tol_s else "FEASIBLE"
+
+
+def grid_fields(call: Call, mv: MilpVars, model_bound_s: float, makespan_s: float) -> dict:
+    """``rounding_s``, the real ``best_bound_s`` and ``time_grid`` (with a
+    ``grid_note`` when coarse) of a solve at ``mv.resolution`` (module
+    docstring).
+
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> from celeritas_cli.model.costs import cost_model
+    >>> from celeritas_cli.algorithms.milp.model import build_model
+    >>> g = build("g", [{"id": "a", "compute_s": 1e-4, "memory_bytes": 0}], [])
+    >>> c = uniform(2)
+    >>> _, mv = build_model(g, c, resolution=10.0)
+    >>> call = Call(g, c, cost_model(g, c), "channel", 0, True, None, True, {})
+    >>> f = grid_fields(call, mv, 10.0, 1e-4)
+    >>> f["time_grid"], f["best_bound_s"] <= 1e-4
+    ('coarse', True)
+    """
+    res = mv.resolution
+    rounding = rounding_seconds(call.graph, call.cluster, res, call.costs, (mv.dur, mv.comm))
+    bound = max(0.0, model_bound_s - rounding, call.base_est.get("lower_bound_s") or 0.0)
+    out = {"rounding_s": rounding, "best_bound_s": bound, "time_grid": "fine"}
+    if rounding > COARSE_GRID * makespan_s:
+        out["time_grid"] = "coarse"
+        out["grid_note"] = (f"the time grid ({res:g} s per unit) is coarse for this schedule: rounding every time to "
+                            f"it moves a schedule by up to {rounding:.3g} s against a makespan of {makespan_s:.3g} s, "
+                            f"so the solver's objective and status say little; set -p resolution finer")
+    return out
 
 
 def hint_placement(call: Call, status: str, why: str, note: str, extra: dict | None = None) -> Placement:
@@ -158,22 +200,25 @@ def solver_placement(call: Call, mv: MilpVars, solver, optimal: bool, status_nam
     sim = run_schedule(graph, cluster, device_of, order, congestion=call.congestion, costs=call.costs).makespan
     sim_orig = original_makespan(graph, cluster, device_of, order, congestion=call.congestion, costs=call.costs)
     obj = solver.objective_value * res
-    bound = solver.best_objective_bound * res
-    gap = (obj - bound) / obj if obj > 0 else 0.0
-    est.update({"status": status_name, "solver_status": status_name, "objective_s": obj, "best_bound_s": bound,
-                "gap": gap})
+    sim_best = min(sim, best.makespan) if best is not None and call.warm.fallback is not None else sim
+    grid = grid_fields(call, mv, solver.best_objective_bound * res, sim_best)
+    bound = grid["best_bound_s"]
+    coarse = grid["time_grid"] == "coarse"
+    gap = (obj - solver.best_objective_bound * res) / obj if obj > 0 else 0.0  # CP-SAT's own, in its integers
+    est.update({"status": status_name, "solver_status": status_name, "objective_s": obj, **grid, "gap": gap})
     if best is not None:
         est["hint"] = best.name
         est["hint_makespan_s"] = best.makespan
     where = " (coarse graph)" if graph.is_coarse else ""
-    if not call.quiet:
+    if not call.quiet or coarse:
         call.console.print(f"milp: {status_name}{where} objective {obj:.6g} s, bound {bound:.6g} s, gap {gap:.2%}; "
                            f"simulated {sim:.6g} s" + (f", hint {best.makespan:.6g} s" if best is not None else "")
-                           + (f"; on the original graph {sim_orig:.6g} s" if sim_orig is not None else ""))
-    tol = res * (graph.n + len(graph.tensor_src))
+                           + (f"; on the original graph {sim_orig:.6g} s" if sim_orig is not None else "")
+                           + (f"; {grid['grid_note']}" if coarse else ""))
+    tol = res * (graph.n + len(graph.tensor_src)) + grid["rounding_s"]
 
     def honest(ms: float) -> str:
-        return honest_status(optimal, ms, bound, tol)
+        return honest_status(optimal, ms, bound, tol, coarse)
 
     hint_won = _hint_wins(call, est, sim, sim_orig, honest)
     if hint_won is not None:

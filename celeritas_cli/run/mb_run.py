@@ -1,0 +1,243 @@
+"""``placer run`` on a micro-batched, pipelined, recomputed or hybrid
+placement (:mod:`.mb_plan`): the references, the run (one process, or one
+per device with ``--backend gloo``), and the ``placer.run/v1`` report.
+
+The numerics check: the placed step against the unplaced step on the whole
+batch (:func:`~.mb_reference.whole_reference`), within the run's
+tolerance, when the model has no BatchNorm; against the unplaced
+micro-batched step (:func:`~.mb_reference.microbatch_reference`, GPipe's
+semantics: BatchNorm statistics per micro-batch) when it has.  Both
+comparisons are in the report (``microbatch.whole_batch`` and
+``microbatch.per_microbatch``); the second is exact (0) for a correct run,
+the first differs by float summation order only: micro-batching sums a
+mean-reduced loss's gradient as ``sum_i (b_i / B) g_i`` instead of over the
+whole batch at once (and a ring all-reduce adds the replicas' chunks in
+ring order).  Adam's first step divides each gradient element by its own
+magnitude, so the parameters' differences stay about ``lr * u`` (``u`` the
+float32 rounding, 6e-8) except where a gradient element is near Adam's
+``eps`` (1e-8): the default ``--rtol 1e-4 --atol 1e-5`` leaves room for
+that, the whole batch's loss agrees to ``~1e-7`` relative.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+from ..errors import InvalidInput
+from .mb_plan import MBPrepared, batch_layout, node_infos
+
+
+def mb_job(pre: MBPrepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float,
+           dist_backend: str) -> dict:
+    """What every rank needs to rebuild the program (:func:`program_from_job`) and run its device."""
+    whole = pre.whole
+    used = pre.devices
+    return {"spec": whole.spec, "config": whole.config, "seed": whole.seed, "batch": pre.batch,
+            "recipe": pre.recipe, "sizes": sorted(pre.steps_by_size), "ids": whole.sm.ids,
+            "device_of": pre.device_of, "sequence": pre.sequence, "ranks": used, "torch_devices": pre.tdev,
+            "rank_devices": {r: pre.tdev[d] for r, d in enumerate(used)}, "dist_backend": dist_backend,
+            "rng_states": rng_states, "inputs": pre.inputs, "steps": steps, "warmup": warmup, "threads": threads,
+            "timeout": timeout}
+
+
+def program_from_job(job: dict):
+    """The :class:`~.mb_program.MBProgram` of a rank: the same captures (same
+    seed: bit-identical values), the derived graph rebuilt from the recipe,
+    the parent's devices and sequence."""
+    from ..model.graph import Graph
+    from .mb_program import MBProgram
+    from .step import capture_real
+
+    steps = {n: capture_real(job["spec"], n, config=job["config"], seed=job["seed"]) for n in job["sizes"]}
+    if any(s.sm.ids != job["ids"] for s in steps.values()):
+        raise InvalidInput("the model captured in a worker process differs from the parent's capture")
+    base = steps[job["batch"]]
+    derived, infos = node_infos(Graph.from_dict(base.doc, base.doc["name"]), job["recipe"])
+    layout = batch_layout(job["recipe"], job["batch"])
+    pre = MBPrepared(batch=job["batch"], steps_by_size=steps, whole=steps[layout.total], recipe=job["recipe"],
+                     layout=layout,
+                     graph=derived, infos=infos, device_of=job["device_of"], sequence=job["sequence"],
+                     inputs=job["inputs"], sim={}, sim_graph=None, tdev=job["torch_devices"], graph_from_file=False)
+    return MBProgram(pre)
+
+
+def mb_rank_main(rank: int, job: dict, *, prog=None, peers=None) -> dict:
+    """One rank: build the program (unless *prog* is given), run the checked
+    step, ``warmup - 1`` more, then the timed ones, each after a barrier."""
+    import torch
+
+    from .dist import DistChannel, Peers, timed_steps
+    from .mb_runner import MBRunner
+
+    prog = prog or program_from_job(job)
+    me = job["ranks"][rank]
+    dev = torch.device(job["torch_devices"][me])
+    peers = peers or Peers()
+    rank_of = {d: r for r, d in enumerate(job["ranks"])}
+    channel = DistChannel(prog, peers, rank_of, me, dev, prepost=job["dist_backend"] == "gloo",
+                          stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda")
+    runner = MBRunner(prog, {me: dev}, [me], channel, job["rng_states"], job["inputs"])
+    first = runner.step()
+    out: dict[str, Any] = {"rank": rank, "device": me, "loss": {i: v.cpu() for i, v in first["loss"].items()},
+                           "params": {k: t.detach().cpu() for k, t in runner.params().items()},
+                           "link": {k: list(v) for k, v in channel.link.items()}}
+    out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=peers.barrier))
+    return out
+
+
+def run_local(prog, tdev: dict, rng_states: dict, inputs: dict, steps: int, warmup: int) -> dict:
+    """Every device in this process (:class:`~.executor.LocalChannel`); the measurement."""
+    from .executor import LocalChannel
+    from .mb_runner import MBRunner
+
+    channel = LocalChannel(tdev)
+    runner = MBRunner(prog, tdev, prog.devices, channel, rng_states, inputs)
+    first = runner.step()
+    params = {k: t.detach().cpu() for k, t in runner.params().items()}
+    link = {k: list(v) for k, v in channel.link.items()}
+    walls, busy, cpu = [], {d: [] for d in prog.devices}, {d: [] for d in prog.devices}
+    for i in range(warmup - 1 + steps):
+        res = runner.step()
+        if i >= warmup - 1:
+            walls.append(res["wall_s"])
+            for d in prog.devices:
+                busy[d].append(res["busy"][d])
+                cpu[d].append(res["cpu"][d])
+    for row in link.values():
+        row[2] = None
+    return {"loss": {i: v.cpu() for i, v in first["loss"].items()}, "params": params, "walls": walls,
+            "busy": {d: statistics.median(b) for d, b in busy.items()},
+            "cpu": {d: _median(c) for d, c in cpu.items()}, "link": link}
+
+
+def _median(values: list) -> float | None:
+    return None if not values or any(v is None for v in values) else statistics.median(values)
+
+
+def merge_ranks(results: list[dict]) -> dict:
+    """One measurement from the ranks (step time: the slowest rank's, per step)."""
+    loss: dict = {}
+    params: dict = {}
+    link: dict = {}
+    for r in results:
+        loss.update(r["loss"])
+        params.update(r["params"])
+        for k, row in r["link"].items():
+            link[k] = [row[0], row[1], None]
+    return {"loss": loss, "params": params, "link": link,
+            "walls": [max(ws) for ws in zip(*(r["walls"] for r in results))],
+            "busy": {r["device"]: statistics.median(r["busy"]) for r in results},
+            "cpu": {r["device"]: _median(r["cpu"]) for r in results}}
+
+
+def placed_result(prog, measured: dict):
+    """``(loss, params of replica 0, largest difference between replicas)`` of a run."""
+    import torch
+
+    lay = prog.layout
+    loss = sum(lay.weight(inst) * float(measured["loss"][inst]) for inst in sorted(lay.sizes))
+    params = {p: t for (r, p), t in measured["params"].items() if r == 0}
+    spread = max((float((t - params[p]).abs().max()) for (r, p), t in measured["params"].items() if r), default=0.0)
+    return torch.tensor(loss), params, spread
+
+
+def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, steps: int, warmup: int,
+           threads: int, timeout: float, rtol: float, atol: float, congestion: str, load, seed: int = 0,
+           progress: Callable[[str], None] | None = None) -> dict:
+    """References, the run, the report (module docstring)."""
+    import torch
+
+    from .mb_program import MBProgram
+    from .mb_reference import has_batchnorm, microbatch_reference, whole_reference
+    from .report import build_report, compare
+
+    say = progress or (lambda msg: None)
+    prog = MBProgram(pre)
+    used = prog.devices
+    ref_dev = pre.tdev[used[0]]
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        say(f"running the unplaced step on the batch of {pre.layout.total} and on each of the "
+            f"{len(pre.layout.sizes)} micro-batches on {ref_dev} ({threads} thread(s))")
+        whole, random_values = whole_reference(prog, ref_dev, seed=seed)
+        per_mb = microbatch_reference(prog, pre.inputs, random_values, whole.rng_states, ref_dev, seed=seed)
+        where = ", ".join(f"{cluster.ids[d]}={pre.tdev[d]}" for d in used)
+        if backend == "local":
+            say(f"running {pre.graph.n} derived nodes on {where} in one process: 1 checked step, {warmup - 1} more "
+                f"warm-up, {steps} timed")
+            measured, dist_backend = run_local(prog, pre.tdev, whole.rng_states, pre.inputs, steps, warmup), None
+        else:
+            from ..profile.launch import launch
+
+            from .checks import dist_backend as which
+
+            dist_backend = which(pre.tdev, used)
+            job = mb_job(pre, whole.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout,
+                         dist_backend=dist_backend)
+            say(f"starting {len(used)} processes ({dist_backend}: {where}; {threads} thread(s) each): 1 checked "
+                f"step, {warmup - 1} more warm-up, {steps} timed")
+            measured = merge_ranks(launch("celeritas_cli.run.mb_run", job, len(used), timeout=timeout,
+                                          what="placer run"))
+    finally:
+        torch.set_num_threads(saved)
+    loss, params, spread = placed_result(prog, measured)
+    bn = has_batchnorm(pre.whole)
+    c_whole = compare(loss, params, whole, rtol=rtol, atol=atol)
+    c_mb = compare(loss, params, per_mb, rtol=rtol, atol=atol)
+    numerics = dict(c_mb if bn else c_whole)
+    if spread > atol:
+        numerics["match"] = False
+    numerics["match"] = bool(numerics["match"] and c_mb["match"])
+    counts = {d: prog.device_of.count(d) for d in used}
+    for k, row in prog.link_bytes().items():
+        measured["link"].setdefault(k, [0, 0, None])
+    report = build_report(step=pre.whole, counts=counts, placement=placement, label=label, cluster=cluster,
+                          sim=pre.sim, sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=pre.tdev,
+                          backend=backend, dist_backend=dist_backend, threads=threads, steps=steps, warmup=warmup,
+                          numerics=numerics, measured=measured, congestion=congestion, load=load,
+                          extra_notes=_notes(pre, prog, bn, spread))
+    report["microbatch"] = _summary(pre, prog, placement, bn, c_whole, c_mb, spread)
+    return report
+
+
+def _summary(pre, prog, placement, bn: bool, c_whole: dict, c_mb: dict, spread: float) -> dict:
+    from .pipe_export import infer_schedule
+
+    lay = pre.layout
+    sched = infer_schedule(prog)
+    pick = ("loss_max_abs_diff", "params_max_abs_diff", "match")
+    return {"recipe": [s["transform"] for s in pre.recipe], "replicas": lay.k, "micro_batches": lay.m,
+            "global_batch": lay.total, "instance_batches": [lay.sizes[i] for i in lay.instances],
+            "schedule": sched["schedule"] if sched else None, "stages": sched["p"] * sched["v"] if sched else None,
+            "recomputed": sum(1 for i in prog.infos if i.kind == "recompute"),
+            "derived_nodes": prog.graph.n, "transfers": len(prog.transfers),
+            "yardstick": "per micro-batch" if bn else "whole batch",
+            "whole_batch": {k: c_whole[k] for k in pick}, "per_microbatch": {k: c_mb[k] for k in pick},
+            "replica_spread": spread}
+
+
+def _notes(pre, prog, bn: bool, spread: float) -> list[str]:
+    lay = pre.layout
+    notes = [f"micro-batched run: {len(lay.sizes)} instances ({lay.k} replica(s) x {lay.m} micro-batch(es)) of "
+             f"{sorted(set(lay.sizes.values()))} samples, gradients weighted by each one's share of the batch of "
+             f"{lay.total} (a mean loss) and accumulated; dropout masks are the unplaced step's rows"]
+    if bn:
+        notes.append("the model has BatchNorm: its statistics are per micro-batch (GPipe), so the yardstick is the "
+                     "unplaced step run on each micro-batch with the gradients accumulated; the whole batch's step "
+                     "differs (microbatch.whole_batch)")
+    else:
+        notes.append("the yardstick is the unplaced step on the whole batch; micro-batching changes the float "
+                     "summation order only (microbatch.per_microbatch is the exact check)")
+    if lay.k > 1:
+        notes.append(f"data parallelism: the ring all-reduce runs as the derived graph's nodes, chunked by elements "
+                     f"(the simulator chunks bytes: ring links may differ by a few bytes); replicas' parameters "
+                     f"differ by at most {spread:.3g}")
+    return notes
+
+
+if __name__ == "__main__":
+    from ..profile.launch import worker_main
+
+    worker_main(mb_rank_main)

@@ -1,0 +1,150 @@
+"""A placement's plan in words, for people reading a table or a log.
+
+A placement names a device for every node of the graph it was made on -
+for a derived graph (data parallelism, operation splits, and the pipeline
+transforms to come) the nodes of that graph, so a 1,304-node model run by
+four replicas shows more than 3,000 nodes per device.  :func:`describe`
+says what the plan is from the placement's recipe (``derivation.steps``)
+and the graph it was derived from, e.g. ``data parallelism: 4 replicas of
+transformer_b256, 1,304 nodes each, each on 1/4 of the batch + ring
+all-reduce of the gradients in 25 MiB buckets`` or ``16 micro-batches of 16
+samples (global batch 256) of transformer_b256, gradients accumulated``;
+a placement without a
+recipe is an operator placement (``operator placement: 1,304 nodes over 4
+devices (gpu0 410, ...)``).
+
+Each transform says itself in one function registered in
+:data:`DESCRIBERS` (:func:`describer`), given the consecutive recipe steps
+of that transform and the :class:`Context`; a new transform (micro-batches,
+recompute, FSDP) adds one function here - ``"4-stage 1F1B, 16
+micro-batches"``.  A transform without one is named as it is.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from itertools import groupby
+from typing import Callable
+
+
+@dataclass
+class Context:
+    """What a describer may use: the base graph's ``name`` and ``nodes``
+    (the coarse graph's when the recipe has a ``base``), the devices
+    (``devices``: count of the cluster, when known) and the nodes per device
+    of the placement (``per_device``: device id -> node count)."""
+
+    name: str
+    nodes: int
+    devices: int | None = None
+    per_device: dict[str, int] = field(default_factory=dict)
+
+
+#: transform name -> function(steps of that transform, context) -> words
+DESCRIBERS: dict[str, Callable[[list[dict], Context], str]] = {}
+
+
+def describer(transform: str):
+    """Register the words of recipe steps ``{"transform": transform, ...}``."""
+
+    def deco(func: Callable[[list[dict], Context], str]) -> Callable[[list[dict], Context], str]:
+        DESCRIBERS[transform] = func
+        return func
+
+    return deco
+
+
+@describer("data-parallel")
+def _data_parallel(steps: list[dict], ctx: Context) -> str:
+    out = []
+    for step in steps:
+        r = step.get("replicas")
+        batch = ("each on the whole batch (weak scaling)" if step.get("scaling") == "weak" else
+                 "batch shares by device speed" if step.get("shares") else f"each on 1/{r} of the batch")
+        bucket = step.get("bucket_mb") or 0
+        ring = (f"ring all-reduce of the gradients in {bucket:g} MiB buckets" if bucket else
+                "one ring all-reduce per gradient")
+        rings = sum(ctx.per_device.values()) - r * ctx.nodes if isinstance(r, int) and r > 0 else 0
+        if rings > 0 and len(steps) == 1:
+            ring += f" ({rings // r:,} all-reduce nodes per replica)"
+        out.append(f"data parallelism: {r} replicas of {ctx.name}, {ctx.nodes:,} nodes each, {batch} + {ring}")
+    return "; ".join(out)
+
+
+@describer("split")
+def _split(steps: list[dict], ctx: Context) -> str:
+    nodes = {s.get("node") for s in steps}
+    dims = Counter(str(s.get("dim")) for s in steps)
+    parts = sorted({int(s.get("n", 0)) for s in steps if isinstance(s.get("n"), int)})
+    into = f"{parts[0]}" if len(parts) == 1 else f"{parts[0]}-{parts[-1]}" if parts else "?"
+    how = ", ".join(f"{d} {c}" for d, c in sorted(dims.items()))
+    return (f"operator splitting: {len(nodes)} operation{'s' if len(nodes) != 1 else ''} of {ctx.name} split "
+            f"into {into} parts ({how})")
+
+
+@describer("microbatch")
+def _microbatch(steps: list[dict], ctx: Context) -> str:
+    out = []
+    for step in steps:
+        sizes = step.get("micro_batches") or []
+        each = (f" of {sizes[0]} samples" if sizes and len(set(sizes)) == 1 else
+                f" of {min(sizes)}-{max(sizes)} samples" if sizes else "")
+        batch = f" (global batch {step['global_batch']})" if step.get("global_batch") else ""
+        out.append(f"{step.get('m')} micro-batches{each}{batch} of {ctx.name}, gradients accumulated")
+    return "; ".join(out)
+
+
+@describer("recompute")
+def _recompute(steps: list[dict], ctx: Context) -> str:
+    n = sum(len(s.get("nodes") or []) for s in steps)
+    return f"recomputation: {n:,} forward node{'s' * (n != 1)} run again in the backward pass instead of kept"
+
+
+def _spread(ctx: Context) -> str:
+    used = sorted(ctx.per_device.items(), key=lambda kv: (-kv[1], kv[0]))
+    if len(used) == 1:
+        return f"single device: all {ctx.nodes:,} nodes of {ctx.name} on {used[0][0]}"
+    of = f" of {ctx.devices}" if ctx.devices is not None and ctx.devices != len(used) else ""
+    shown = ", ".join(f"{d} {c:,}" for d, c in used[:8]) + (", ..." if len(used) > 8 else "")
+    return f"operator placement: {ctx.nodes:,} nodes of {ctx.name} over {len(used)}{of} devices ({shown})"
+
+
+def describe(derivation: dict | None, ctx: Context) -> str:
+    """The plan in words (module docstring): one phrase per run of
+    consecutive recipe steps of one transform, ``"; "``-joined; an
+    operator placement's spread over the devices when there is no recipe.
+
+    Example
+    -------
+    >>> describe({"steps": [{"transform": "data-parallel", "replicas": 4, "scaling": "strong",
+    ...                      "bucket_mb": 25.0}]}, Context("transformer_b256", 1304))
+    'data parallelism: 4 replicas of transformer_b256, 1,304 nodes each, each on 1/4 of the batch + ring all-reduce of the gradients in 25 MiB buckets'
+    >>> describe({"steps": [{"transform": "data-parallel", "replicas": 2, "bucket_mb": 0}]},
+    ...          Context("m", 100, 2, {"gpu0": 130, "gpu1": 130}))
+    'data parallelism: 2 replicas of m, 100 nodes each, each on 1/2 of the batch + one ring all-reduce per gradient (30 all-reduce nodes per replica)'
+    >>> describe(None, Context("g", 60, 4, {"gpu0": 40, "gpu1": 20}))
+    'operator placement: 60 nodes of g over 2 of 4 devices (gpu0 40, gpu1 20)'
+    """
+    steps = [s for s in (derivation or {}).get("steps") or [] if isinstance(s, dict)]
+    if not steps:
+        return _spread(ctx)
+    if (derivation or {}).get("base"):
+        ctx = Context(f"the coarse graph of {ctx.name}", ctx.nodes, ctx.devices, ctx.per_device)
+    words = []
+    for transform, run in groupby(steps, key=lambda s: str(s.get("transform"))):
+        run = list(run)
+        func = DESCRIBERS.get(transform)
+        words.append(func(run, ctx) if func is not None else f"{transform} ({len(run)} step{'s' * (len(run) > 1)})")
+    return "; ".join(words)
+
+
+def describe_placement(placement, graph, cluster=None) -> str:
+    """:func:`describe` for a :class:`~celeritas_cli.model.placement.Placement`
+    of *graph* (the graph given to the algorithm, or its original when the
+    recipe's ``base`` names the coarse graph it was made on)."""
+    base = (placement.derivation or {}).get("base") if isinstance(placement.derivation, dict) else None
+    nodes = len(base["members"]) if isinstance(base, dict) and isinstance(base.get("members"), list) else graph.n
+    ctx = Context(graph.original_name if hasattr(graph, "original_name") else graph.name, nodes,
+                  cluster.k if cluster is not None else None, dict(Counter(placement.assignment.values())))
+    return describe(placement.derivation, ctx)

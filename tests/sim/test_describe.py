@@ -1,0 +1,89 @@
+"""A placement's plan in words (``sim/describe.py``): the new user read
+``transformer_b256+dp4`` and 3,000+ nodes per device for a 1,300-node graph
+without being told the answer is data parallelism (issue 24)."""
+
+from __future__ import annotations
+
+import orjson
+from click.testing import CliRunner
+
+from celeritas_cli import registry
+from celeritas_cli.cli import main
+from celeritas_cli.model.cluster import uniform
+from celeritas_cli.model.generate import layered
+from celeritas_cli.sim.describe import DESCRIBERS, Context, describe, describe_placement
+
+from ..conftest import SAMPLES
+
+G60 = str(SAMPLES / "layered_60.json")
+
+
+def test_data_parallel_plan_counts_replicas_and_all_reduce_nodes():
+    g = layered(80, seed=1)
+    c = uniform(4, memory=2**40)
+    p = registry.place(g, c, "data-parallel")
+    text = describe_placement(p, g, c)
+    assert text.startswith(f"data parallelism: 4 replicas of {g.name}, 80 nodes each, each on 1/4 of the batch")
+    assert "ring all-reduce of the gradients in 25 MiB buckets" in text
+    # cross-check the all-reduce count against the derived graph's own ring nodes
+    d = p.derived_graph
+    rings = sum(1 for v in range(d.n) if (d.node_extra[v] or {}).get("allreduce") is not None)
+    assert f"({rings // 4:,} all-reduce nodes per replica)" in text
+    assert d.n == 4 * 80 + rings
+
+
+def test_operator_placement_and_single_device():
+    g = layered(60, seed=1)
+    c = uniform(4)
+    one = registry.place(g, c, "single-device")
+    assert describe_placement(one, g, c) == f"single device: all 60 nodes of {g.name} on gpu0"
+    p = registry.place(g, c, "metis")
+    text = describe_placement(p, g, c)
+    counts = [int(x.split()[-1]) for x in text.split("(")[1].rstrip(")").split(", ")]
+    assert text.startswith(f"operator placement: 60 nodes of {g.name} over ") and sum(counts) == 60
+
+
+def test_splits_micro_batches_and_unknown_transforms_are_named():
+    steps = [{"transform": "split", "node": "a", "dim": "batch", "n": 2},
+             {"transform": "split", "node": "b", "dim": "channel", "n": 4},
+             {"transform": "microbatch", "m": 4, "global_batch": 64, "micro_batches": [16, 16, 16, 16]},
+             {"transform": "recompute", "nodes": ["a", "b", "c"]},
+             {"transform": "fsdp-to-come", "stage": 3}]
+    text = describe({"steps": steps}, Context("g", 10))
+    assert text == ("operator splitting: 2 operations of g split into 2-4 parts (batch 1, channel 1); "
+                    "4 micro-batches of 16 samples (global batch 64) of g, gradients accumulated; "
+                    "recomputation: 3 forward nodes run again in the backward pass instead of kept; "
+                    "fsdp-to-come (1 step)")
+
+
+def test_a_new_transform_plugs_in_one_function():
+    DESCRIBERS["pipeline-test"] = lambda steps, ctx: f"{steps[0]['stages']}-stage pipeline of {ctx.name}"
+    try:
+        assert describe({"steps": [{"transform": "pipeline-test", "stages": 4}]}, Context("m", 5)) == \
+            "4-stage pipeline of m"
+    finally:
+        del DESCRIBERS["pipeline-test"]
+
+
+def test_simulate_table_says_the_plan(tmp_path):
+    p = tmp_path / "p.json"
+    g = layered(40, seed=2)
+    gpath = tmp_path / "g.json"
+    gpath.write_bytes(orjson.dumps(g.to_dict()))
+    r = CliRunner().invoke(main, ["place", str(gpath), "--algo", "data-parallel", "-o", str(p)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["simulate", str(gpath), "-P", str(p), "--format", "table"])
+    assert r.exit_code == 0, r.output
+    assert f"plan: data parallelism: 4 replicas of {g.name}, 40 nodes each" in r.stdout
+    r = CliRunner().invoke(main, ["place", G60, "-p", "evaluations=30"])
+    assert "auto: the plan: " in r.stderr
+
+
+def test_the_pipeline_steps_read_as_their_builders_write_them():
+    from celeritas_cli.transform.microbatch import microbatch_step
+    from celeritas_cli.transform.recompute import recompute_step
+
+    steps = [microbatch_step(3, 10, [4, 3, 3], 0.0), recompute_step(["x", "y"])]
+    assert describe({"steps": steps}, Context("m", 7)) == (
+        "3 micro-batches of 3-4 samples (global batch 10) of m, gradients accumulated; "
+        "recomputation: 2 forward nodes run again in the backward pass instead of kept")
