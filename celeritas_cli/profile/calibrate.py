@@ -7,8 +7,11 @@ placements were made for and the cluster they ran on.  The fit (no torch):
 1. **Dispatch overhead.**  On each device of each run, the time between its
    nodes that is neither a node, nor waiting for a tensor, nor waiting for an
    all-reduce - the executor's per-node bookkeeping, freeing tensors, the
-   Python loop - divided by its nodes: a fixed per-op cost ``g`` the
-   simulator does not know of.  A node's sample is ``measured_s + g``.
+   Python loop, and each transfer's copy and post - fitted over all devices
+   and runs as ``g * nodes + c * transfers`` (:func:`fit_dispatch`): ``g`` is
+   a fixed per-op cost the simulator does not know of, and a node's sample is
+   ``measured_s + g``; ``c``, what a transfer costs its processes, is
+   reported (the simulator charges transfers to links only).
 2. **Contention** (per host, :data:`hosts` of the cluster): devices that are
    processes on one machine share its cores and memory bandwidth.  For every
    node measured both in a run where it was alone on its host and in a run
@@ -190,11 +193,53 @@ class _Sample:
     gap: float = 0.0       # its device's dispatch gap in that run
 
 
-def node_samples(report: dict, cluster: Cluster, clock: str = "wall") -> list[_Sample]:
+def fit_dispatch(reports: list[dict], clock: str = "wall") -> dict:
+    """Every device's dispatch gaps of every run (:func:`dispatch_gaps`) as ``per_node_s * nodes +
+    per_transfer_s * transfers`` (least squares, no intercept; the transfers a device sends and
+    receives): each transfer costs its two processes CPU time (a contiguous copy, a post, a buffer),
+    so a placement that sends more has larger gaps.  Only ``per_node_s`` goes into the node times
+    (it does not depend on the placement); the simulator has no per-transfer cost on a device.
+
+    >>> nt = lambda gap, sent: {"nodes": [{"id": "a", "device": "d", "measured_s": 1.0, "start_s": 0.0},
+    ...                                   {"id": "b", "device": "d", "measured_s": 1.0, "start_s": 1.0 + gap}],
+    ...                         "transfers": [{"src": "d", "dst": "e"}] * sent}
+    >>> f = fit_dispatch([{"node_times": nt(0.2, 0)}, {"node_times": nt(0.6, 4)}])
+    >>> round(f["per_node_s"], 9), round(f["per_transfer_s"], 9)
+    (0.1, 0.1)
+    """
+    rows = []
+    for rep in reports:
+        nt = rep["node_times"]
+        gaps = dispatch_gaps(nt, clock)
+        for d, g in gaps.items():
+            n = sum(1 for r in nt["nodes"] if r["device"] == d)
+            t = sum(1 for x in nt.get("transfers", []) if d in (x.get("src"), x.get("dst")))
+            rows.append((n, t, g * n))
+    if not rows:
+        return {"per_node_s": 0.0, "per_transfer_s": 0.0, "devices": 0}
+    snn = math.fsum(n * n for n, _, _ in rows)
+    stt = math.fsum(t * t for _, t, _ in rows)
+    snt = math.fsum(n * t for n, t, _ in rows)
+    sny = math.fsum(n * y for n, _, y in rows)
+    sty = math.fsum(t * y for _, t, y in rows)
+    det = snn * stt - snt * snt
+    if stt > 0 and det > 1e-12 * snn * stt:
+        g0, c = (sny * stt - sty * snt) / det, (snn * sty - snt * sny) / det
+        if g0 < 0 or c < 0:                      # one of them explains nothing: fit the other alone
+            g0, c = (max(0.0, sny / snn), 0.0) if c < 0 else (0.0, max(0.0, sty / stt))
+    else:
+        g0, c = max(0.0, sny / snn) if snn else 0.0, 0.0
+    return {"per_node_s": g0, "per_transfer_s": c, "devices": len(rows)}
+
+
+def node_samples(report: dict, cluster: Cluster, clock: str = "wall", gap: float | None = None) -> list[_Sample]:
     """One sample per node run in *report*: its time (``measured_s``, or ``cpu_s`` with ``clock="cpu"``)
-    and its device's dispatch gap (:func:`dispatch_gaps`)."""
+    and the dispatch gap per node: *gap* (:func:`fit_dispatch`), else its device's in this run
+    (:func:`dispatch_gaps`)."""
     nt = report["node_times"]
     gaps = dispatch_gaps(nt, clock)
+    if gap is not None:
+        gaps = {d: gap for d in gaps}
     hosts = nt.get("hosts") or {}
     active: dict[str, set] = {}
     for row in nt["nodes"]:
@@ -310,7 +355,8 @@ def calibrate(graph_doc: dict, cluster_doc: dict, reports: list[dict], *, labels
         if len(plain) != 1:
             raise InvalidInput("graph: meta.batch_size is missing; give a graph from placer profile")
         batch = plain.pop()
-    samples = [s for rep in reports for s in node_samples(rep, cluster, clock)]
+    dispatch = fit_dispatch(reports, clock)
+    samples = [s for rep in reports for s in node_samples(rep, cluster, clock, dispatch["per_node_s"])]
     hosts = fit_contention(samples)
     kappa = {h: v["contention"] for h, v in hosts.items()}
     by_key: dict[tuple[str, str], dict[int, list[float]]] = {}
@@ -327,6 +373,7 @@ def calibrate(graph_doc: dict, cluster_doc: dict, reports: list[dict], *, labels
     summary = {"reports": labels, "clock": clock, "batch": batch, "nodes_fitted": len(fitted),
                "nodes_unmeasured": unmeasured, "batch_lines": lines, "scaled_linearly": scaled,
                "node_error": summarize(errors), "dispatch_s": _dispatch(reports, labels, clock),
+               "dispatch": dispatch,
                "hosts": hosts, "op_types": {k: v for k, v in types.items() if k == "*" or v["nodes"] >= 3},
                "links": {f"{a}->{b}": f for (a, b), f in links.items()}}
     out_graph.setdefault("meta", {})["calibrated"] = {k: summary[k] for k in ("reports", "clock", "batch",

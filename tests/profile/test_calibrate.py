@@ -12,7 +12,14 @@ from celeritas_cli.cli import main
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import Cluster
 from celeritas_cli.model.graph import Graph
-from celeritas_cli.profile.calibrate import calibrate, dispatch_gaps, fit_contention, fit_op_types, kendall_tau
+from celeritas_cli.profile.calibrate import (
+    calibrate,
+    dispatch_gaps,
+    fit_contention,
+    fit_dispatch,
+    fit_op_types,
+    kendall_tau,
+)
 from celeritas_cli.run.resimulate import resimulate, summary
 from celeritas_cli.sim.simulator import simulate
 from celeritas_cli.model.placement import Placement
@@ -35,7 +42,8 @@ def node(nid, dev, start, t):
 
 
 def report(nodes, *, transfers=(), batch=4, dp=False, placement=None, allreduce=()):
-    nt = {"steps": 1, "batch": batch, "hosts": {"cpu0": "h", "cpu1": "h"}, "nodes": list(nodes), "transfers": list(transfers)}
+    nt = {"steps": 1, "batch": batch, "hosts": {"cpu0": "h", "cpu1": "h"}, "nodes": list(nodes),
+          "transfers": list(transfers)}
     if allreduce:
         nt["allreduce"] = list(allreduce)
     if placement is not None:
@@ -194,3 +202,25 @@ def test_cpu_clock_takes_the_thread_cpu_between_nodes_as_the_dispatch_cost():
     assert dispatch_gaps(rep["node_times"], "cpu") == {"cpu0": pytest.approx(0.1)}
     cal = calibrate(GRAPH, CLUSTER, [rep], labels=["r"], clock="cpu")
     assert [n["compute_s"] for n in cal.graph["nodes"]] == pytest.approx([1.1, 2.1, 1.1])
+
+
+def test_dispatch_fit_keeps_transfers_out_and_falls_back_when_they_explain_nothing():
+    """Two runs where 4 more transfers cost 0.4 s of gaps: 0.1 s per transfer, 0.1 s per node (the
+    doctest's numbers, through calibrate).  Then alone (3 nodes, 0 transfers, 0.5 s of gaps) and the
+    crowded run with 0.5 s added on cpu1 (2 nodes, 2 transfers) while cpu0 (1 node, 2 transfers) has
+    none: the unconstrained per-transfer cost is negative, so the gaps are all per node, 2.5 / 14."""
+    crowded = json.loads(json.dumps(CROWDED))
+    crowded["node_times"]["nodes"][2]["start_s"] += 0.5
+    crowded["node_times"]["transfers"][1]["received_s"] += 0.5
+    f = fit_dispatch([GAPPY, crowded])
+    assert f == {"per_node_s": pytest.approx(2.5 / 14), "per_transfer_s": 0.0, "devices": 3}
+    cal = calibrate(GRAPH, CLUSTER, [GAPPY, crowded], labels=["alone", "crowded"])
+    assert cal.summary["dispatch"]["per_node_s"] == pytest.approx(2.5 / 14)
+    a = next(nd for nd in cal.graph["nodes"] if nd["id"] == "a")
+    assert a["compute_s"] == pytest.approx(1.0 + 2.5 / 14)        # alone 1.0, crowded 1.2 / contention 1.2
+    two = [json.loads(json.dumps(GAPPY)), json.loads(json.dumps(GAPPY))]
+    two[1]["node_times"]["nodes"][1]["start_s"] += 0.3            # 0.3 s more between a and b ...
+    two[1]["node_times"]["nodes"][2]["start_s"] += 0.3
+    two[1]["node_times"]["transfers"] = [{"src": "cpu0", "dst": "cpu1", "tensor": "x", "bytes": 8}] * 3
+    f = fit_dispatch(two)                                         # ... with 3 transfers: 0.1 s each
+    assert (f["per_node_s"], f["per_transfer_s"]) == (pytest.approx(GAP), pytest.approx(0.1))
