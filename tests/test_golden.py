@@ -30,8 +30,9 @@ import orjson
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script
-    sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":  # run as a script: tests/ is sys.path[0], and tests/profile would shadow the
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    sys.path.insert(0, str(ROOT))  # standard library's profile module (torch imports it)
 
 from celeritas_cli import registry  # noqa: E402
 from celeritas_cli.errors import InvalidInput  # noqa: E402

@@ -169,7 +169,11 @@ def placement_cluster(placement, cluster_path: str | None, label: str):
                  f"is for the cluster given")
         return cluster
     bundled = placement.cluster in bundled_cluster_names()
-    if digest is None:  # made before placements recorded their cluster: as before
+    if digest is None:  # made before placements recorded their cluster: as before, said on stderr
+        if bundled:
+            warn(f"placer: warning: {label} records no cluster digest (made by an older placer), so placer cannot "
+                 f"tell whether it was made on the bundled '{placement.cluster}' or on an edited copy of that name; "
+                 f"simulating on the bundled one: pass --cluster FILE if it was made on a file")
         return get_cluster(placement.cluster if bundled else None, quiet=bundled)
     how = f"pass the cluster file it was made on: --cluster {placement.cluster_file or 'FILE'}"
     if not bundled:

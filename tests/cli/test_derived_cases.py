@@ -173,13 +173,14 @@ def test_n14_a_placement_remembers_the_cluster_it_was_made_for(tmp_path):
     assert run(["place", g, "--algo", "metis", "-c", cpu, "-o", p]).exit_code == 0
     one_line_error(run(["simulate", g, "-P", p]), "was made for cluster 'cpu2'", "not a bundled cluster",
                    f"--cluster {cpu}")
-    # older placements (no digest) keep today's rule
+    # older placements (no digest, as the N14 reproducer) keep today's rule, with a warning saying so
     old = orjson.loads(p.read_bytes())
     for key in ("cluster_digest", "cluster_file"):
         old.pop(key)
     old["cluster"] = "4xV100-pcie"
     write_json({**old, "assignment": {k: "gpu0" for k in old["assignment"]}}, p)
-    assert run(["simulate", g, "-P", p]).exit_code == 0
+    older = run(["simulate", g, "-P", p])
+    assert older.exit_code == 0 and "records no cluster digest" in older.stderr and "--cluster FILE" in older.stderr
 
 
 def test_placements_leave_the_derived_graph_out_unless_asked(files):
