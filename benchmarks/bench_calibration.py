@@ -156,7 +156,7 @@ def report(results: list[dict], cluster_doc: dict, steps: int, t0: float, kept: 
     from calib_analysis import (HEADERS, allreduce_row, contention_rows, dispatch_rows, overhead_row, ring_seconds,
                                 split_row, transfer_rows)
 
-    from celeritas_cli.profile.calibrate import kendall_tau
+    from celeritas_cli.run.resimulate import kendall_tau
 
     fit = cluster_doc["meta"]["fit"]["default"]
     loads = [r[k][a]["load_average"] or 0.0 for r in results for k in ("first", "second") for a in r[k]]

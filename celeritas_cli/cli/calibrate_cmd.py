@@ -65,7 +65,7 @@ def calibrate(reports, graph_path, cluster_path, cluster_out, clock, output):
         say(f"{lab}: time between nodes {1e6 * g:.1f} us per node")
     d = s["dispatch"]
     say(f"dispatch: {1e6 * d['per_node_s']:.1f} us per node (added to every node) + {1e6 * d['per_transfer_s']:.1f} "
-        f"us per transfer sent or received (not simulated), fitted over {d['devices']} device runs")
+        f"us per transfer sent or received (added to the links' latency), fitted over {d['devices']} device runs")
     for host, h in s["hosts"].items():
         say(f"host {host}: contention {h['contention']:.3f} (from {h['nodes']} nodes run both alone and crowded)"
             if h["nodes"] else f"host {host}: contention not fitted (no node ran both alone and crowded): 1.0")

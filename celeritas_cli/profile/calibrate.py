@@ -10,8 +10,10 @@ placements were made for and the cluster they ran on.  The fit (no torch):
    Python loop, and each transfer's copy and post - fitted over all devices
    and runs as ``g * nodes + c * transfers`` (:func:`fit_dispatch`): ``g`` is
    a fixed per-op cost the simulator does not know of, and a node's sample is
-   ``measured_s + g``; ``c``, what a transfer costs its processes, is
-   reported (the simulator charges transfers to links only).
+   ``measured_s + g``; ``c``, what a transfer costs each of its two
+   processes, joins the latency of the links between the reports' devices
+   (the receiver's share delays the consumer, as latency does; the sender's
+   share is not simulated: a device is not busy while it sends).
 2. **Contention** (per host, :data:`hosts` of the cluster): devices that are
    processes on one machine share its cores and memory bandwidth.  For every
    node measured both in a run where it was alone on its host and in a run
@@ -89,20 +91,6 @@ class Calibration:
     graph: dict
     cluster: dict
     summary: dict = field(default_factory=dict)
-
-
-def kendall_tau(a: list[float], b: list[float]) -> float:
-    """Kendall's tau-a of two score lists (1: same order, -1: reversed; ties count 0).
-
-    >>> kendall_tau([1, 2, 3], [10, 30, 20])
-    0.3333333333333333
-    """
-    n = len(a)
-    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
-    if not pairs:
-        return 1.0
-    s = sum((x > 0) - (x < 0) for x in ((a[i] - a[j]) * (b[i] - b[j]) for i, j in pairs))
-    return s / len(pairs)
 
 
 # ------------------------------------------------------------------ reading
@@ -197,8 +185,9 @@ def fit_dispatch(reports: list[dict], clock: str = "wall") -> dict:
     """Every device's dispatch gaps of every run (:func:`dispatch_gaps`) as ``per_node_s * nodes +
     per_transfer_s * transfers`` (least squares, no intercept; the transfers a device sends and
     receives): each transfer costs its two processes CPU time (a contiguous copy, a post, a buffer),
-    so a placement that sends more has larger gaps.  Only ``per_node_s`` goes into the node times
-    (it does not depend on the placement); the simulator has no per-transfer cost on a device.
+    so a placement that sends more has larger gaps.  ``per_node_s`` goes into the node times (it
+    does not depend on the placement), ``per_transfer_s`` into the links' latency (the simulator has
+    no per-transfer cost on a device).
 
     >>> nt = lambda gap, sent: {"nodes": [{"id": "a", "device": "d", "measured_s": 1.0, "start_s": 0.0},
     ...                                   {"id": "b", "device": "d", "measured_s": 1.0, "start_s": 1.0 + gap}],
@@ -369,7 +358,7 @@ def calibrate(graph_doc: dict, cluster_doc: dict, reports: list[dict], *, labels
     types = fit_op_types(old, fitted, {nid: graph.op[v] for v, nid in enumerate(graph.ids)})
     unmeasured = _fill_unmeasured(out_graph, fitted, types, {d.type for d in cluster.devices})
     links = fit_links(reports, cluster)
-    out_cluster = _write_cluster(cluster_doc, cluster, reports, links, hosts)
+    out_cluster = _write_cluster(cluster_doc, cluster, reports, links, hosts, dispatch["per_transfer_s"])
     summary = {"reports": labels, "clock": clock, "batch": batch, "nodes_fitted": len(fitted),
                "nodes_unmeasured": unmeasured, "batch_lines": lines, "scaled_linearly": scaled,
                "node_error": summarize(errors), "dispatch_s": _dispatch(reports, labels, clock),
@@ -455,11 +444,21 @@ def _fill_unmeasured(doc: dict, fitted: dict, types: dict, dtypes: set[str]) -> 
     return n
 
 
-def _write_cluster(doc: dict, cluster: Cluster, reports: list[dict], links: dict, hosts: dict) -> dict:
+def _write_cluster(doc: dict, cluster: Cluster, reports: list[dict], links: dict, hosts: dict,
+                   per_transfer: float = 0.0) -> dict:
+    """The calibrated cluster: fitted pairs, and every other pair between devices of the reports, with
+    *per_transfer* (the receiver's share of a transfer's cost, :func:`fit_dispatch`) added to the latency."""
     out = copy.deepcopy(doc)
-    pairs = [p for p in (out["links"].get("pairs") or []) if (p["src"], p["dst"]) not in links]
-    for (a, b), f in links.items():
-        pairs.append({"src": a, "dst": b, "bandwidth_Bps": f["bandwidth_Bps"], "latency_s": f["latency_s"]})
+    seen = sorted({n["device"] for rep in reports for n in rep["node_times"]["nodes"]}, key=lambda d: cluster.index[d])
+    pairs = [p for p in (out["links"].get("pairs") or [])
+             if (p["src"], p["dst"]) not in links and not (per_transfer and p["src"] in seen and p["dst"] in seen)]
+    for a in seen:
+        for b in seen:
+            if a != b and ((a, b) in links or per_transfer):
+                f = links.get((a, b)) or {"bandwidth_Bps": cluster.bandwidth[cluster.index[a]][cluster.index[b]],
+                                          "latency_s": cluster.latency[cluster.index[a]][cluster.index[b]]}
+                pairs.append({"src": a, "dst": b, "bandwidth_Bps": f["bandwidth_Bps"],
+                              "latency_s": f["latency_s"] + per_transfer})
     out["links"]["pairs"] = pairs
     members: dict[str, list[str]] = {}
     for rep in reports:

@@ -18,9 +18,8 @@ from celeritas_cli.profile.calibrate import (
     fit_contention,
     fit_dispatch,
     fit_op_types,
-    kendall_tau,
 )
-from celeritas_cli.run.resimulate import resimulate, summary
+from celeritas_cli.run.resimulate import kendall_tau, resimulate, summary
 from celeritas_cli.sim.simulator import simulate
 from celeritas_cli.model.placement import Placement
 
@@ -224,3 +223,17 @@ def test_dispatch_fit_keeps_transfers_out_and_falls_back_when_they_explain_nothi
     two[1]["node_times"]["transfers"] = [{"src": "cpu0", "dst": "cpu1", "tensor": "x", "bytes": 8}] * 3
     f = fit_dispatch(two)                                         # ... with 3 transfers: 0.1 s each
     assert (f["per_node_s"], f["per_transfer_s"]) == (pytest.approx(GAP), pytest.approx(0.1))
+
+
+def test_the_per_transfer_cost_joins_the_latency_of_the_reports_links():
+    from celeritas_cli.profile.calibrate import _write_cluster, fit_links
+
+    c = Cluster.from_dict(CLUSTER)
+    links = fit_links([CROWDED], c)
+    out = _write_cluster(CLUSTER, c, [CROWDED], links, {}, per_transfer=0.05)
+    pairs = {(p["src"], p["dst"]): p for p in out["links"]["pairs"]}
+    assert pairs[("cpu0", "cpu1")]["latency_s"] == pytest.approx(0.4 + 0.05)       # fitted, plus c
+    assert pairs[("cpu1", "cpu0")] == {"src": "cpu1", "dst": "cpu0", "bandwidth_Bps": 1.0e4,
+                                       "latency_s": pytest.approx(0.05)}           # the default link's, plus c
+    assert len(pairs) == 2
+    assert _write_cluster(CLUSTER, c, [CROWDED], {}, {})["links"]["pairs"] == []       # nothing fitted: as given
