@@ -70,7 +70,8 @@ def calibrate(reports, graph_path, cluster_path, cluster_out, clock, output):
         say(f"host {host}: contention {h['contention']:.3f} (from {h['nodes']} nodes run both alone and crowded)"
             if h["nodes"] else f"host {host}: contention not fitted (no node ran both alone and crowded): 1.0")
     for pair, f in s["links"].items():
-        say(f"link {pair}: latency {1e6 * f['latency_s']:.1f} us, bandwidth {f['bandwidth_Bps'] / 1e9:.3f} GB/s "
+        say(f"link {pair}: latency {1e6 * f['latency_s']:.1f} us (written with the per-transfer cost: "
+            f"{1e6 * (f['latency_s'] + d['per_transfer_s']):.1f} us), bandwidth {f['bandwidth_Bps'] / 1e9:.3f} GB/s "
             f"({f['how']}, {f['n']} transfers, median error {100 * f['error']:.1f}%)")
     kept = [i for i, d in enumerate(docs) if isinstance(d["node_times"].get("placement"), dict)]
     for i in sorted(set(range(len(docs))) - set(kept)):
