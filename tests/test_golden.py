@@ -101,7 +101,7 @@ def place_record(algo: str, gname: str, cname: str, tmp_dir: Path) -> dict:
         params["file"] = str(path)
     try:
         p = registry.place(graph, cluster, algo, seed=0, params=params)
-    except InvalidInput as exc:  # refused on purpose (data parallelism of a coarse graph)
+    except InvalidInput as exc:  # refused on purpose (data parallelism, sharded or not, of a coarse graph)
         return {"error": str(exc)}
     report = simulate(load_graph(_graph_file(gname)), cluster, p)
     return {"makespan_s": report["makespan_s"], "status": report["status"],

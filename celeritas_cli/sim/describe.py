@@ -101,6 +101,29 @@ def _recompute(steps: list[dict], ctx: Context) -> str:
     return f"recomputation: {n:,} forward node{'s' * (n != 1)} run again in the backward pass instead of kept"
 
 
+@describer("fsdp")
+def _fsdp(steps: list[dict], ctx: Context) -> str:
+    """Sharded data parallelism (:mod:`celeritas_cli.transform.fsdp`).
+
+    >>> _fsdp([{"replicas": 8, "stage": 1}], Context("gpt", 2206))[:72]
+    'sharded data parallelism (ZeRO stage 1): 8 replicas of gpt, each on 1/8 '
+    >>> _fsdp([{"replicas": 8, "stage": 3, "samples": [1, 3]}], Context("gpt", 2206)).split("; ")[1]
+    'per unit (one per module) all-gathers before its forward and backward, a reduce-scatter of its gradients'
+    """
+    out = []
+    for step in steps:
+        r, stage = step.get("replicas"), step.get("stage")
+        state = {1: "optimizer state", 2: "gradients and optimizer state"}.get(stage, "parameters, gradients and "
+                                                                                    "optimizer state")
+        batch = "batch shares by device speed" if step.get("samples") else f"each on 1/{r} of the batch"
+        unit = f"of about {step['unit_mb']:g} MiB" if step.get("unit_mb") else "one per module"
+        comm = ("all-gathers before its forward and backward, a reduce-scatter of its gradients" if stage == 3 else
+                "a reduce-scatter of its gradients, an all-gather of its updated parameters")
+        out.append(f"sharded data parallelism (ZeRO stage {stage}{', FSDP' if stage == 3 else ''}): {r} replicas "
+                   f"of {ctx.name}, {batch}, {state} sharded; per unit ({unit}) {comm}")
+    return "; ".join(out)
+
+
 def _spread(ctx: Context) -> str:
     used = sorted(ctx.per_device.items(), key=lambda kv: (-kv[1], kv[0]))
     if len(used) == 1:

@@ -104,14 +104,14 @@ def check_replicable(graph: Graph) -> None:
         A coarse graph (its nodes group operators, so gradients and the
         optimizer updates they feed are no longer told apart and the
         gradient all-reduce would silently disappear: replicate the original
-        graph), a graph already data-parallel, or one whose operations were
-        split (data parallelism comes first in a recipe).
+        graph), a graph already data-parallel (or sharded, ``fsdp``), or one
+        whose operations were split (data parallelism comes first in a recipe).
     """
     if graph.is_coarse:
         raise InvalidInput(f"data-parallel: graph '{graph.name}' is coarse: its nodes group operators, so gradients "
                            f"and the optimizer updates they feed cannot be told apart and the gradient all-reduce "
                            f"would be lost; replicate the original graph '{graph.original_name}' instead")
-    if isinstance(graph.meta.get("data_parallel"), dict):
+    if isinstance(graph.meta.get("data_parallel"), dict) or isinstance(graph.meta.get("fsdp"), dict):
         raise InvalidInput(f"data-parallel: graph '{graph.name}' is already data-parallel")
     if graph.meta.get("splits"):
         raise InvalidInput(f"data-parallel: graph '{graph.name}' has split operations; data parallelism must come "
@@ -235,7 +235,7 @@ def node_batch(graph: Graph, v: int, assume: int | None = None) -> int:
         The graph declares no batch and none is assumed.
     """
     extra = graph.node_extra[v] if graph.node_extra else None
-    info = graph.meta.get("data_parallel")
+    info = graph.meta.get("data_parallel") or graph.meta.get("fsdp")  # both record each replica's samples
     if extra and "replica" in extra and isinstance(info, dict) and "replica_batch" in info:
         rb, r = info["replica_batch"], extra["replica"]
         value = rb[r] if isinstance(rb, list) and isinstance(r, int) and 0 <= r < len(rb) else rb

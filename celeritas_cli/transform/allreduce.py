@@ -219,39 +219,89 @@ def _ring_nodes(prefix: str, head: dict, result_head: dict, size: int, k: int, s
     docstring); ring nodes carry ``allreduce`` = *head* + phase fields
     (*result_head* on the result nodes when given); ``feed(q, result_id)``
     appends the result's out-edges."""
+    last = ring_reduce_scatter(prefix, head, size, k, src, tname, fresh, nodes, edges)
+    ag = ring_all_gather(prefix, head, size, k, last, 1, fresh, nodes, edges)
     chunks = chunk_sizes(size, k)
+    for q in range(k):
+        res = ring_node(nodes, fresh(f"{prefix}/rep{q}"), "result", q, result_head or head, size)
+        ring_collect(res, q, last, ag, chunks, 1, "reduced", edges)
+        feed(q, res)
 
-    def ring_node(nid: str, phase: str, q: int, step: int | None, chunk: int | None, cost: float) -> str:
-        info: dict[str, Any] = {**(result_head if phase == "result" and result_head else head), "phase": phase,
-                                "bytes": size}
-        if step is not None:
-            info["step"] = step
-        if chunk is not None:
-            info["chunk"] = chunk
-        nodes.append({"id": nid, "op": f"allreduce.{phase}", "compute_s": cost, "memory_bytes": 0,
-                      "replica": q, "allreduce": info})
-        return nid
 
+def ring_node(nodes: list[dict], nid: str, phase: str, q: int, head: dict, size: int, step: int | None = None,
+              chunk: int | None = None, cost: float = 0.0, *, kind: str = "allreduce", memory: int = 0,
+              extra: dict | None = None) -> str:
+    """Append one collective node ``nid`` on replica *q*: op
+    ``<kind>.<phase>``, *cost* seconds, *memory* bytes, and the field *kind*
+    = *head* + ``phase``, ``bytes`` (*size*), ``step`` and ``chunk`` when
+    given; *extra* fields (``pass``, ``resident_bytes``) after them."""
+    info: dict[str, Any] = {**head, "phase": phase, "bytes": size}
+    if step is not None:
+        info["step"] = step
+    if chunk is not None:
+        info["chunk"] = chunk
+    nd = {"id": nid, "op": f"{kind}.{phase}", "compute_s": cost, "memory_bytes": memory, "replica": q, kind: info}
+    if extra:
+        nd.update(extra)
+    nodes.append(nd)
+    return nid
+
+
+def ring_reduce_scatter(prefix: str, head: dict, size: int, k: int, src: list[str], tname: str, fresh,
+                        nodes: list[dict], edges: list[dict], *, kind: str = "allreduce",
+                        extra: dict | None = None) -> list[str]:
+    """Append the reduce-scatter half of a ring over ``k >= 2`` replicas of
+    *size* bytes held by ``src[q]`` on every replica ``q`` (module docstring
+    of :mod:`~.replicate`: steps ``<prefix>/rs<s>/rep<q>``, each adding a
+    received partial sum to the local chunk, ``3·chunk / 9e11`` s), and
+    return the node of every replica ``q`` that holds the reduced chunk
+    ``(q + 1) mod k`` (its last step).  Each replica sends ``k - 1`` chunks."""
+    chunks = chunk_sizes(size, k)
     rs = [[""] * k for _ in range(k - 1)]
     for s in range(k - 1):
         for q in range(k):
             c = (q - 1 - s) % k
-            rs[s][q] = ring_node(fresh(f"{prefix}/rs{s}/rep{q}"), "reduce-scatter", q, s, c,
-                                 3.0 * chunks[c] / COPY_BANDWIDTH_BPS)
+            rs[s][q] = ring_node(nodes, fresh(f"{prefix}/rs{s}/rep{q}"), "reduce-scatter", q, head, size, s, c,
+                                 3.0 * chunks[c] / COPY_BANDWIDTH_BPS, kind=kind, extra=extra)
             source = src[(q - 1) % k] if s == 0 else rs[s - 1][(q - 1) % k]
             edges.append({"src": source, "dst": rs[s][q], "bytes": chunks[c],
                           "tensor": f"{tname}/chunk{c}" if s == 0 else "partial"})
             edges.append({"src": src[q], "dst": rs[s][q], "bytes": chunks[c], "tensor": f"{tname}/chunk{c}"})
+    return rs[k - 2]
+
+
+def ring_all_gather(prefix: str, head: dict, size: int, k: int, own: list[str], off: int, fresh, nodes: list[dict],
+                    edges: list[dict], *, kind: str = "allreduce", tensor: str = "reduced", keep: bool = False,
+                    extra: dict | None = None) -> list[list[str]]:
+    """Append the all-gather half of a ring over ``k >= 2`` replicas of
+    *size* bytes in ``k`` chunks, where node ``own[q]`` holds chunk ``(q +
+    off) mod k`` on replica ``q``: zero-cost steps ``<prefix>/ag<s>/rep<q>``
+    (``s = 0..k-2``), step ``s`` on ``q`` receiving from ``q - 1`` the chunk
+    ``(q - 1 - s + off) mod k`` and forwarding it at the next step; edges
+    carry *tensor*.  With *keep*, a step holds its chunk (``memory_bytes``,
+    an activation) until the node that collects the ring
+    (:func:`ring_collect`) runs; not the last step, whose chunk is counted
+    as received until it runs, when the collecting node takes over (a
+    zero-cost step would otherwise count it twice at that instant).  Returns the steps, ``[s][q]``.  Each
+    replica sends ``k - 1`` chunks."""
+    chunks = chunk_sizes(size, k)
     ag = [[""] * k for _ in range(k - 1)]
     for s in range(k - 1):
         for q in range(k):
-            c = (q - s) % k
-            ag[s][q] = ring_node(fresh(f"{prefix}/ag{s}/rep{q}"), "all-gather", q, s, c, 0.0)
-            source = rs[k - 2][(q - 1) % k] if s == 0 else ag[s - 1][(q - 1) % k]
-            edges.append({"src": source, "dst": ag[s][q], "bytes": chunks[c], "tensor": "reduced"})
-    for q in range(k):
-        res = ring_node(fresh(f"{prefix}/rep{q}"), "result", q, None, None, 0.0)
-        edges.append({"src": rs[k - 2][q], "dst": res, "bytes": chunks[(q + 1) % k], "tensor": "reduced"})
-        for s in range(k - 1):
-            edges.append({"src": ag[s][q], "dst": res, "bytes": chunks[(q - s) % k], "tensor": "reduced"})
-        feed(q, res)
+            c = (q - 1 - s + off) % k
+            ag[s][q] = ring_node(nodes, fresh(f"{prefix}/ag{s}/rep{q}"), "all-gather", q, head, size, s, c,
+                                 kind=kind, memory=chunks[c] if keep and s < k - 2 else 0, extra=extra)
+            source = own[(q - 1) % k] if s == 0 else ag[s - 1][(q - 1) % k]
+            edges.append({"src": source, "dst": ag[s][q], "bytes": chunks[c], "tensor": tensor})
+    return ag
+
+
+def ring_collect(res: str, q: int, own: list[str], ag: list[list[str]], chunks: list[int], off: int, tensor: str,
+                 edges: list[dict]) -> None:
+    """Edges into *res* on replica *q* from every chunk of an all-gather
+    (:func:`ring_all_gather`): its own chunk ``(q + off) mod k`` and the
+    chunk of every step."""
+    k = len(chunks)
+    edges.append({"src": own[q], "dst": res, "bytes": chunks[(q + off) % k], "tensor": tensor})
+    for s in range(k - 1):
+        edges.append({"src": ag[s][q], "dst": res, "bytes": chunks[(q - 1 - s + off) % k], "tensor": tensor})

@@ -35,7 +35,11 @@ placed a coarse graph).  Steps, applied in order:
   :func:`~celeritas_cli.transform.microbatch.microbatch_graph` (the recorded
   batches must be what the graph and ``m`` give);
 * ``{"transform": "recompute", "nodes": [ids]}``:
-  :func:`~celeritas_cli.transform.recompute.recompute_graph`.
+  :func:`~celeritas_cli.transform.recompute.recompute_graph`;
+* ``{"transform": "fsdp", "replicas": k, "stage": 1 | 2 | 3, "global_batch":
+  B, "overhead_s": s}`` (+ ``"unit_mb": x``, ``"samples": [b0, ...]``,
+  ``"assume_batch": N``): :func:`~celeritas_cli.transform.fsdp.fsdp_graph`
+  (the recorded batch must be the graph's).
 
 ``base`` = ``{"graph": name, "members": [[original ids of coarse node 0],
 ...]}``: the algorithm's input was a coarse graph with these members (in
@@ -80,6 +84,8 @@ from ..model.limits import TIME_MAX
 from .admit import DIMENSIONS, check_shares, data_parallel_size, replica_samples, split_refusal, split_size
 from .allreduce import BUCKET_MB_MAX
 from .batch import BATCH_MAX, declared_batch
+from .fsdp import fsdp_step_build, fsdp_step_check, fsdp_step_size
+from .fsdp_units import UNIT_MB_MAX
 from .microbatch import microbatch_batches, microbatch_graph, microbatch_size
 from .recipe_check import (
     Context,
@@ -156,7 +162,7 @@ def attach(placement, graph: Graph, derived: Graph, steps: list[dict]) -> None:
 
 # ------------------------------------------------------------------ the step table
 def _strip(msg: str) -> str:
-    return msg.split(": ", 1)[1] if msg.startswith(("data-parallel: ", "split: ")) else msg
+    return msg.split(": ", 1)[1] if msg.startswith(("data-parallel: ", "split: ", "fsdp: ")) else msg
 
 
 def _dp_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] | None:
@@ -212,6 +218,8 @@ def _split_build(graph: Graph, step: dict) -> Graph:
 
 def _mb_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] | None:
     """The recorded batches of a microbatch step must be what the graph and ``m`` give."""
+    if isinstance(graph.meta.get("fsdp"), dict):
+        return None, f"graph '{graph.name}' is sharded (fsdp): gradient accumulation under FSDP is not modelled"
     try:
         total, mbs = microbatch_batches(graph, step["m"], step.get("assume_batch"))
     except InvalidInput as exc:
@@ -263,6 +271,13 @@ STEPS: dict[str, StepKind] = {
         fields={"nodes": strings()}, required=("nodes",), check=_recompute_check,
         size=lambda g, st: Size(*recompute_size(g, st["nodes"])), hint="fewer recomputed nodes",
         build=lambda g, st: recompute_graph(g, st["nodes"])),
+    "fsdp": StepKind(  # transform/fsdp.py (WP "fsdp")
+        fields={"replicas": integer(1, at_most_devices=True), "stage": integer(1, 3), "global_batch": _BATCH,
+                "overhead_s": _OVERHEAD, "unit_mb": number(0, UNIT_MB_MAX), "samples": integers(1),
+                "assume_batch": _BATCH},
+        required=("replicas", "stage", "global_batch"), defaults={"overhead_s": DEFAULT_OVERHEAD_S},
+        check=fsdp_step_check, size=fsdp_step_size, build=fsdp_step_build,
+        hint="fewer replicas, or larger units (unit_mb)"),
 }
 TRANSFORMS = tuple(STEPS)
 

@@ -128,7 +128,7 @@ def test_algorithm_through_simulator(algo, gname, cname, tmp_path):
         path = tmp_path / "given.json"
         write_json(src.to_dict(), path)
         params["file"] = str(path)
-    if algo == "data-parallel" and graph.is_coarse:  # gradients are not told apart on a coarse graph (N13)
+    if algo in ("data-parallel", "fsdp") and graph.is_coarse:  # gradients, state not told apart (N13)
         with pytest.raises(InvalidInput, match="is coarse"):
             _run(algo, graph, cluster, params)
         return

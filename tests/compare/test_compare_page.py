@@ -170,7 +170,8 @@ def test_algorithm_groups():
     assert set(placement) | set(pipelines) == set(lib.default_algorithms())
     with pytest.raises(InvalidInput, match="unknown algorithm group"):
         algorithm_group("nope")
-    assert _algorithms("heft,pipelines", "auto") == ["heft", "data-parallel"]
+    assert _algorithms("heft,pipelines", "auto") == ["heft"] + [a for a in pipelines if a != "auto"]
+    assert {"data-parallel", "fsdp"} <= set(pipelines)
     res = CliRunner().invoke(main, ["compare", "x.json", "--algos", "placement", "--exclude", "all"])
     assert res.exit_code == 2 and "no algorithm left" in res.output
     res = CliRunner().invoke(main, ["compare", "x.json", "--algos", "heft,nosuch"])

@@ -1,0 +1,484 @@
+"""Sharded data parallelism as a graph transformation: ZeRO's stages 1-3
+(Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+Parameter Models", SC'20) and PyTorch FSDP (Zhao et al., "PyTorch FSDP:
+Experiences on Scaling Fully Sharded Data Parallel", VLDB 2023).
+
+:func:`fsdp_graph` returns a new validated
+:class:`~celeritas_cli.model.graph.Graph`; the recipe step
+(:func:`fsdp_step`) is ``{"transform": "fsdp", "replicas": k, "stage":
+1|2|3, "global_batch": B, "overhead_s": s}`` (+ ``"unit_mb": x`` for the
+size wrap policy, ``"samples": [b0, ...]`` for unequal shares of the batch,
+``"assume_batch": N`` when the user asserted the batch).
+
+What is sharded (ZeRO section 5, Figure 1)
+-------------------------------------------
+``k`` replicas each run a share of the batch in whole samples
+(:func:`~.batch.whole_samples`; times, activations and batch-dependent
+tensors as a data-parallel replica's, :mod:`~.replicate`), and each holds
+``1/k`` of the state (:mod:`~.fsdp_units` says what is parameters,
+gradients and optimizer state):
+
+* **stage 1** (ZeRO ``P_os``, section 5.1): optimizer state.  Each replica's
+  update runs on its ``1/k`` of every parameter (time ``t/k`` + ``overhead_s``,
+  memory and ``flops`` ``1/k``).  Its gradients are reduce-scattered, not
+  all-reduced: the update needs only the reduced shard, and the
+  all-reduce's all-gather half carries the *updated parameters* instead
+  (section 7.2.1: the same ``2Ψ`` volume as data parallelism).  The full
+  gradient stays live until the update (an edge from its producer).
+* **stage 2** (``P_os+g``, section 5.2): + gradients.  A unit's gradients
+  are freed once reduce-scattered; only the reduced shard lives until the
+  update; resident gradient buffers are sharded.
+* **stage 3** (``P_os+g+p``, section 5.3; FSDP's ``FULL_SHARD``): +
+  parameters.  Each unit's parameters are all-gathered before its forward
+  and again before its backward (FSDP sections 3.2.1 and 3.3), held by the
+  gather's result node as an *activation*, so under the judge's time rule
+  they are freed after their last reader (FSDP's resharding after
+  forward); gradients are reduce-scattered per unit; nothing is gathered
+  after the update.  Volume per replica ``3Ψ (k-1)/k`` (section 7.2.2).
+
+Structure (``k >= 2``; one replica is the model with ``replica`` 0)
+--------------------------------------------------------------------
+* ``<id>/rep<r>`` for every node (fields ``replica``, ``origin``,
+  colocation ``<group>/rep<r>``), sharded as above; a source holder runs on
+  its shard in stage 3 (its outputs ``1/k``).
+* Per unit ``i`` and replica ``q``, zero-cost nodes with a field ``fsdp``
+  (``unit``, ``name``, ``phase``, ``bytes``, ``step``/``chunk`` on ring
+  steps, ``for``): stage 3 ``fsdp/u<i>/shard/rep<q>`` (the unit's flat
+  parameter shard: resident, the chunk ``(q+1) mod k`` of the compute
+  holders' parameters; it receives the source holders' sharded outputs);
+  per gather ``fsdp/u<i>/fwd`` or ``/bwd``: ``.../start/rep<q>`` (issues
+  it), the ring all-gather ``.../ag<s>/rep<q>`` of
+  :func:`~.allreduce.ring_all_gather` (each step keeps its chunk), and the
+  gathered unit ``.../rep<q>`` (``memory_bytes`` = the unit's gathered
+  bytes, an activation), which feeds every reader; per unit with gradients
+  ``fsdp/u<i>/grad/pack/rep<q>`` (the flat gradient, an activation, fed by
+  the unit's gradients), the ring reduce-scatter ``.../rs<s>/rep<q>`` of
+  :func:`~.allreduce.ring_reduce_scatter`, and the reduced shard
+  ``fsdp/u<i>/grad/rep<q>``, which feeds the unit's updates; stages 1-2
+  ``fsdp/u<i>/post/start/rep<q>`` (fed by the unit's updates), its ring
+  all-gather and ``fsdp/u<i>/post/rep<q>`` (written into the replicated
+  parameters: no memory).
+* Every ring step is a transfer between adjacent replicas, so the
+  simulator's congestion rule applies; a chain of zero-byte edges
+  (tensor ``issue``) orders the collectives as FSDP issues them, and
+  zero-byte edges (tensor ``rate-limit``) hold a gather until the readers of
+  the gather two before it finish (:mod:`~.fsdp_units`): prefetch overlaps
+  a gather with the previous unit's compute and never runs further ahead.
+* ``meta.fsdp``: ``replicas``, ``stage``, ``wrap``, ``unit_mb``, ``units``
+  (``name``, ``gather_bytes``, ``gradient_bytes``), ``global_batch``,
+  ``replica_batch``, ``gather_bytes``, ``gradient_bytes`` and
+  ``bytes_per_device`` (sent by each replica: ``(k-1)·x // k`` per ring of
+  ``x`` bytes).
+
+Not modelled: mixed-precision master weights held by a source holder count
+as parameters (sharded by stage 3 only, where ZeRO counts them as
+optimizer state), gathers and reduce-scatters in the graph's dtypes, one
+process group (no hybrid sharding), no CPU offload.
+
+Example
+-------
+>>> from celeritas_cli.model.graph import build
+>>> nd = lambda i, **kw: {"id": i, "compute_s": 1.0, "memory_bytes": 0, **kw}
+>>> g = build("m", [nd("x"), nd("f", colocation="param:l.0.w", memory_bytes=8, resident_bytes=8,
+...                             batch_independent={"memory_bytes": 8, "state_bytes": 8}),
+...                 nd("b", op="aten.mm_backward"),
+...                 nd("u", op="optim.sgd", colocation="param:l.0.w", memory_bytes=16, resident_bytes=16)],
+...           [{"src": "x", "dst": "f", "bytes": 4}, {"src": "f", "dst": "b", "bytes": 4},
+...            {"src": "b", "dst": "u", "bytes": 8, "tensor": "grad"}], meta={"batch_size": 2})
+>>> d = fsdp_graph(g, 2, 3, overhead_s=0.0)
+>>> [d.memory[d.index[i]] for i in ("f/rep0", "u/rep0", "fsdp/u0/shard/rep0", "fsdp/u0/fwd/rep0")]
+[0, 8, 4, 8]
+>>> d.meta["fsdp"]["bytes_per_device"]   # 3 x 8 bytes x (k - 1) / k
+12
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import InvalidInput
+from ..model.graph import GRAPH_SCHEMA, Graph
+from ..model.residency import declares, memory_fields, resident_of
+from .allreduce import chunk_sizes, ring_all_gather, ring_collect, ring_node, ring_reduce_scatter
+from .batch import declared_batch, whole_samples
+from .fsdp_units import Plan, Unit, check_unit_mb, fsdp_plan, fsdp_size
+from .replicate import _replica_template
+from .size import Size, check_size
+from .split_cost import DEFAULT_OVERHEAD_S, batch_profile
+from .splitting import edge_dicts, fresh_namer
+
+STAGES = (1, 2, 3)
+_PASS = {"fwd": "forward", "bwd": "backward", "rs": "backward", "post": "update"}
+
+
+def fsdp_step(replicas: int, stage: int, global_batch: int, overhead_s: float, unit_mb: float = 0.0,
+              assume_batch: int | None = None, samples: list[int] | None = None) -> dict:
+    """The recipe step of :func:`fsdp_graph` (``unit_mb`` only for the size
+    wrap policy, ``assume_batch`` only when the user asserted the batch,
+    ``samples`` only when the replicas' shares are not the equal ones)."""
+    step: dict[str, Any] = {"transform": "fsdp", "replicas": int(replicas), "stage": int(stage),
+                            "global_batch": int(global_batch), "overhead_s": overhead_s}
+    if unit_mb:
+        step["unit_mb"] = float(unit_mb)
+    if samples is not None:
+        step["samples"] = [int(b) for b in samples]
+    if assume_batch is not None:
+        step["assume_batch"] = int(assume_batch)
+    return step
+
+
+def check_fsdp(graph: Graph, replicas: int, stage: int, assume_batch: int | None = None,
+               samples: list[int] | None = None) -> tuple[int, list[int]]:
+    """``(batch, samples per replica)`` of sharded data parallelism of
+    *graph* over *replicas* at *stage* (*samples*, when given, else equal
+    shares of whole samples), or why it cannot be built.
+
+    Raises
+    ------
+    InvalidInput
+        ``replicas < 1``, a stage not 1-3, a coarse graph (its nodes hide
+        which state is parameters, gradients and optimizer state), one
+        already data-parallel, sharded, split or micro-batched (sharding
+        comes first), a graph that declares no batch, fewer samples than
+        replicas, or *samples* that are not ``k`` whole numbers >= 1 summing
+        to the batch.
+    """
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise InvalidInput(f"fsdp: the number of replicas must be an integer >= 1, got {replicas!r}")
+    if stage not in STAGES:
+        raise InvalidInput(f"fsdp: stage must be 1, 2 or 3 (ZeRO's P_os, P_os+g, P_os+g+p), got {stage!r}")
+    if graph.is_coarse:
+        raise InvalidInput(f"fsdp: graph '{graph.name}' is coarse: its nodes group operators, so parameters, "
+                           f"gradients and optimizer state cannot be told apart; shard the original graph "
+                           f"'{graph.original_name}' instead")
+    for key, what in (("data_parallel", "data-parallel"), ("fsdp", "sharded"), ("splits", "split"),
+                      ("microbatch", "micro-batched")):
+        if graph.meta.get(key):
+            raise InvalidInput(f"fsdp: graph '{graph.name}' is already {what}; sharded data parallelism applies to "
+                               f"the model's graph, before any other rewrite")
+    batch = declared_batch(graph, assume_batch,
+                           what=f"sharded data parallelism over {replicas} replicas (each on a share of the batch)")
+    equal = whole_samples(batch, replicas, what=f"fsdp over {replicas} replicas: the batch")
+    if samples is None:
+        return batch, equal
+    if not isinstance(samples, list) or len(samples) != replicas or sum(samples) != batch or any(
+            isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in samples):
+        raise InvalidInput(f"fsdp: samples must be {replicas} whole numbers of samples >= 1 summing to the batch of "
+                           f"{batch}, got {samples!r}")
+    return batch, list(samples)
+
+
+def fsdp_graph(graph: Graph, replicas: int, stage: int, *, unit_mb: float = 0.0,
+               overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
+               samples: list[int] | None = None) -> Graph:
+    """The sharded data-parallel graph of *graph* (module docstring).
+
+    Parameters
+    ----------
+    graph : Graph
+        The model's training step (fine, with ``meta.batch_size``).
+    replicas : int
+        ``k >= 1``, at most the batch.
+    stage : int
+        1 (optimizer state), 2 (+ gradients) or 3 (+ parameters: FSDP).
+    unit_mb : float
+        0: one unit per module (:func:`~.fsdp_units.unit_key`); else units
+        of about this many MiB of gathered parameters.
+    overhead_s : float
+        Extra time of a node whose time is scaled linearly.
+    assume_batch : int, optional
+        The batch the costs hold for, when the graph declares none.
+    samples : list of int, optional
+        Samples of each replica (whole, summing to the batch; e.g. in
+        proportion to device speed); default equal shares.
+
+    Raises
+    ------
+    InvalidInput
+        :func:`check_fsdp`, a negative or huge *unit_mb*, or a graph over
+        the derived-graph budget (:func:`~.fsdp_units.fsdp_size`,
+        :mod:`~.size`); all before anything is built.
+    """
+    batch, samples = check_fsdp(graph, replicas, stage, assume_batch, samples)
+    k = replicas
+    check_unit_mb(unit_mb)
+    plan = fsdp_plan(graph, stage, unit_mb)
+    check_size(Size(*fsdp_size(graph, plan, k)), f"fsdp: {k} replicas of graph '{graph.name}'",
+               "use fewer replicas (-p devices=N) or larger units (-p unit_mb=)", devices=k)
+    shares = None if len(set(samples)) == 1 else [b / batch for b in samples]
+    prof = batch_profile(graph)
+    fresh = fresh_namer(graph)
+    fixed_out = [0] * graph.n
+    for t, p in enumerate(graph.tensor_src):
+        if prof.fixed_tensor[t]:
+            fixed_out[p] += graph.tensor_bytes[t]
+    rep = [[fresh(f"{graph.ids[v]}/rep{r}") for v in range(graph.n)] for r in range(k)]
+    nodes: list[dict] = []
+    for r in range(k):
+        for v in range(graph.n):
+            nd = _replica_template(graph, v, prof, k, True, overhead_s, fixed_out[v],
+                                   None if shares is None else shares[r])
+            nd = {"id": rep[r][v], **_sharded(graph, v, nd, plan, k, overhead_s), "replica": r,
+                  "origin": graph.ids[v]}
+            if graph.colocation[v] is not None:
+                nd["colocation"] = f"{graph.colocation[v]}/rep{r}"
+            nodes.append(nd)
+    edges = _replica_edges(graph, plan, k, rep, shares, prof.fixed_tensor)
+    if k > 1:
+        _Collectives(graph, plan, k, rep, fresh, nodes, edges).build()
+    meta = dict(graph.meta)
+    meta["batch_size"] = batch
+    meta["fsdp"] = _info(graph, plan, k, unit_mb, batch, samples)
+    name = f"{graph.name}+fsdp{k}"
+    return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
+                           label=name)
+
+
+def fsdp_step_check(graph: Graph, step: dict, ctx) -> tuple[str | None, str] | None:
+    """What of a recorded ``fsdp`` step (fields already checked,
+    :mod:`~.recipe_check`) only *graph* can say: it may be sharded, its batch
+    is the recorded ``global_batch``, ``samples`` are whole shares of it;
+    ``None`` or ``(field or None, problem)`` (the ``check`` of the step's
+    :class:`~.recipe_check.StepKind`)."""
+    k = step["replicas"]
+    try:
+        batch = declared_batch(graph, step.get("assume_batch"), what=f"sharded data parallelism over {k} replicas")
+        if k > batch:
+            return "replicas", f"{k} replicas need {k} samples at least, graph '{graph.name}' holds costs for {batch}"
+        check_fsdp(graph, k, step["stage"], step.get("assume_batch"))
+    except InvalidInput as exc:
+        return None, str(exc).removeprefix("fsdp: ")
+    if step["global_batch"] != batch:
+        return "global_batch", (f"the placement was made for a batch of {step['global_batch']} samples, graph "
+                                f"'{graph.name}' holds costs for {batch}")
+    if "samples" in step:
+        try:
+            check_fsdp(graph, step["replicas"], step["stage"], step.get("assume_batch"), step["samples"])
+        except InvalidInput as exc:
+            return "samples", str(exc).removeprefix("fsdp: samples ")
+    return None
+
+
+def fsdp_step_size(graph: Graph, step: dict) -> Size:
+    """Nodes and edges a recorded ``fsdp`` step builds (:func:`~.fsdp_units.fsdp_size`)."""
+    return Size(*fsdp_size(graph, fsdp_plan(graph, step["stage"], step.get("unit_mb", 0.0)), step["replicas"]))
+
+
+def fsdp_step_build(graph: Graph, step: dict) -> Graph:
+    """The graph of a recorded ``fsdp`` step (defaults filled in)."""
+    return fsdp_graph(graph, step["replicas"], step["stage"], unit_mb=step.get("unit_mb", 0.0),
+                      overhead_s=step["overhead_s"], assume_batch=step.get("assume_batch"),
+                      samples=step.get("samples"))
+
+
+def _shard_time(t: float, k: int, overhead_s: float) -> float:
+    return min(t, t / k + overhead_s) if t > 0 and k > 1 else t
+
+
+def _sharded(graph: Graph, v: int, nd: dict, plan: Plan, k: int, overhead_s: float) -> dict:
+    """Node document *nd* of a replica of *v* with its state sharded at the plan's stage."""
+    stage = plan.stage
+    if k == 1:
+        return nd
+    if plan.update[v] or (plan.source[v] and stage == 3):
+        return _whole(graph, v, nd, k, overhead_s)  # runs on its 1/k of the parameters
+    if plan.source[v]:
+        nd = _whole(graph, v, nd, 1, overhead_s)  # stages 1-2: every replica casts the whole parameter
+    elif not plan.params[v]:
+        return nd
+    # a holder: stage 3 moves a compute holder's parameters to the unit's shard; the rest of its state is sharded
+    cut = (plan.params[v] if stage == 3 else 0) + _cut(plan.grad_buf[v], k, stage >= 2) + _cut(plan.optim[v], k, True)
+    out = dict(nd)
+    out["memory_bytes"] = max(0, nd["memory_bytes"] - cut)
+    if "resident_bytes" in nd:
+        out["resident_bytes"] = max(0, min(nd["resident_bytes"] - cut, out["memory_bytes"]))
+    return out
+
+
+def _whole(graph: Graph, v: int, nd: dict, f: int, overhead_s: float) -> dict:
+    """*nd* with node *v*'s time, memory, resident bytes, ``flops``,
+    ``bytes_moved`` and ``output_bytes`` those of *v* on ``1/f`` of its
+    parameters (linear: ``t/f + overhead_s``, never above ``t``)."""
+    ex = (graph.node_extra[v] if graph.node_extra else None) or {}
+    out = {key: val for key, val in nd.items() if key not in ("resident_bytes", "pass")}
+    out["compute_s"] = _shard_time(graph.compute[v], f, overhead_s)
+    if graph.compute_by_type[v]:
+        out["compute_by_type"] = {t: _shard_time(x, f, overhead_s) for t, x in graph.compute_by_type[v].items()}
+    out["memory_bytes"] = -(-graph.memory[v] // f)
+    for key in ("flops", "bytes_moved", "output_bytes"):
+        x = ex.get(key)
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            out[key] = x / f if isinstance(x, float) else -(-x // f)
+    out.update(memory_fields(graph, v, out["memory_bytes"], -(-resident_of(graph, v) // f)))
+    return out
+
+
+def _cut(x: int, k: int, on: bool) -> int:
+    """Bytes a replica no longer holds of *x* sharded ``k`` ways (when *on*)."""
+    return x - -(-x // k) if on else 0
+
+
+def _replica_edges(graph: Graph, plan: Plan, k: int, rep: list[list[str]], shares: list[float] | None,
+                   fixed: list[bool]) -> list[dict]:
+    """The edges inside every replica: the model's, scaled by the replica's
+    share, without the gradient edges (stages 2-3; they go to the unit's
+    reduce-scatter) and, in stage 3, without the reads of gathered
+    parameters (they come from the gathers)."""
+    out: list[dict] = []
+    shard3 = plan.stage == 3 and k > 1
+    for r in range(k):
+        for e, ed in enumerate(edge_dicts(graph)):
+            t, d = graph.edge_tensor[e], graph.edge_dst[e]
+            if k > 1 and t in plan.grad_tensor and plan.stage > 1:
+                continue
+            param = t in plan.param_tensor
+            if shard3 and param and not plan.update[d]:
+                continue  # read from the unit's gather
+            x = {**ed, "src": rep[r][graph.edge_src[e]], "dst": rep[r][d]}
+            if shard3 and param:
+                x["bytes"] = -(-ed["bytes"] // k)  # an update reads its own shard
+            elif k > 1 and not fixed[t] and not param:
+                x["bytes"] = -(-ed["bytes"] // k) if shares is None else math.ceil(shares[r] * ed["bytes"])
+            if x["bytes"] != ed["bytes"]:
+                x.pop("comm_s_by_pair", None)
+            out.append(x)
+    return out
+
+
+class _Collectives:
+    """The FSDP nodes and edges of every unit (module docstring), appended
+    to *nodes* and *edges*."""
+
+    def __init__(self, graph: Graph, plan: Plan, k: int, rep: list[list[str]], fresh, nodes: list[dict],
+                 edges: list[dict]):
+        self.g, self.plan, self.k, self.rep, self.fresh = graph, plan, k, rep, fresh
+        self.nodes, self.edges = nodes, edges
+        self.declares = declares(graph)
+        self.ends: dict[int, list[str]] = {}
+        self.starts: dict[int, list[str]] = {}
+
+    def extra(self, item: str) -> dict:
+        out: dict[str, Any] = {"pass": _PASS[item]}
+        if self.declares:
+            out["resident_bytes"] = 0
+        return out
+
+    def node(self, nid: str, phase: str, q: int, u: Unit, item: str, size: int, memory: int = 0,
+             resident: bool = False) -> str:
+        head = {"unit": u.index, "name": u.name, "for": _PASS[item]}
+        extra = self.extra(item)
+        if resident and self.declares:
+            extra["resident_bytes"] = memory
+        return ring_node(self.nodes, self.fresh(nid), phase, q, head, size, kind="fsdp", memory=memory, extra=extra)
+
+    def build(self) -> None:
+        plan, k = self.plan, self.k
+        shards: dict[int, list[str]] = {}
+        for u in plan.units:
+            if plan.stage == 3 and u.gather_bytes > 0 and any(kind in ("fwd", "bwd") and i == u.index
+                                                             for kind, i in plan.sequence):
+                shards[u.index] = self.shard(u)
+        for j, (kind, i) in enumerate(plan.sequence):
+            u = plan.units[i]
+            if kind in ("fwd", "bwd"):
+                self.gather(j, u, kind, shards[i])
+            elif kind == "rs":
+                self.reduce_scatter(j, u)
+            else:
+                self.post(j, u)
+            if j > 0:
+                for q in range(k):
+                    self.edges.append({"src": self.ends[j - 1][q], "dst": self.starts[j][q], "bytes": 0,
+                                       "tensor": "issue"})
+            for c in plan.waits.get(j, []):
+                for q in range(k):
+                    self.edges.append({"src": self.rep[q][c], "dst": self.starts[j][q], "bytes": 0,
+                                       "tensor": "rate-limit"})
+
+    def shard(self, u: Unit) -> list[str]:
+        g, k, plan = self.g, self.k, self.plan
+        chunks = chunk_sizes(u.shard_bytes, k)
+        out = []
+        for q in range(k):
+            s = self.node(f"fsdp/u{u.index}/shard/rep{q}", "shard", q, u, "fwd", u.gather_bytes,
+                          chunks[(q + 1) % k], resident=True)
+            for v in u.holders:
+                if plan.source[v]:
+                    for t in dict.fromkeys(g.edge_tensor[e] for e in g.out_edges[v]):
+                        self.edges.append({"src": self.rep[q][v], "dst": s, "bytes": -(-g.tensor_bytes[t] // k),
+                                           "tensor": g.tensor_name[t]})
+            out.append(s)
+        return out
+
+    def gather(self, j: int, u: Unit, kind: str, shard: list[str]) -> None:
+        k, size = self.k, u.gather_bytes
+        prefix = f"fsdp/u{u.index}/{kind}"
+        chunks = chunk_sizes(size, k)
+        starts = [self.node(f"{prefix}/start/rep{q}", "start", q, u, kind, size) for q in range(k)]
+        for q in range(k):
+            self.edges.append({"src": shard[q], "dst": starts[q], "bytes": chunks[(q + 1) % k], "tensor": "shard"})
+        head = {"unit": u.index, "name": u.name, "for": _PASS[kind]}
+        ag = ring_all_gather(prefix, head, size, k, starts, 1, self.fresh, self.nodes, self.edges, kind="fsdp",
+                             tensor="chunk", keep=True, extra=self.extra(kind))
+        ends = []
+        for q in range(k):
+            res = self.node(f"{prefix}/rep{q}", "gathered", q, u, kind, size, size)
+            ring_collect(res, q, starts, ag, chunks, 1, "chunk", self.edges)
+            for c, name, nbytes in (u.fwd if kind == "fwd" else u.bwd):
+                tensor = "params" if name == "*" else (name or f"params:{self.g.ids[c]}")
+                self.edges.append({"src": res, "dst": self.rep[q][c], "bytes": nbytes, "tensor": tensor})
+            ends.append(res)
+        self.starts[j], self.ends[j] = starts, ends
+
+    def reduce_scatter(self, j: int, u: Unit) -> None:
+        g, k, size = self.g, self.k, u.grad_bytes
+        prefix = f"fsdp/u{u.index}/grad"
+        chunks = chunk_sizes(size, k)
+        packs = [self.node(f"{prefix}/pack/rep{q}", "pack", q, u, "rs", size, size) for q in range(k)]
+        for q in range(k):
+            for t in u.grads:
+                self.edges.append({"src": self.rep[q][g.tensor_src[t]], "dst": packs[q], "bytes": g.tensor_bytes[t],
+                                   "tensor": g.tensor_name[t]})
+        head = {"unit": u.index, "name": u.name, "for": "backward"}
+        last = ring_reduce_scatter(prefix, head, size, k, packs, "grad", self.fresh, self.nodes, self.edges,
+                                   kind="fsdp", extra=self.extra("rs"))
+        ends = []
+        for q in range(k):
+            c = chunks[(q + 1) % k]
+            res = self.node(f"{prefix}/rep{q}", "grad-shard", q, u, "rs", size, c)
+            self.edges.append({"src": last[q], "dst": res, "bytes": c, "tensor": "reduced"})
+            for v in u.updates:
+                self.edges.append({"src": res, "dst": self.rep[q][v], "bytes": c, "tensor": "grad"})
+            ends.append(res)
+        self.starts[j], self.ends[j] = packs, ends
+
+    def post(self, j: int, u: Unit) -> None:
+        k, size = self.k, u.gather_bytes
+        prefix = f"fsdp/u{u.index}/post"
+        chunks = chunk_sizes(size, k)
+        starts = [self.node(f"{prefix}/start/rep{q}", "start", q, u, "post", size) for q in range(k)]
+        for q in range(k):
+            for v in u.updates:
+                self.edges.append({"src": self.rep[q][v], "dst": starts[q], "bytes": 0, "tensor": "updated"})
+        head = {"unit": u.index, "name": u.name, "for": "update"}
+        ag = ring_all_gather(prefix, head, size, k, starts, 1, self.fresh, self.nodes, self.edges, kind="fsdp",
+                             tensor="chunk", extra=self.extra("post"))
+        ends = []
+        for q in range(k):
+            res = self.node(f"{prefix}/rep{q}", "gathered", q, u, "post", size)
+            ring_collect(res, q, starts, ag, chunks, 1, "chunk", self.edges)
+            ends.append(res)
+        self.starts[j], self.ends[j] = starts, ends
+
+
+def _info(graph: Graph, plan: Plan, k: int, unit_mb: float, batch: int, samples: list[int]) -> dict[str, Any]:
+    """``meta.fsdp`` (module docstring)."""
+    sizes = [plan.units[i].gather_bytes if kind != "rs" else plan.units[i].grad_bytes for kind, i in plan.sequence]
+    return {"from": graph.name, "replicas": k, "stage": plan.stage, "wrap": plan.wrap, "unit_mb": float(unit_mb),
+            "units": [{"name": u.name, "gather_bytes": u.gather_bytes, "gradient_bytes": u.grad_bytes}
+                      for u in plan.units],
+            "global_batch": batch, "replica_batch": samples[0] if len(set(samples)) == 1 else samples,
+            "gather_bytes": sum(u.gather_bytes for u in plan.units),
+            "gradient_bytes": sum(u.grad_bytes for u in plan.units),
+            "bytes_per_device": sum((k - 1) * x // k for x in sizes) if k > 1 else 0}
