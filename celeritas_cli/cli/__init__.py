@@ -18,7 +18,7 @@ from ..errors import PlacerError
 from . import common
 from .common import one_line
 
-COMMANDS = ("profile", "coarsen", "place", "simulate", "run", "export", "compare", "clusters")
+COMMANDS = ("profile", "coarsen", "place", "simulate", "run", "export", "calibrate", "compare", "clusters")
 
 
 class PlacerGroup(click.Group):
