@@ -1,5 +1,5 @@
 """``python -m celeritas_cli`` = ``placer``."""
 
-from .cli import main
+from .cli import run
 
-main()
+run()

@@ -172,7 +172,7 @@ def _libc():
         return None
 
 
-def _flush_c_stdio() -> None:
+def flush_c_stdio() -> None:
     """Flush the C library's stdio buffers (``printf`` output of C extensions)."""
     try:
         _libc().fflush(None)
@@ -196,7 +196,7 @@ def stdout_to_stderr() -> Iterator[None]:
             sys.__stdout__.flush()
         except (AttributeError, ValueError, OSError):
             pass
-        _flush_c_stdio()
+        flush_c_stdio()
         try:
             saved = os.dup(1)
         except OSError:  # fd 1 is closed: nothing of ours to protect
@@ -211,6 +211,6 @@ def stdout_to_stderr() -> Iterator[None]:
         try:
             yield
         finally:
-            _flush_c_stdio()
+            flush_c_stdio()
             os.dup2(saved, 1)
             os.close(saved)

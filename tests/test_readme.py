@@ -31,7 +31,7 @@ from celeritas_cli.model.io import bundled_cluster_names
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 #: Options whose value is a file placer writes.
-OUTPUT_OPTIONS = {"-o", "--output", "--gantt", "--trace", "--plot"}
+OUTPUT_OPTIONS = {"-o", "--output", "--gantt", "--trace", "--plot", "--cluster-out"}
 #: Files of a fresh clone the test directory links to.
 CLONE = ("celeritas_cli", "docs", "examples", "sample_graphs", "schemas", "scripts", "benchmarks", "tests",
          "README.md", "pyproject.toml", "Makefile")

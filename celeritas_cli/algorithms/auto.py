@@ -56,12 +56,15 @@ from .data_parallel import ASSUME_BATCH
                                           "each named one runs, or stderr says why not"),
                   "congestion": congestion_param("congestion rule the simulator judges with"),
                   "quiet": Param(bool, False, "no progress lines on stderr"),
-                  "assume_batch": ASSUME_BATCH},
+                  "assume_batch": ASSUME_BATCH,
+                  "verify": Param(int, 0, "run the N best simulated placements with placer run on the machine the "
+                                          "cluster describes and return the fastest measured (0 = off)",
+                                  min=0, max=20)},
           quick_params={"evaluations": 150, "quiet": True})
 def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
          time_limit: float = DEFAULT_TIME_LIMIT, evaluations: int = 0, algos: str = "",
          congestion: str = DEFAULT_CONGESTION, quiet: bool = False, deadline: float | None = None,
-         assume_batch: int = 0) -> Placement:
+         assume_batch: int = 0, verify: int = 0) -> Placement:
     """Search for the best placement the simulator can confirm (module docstring).
 
     Parameters
@@ -100,6 +103,10 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         graph's own), passed to the members that split the batch.  Without
         a batch (or on a coarse graph, or with fewer samples than devices)
         the data-parallel members are left out, and a line on stderr says why.
+    verify : int
+        Measured in the loop (:mod:`celeritas_cli.optimize.verify`): run the
+        *verify* best simulated placements with ``placer run`` and return the
+        fastest measured; 0 (default) returns the simulated best.
 
     Returns
     -------
@@ -141,6 +148,11 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     why = batch_split_refusal(graph, cluster, assume_batch or None)
     if why is not None and chatty() and not quiet and (names is None or "data-parallel" in names):
         warn(f"auto: data parallelism left out: {why}")
+    runner = None
+    if verify > 0:  # refuse a cluster that is not this machine, or a graph without a model, before searching
+        from ..optimize import verify as measured
+
+        runner = measured.runner_for(graph, cluster, log=warn if chatty() and not quiet else None)
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
                     congestion=congestion, algos=names, log=warn if chatty() and not quiet else None, notice=warn,
                     deadline=deadline, assume_batch=assume_batch or None)
@@ -185,6 +197,13 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
              f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), {spent}")
         warn(f"auto: the plan: {p.estimate['plan']}")
+    if runner is not None:
+        p = measured.choose_measured(p, (id(out.graph), tuple(out.device_of)), search, graph, cluster, verify,
+                                     run=runner, log=warn if chatty() and not quiet else None)
+        if p.estimate.get("verified_choice") not in (None, "auto"):  # another candidate measured faster: its words
+            for key in PIPELINE_FIELDS:
+                p.estimate.details.pop(key, None)
+            p.estimate.details["plan"] = describe_placement(p, graph, cluster)
     return p
 
 

@@ -15,9 +15,10 @@ import click
 
 from .. import __version__
 from ..errors import PlacerError
+from . import common
 from .common import one_line
 
-COMMANDS = ("profile", "coarsen", "place", "simulate", "run", "export", "compare", "clusters")
+COMMANDS = ("profile", "coarsen", "place", "simulate", "run", "export", "calibrate", "compare", "clusters")
 
 
 class PlacerGroup(click.Group):
@@ -75,3 +76,11 @@ def main() -> None:
 
     Only JSON goes to stdout; progress and warnings go to stderr.
     """
+
+
+def run() -> None:
+    """The ``placer`` process (console script, ``python -m celeritas_cli``):
+    :func:`main`, ending the process as soon as a large command's result is
+    written (:func:`~.common.finish`)."""
+    common.FAST_EXIT = True
+    main()

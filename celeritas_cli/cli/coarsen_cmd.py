@@ -15,6 +15,7 @@ from ..model.io import load_graph
 from .common import (
     cluster_option,
     emit,
+    finish,
     get_cluster,
     output_option,
     parse_params,
@@ -109,3 +110,4 @@ def coarsen(graph_path, method, R, M, cluster_path, params, output):
         split = f", {info['split_units']} colocation units split to stay placeable" if info.get("split_units") else ""
         warn(f"placer: cpd R={info['R']}, memory cap {_fmt_bytes(info['M_bytes'])} per cluster{chosen}{split}")
     emit(coarse.to_dict(), output)
+    finish()

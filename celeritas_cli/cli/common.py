@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
 import math
+import os
 import re
 import sys
+import threading
 
 import click
 
+from ..log import flush_c_stdio
 from ..log import stderr_console, warn  # noqa: F401  (re-exported for the commands)
 from ..model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from ..model.io import DEFAULT_CLUSTER, load_cluster
@@ -119,6 +123,45 @@ def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
 def emit(doc: dict, output: str) -> None:
     """Write the JSON document (stdout or atomically to a file)."""
     write_json(doc, output)
+
+
+#: True in the ``placer`` process itself (set by :func:`celeritas_cli.cli.run`): :func:`finish` may end it
+FAST_EXIT = False
+
+
+def finish() -> None:
+    """End the ``placer`` process now: its result is written.
+
+    Called last by the commands that hold a whole graph (place, simulate,
+    coarsen), so the interpreter does not free every node, edge and list of
+    it one by one on the way out - about 0.3 s of CPU on a 200,000-node graph,
+    more on a loaded machine, all after the answer is written, yet part of
+    the command's wall time that ``--time-limit`` is to bound.  Safe: stdout, stderr and the C library's
+    buffers are flushed and the atexit handlers run (what a normal exit does
+    besides freeing memory); output files are already closed (written
+    atomically).  Only in the ``placer`` process (:func:`~celeritas_cli.cli.run`),
+    never when a command runs inside another program (click's CliRunner, a
+    test), and not while another thread runs.
+    """
+    if not FAST_EXIT or threading.active_count() > 1:
+        return
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):  # a closed or broken stream: let the normal exit deal with it
+        return
+    if run_exitfuncs is None:
+        return
+    run_exitfuncs()
+    status = 0
+    try:  # an atexit handler may have written more
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        status = 120  # what CPython's own exit returns when it cannot flush them
+    flush_c_stdio()
+    os._exit(status)
 
 
 def stdin_is_tty() -> bool:

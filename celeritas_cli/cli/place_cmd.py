@@ -21,6 +21,7 @@ from .common import (
     cluster_option,
     congestion_option,
     emit,
+    finish,
     get_cluster,
     max_derived_option,
     output_option,
@@ -135,6 +136,7 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, congestion, 
         with derived_budget(max_derived_nodes):
             _report(graph, cluster, algo, result, costs, congestion or DEFAULT_CONGESTION)
     emit(result.to_dict(timings=timings, embed_derived=embed_derived), output)
+    finish()  # the interpreter need not free the graph node by node: the limit counts until the process ends
 
 
 def _report(graph, cluster, algo: str, result, costs, congestion: str) -> None:

@@ -56,10 +56,11 @@ def _config(pairs: tuple[str, ...]) -> dict:
 @click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
               help="Constructor argument of the model, e.g. --config layers=4 --config seq=32.")
 @click.option("--batch-sizes", metavar="B1,B2,...", default=None,
-              help="Standard Evaluation (Celeritas 4.2.1): capture at these small batches (>= 2) and fit per-node "
-                   "lines; needs --target-batch.")
+              help="Standard Evaluation (Celeritas 4.2.1): capture (with --measure: time) at these batches (>= 2) "
+                   "and fit per-node lines a + b*batch (batch_line: what data parallelism and micro-batching read); "
+                   "the graph is for --target-batch, else --batch-size, else the largest of them.")
 @click.option("--target-batch", type=click.IntRange(min=1), default=None,
-              help="Batch size to extrapolate the graph to.")
+              help="Batch size to extrapolate the graph to (a measured batch keeps its measured values).")
 @click.option("--from-measurements", "measurements", metavar="FILE", default=None,
               help="Standard Evaluation from a placer.measurements/v1 JSON of per-node values at several batch "
                    "sizes (no torch; format: docs/design.md, example: examples/measurements.json).")
@@ -95,6 +96,7 @@ def profile(model, batch_size, phase, precision, config, batch_sizes, target_bat
       placer profile --model transformer -b 64 --precision bf16 -o t_bf16.json
       placer profile --model transformer | placer coarsen - | placer place --algo adjusting
       placer profile --model resnet50 --batch-sizes 2,4,8 --target-batch 512 -o r50_b512.json
+      placer profile --model tensor_holography -b 8 --batch-sizes 4,8 --measure --threads 1 -o th.json
       placer profile --model mypkg.models:build_net --config width=2 -b 64 --phase inference
       placer profile --model examples/tiny_mlp.py:TinyMLP -b 32 -o mlp.json
       placer profile --from-measurements meas.json --target-batch 512 -o big.json

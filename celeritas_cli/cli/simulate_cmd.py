@@ -9,7 +9,7 @@ from ..sim.describe import describe_placement
 from ..sim.memory import RULES as MEMORY_RULES
 from ..sim.simulator import simulate as run_simulation
 from ..transform.size import derived_budget
-from .common import congestion_option, emit, max_derived_option, output_option, placement_cluster
+from .common import congestion_option, emit, finish, max_derived_option, output_option, placement_cluster
 
 
 def render_report(report: dict, plan: str | None = None) -> None:
@@ -140,3 +140,4 @@ def simulate(graph_path, placement_path, cluster_path, congestion, no_congestion
             emit(report, output)
     else:
         emit(report, output)
+    finish()

@@ -4,7 +4,10 @@ Transfer time of ``b`` bytes from device ``a`` to device ``c`` is
 ``latency_s + b / bandwidth_Bps`` of the directed link ``a->c`` (the linear
 fit t = k·d + b of Celeritas 4.2.1 with k = 1/bandwidth); zero on the same
 device.  A pair listed with ``via`` is multi-hop: bandwidth is the minimum
-along the path, latencies add (Moirai III-C).
+along the path, latencies add (Moirai III-C).  ``hosts`` (optional, written
+by ``placer calibrate``) groups devices that share one machine's cores; a
+host's ``contention`` multiplies the node times of its devices
+(:class:`~celeritas_cli.model.costs.CostModel`).
 """
 
 from __future__ import annotations
@@ -44,10 +47,15 @@ class Cluster:
     index: dict[str, int] = field(default_factory=dict)
     #: the file the cluster was read from (None: bundled, built in code, or stdin)
     source: str | None = field(default=None, compare=False)
+    #: per device, the factor its node times are multiplied by because it shares a host's cores with other
+    #: devices (the ``hosts`` field; 1.0 for a device alone): :meth:`~celeritas_cli.model.costs.CostModel.node_row`
+    contention: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.index:
             self.index = {d.id: i for i, d in enumerate(self.devices)}
+        if not self.contention:
+            self.contention = [1.0] * len(self.devices)
 
     @property
     def k(self) -> int:
@@ -218,7 +226,29 @@ class Cluster:
             if not (math.isfinite(bw[a][c]) and math.isfinite(lat[a][c])):
                 raise InvalidInput(f"{label}: link pair {s}->{d}: bandwidth and latency must be finite")
         return cls(name=doc.get("name", "cluster"), devices=devices, bandwidth=bw, latency=lat,
-                   doc=doc, index=index)
+                   doc=doc, index=index, contention=_contention(doc.get("hosts") or [], index, label))
+
+
+def _contention(hosts: list, index: dict[str, int], label: str) -> list[float]:
+    """Per-device contention factors from a cluster's ``hosts`` (a device in no host: 1.0).
+
+    Raises
+    ------
+    InvalidInput
+        A host naming an unknown device, or a device in two hosts.
+    """
+    out = [1.0] * len(index)
+    seen: dict[str, str] = {}
+    for i, host in enumerate(hosts):
+        name = host.get("name", f"#{i}")
+        for did in host["devices"]:
+            if did not in index:
+                raise InvalidInput(f"{label}: host {name} field devices: unknown device '{did}'")
+            if did in seen:
+                raise InvalidInput(f"{label}: device '{did}' is in two hosts ({seen[did]} and {name})")
+            seen[did] = name
+            out[index[did]] = float(host.get("contention", 1.0))
+    return out
 
 
 def uniform(k: int, *, memory: int = 32 * GiB, bandwidth: float = 1.0e10, latency: float = 1.0e-5,

@@ -3,7 +3,10 @@ and the simulator.
 
 A :class:`CostModel` binds a graph to a cluster and answers, in O(1):
 
-* ``time[v][d]`` - node *v*'s compute time on device *d*;
+* ``time[v][d]`` - node *v*'s compute time on device *d* (:meth:`CostModel.node_row`
+  times the device's contention factor: a cluster's ``hosts`` group devices
+  that share one machine's cores, and ``placer calibrate`` fits how much
+  slower a node runs there, ``Cluster.contention``);
 * ``comm(e, a, c)`` - transfer time of edge *e*'s tensor from device *a* to
   device *c* (0 when ``a == c``);
 * ``tensor_comm(t, a, c)`` - the same for a tensor id;
@@ -89,6 +92,9 @@ class CostModel:
         for name in ("fastest_time", "mean_time", "max_time", "_pair_stats", "mean_comms"):
             self.__dict__.pop(name, None)
         self.time: list[list[float]] = [self.node_row(v) for v in range(graph.n)]
+        kappa = self.cluster.contention
+        if any(x != 1.0 for x in kappa):     # devices sharing a host's cores (cluster ``hosts``, placer calibrate)
+            self.time = [[t * x for t, x in zip(row, kappa)] for row in self.time]
 
     def for_graph(self, graph: Graph) -> "CostModel":
         """The same cost rules bound to *graph* (a coarse or split graph

@@ -89,9 +89,12 @@ def read_nodes(nodes: list[dict], label: str) -> NodeColumns:
         else:
             ex = {k: v for k, v in nd.items() if k not in known}
             for k, val in ex.items():
-                check_depth(val, label, f"node '{nid}' field {k}")
+                if isinstance(val, (dict, list)):  # (check_depth's own first test, without a call per field)
+                    check_depth(val, label, f"node '{nid}' field {k}")
             if "resident_bytes" in ex:
-                ex["resident_bytes"] = check_resident(ex["resident_bytes"], memory[-1], f"{label}: node '{nid}'")
+                res = ex["resident_bytes"]
+                if type(res) is not int or not 0 <= res <= memory[-1]:  # else check_resident returns it as is
+                    ex["resident_bytes"] = check_resident(res, memory[-1], f"{label}: node '{nid}'")
             if "pass" in ex and ex["pass"] not in PASSES:
                 raise InvalidInput(f"{label}: node '{nid}' field pass: must be {', '.join(PASSES[:-1])} or "
                                    f"{PASSES[-1]}, got {ex['pass']!r}")

@@ -93,6 +93,8 @@ def standard_evaluation(spec: str, batch_sizes: list[int], target: int, *, phase
     Returns
     -------
     ``(graph_doc, deviation_table or None, how the deviation was obtained)``.
+    Every node carries its ``batch_line``; when *target* is one of the
+    *batch_sizes* its times are the ones captured (measured) there.
     Without ``measure`` the accurate graph is captured directly at *target*
     (fake tensors make that free), so the table is the true Table 5
     deviation; with ``measure`` it is leave-one-out on the largest small batch.
@@ -117,6 +119,15 @@ def standard_evaluation(spec: str, batch_sizes: list[int], target: int, *, phase
     base = docs[0]["name"].rsplit("_b", 1)[0]
     meas = measurements_from_graphs(docs, sizes, name=base)
     est = extrapolate(meas, target)
+    if target in sizes:       # a measured batch keeps its measured values; the lines only scale them
+        at = docs[sizes.index(target)]
+        for nd, got in zip(est["nodes"], at["nodes"]):
+            for key in ("compute_s", "compute_by_type"):
+                if key in got:
+                    nd[key] = got[key]
+        est["name"] = at["name"]
+        if "measured" in (at.get("meta") or {}):
+            est["meta"]["measured"] = at["meta"]["measured"]
     _check_extrapolated(est, f"{spec} extrapolated to batch {target}")
     est["meta"]["source"] = docs[0]["meta"].get("source")
     if not measure:

@@ -64,8 +64,6 @@ class ProfileRequest:
             return "--precision goes with --model"
         if mode == "--from-measurements" and self.target_batch is None:
             return "--from-measurements needs --target-batch"
-        if mode == "--model" and self.batch_sizes is not None and self.target_batch is None:
-            return "--batch-sizes needs --target-batch"
         if mode == "--model" and self.batch_sizes is None and self.target_batch is not None:
             return "--target-batch needs --batch-sizes (or --from-measurements)"
         return None
@@ -120,7 +118,8 @@ def make(req: ProfileRequest, progress: Callable[[str], None] | None = None) -> 
     if req.batch_sizes is not None:
         from . import standard_evaluation
 
-        doc, table, how = standard_evaluation(req.model, req.batch_sizes, req.target_batch, phase=req.phase,
+        target = req.target_batch or req.batch_size or max(req.batch_sizes, default=0)
+        doc, table, how = standard_evaluation(req.model, req.batch_sizes, target, phase=req.phase,
                                               config=req.config, measure=req.measure, threads=req.threads,
                                               progress=say, precision=req.precision)
         return Profiled("graph", doc, table, how)

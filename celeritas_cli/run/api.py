@@ -61,6 +61,7 @@ class Prepared:
     sim_graph: Graph
     tdev: dict[int, str]
     graph_from_file: bool
+    sched: Any = None               # the simulator's Schedule (per-node simulated times for --node-times)
 
 
 def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, label: str = "placement",
@@ -107,7 +108,8 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
     device_of = [cluster.index[placement.assignment[nid]] for nid in step.sm.ids]
     prog = Program(step, device_of, _sequence(step, sim_graph, scheds[0]))
     tdev = default_device_map(cluster, prog.devices, device_map)
-    return Prepared(step=step, prog=prog, sim=sim, sim_graph=sim_graph, tdev=tdev, graph_from_file=graph is not None)
+    return Prepared(step=step, prog=prog, sim=sim, sim_graph=sim_graph, tdev=tdev, graph_from_file=graph is not None,
+                    sched=scheds[0])
 
 
 def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster, *, label: str = "placement",
@@ -115,7 +117,8 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
                   device_map: dict[str, str] | None = None, backend: str = "local", steps: int = 5,
                   warmup: int = 1, seed: int = 0, threads: int | None = None, congestion: str = DEFAULT_CONGESTION,
                   rtol: float = 1.0e-4, atol: float = 1.0e-5, timeout: float = 1800.0,
-                  progress: Callable[[str], None] | None = None, prepared: Prepared | None = None) -> dict:
+                  progress: Callable[[str], None] | None = None, prepared: Prepared | None = None,
+                  node_times: bool = False, launcher: Callable | None = None) -> dict:
     """Execute *placement* of the training step of model *spec* at *batch* and
     compare it with the unplaced step and with the simulator.
 
@@ -137,6 +140,10 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
     timeout : seconds the gloo processes may take in all.
     progress : callable taking one line, for progress on stderr.
     prepared : the result of :func:`prepare` when the caller already has it.
+    node_times : also report every node's and transfer's measured time next to the simulated one
+        (the ``node_times`` section, :mod:`.timing`; what ``placer calibrate`` reads).
+    launcher : starts the gloo ranks (:func:`~celeritas_cli.profile.launch.launch`'s signature); under
+        torchrun the ranks are the torchrun processes (:mod:`.torchrun`).
 
     Returns
     -------
@@ -167,29 +174,46 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
     if isinstance(pre, MBPrepared):
         from .mb_run import run_mb
 
+        if launcher is not None:
+            raise InvalidInput(f"{label}: under torchrun placer run executes plain and data-parallel placements; "
+                               f"run a micro-batched or pipelined plan with --backend gloo")
         n_threads = default_threads(backend, len(pre.devices), threads, pre.sim_graph, cluster)
-        return run_mb(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
-                      threads=n_threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
-                      load=load_average(), seed=seed, progress=progress)
+        report = run_mb(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
+                        threads=n_threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
+                        load=load_average(), seed=seed, progress=progress)
+        if node_times:
+            report["notes"].append("--node-times: per-node times are not recorded for micro-batched or pipelined "
+                                   "plans (plain and data-parallel placements only)")
+        return report
     if not isinstance(pre, Prepared):
         return _run_data_parallel(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
                                   threads=threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
-                                  progress=progress)
+                                  progress=progress, node_times=node_times, launcher=launcher)
     step, prog, tdev = pre.step, pre.prog, pre.tdev
     n_threads = default_threads(backend, len(prog.devices), threads, pre.sim_graph, cluster)
     load = load_average()
     ref, measured, dist_backend = _execute(pre, cluster, backend=backend, steps=steps, warmup=warmup, seed=seed,
-                                           threads=n_threads, timeout=timeout, say=say)
+                                           threads=n_threads, timeout=timeout, say=say, node_times=node_times,
+                                           launcher=launcher)
     numerics = compare(measured["loss"], measured["params"], ref, rtol=rtol, atol=atol)
     counts = {d: prog.device_of.count(d) for d in prog.devices}
-    return build_report(step=step, counts=counts, placement=placement, label=label, cluster=cluster, sim=pre.sim,
-                        sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=tdev, backend=backend,
-                        dist_backend=dist_backend, threads=n_threads, steps=steps, warmup=warmup,
-                        numerics=numerics, measured=measured, congestion=congestion, load=load)
+    report = build_report(step=step, counts=counts, placement=placement, label=label, cluster=cluster, sim=pre.sim,
+                          sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=tdev, backend=backend,
+                          dist_backend=dist_backend, threads=n_threads, steps=steps, warmup=warmup,
+                          numerics=numerics, measured=measured, congestion=congestion, load=load)
+    if node_times:
+        from .timing import placement_doc, section
+
+        info = {t.index: (prog.tensor_name(t), t.src, t.dst, t.nbytes) for t in prog.transfers}
+        report["node_times"] = section(measured["timing"], node_id=lambda v, d: step.sm.ids[v],
+                                       device_id=lambda d: cluster.ids[d], batch=step.batch, transfers=info,
+                                       sched=pre.sched, sim_graph=pre.sim_graph)
+        report["node_times"]["placement"] = placement_doc(placement)
+    return report
 
 
 def _execute(pre: Prepared, cluster: Cluster, *, backend: str, steps: int, warmup: int, seed: int, threads: int,
-             timeout: float, say: Callable[[str], None]):
+             timeout: float, say: Callable[[str], None], node_times: bool = False, launcher=None):
     """Run the unplaced reference step, then the placed step (one process, or one per device);
     returns ``(reference, measured, dist_backend or None)``.  torch's thread count is restored after."""
     import torch
@@ -207,19 +231,20 @@ def _execute(pre: Prepared, cluster: Cluster, *, backend: str, steps: int, warmu
         if backend == "local":
             say(f"running {len(prog.sequence)} nodes on {where} in one process: 1 checked step, "
                 f"{warmup - 1} more warm-up, {steps} timed")
-            return ref, _run_local(prog, tdev, ref.rng_states, steps, warmup), None
+            return ref, _run_local(prog, tdev, ref.rng_states, steps, warmup, node_times), None
         from .dist import run_processes
 
-        job = dist_job(pre, ref.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout)
+        job = dist_job(pre, ref.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout,
+                       node_times=node_times)
         say(f"starting {len(used)} processes ({job['dist_backend']}: {where}; {threads} thread(s) each): "
             f"1 checked step, {warmup - 1} more warm-up, {steps} timed")
-        return ref, _merge_ranks(run_processes(job, timeout=timeout)), job["dist_backend"]
+        return ref, _merge_ranks(run_processes(job, timeout=timeout, launcher=launcher)), job["dist_backend"]
     finally:
         torch.set_num_threads(saved_threads)
 
 
 def _run_data_parallel(pre, placement, cluster, *, label, backend, steps, warmup, threads, timeout, rtol, atol,
-                       congestion, progress) -> dict:
+                       congestion, progress, node_times=False, launcher=None) -> dict:
     from .data_parallel import run_dp
     from .report import load_average
 
@@ -228,14 +253,15 @@ def _run_data_parallel(pre, placement, cluster, *, label, backend, steps, warmup
     n_threads = default_threads("gloo", pre.k, threads, pre.sim_graph, cluster)
     report = run_dp(pre, placement, cluster, label=label, steps=steps, warmup=warmup, threads=n_threads,
                     timeout=timeout, rtol=rtol, atol=atol, congestion=congestion, load=load_average(),
-                    progress=progress)
+                    progress=progress, node_times=node_times, launcher=launcher)
     report["batch_size"] = pre.global_batch if pre.scaling == "strong" else pre.replica_batch
     report["data_parallel"] = {"replicas": pre.k, "scaling": pre.scaling, "replica_batch": pre.replica_batch,
                                "global_batch": pre.global_batch}
     return report
 
 
-def dist_job(pre: Prepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float) -> dict:
+def dist_job(pre: Prepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float,
+             node_times: bool = False) -> dict:
     """What every rank of ``--backend gloo`` needs (:func:`celeritas_cli.run.dist.rank_main`): the
     model to capture, the placement as device and sequence lists, the torch device of each rank,
     the generator states to replay.  NCCL when every device is a distinct GPU, else gloo."""
@@ -245,14 +271,17 @@ def dist_job(pre: Prepared, rng_states: dict, *, steps: int, warmup: int, thread
     return {"spec": step.spec, "batch": step.batch, "config": step.config, "seed": step.seed, "ids": step.sm.ids,
             "device_of": prog.device_of, "sequence": prog.sequence, "ranks": used, "torch_devices": tdev,
             "dist_backend": backend, "rng_states": rng_states, "steps": steps, "warmup": warmup, "threads": threads,
-            "timeout": timeout}
+            "timeout": timeout, "node_times": node_times}
 
 
-def _run_local(prog, tdev: dict[int, str], rng_states: dict, steps: int, warmup: int) -> dict:
+def _run_local(prog, tdev: dict[int, str], rng_states: dict, steps: int, warmup: int,
+               node_times: bool = False) -> dict:
     from .executor import LocalChannel, Runner
+    from .timing import host, record
 
     channel = LocalChannel(tdev)
-    runner = Runner(prog, tdev, prog.devices, channel, rng_states=rng_states)
+    runner = Runner(prog, tdev, prog.devices, channel, rng_states=rng_states, node_times=node_times)
+    timing: list[dict] = []
     first = runner.step()
     params = {p: t.detach().cpu() for p, t in runner.params().items()}
     link = {k: list(v) for k, v in channel.link.items()}
@@ -268,12 +297,14 @@ def _run_local(prog, tdev: dict[int, str], rng_states: dict, steps: int, warmup:
                 cpu[d].append(res["cpu"][d])
             for k, row in channel.link.items():
                 link_s.setdefault(k, []).append(row[2])
+            if node_times:
+                timing.append(record(res))
     for k, row in link.items():
         secs = link_s.get(k)
         row[2] = statistics.median(secs) if secs and all(s is not None for s in secs) else None
     return {"loss": first["loss"].detach().cpu(), "params": params, "walls": walls,
             "busy": {d: statistics.median(b) for d, b in busy.items()}, "cpu": {d: _median(c) for d, c in cpu.items()},
-            "link": link}
+            "link": link, "timing": [{"device": None, "host": host(), "timing": timing}]}
 
 
 def _median(values: list) -> float | None:
@@ -293,4 +324,5 @@ def _merge_ranks(results: list[dict]) -> dict:
     busy = {r["device"]: statistics.median(r["busy"]) for r in results}
     cpu = {r["device"]: _median(r["cpu"]) for r in results}
     return {"loss": loss, "params": params, "walls": walls, "busy": busy, "cpu": cpu, "link": link,
-            "rank_walls": {r["device"]: r["walls"] for r in results}}
+            "rank_walls": {r["device"]: r["walls"] for r in results},
+            "timing": [{"device": r["device"], "host": r.get("host"), "timing": r.get("timing", [])} for r in results]}

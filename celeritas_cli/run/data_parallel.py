@@ -8,8 +8,11 @@ batch (rows ``r*b .. (r+1)*b`` of the inputs and target), every node on its
 device in the simulated order of replica 0 (all ranks follow one order, so
 they start their collectives in the same order).  As soon as a gradient's
 producer has run, its all-reduce starts (``async_op``, the simulator's ring
-starts when the gradient is ready); the update waits for it and divides by
-k.  The algorithm of the all-reduce is the backend's (gloo, or NCCL with one
+starts when the gradient is ready); a gradient that the placement's
+derivation puts in a DDP bucket (``bucket_mb``) waits for the bucket's last
+gradient, and the flattened bucket is all-reduced once, as DDP and the
+simulated graph do.  The update waits for its all-reduce and divides by k.
+The algorithm of the all-reduce is the backend's (gloo, or NCCL with one
 GPU per replica), so the bytes it puts on each link are not known: the
 report gives the simulated ring's next to ``null``.
 
@@ -30,7 +33,8 @@ pass, local BatchNorm statistics).
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidInput
@@ -75,6 +79,8 @@ class DPPrepared:
     sim_graph: Any
     tdev: dict[int, str]
     graph_from_file: bool
+    sched: Any = None               # the simulator's Schedule of the data-parallel graph
+    buckets: list = field(default_factory=list)     # DDP buckets: gradient tensor names (dp_buckets)
 
 
 def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label: str, config: dict | None,
@@ -131,7 +137,27 @@ def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label
     tdev = default_device_map(cluster, sorted(devices), device_map)
     return DPPrepared(step=rstep, k=k, scaling=scaling, replica_batch=b, global_batch=total, shards=shards,
                       devices=devices, sequence=order, sim=sim, sim_graph=sim_graph, tdev=tdev,
-                      graph_from_file=graph is not None)
+                      graph_from_file=graph is not None, sched=scheds[0], buckets=dp_buckets(dgraph))
+
+
+def dp_buckets(dgraph) -> list[list[str]]:
+    """The DDP buckets of a data-parallel graph (:mod:`~celeritas_cli.transform.allreduce`): per bucket
+    of two or more gradients, their tensor names in bucket order (gradients reduced alone are left out).
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("d", [{"id": "b0", "compute_s": 0, "memory_bytes": 0, "replica": 0,
+    ...                  "allreduce": {"bucket": 0, "phase": "bucket", "of": ["x", "y"], "tensor": ["x:0", "y:0"]}}],
+    ...           [])
+    >>> dp_buckets(g)
+    [['x:0', 'y:0']]
+    """
+    found = []
+    for v in range(dgraph.n):
+        extra = dgraph.node_extra[v] or {}
+        info = extra.get("allreduce")
+        if isinstance(info, dict) and info.get("phase") == "bucket" and extra.get("replica") == 0:
+            found.append((int(info["bucket"]), list(info["tensor"])))
+    return [names for _, names in sorted(found)]
 
 
 def _rows(tensors: list, r: int, b: int, total: int, spec: str) -> list:
@@ -145,34 +171,98 @@ def _rows(tensors: list, r: int, b: int, total: int, spec: str) -> list:
 
 
 class GradAllReduce:
-    """Starts each gradient's all-reduce once its producer has run; hands the average to the update."""
+    """Starts each gradient's all-reduce once its producer has run, or - with *buckets* (the
+    simulated placement's DDP buckets, :func:`dp_buckets`) - one all-reduce of the flattened
+    bucket once its last gradient is ready, as DDP does; hands the average to the update."""
 
-    def __init__(self, prog, k: int, stage_cpu: bool):
+    def __init__(self, prog, k: int, stage_cpu: bool, buckets: list[list[str]] | None = None):
         self.prog, self.k, self.stage = prog, k, stage_cpu
+        sm = prog.sm
         self.by_producer: dict[int, list[int]] = {}
-        for v in prog.sm.opt_param:
-            src = prog.sm.src.get(prog.sm.grad_fx[v], ("const",))
+        name_of: dict[str, int] = {}
+        for v in sm.opt_param:
+            src = sm.src.get(sm.grad_fx[v], ("const",))
             if src[0] == "node":
                 self.by_producer.setdefault(src[1], []).append(v)
+                name_of[f"{sm.ids[src[1]]}:{src[2]}"] = sm.opt_param[v]
+        self.members: list[list[int]] = []
+        self.bucket_of: dict[int, int] = {}
+        for names in buckets or []:
+            ps = [name_of[x] for x in names if x in name_of]
+            if len(ps) > 1:
+                for p in ps:
+                    self.bucket_of[p] = len(self.members)
+                self.members.append(ps)
         self.pending: dict[int, tuple] = {}
+        self.ready: dict[int, dict[int, object]] = {}          # bucket -> its gradients ready so far
+        self.reduced: dict[int, list] = {}                     # bucket -> [averaged flat buffer, updates left]
         self.bytes = 0
+        #: ("allreduce", gradient or bucket, bytes, started, wait start, wait end, done before the wait) per
+        #: all-reduce, perf_counter stamps (``placer run --node-times``, :mod:`.timing`); see :meth:`take_events`
+        self.events: list[tuple] = []
+        self.started: dict[object, float] = {}
 
-    def _start(self, grad):
+    def _start(self, grad, key):
         import torch.distributed as dist
 
         buf = grad.detach().to("cpu" if self.stage else grad.device, copy=True).contiguous()
         self.bytes += buf.numel() * buf.element_size()
+        self.started[key] = time.perf_counter()
         return dist.all_reduce(buf, async_op=True), buf
 
     def on_node(self, v: int, d: int, runner) -> None:
+        import torch
+
         for u in self.by_producer.get(v, ()):
-            self.pending[runner.sm.opt_param[u]] = self._start(runner.value(runner.sm.grad_fx[u], d))
+            p = runner.sm.opt_param[u]
+            grad = runner.value(runner.sm.grad_fx[u], d)
+            b = self.bucket_of.get(p)
+            if b is None:
+                self.pending[p] = self._start(grad, p)
+                continue
+            got = self.ready.setdefault(b, {})
+            got[p] = grad
+            if len(got) == len(self.members[b]):
+                flat = torch.cat([got[q].detach().reshape(-1) for q in self.members[b]])
+                self.pending[("bucket", b)] = self._start(flat, ("bucket", b))
+                del self.ready[b]
+
+    def _wait(self, key, grad=None):
+        work, buf = self.pending.pop(key) if key in self.pending else self._start(grad, key)
+        t0 = time.perf_counter()
+        done = work.is_completed() if hasattr(work, "is_completed") else None
+        work.wait()
+        name = f"bucket{key[1]}" if isinstance(key, tuple) else self.prog.sm.state_names[key]
+        self.events.append(("allreduce", name, buf.numel() * buf.element_size(), self.started.pop(key, t0), t0,
+                            time.perf_counter(), done))
+        return buf.div_(self.k)
 
     def hook(self, p: int, grad):
-        work, buf = self.pending.pop(p) if p in self.pending else self._start(grad)
-        work.wait()
-        buf.div_(self.k)
+        b = self.bucket_of.get(p)
+        if b is None:
+            buf = self._wait(p, grad)
+        else:
+            if b not in self.reduced:
+                if ("bucket", b) not in self.pending:
+                    raise RuntimeError(f"the update of {self.prog.sm.state_names[p]} runs before its all-reduce "
+                                       f"bucket {b} is complete (order bug)")
+                self.reduced[b] = [self._wait(("bucket", b)), len(self.members[b])]
+            flat, left = self.reduced[b]
+            off = 0
+            for q in self.members[b]:
+                if q == p:
+                    break
+                off += self.prog.step.state[q].numel()
+            buf = flat[off:off + grad.numel()].view(grad.shape)
+            if left == 1:
+                del self.reduced[b]
+            else:
+                self.reduced[b][1] = left - 1
         return buf.to(grad.device) if self.stage else buf
+
+    def take_events(self) -> list[tuple]:
+        out, self.events = self.events, []
+        return out
 
 
 def dp_rank_main(rank: int, job: dict) -> dict:
@@ -192,19 +282,23 @@ def dp_rank_main(rank: int, job: dict) -> dict:
     me = job["ranks"][rank]
     dev = torch.device(job["torch_devices"][me])
     prog = Program(step, [me] * len(step.sm.ids), job["sequence"])
-    ar = GradAllReduce(prog, len(job["ranks"]), stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda")
+    ar = GradAllReduce(prog, len(job["ranks"]), stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda",
+                       buckets=job.get("buckets"))
+    timed = bool(job.get("node_times"))
     runner = Runner(prog, {me: dev}, [me], LocalChannel({me: dev}), rng_states=job["rng_states"][rank],
-                    grad_hook=ar.hook, node_hook=ar.on_node)
+                    grad_hook=ar.hook, node_hook=ar.on_node, node_times=timed)
     first = runner.step()
     out: dict[str, Any] = {"rank": rank, "device": me, "loss": first["loss"].detach().cpu(),
                            "params": {p: t.detach().cpu() for p, t in runner.params().items()},
                            "allreduce_bytes": ar.bytes}
-    out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=dist.barrier))
+    out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=dist.barrier,
+                           events=ar.take_events))
     return out
 
 
 def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmup: int, threads: int,
-           timeout: float, rtol: float, atol: float, congestion: str, load, progress=None) -> dict:
+           timeout: float, rtol: float, atol: float, congestion: str, load, progress=None,
+           node_times: bool = False, launcher=None) -> dict:
     """Reference (per-shard unplaced steps, gradients averaged, Adam), the replicas, the report."""
     import torch
 
@@ -237,10 +331,11 @@ def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmu
            "ids": pre.step.sm.ids, "sequence": pre.sequence, "ranks": ranks, "torch_devices": pre.tdev,
            "rank_devices": {r: pre.tdev[d] for r, d in enumerate(ranks)}, "dist_backend": backend,
            "rng_states": states, "shards": pre.shards, "steps": steps, "warmup": warmup, "threads": threads,
-           "timeout": timeout}
+           "timeout": timeout, "node_times": node_times, "buckets": pre.buckets}
     say(f"starting {pre.k} replicas ({backend}, batch {pre.replica_batch} each, {threads} thread(s)): 1 checked "
         f"step, {warmup - 1} more warm-up, {steps} timed")
-    results = launch("celeritas_cli.run.data_parallel", job, pre.k, timeout=timeout, what="placer run")
+    results = (launcher or launch)("celeritas_cli.run.data_parallel", job, pre.k, timeout=timeout,
+                                   what="placer run")
     loss = sum(float(r["loss"]) for r in results) / pre.k
     spread = max((float((r["params"][p] - results[0]["params"][p]).abs().max()) for r in results[1:]
                   for p in results[0]["params"]), default=0.0)
@@ -259,11 +354,23 @@ def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmu
              f"{results[0]['allreduce_bytes']} gradient bytes per replica reduced; bytes per link are the "
              f"simulated ring's only"]
     counts = {d: len(pre.step.sm.ids) for d in sorted(ranks)}
-    return build_report(step=pre.step, counts=counts, placement=placement, label=label, cluster=cluster,
-                        sim=pre.sim, sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=pre.tdev,
-                        backend="gloo", dist_backend=backend, threads=threads, steps=steps, warmup=warmup,
-                        numerics=numerics, measured=measured, congestion=congestion, load=load,
-                        extra_notes=notes)
+    report = build_report(step=pre.step, counts=counts, placement=placement, label=label, cluster=cluster,
+                          sim=pre.sim, sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=pre.tdev,
+                          backend="gloo", dist_backend=backend, threads=threads, steps=steps, warmup=warmup,
+                          numerics=numerics, measured=measured, congestion=congestion, load=load,
+                          extra_notes=notes)
+    if node_times:
+        from .timing import placement_doc, section
+
+        rep_of = {d: r for r, d in enumerate(ranks)}
+        ids = pre.step.sm.ids
+        report["node_times"] = section([{"device": r["device"], "host": r.get("host"), "timing": r.get("timing", [])}
+                                        for r in results],
+                                       node_id=lambda v, d: f"{ids[v]}/rep{rep_of[d]}",
+                                       device_id=lambda d: cluster.ids[d], batch=pre.replica_batch,
+                                       sched=pre.sched, sim_graph=pre.sched.graph if pre.sched else None)
+        report["node_times"]["placement"] = placement_doc(placement)
+    return report
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ step) has.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from ..errors import InvalidInput
@@ -116,6 +117,9 @@ class DistChannel:
         self.posted: dict[int, tuple] = {}
         self.next = {src: 0 for src in self.incoming}
         self.sent: list[tuple] = []
+        #: ("send", transfer, posted at) and ("recv", transfer, wait start, wait end, arrived before the wait),
+        #: perf_counter stamps (``placer run --node-times``, :mod:`.timing`)
+        self.events: list[tuple] = []
 
     def _post(self, ti: int) -> None:
         t = self.prog.transfers[ti]
@@ -137,13 +141,17 @@ class DistChannel:
             self._post(lst[self.next[t.src]])
             self.next[t.src] += 1
         work, buf = self.posted.pop(t.index)
+        t0 = time.perf_counter()
+        done = _completed(work)
         work.wait()
+        self.events.append(("recv", t.index, t0, time.perf_counter(), done))
         return buf.to(self.device) if self.stage else buf
 
     def send(self, t, value) -> None:
         wire = wire_view(value, t.meta)
         if self.stage:
             wire = wire.cpu()
+        self.events.append(("send", t.index, time.perf_counter()))
         work = self.peers.send(wire, self.rank_of[t.dst], t.index)
         self.sent.append((work, wire))
         row = self.link.setdefault((t.src, t.dst), [0, 0])
@@ -156,21 +164,44 @@ class DistChannel:
         self.sent = []
 
 
+def _completed(work) -> bool | None:
+    """Whether a receive had arrived before it was waited for (``None``: the backend does not say)."""
+    try:
+        return bool(work.is_completed())
+    except (AttributeError, RuntimeError):
+        return None
+
+
 # ------------------------------------------------------------------ ranks
-def timed_steps(runner, me: int, *, warmup: int, steps: int, barrier: Callable[[], None]) -> dict:
+def timed_steps(runner, me: int, *, warmup: int, steps: int, barrier: Callable[[], None],
+                events: Callable[[], list] | None = None) -> dict:
     """The loop every rank runs after its first (checked) step - here and in
     :mod:`.data_parallel`: ``warmup - 1`` more warm-up steps, then *steps*
     timed ones, each after *barrier* (the ranks start every step together).
     Returns ``{"walls": [...], "busy": [...], "cpu": [...]}`` of the timed
-    steps on device *me* (wall, busy and CPU seconds per step)."""
-    out: dict[str, list] = {"walls": [], "busy": [], "cpu": []}
+    steps on device *me* (wall, busy and CPU seconds per step); with the
+    runner's ``node_times`` also ``host`` and ``timing`` (one
+    :func:`.timing.record` per timed step, with the events *events* returns:
+    data parallelism's all-reduces)."""
+    out: dict[str, Any] = {"walls": [], "busy": [], "cpu": []}
+    timed = getattr(runner, "node_times", False)
+    if timed:
+        from .timing import host
+
+        out.update(host=host(), timing=[])
     for i in range(warmup - 1 + steps):
         barrier()
+        if events is not None:
+            events()                                  # drop the previous step's
         res = runner.step()
         if i >= warmup - 1:
             out["walls"].append(res["wall_s"])
             out["busy"].append(res["busy"][me])
             out["cpu"].append(res["cpu"][me])
+            if timed:
+                from .timing import record
+
+                out["timing"].append(record(res, events() if events is not None else ()))
     return out
 
 
@@ -199,7 +230,8 @@ def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
     rank_of = {d: r for r, d in enumerate(job["ranks"])}
     channel = DistChannel(prog, peers or Peers(), rank_of, me, dev, prepost=job["dist_backend"] == "gloo",
                           stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda")
-    runner = Runner(prog, {me: dev}, [me], channel, rng_states=job["rng_states"], adam=job.get("adam"))
+    runner = Runner(prog, {me: dev}, [me], channel, rng_states=job["rng_states"], adam=job.get("adam"),
+                    node_times=bool(job.get("node_times")))
     first = runner.step()
     loss = first["loss"]
     out: dict[str, Any] = {"rank": rank, "device": me,
@@ -210,10 +242,12 @@ def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
     return out
 
 
-def run_processes(job: dict, *, timeout: float) -> list[dict]:
-    """One process per rank of *job* (:func:`rank_main`); their results by rank."""
+def run_processes(job: dict, *, timeout: float, launcher=None) -> list[dict]:
+    """One process per rank of *job* (:func:`rank_main`); their results by rank.  *launcher* has
+    :func:`~celeritas_cli.profile.launch.launch`'s signature (default: it; under torchrun the
+    processes already run: :mod:`.torchrun`)."""
     job = dict(job, rank_devices={r: job["torch_devices"][d] for r, d in enumerate(job["ranks"])})
-    return launch("celeritas_cli.run.dist", job, len(job["ranks"]), timeout=timeout, what="placer run")
+    return (launcher or launch)("celeritas_cli.run.dist", job, len(job["ranks"]), timeout=timeout, what="placer run")
 
 
 if __name__ == "__main__":

@@ -61,14 +61,18 @@ class Timer:
     """Busy time per device: wall time (perf_counter) and process CPU time
     (process_time) on CPU devices, CUDA events on GPUs (read at :meth:`totals`).
     On a loaded machine the CPU time is the busy time a device would have had
-    alone; the wall time includes waiting for a CPU."""
+    alone; the wall time includes waiting for a CPU.  With *per_node*, every
+    node's wall time and the CPU time of the thread that ran it (``time.thread_time``:
+    without the backend's threads) are kept too (:meth:`node_rows`, ``placer run --node-times``)."""
 
-    def __init__(self, torch_devices: dict[int, Any]):
+    def __init__(self, torch_devices: dict[int, Any], per_node: bool = False):
         self.devs = torch_devices
         self.wall: dict[int, float] = {d: 0.0 for d in torch_devices}
         self.cpu: dict[int, float | None] = {d: (None if dev.type == "cuda" else 0.0)
                                              for d, dev in torch_devices.items()}
         self.events: dict[int, list] = {d: [] for d in torch_devices}
+        self.per_node = per_node
+        self.nodes: list[list] = []          # [v, d, host start (perf_counter), wall s or (event, event), cpu s]
 
     def start(self, d: int):
         dev = self.devs[d]
@@ -77,20 +81,26 @@ class Timer:
 
             ev = torch.cuda.Event(enable_timing=True)
             ev.record(torch.cuda.current_stream(dev))
-            return ev
-        return time.perf_counter(), time.process_time()
+            return ev, time.perf_counter()
+        return time.perf_counter(), time.process_time(), time.thread_time()
 
-    def stop(self, d: int, mark) -> None:
+    def stop(self, d: int, mark, v: int = -1) -> None:
         dev = self.devs[d]
         if dev.type == "cuda":
             import torch
 
             ev = torch.cuda.Event(enable_timing=True)
             ev.record(torch.cuda.current_stream(dev))
-            self.events[d].append((mark, ev))
+            self.events[d].append((mark[0], ev))
+            if self.per_node:
+                self.nodes.append([v, d, mark[1], (mark[0], ev), None])
         else:
-            self.wall[d] += time.perf_counter() - mark[0]
-            self.cpu[d] += time.process_time() - mark[1]
+            wall = time.perf_counter() - mark[0]
+            cpu = time.process_time() - mark[1]
+            self.wall[d] += wall
+            self.cpu[d] += cpu
+            if self.per_node:   # the node's thread: excludes the backend's threads (an all-reduce) and CPU waits
+                self.nodes.append([v, d, mark[0], wall, time.thread_time() - mark[2]])
 
     def totals(self) -> dict[int, float]:
         """Wall (GPU: event) busy seconds per device."""
@@ -100,6 +110,16 @@ class Timer:
                 b.synchronize()
                 out[d] += a.elapsed_time(b) / 1000.0
         return out
+
+    def node_rows(self, origin: float) -> list[tuple]:
+        """``(node, device, start_s, wall_s, cpu_s or None)`` per node run, start relative to *origin*."""
+        rows = []
+        for v, d, t0, wall, cpu in self.nodes:
+            if isinstance(wall, tuple):
+                wall[1].synchronize()
+                wall = wall[0].elapsed_time(wall[1]) / 1000.0
+            rows.append((v, d, t0 - origin, wall, cpu))
+        return rows
 
 
 def stand_in(meta, device):
@@ -133,10 +153,12 @@ class Runner:
     node_hook : ``hook(node, device, runner)`` called after each node (and its sends): the seams of
         data parallelism (:mod:`.data_parallel`: start a gradient's all-reduce when its producer
         has run, wait for it before the update).
+    node_times : keep every node's time and the channel's transfer events in each step's result
+        (``placer run --node-times``, :mod:`.timing`).
     """
 
     def __init__(self, prog, torch_devices: dict[int, Any], mine, channel, rng_states: dict | None = None,
-                 adam: dict | None = None, grad_hook=None, node_hook=None):
+                 adam: dict | None = None, grad_hook=None, node_hook=None, node_times: bool = False):
         import torch
 
         self.prog, self.sm, self.channel = prog, prog.sm, channel
@@ -148,6 +170,7 @@ class Runner:
         self.adam = dict(ADAM, **(adam or {}))
         self.grad_hook = grad_hook
         self.node_hook = node_hook
+        self.node_times = node_times
         step = prog.step
         self.gm = step.tr.gm
         self.state: dict[int, Any] = {}                   # state index -> tensor on its home device
@@ -258,10 +281,14 @@ class Runner:
     # -------------------------------------------------------------- step
     def step(self) -> dict:
         """Run one step; return ``{"loss", "busy", "cpu", "wall_s"}`` (busy and CPU
-        seconds per device; loss ``None`` when the loss node is on another process)."""
+        seconds per device; loss ``None`` when the loss node is on another process); with
+        ``node_times`` also ``"t_start"`` (perf_counter), ``"cpu_step"`` (this thread's CPU time in the
+        step), ``"nodes"`` (:meth:`Timer.node_rows`) and ``"events"`` (the channel's transfer events,
+        :mod:`.timing`)."""
         prog = self.prog
-        timer = Timer(self.devs)
+        timer = Timer(self.devs, per_node=self.node_times)
         t_start = time.perf_counter()
+        c_start = time.thread_time()
         self.channel.begin()
         for v in self.seq:
             d = prog.device_of[v]
@@ -271,7 +298,7 @@ class Runner:
                     self.env[d][t.key] = self.channel.fetch(t)
             mark = timer.start(d)
             self.run_node(v, d)
-            timer.stop(d, mark)
+            timer.stop(d, mark, v)
             for ti in prog.sends[v]:
                 t = prog.transfers[ti]
                 self.channel.send(t, self.send_value(t))
@@ -288,7 +315,11 @@ class Runner:
         self.pending = {}
         for d in self.mine:
             self.env[d].clear()
-        return {"loss": loss, "busy": timer.totals(), "cpu": dict(timer.cpu), "wall_s": wall}
+        out = {"loss": loss, "busy": timer.totals(), "cpu": dict(timer.cpu), "wall_s": wall}
+        if self.node_times:
+            out.update(t_start=t_start, cpu_step=time.thread_time() - c_start, nodes=timer.node_rows(t_start),
+                       events=list(getattr(self.channel, "events", ())))
+        return out
 
     def params(self) -> dict[int, Any]:
         """Current value of every parameter updated on this process's devices."""
@@ -306,9 +337,11 @@ class LocalChannel:
         self.devs = {d: torch.device(x) for d, x in torch_devices.items()}
         self.copies: dict[int, Any] = {}
         self.link: dict[tuple[int, int], list] = {}       # (src, dst) -> [bytes, transfers, seconds]
+        self.events: list[tuple] = []                      # ("copy", transfer, t0, t1) of timed copies
 
     def begin(self) -> None:
         self.copies = {}
+        self.events = []
 
     def send(self, t, value) -> None:
         dst = self.devs[t.dst]
@@ -322,7 +355,9 @@ class LocalChannel:
         row[0] += copy.numel() * copy.element_size()
         row[1] += 1
         if timed:
-            row[2] += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            row[2] += t1 - t0
+            self.events.append(("copy", t.index, t0, t1))
         self.copies[t.index] = copy
 
     def fetch(self, t):

@@ -85,3 +85,32 @@ def test_unknown_cluster_names_list_the_bundled_ones():
         load_cluster("9xB200")
     r = run(["place", str(SAMPLES / "layered_60.json"), "--algo", "random", "-c", "9xB200"])
     assert r.exit_code == 1 and "bundled: " in r.stderr and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------- hosts (placer calibrate)
+def _hosts_cluster(hosts):
+    return {"schema": "placer.cluster/v1", "name": "h",
+            "devices": [{"id": i, "type": "cpu", "memory_bytes": 10} for i in ("a", "b", "c")],
+            "links": {"default": {"bandwidth_Bps": 100.0, "latency_s": 0.0}}, "hosts": hosts}
+
+
+def test_host_contention_multiplies_node_times_of_its_devices_only():
+    from celeritas_cli.model.costs import cost_model
+    from celeritas_cli.model.graph import build
+
+    c = Cluster.from_dict(_hosts_cluster([{"name": "m", "devices": ["a", "b"], "contention": 1.25}]))
+    g = build("x", [{"id": "n", "compute_s": 2.0, "memory_bytes": 0}], [])
+    assert c.contention == [1.25, 1.25, 1.0] and cost_model(g, c).time == [[2.5, 2.5, 2.0]]
+    p = place(g, c, "single-device")
+    assert simulate(g, c, p)["makespan_s"] == [2.5, 2.5, 2.0][c.index[p.assignment["n"]]]
+    assert Cluster.from_dict(_hosts_cluster([])).contention == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("hosts, message", [
+    ([{"devices": ["a", "z"]}], "host #0 field devices: unknown device 'z'"),
+    ([{"name": "m", "devices": ["a"]}, {"name": "n", "devices": ["a"]}], "device 'a' is in two hosts (m and n)"),
+    ([{"devices": ["a"], "contention": 0.5}], "contention"),
+])
+def test_bad_hosts_are_refused_in_one_line(hosts, message):
+    with pytest.raises(InvalidInput, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Cluster.from_dict(_hosts_cluster(hosts), "c.json")

@@ -231,3 +231,19 @@ def test_cli_model_module_attr_and_errors():
     assert r.exit_code == 1 and "unknown model" in r.output
     r = CliRunner().invoke(main, ["profile", "--model", "json:nothing_here", "-b", "2"])
     assert r.exit_code == 1 and "no attribute" in r.output
+
+
+def test_batch_sizes_without_a_target_give_the_graph_at_the_batch_with_its_lines():
+    """`profile -b 4 --batch-sizes 2,4`: the nodes keep the values captured at 4 and carry the lines
+    through 2 and 4 that data parallelism and micro-batching read (batch_line)."""
+    from celeritas_cli.profile.request import ProfileRequest, make
+
+    doc = make(ProfileRequest(model=SPEC, batch_size=4, batch_sizes=[2, 4])).doc
+    at2, at4 = by_id(profile_model(SPEC, 2)), by_id(profile_model(SPEC, 4))
+    assert doc["meta"]["batch_size"] == 4
+    for nd in doc["nodes"]:
+        assert nd["compute_s"] == at4[nd["id"]]["compute_s"]
+        a, b = nd["batch_line"]["compute_s"]
+        assert nd["batch_line"]["batch"] == 4
+        assert a + 2 * b == pytest.approx(at2[nd["id"]]["compute_s"], rel=1e-9, abs=1e-15)
+    assert make(ProfileRequest(model=SPEC, batch_sizes=[2, 4])).doc["meta"]["batch_size"] == 4

@@ -229,9 +229,9 @@ class ThreadPeers:
         self.pg.barrier().wait()
 
 
-def run_ranks_in_threads(pre, ref, steps=1):
+def run_ranks_in_threads(pre, ref, steps=1, **job_kw):
     """Run every rank of ``--backend gloo`` as a thread with its own gloo process group."""
-    job = api.dist_job(pre, ref.rng_states, steps=steps, warmup=1, threads=1, timeout=60)
+    job = api.dist_job(pre, ref.rng_states, steps=steps, warmup=1, threads=1, timeout=60, **job_kw)
     n = len(job["ranks"])
     store = dist.HashStore()
     out, errors = [None] * n, []
