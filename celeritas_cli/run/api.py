@@ -191,6 +191,7 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
         if node_times:
             report["notes"].append("--node-times: per-node times are not recorded for micro-batched or pipelined "
                                    "plans (plain and data-parallel placements only)")
+        report["plan"] = "micro-batched"
         return report
     from .fsdp_run import FSDPPrepared
 
@@ -214,6 +215,7 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
                           sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=tdev, backend=backend,
                           dist_backend=dist_backend, threads=n_threads, steps=steps, warmup=warmup,
                           numerics=numerics, measured=measured, congestion=congestion, load=load)
+    report["plan"] = "placement"
     if node_times:
         from .timing import placement_doc, section
 
@@ -268,6 +270,7 @@ def _run_data_parallel(pre, placement, cluster, *, label, backend, steps, warmup
                     timeout=timeout, rtol=rtol, atol=atol, congestion=congestion, load=load_average(),
                     progress=progress, node_times=node_times, launcher=launcher)
     report["batch_size"] = pre.global_batch if pre.scaling == "strong" else pre.replica_batch
+    report["plan"] = "data-parallel"
     report["data_parallel"] = {"replicas": pre.k, "scaling": pre.scaling, "replica_batch": pre.replica_batch,
                                "global_batch": pre.global_batch}
     return report
@@ -286,6 +289,7 @@ def _run_fsdp(pre, placement, cluster, *, label, backend, steps, warmup, threads
     report = run_fsdp(pre, placement, cluster, label=label, steps=steps, warmup=warmup,
                       threads=default_threads("gloo", pre.k, threads, pre.sim_graph, cluster), timeout=timeout,
                       rtol=rtol, atol=atol, congestion=congestion, load=load_average(), progress=progress)
+    report["plan"] = "fsdp"
     if node_times:
         report["notes"].append("--node-times: per-node times are not recorded for fsdp plans")
     return report

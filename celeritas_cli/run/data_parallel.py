@@ -268,19 +268,22 @@ class GradAllReduce:
         return out
 
 
-def replica_program(rank: int, job: dict):
+def replica_program(rank: int, job: dict, step=None):
     """What every replica's rank builds first (here and in :mod:`.fsdp_run`): the step captured at
-    the replica batch with shard *rank* of the inputs, all of it on this rank's device in the
-    shared order: ``(program, cluster device, torch device)``."""
+    the replica batch (or a copy of *step*, that capture) with shard *rank* of the inputs, all of it
+    on this rank's device in the shared order: ``(program, cluster device, torch device)``."""
+    import dataclasses
+
     import torch
 
     from .program import Program
     from .step import capture_real
 
-    step = capture_real(job["spec"], job["batch"], config=job["config"], seed=job["seed"])
+    if step is None:
+        step = capture_real(job["spec"], job["batch"], config=job["config"], seed=job["seed"])
     if step.sm.ids != job["ids"]:
         raise InvalidInput("the model captured in a worker process differs from the parent's capture")
-    step.inputs, step.target = job["shards"][rank]
+    step = dataclasses.replace(step, inputs=job["shards"][rank][0], target=job["shards"][rank][1])
     me = job["ranks"][rank]
     return Program(step, [me] * len(step.sm.ids), job["sequence"]), me, torch.device(job["torch_devices"][me])
 

@@ -20,8 +20,9 @@ wrapper).  Per step, on rank ``q``:
 
 * **stage 3** (``FULL_SHARD``): a unit's parameters are all-gathered
   (``all_gather_single``) when a node first reads them, and dropped after
-  the last node of that pass that reads them (reshard after forward; the
-  backward gathers again, FSDP section 3.3);
+  the last node of that pass that reads them, with every value derived from
+  them (a transposed weight the trace keeps for the backward): reshard
+  after forward, and the backward gathers again (FSDP section 3.3);
 * **stages 1-2**: every rank holds the whole parameters; after the unit's
   update the updated chunks are all-gathered into them (ZeRO 5.1 / 7.2.1);
 * **all stages**: once the unit's last gradient is produced, the flat
@@ -129,12 +130,26 @@ def prepare_fsdp(spec: str, batch: int, placement, cluster, recipe: dict, **kw) 
 
 
 # ------------------------------------------------------------------ ranks
-def _collective(name: str):
-    """``torch.distributed``'s *name* ``_single`` collective, or the older name (torch < 2.10)."""
-    import torch.distributed as dist
+class Collectives:
+    """The collectives of an FSDP rank on the default process group: ``all_gather_single`` and
+    ``reduce_scatter_single`` (``all_gather_into_tensor`` / ``reduce_scatter_tensor`` before
+    them); the tests give ranks run as threads another object with these methods."""
 
-    old = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}[name]
-    return getattr(dist, f"{name}_single", None) or getattr(dist, old)
+    def all_gather(self, out, chunk) -> None:
+        import torch.distributed as dist
+
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, chunk)
+
+    def reduce_scatter(self, out, flat):
+        """Start summing *flat* over the ranks into this rank's chunk *out*; returns the work."""
+        import torch.distributed as dist
+
+        return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, flat, async_op=True)
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
 
 
 class ShardedRunner(Runner):
@@ -143,11 +158,12 @@ class ShardedRunner(Runner):
     Adam on the chunk at the unit's last update node."""
 
     def __init__(self, prog, dev, me: int, channel, *, units: list[list[int]], stage: int, rank: int, k: int,
-                 passes: list[str], stage_cpu: bool, **kw):
+                 passes: list[str], stage_cpu: bool, comm=None, **kw):
         import torch
 
         super().__init__(prog, {me: dev}, [me], channel, **kw)
         self.units, self.stage, self.rank, self.k, self.stage_cpu = units, stage, rank, k, stage_cpu
+        self.comm = comm or Collectives()
         self.unit_of = {p: u for u, ps in enumerate(units) for p in ps}
         self.numel = [sum(self.state[p].numel() for p in ps) for ps in units]
         self.chunk = [-(-n // k) for n in self.numel]
@@ -184,8 +200,28 @@ class ShardedRunner(Runner):
                             last[(self.unit_of[key[1]], passes[v])] = v
             for (u, _), v in last.items():
                 self.drop.setdefault(v, []).append(u)
+        self.views: dict[int, list] = {u: [] for u in range(len(units))}   # derived values of a unit's parameters
+        for a, role in prog.role.items():
+            if role[0] == "derived":
+                for u in self._units_under(a):
+                    self.views[u].append(a)
         self.node_hook = self._after_node
         self.gathers = self.gathered_bytes = self.scattered_bytes = 0
+
+    def _units_under(self, a) -> set[int]:
+        """Units whose parameters derived value *a* (a view, a transpose) is computed from."""
+        out, todo, seen = set(), list(a.all_input_nodes), set()
+        while todo:
+            n = todo.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            role = self.prog.role.get(n, ("",))
+            if role[0] == "state" and role[1] in self.unit_of:
+                out.add(self.unit_of[role[1]])
+            elif role[0] == "derived":
+                todo.extend(n.all_input_nodes)
+        return out
 
     def _flat(self, tensors, u: int):
         import torch
@@ -202,7 +238,7 @@ class ShardedRunner(Runner):
 
         src = self._wire(chunk.contiguous())
         out = torch.empty(self.chunk[u] * self.k, dtype=src.dtype, device=src.device)
-        _collective("all_gather")(out, src)
+        self.comm.all_gather(out, src)
         self.gathers += 1
         self.gathered_bytes += out.numel() * out.element_size()
         out = out.to(chunk.device)
@@ -234,11 +270,13 @@ class ShardedRunner(Runner):
         flat = self._wire(self._flat([self._grad(q, d) for q in self.units[u]], u))
         out = torch.empty(self.chunk[u], dtype=flat.dtype, device=flat.device)
         self.scattered_bytes += flat.numel() * flat.element_size()
-        self.reducing[u] = (_collective("reduce_scatter")(out, flat, async_op=True), out)
+        self.reducing[u] = (self.comm.reduce_scatter(out, flat), out)
 
     def _after_node(self, v: int, d: int, runner) -> None:
-        for u in self.drop.get(v, ()):
+        for u in self.drop.get(v, ()):      # reshard: the gathered parameters and what was derived from them
             self.full.pop(u, None)
+            for a in self.views[u]:
+                self.env[d].pop(a, None)
         for p in self.producers.get(v, ()):
             u = self.unit_of[p]
             left = self.left.setdefault(u, set(self.need[u]))
@@ -278,18 +316,18 @@ class ShardedRunner(Runner):
         return res
 
 
-def fsdp_rank_main(rank: int, job: dict) -> dict:
-    """One FSDP rank: the replica's program (:func:`~.data_parallel.replica_program`), its
-    :class:`ShardedRunner`, one checked step then the timed ones."""
-    import torch.distributed as dist
-
+def fsdp_rank_main(rank: int, job: dict, *, step=None, comm=None) -> dict:
+    """One FSDP rank: the replica's program (:func:`~.data_parallel.replica_program`; *step*: the
+    capture, when the caller has it), its :class:`ShardedRunner` (*comm*: :class:`Collectives`),
+    one checked step then the timed ones."""
     from .dist import timed_steps
     from .executor import LocalChannel
 
-    prog, me, dev = replica_program(rank, job)
+    prog, me, dev = replica_program(rank, job, step)
+    comm = comm or Collectives()
     runner = ShardedRunner(prog, dev, me, LocalChannel({me: dev}), units=job["units"], stage=job["stage"], rank=rank,
                            k=len(job["ranks"]), passes=job["passes"],
-                           stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda",
+                           stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda", comm=comm,
                            rng_states=job["rng_states"][rank])
     first = runner.step()
     out: dict[str, Any] = {"rank": rank, "device": me, "loss": first["loss"].detach().cpu(),
@@ -297,7 +335,7 @@ def fsdp_rank_main(rank: int, job: dict) -> dict:
                            "params": {p: t.detach().cpu() for p, t in runner.state.items() if p in runner.unit_of},
                            "gathers": runner.gathers, "gathered_bytes": runner.gathered_bytes,
                            "scattered_bytes": runner.scattered_bytes}
-    out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=dist.barrier))
+    out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=comm.barrier))
     return out
 
 
@@ -316,23 +354,22 @@ def assemble(pre: FSDPPrepared, results: list[dict]) -> dict[int, Any]:
     return out
 
 
-def run_fsdp(pre: FSDPPrepared, placement, cluster, *, label: str, steps: int, warmup: int, threads: int,
-             timeout: float, rtol: float, atol: float, congestion: str, load, progress=None) -> dict:
-    """Reference, the sharded replicas (:func:`fsdp_rank_main`), the ``placer.run/v1`` report with an
-    ``fsdp`` section."""
+def fsdp_job(pre: FSDPPrepared, states: list, **kw) -> dict:
+    """What every FSDP rank needs: data parallelism's job (:func:`~.data_parallel.replica_job`) plus
+    the stage, the units' parameter indices and every node's pass."""
+    job = replica_job(pre, states, **kw)
+    job.update(stage=pre.stage, units=[ps for _, ps in pre.units], passes=pre.passes)
+    return job
+
+
+def check_results(pre: FSDPPrepared, results: list[dict], ref, *, rtol: float, atol: float) -> tuple[dict, float]:
+    """The numerics (:func:`~.report.compare`) of the ranks' mean loss and the parameters assembled
+    from their chunks against *ref*, and how far a rank's whole parameters (stages 1-2) are from
+    the assembled ones (above *atol*: no match)."""
     import torch
 
-    from ..profile.launch import launch
     from .report import compare
 
-    say = progress or (lambda msg: None)
-    ref, states = replica_reference(pre, threads, say)
-    job = replica_job(pre, states, steps=steps, warmup=warmup, threads=threads, timeout=timeout)
-    job.update(stage=pre.stage, units=[ps for _, ps in pre.units], passes=pre.passes)
-    backend = job["dist_backend"]
-    say(f"starting {pre.k} sharded replicas (stage {pre.stage}, {len(pre.units)} units, {backend}, batch "
-        f"{pre.replica_batch} each, {threads} thread(s)): 1 checked step, {warmup - 1} more warm-up, {steps} timed")
-    results = launch("celeritas_cli.run.fsdp_run", job, pre.k, timeout=timeout, what="placer run")
     params = assemble(pre, results)
     numerics = compare(torch.tensor(sum(float(r["loss"]) for r in results) / pre.k), params, ref, rtol=rtol,
                        atol=atol)
@@ -340,6 +377,23 @@ def run_fsdp(pre: FSDPPrepared, placement, cluster, *, label: str, steps: int, w
                  default=0.0)
     if spread > atol:
         numerics["match"] = False
+    return numerics, spread
+
+
+def run_fsdp(pre: FSDPPrepared, placement, cluster, *, label: str, steps: int, warmup: int, threads: int,
+             timeout: float, rtol: float, atol: float, congestion: str, load, progress=None) -> dict:
+    """Reference, the sharded replicas (:func:`fsdp_rank_main`), the ``placer.run/v1`` report with an
+    ``fsdp`` section."""
+    from ..profile.launch import launch
+
+    say = progress or (lambda msg: None)
+    ref, states = replica_reference(pre, threads, say)
+    job = fsdp_job(pre, states, steps=steps, warmup=warmup, threads=threads, timeout=timeout)
+    backend = job["dist_backend"]
+    say(f"starting {pre.k} sharded replicas (stage {pre.stage}, {len(pre.units)} units, {backend}, batch "
+        f"{pre.replica_batch} each, {threads} thread(s)): 1 checked step, {warmup - 1} more warm-up, {steps} timed")
+    results = launch("celeritas_cli.run.fsdp_run", job, pre.k, timeout=timeout, what="placer run")
+    numerics, spread = check_results(pre, results, ref, rtol=rtol, atol=atol)
     r0 = results[0]
     state, names = pre.step.state, pre.step.sm.state_names
     units = [{"name": name, "params": [names[p] for p in ps], "numel": sum(state[p].numel() for p in ps),
