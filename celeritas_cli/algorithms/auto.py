@@ -148,6 +148,11 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     why = batch_split_refusal(graph, cluster, assume_batch or None)
     if why is not None and chatty() and not quiet and (names is None or "data-parallel" in names):
         warn(f"auto: data parallelism left out: {why}")
+    runner = None
+    if verify > 0:  # refuse a cluster that is not this machine, or a graph without a model, before searching
+        from ..optimize import verify as measured
+
+        runner = measured.runner_for(graph, cluster, log=warn if chatty() and not quiet else None)
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
                     congestion=congestion, algos=names, log=warn if chatty() and not quiet else None, notice=warn,
                     deadline=deadline, assume_batch=assume_batch or None)
@@ -189,11 +194,9 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
              f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), {spent}")
         warn(f"auto: the plan: {describe_placement(p, graph)}")
-    if verify > 0:
-        from ..optimize.verify import choose_measured
-
-        p = choose_measured(p, (id(out.graph), tuple(out.device_of)), search, graph, cluster, verify,
-                            log=warn if chatty() and not quiet else None)
+    if runner is not None:
+        p = measured.choose_measured(p, (id(out.graph), tuple(out.device_of)), search, graph, cluster, verify,
+                                     run=runner, log=warn if chatty() and not quiet else None)
     return p
 
 

@@ -81,6 +81,18 @@ def test_a_cluster_of_another_machine_or_a_graph_without_model_is_refused():
         V.model_of(layered(20, seed=0))
 
 
+def test_verify_is_refused_before_the_search(monkeypatch):
+    """A cluster that is not this machine is refused before auto spends its time limit searching."""
+    import celeritas_cli.algorithms.auto as A
+
+    def no_search(*a, **kw):
+        raise AssertionError("auto searched before refusing verify")
+
+    monkeypatch.setattr(A, "Search", no_search)
+    with pytest.raises(InvalidInput, match="is not this machine"):
+        registry.place(layered(20, seed=0), uniform(4, name="4xV100"), "auto", params={"verify": 2})
+
+
 @pytest.mark.slow
 def test_verify_runs_real_gloo_processes():
     pytest.importorskip("torch")
