@@ -14,9 +14,8 @@ A unit's trained parameters (those with an ``optim.adam`` update; buffers
 stay per replica, as FSDP leaves them) are flattened in parameter order into
 one flat parameter, padded to a multiple of ``k`` and cut into ``k`` equal
 chunks; rank ``q`` holds chunk ``q`` and its two Adam moments (FSDP section
-3.2.1 and 4.2, "FlatParameter"; ZeRO section 5.1-5.3).  Parameters with an
-update that no unit claims form one more unit, ``(root)`` (FSDP's root
-wrapper).  Per step, on rank ``q``:
+3.2.1 and 4.2, "FlatParameter"; ZeRO section 5.1-5.3).  Per step, on rank
+``q``:
 
 * **stage 3** (``FULL_SHARD``): a unit's parameters are all-gathered
   (``all_gather_single``) when a node first reads them, and dropped after
@@ -115,8 +114,9 @@ def prepare_fsdp(spec: str, batch: int, placement, cluster, recipe: dict, **kw) 
             units.append((u.name, ps))
             seen.update(ps)
     rest = sorted(set(sm.opt_param.values()) - seen)
-    if rest:
-        units.append(("(root)", rest))
+    if rest:    # fsdp_plan puts every update's group in a unit; a graph whose updates it does not see is refused
+        raise InvalidInput(f"{label}: parameter {sm.state_names[rest[0]]} is updated but in no FSDP unit of the "
+                           f"recipe rebuilt on graph '{g.name}'")
     state = pre.step.state
     for name, ps in units:
         if len({state[p].dtype for p in ps}) > 1:

@@ -176,6 +176,15 @@ def test_tampered_fsdp_recipe_is_refused_in_one_line(tmp_path, monkeypatch):
         api.prepare(MLP, 4, Placement.from_dict(bad), uniform(2), label="bad.json", step=step_of(MLP, 4))
 
 
+def test_fsdp_uneven_batch_shares_are_refused_as_in_data_parallelism():
+    doc = fsdp_placement(CNN, 4, stage=1).to_dict()
+    doc["derivation"]["steps"][0]["samples"] = [3, 1]
+    with pytest.raises(InvalidInput, match=r"uneven batch shares \(\[3, 1\]\); placer run executes equal shares"):
+        api.prepare(CNN, 4, Placement.from_dict(doc), uniform(2), label="p.json", step=step_of(CNN, 4))
+    with pytest.raises(InvalidInput, match="2 replicas cannot share a batch of 3 evenly"):
+        api.prepare(CNN, 3, fsdp_placement(CNN, 3, stage=3), uniform(2), step=step_of(CNN, 3))
+
+
 def test_cli_refuses_to_export_an_fsdp_plan(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
