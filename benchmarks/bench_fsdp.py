@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--no-dp", action="store_true")
     ap.add_argument("--proportional", action="store_true", help="also stage 3 with -p shares=proportional")
     args = ap.parse_args()
-    models = [m for m in args.models.split(",") if m] or sorted(p.name.split(".")[0] for p in ZOO.glob("*.json.gz"))
+    models = [m for m in args.models.split(",") if m] or sorted(p.name.removesuffix(".json.gz") for p in ZOO.glob("*.json.gz"))
     print("| cluster | model | plan | step (s) | status | peak GiB | sent GiB/GPU | MFU | step / work bound |")
     print("|---|---|---|---:|---|---:|---:|---:|---:|")
     for cname in args.clusters.split(","):
