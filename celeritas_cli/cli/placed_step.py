@@ -136,6 +136,11 @@ def check_exportable(pre, label: str) -> None:
     from ..run.api import Prepared
     from ..run.mb_plan import MBPrepared
 
+    from ..run.fsdp_run import FSDPPrepared
+
+    if isinstance(pre, FSDPPrepared):
+        raise InvalidInput(f"{label}: an fsdp placement is not exported (each process holds a shard of the model: "
+                           f"use torch FullyShardedDataParallel); run it with placer run --backend gloo")
     if not isinstance(pre, (Prepared, MBPrepared)):
         raise InvalidInput(f"{label}: a data-parallel placement is not exported (it is one model per process: use "
                            f"torch DistributedDataParallel); run it with placer run --backend gloo")

@@ -62,6 +62,12 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
     accumulated; the report's microbatch object says the schedule and the
     yardstick (the whole batch, or per micro-batch for BatchNorm).
 
+    An fsdp placement (place --algo fsdp, ZeRO stages 1-3) runs with
+    --backend gloo, one process per replica holding its chunk of every
+    unit's parameters and Adam state (stage 3 all-gathers a unit before its
+    forward and its backward), gradients reduce-scattered; the report's fsdp
+    object says what was sharded.
+
     \b
     Examples:
       placer profile --model tensor_holography -b 2 -o th.json
@@ -70,6 +76,8 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
       placer run --model tensor_holography -b 2 -P p.json --backend gloo -o report.json
       placer run --model mypkg.models:Net --config width=2 -b 8 -P p.json --export placed.py
       placer run --graph th.json -P p.json --cluster cpu2.json --backend gloo --node-times -o r.json
+      placer place th.json --algo fsdp -p stage=3 --cluster cpu2.json -o f.json
+      placer run --graph th.json -P f.json --cluster cpu2.json --backend gloo --format table
 
     For a fair comparison of measured and simulated times on CPU processes,
     profile the graph with --measure and the cluster with --comm-bench

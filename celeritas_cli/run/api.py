@@ -93,6 +93,13 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
         return prepare_mb(spec, batch, placement, cluster, steps, label=label, config=config, graph=graph,
                           graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
                           progress=progress, step=step)
+    from .fsdp_run import fsdp_recipe, prepare_fsdp
+
+    recipe = fsdp_recipe(placement, label)
+    if recipe is not None:  # sharded data parallelism: run/fsdp_run.py
+        return prepare_fsdp(spec, batch, placement, cluster, recipe, label=label, config=config, graph=graph,
+                            graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
+                            progress=progress, step=step)
     recipe = dp_recipe(placement, label)
     if recipe is not None:
         return prepare_dp(spec, batch, placement, cluster, recipe, label=label, config=config, graph=graph,
@@ -184,7 +191,14 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
         if node_times:
             report["notes"].append("--node-times: per-node times are not recorded for micro-batched or pipelined "
                                    "plans (plain and data-parallel placements only)")
+        report["plan"] = "micro-batched"
         return report
+    from .fsdp_run import FSDPPrepared
+
+    if isinstance(pre, FSDPPrepared):
+        return _run_fsdp(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
+                         threads=threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
+                         progress=progress, node_times=node_times, launcher=launcher)
     if not isinstance(pre, Prepared):
         return _run_data_parallel(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
                                   threads=threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
@@ -201,6 +215,7 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
                           sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=tdev, backend=backend,
                           dist_backend=dist_backend, threads=n_threads, steps=steps, warmup=warmup,
                           numerics=numerics, measured=measured, congestion=congestion, load=load)
+    report["plan"] = "placement"
     if node_times:
         from .timing import placement_doc, section
 
@@ -255,8 +270,28 @@ def _run_data_parallel(pre, placement, cluster, *, label, backend, steps, warmup
                     timeout=timeout, rtol=rtol, atol=atol, congestion=congestion, load=load_average(),
                     progress=progress, node_times=node_times, launcher=launcher)
     report["batch_size"] = pre.global_batch if pre.scaling == "strong" else pre.replica_batch
+    report["plan"] = "data-parallel"
     report["data_parallel"] = {"replicas": pre.k, "scaling": pre.scaling, "replica_batch": pre.replica_batch,
                                "global_batch": pre.global_batch}
+    return report
+
+
+def _run_fsdp(pre, placement, cluster, *, label, backend, steps, warmup, threads, timeout, rtol, atol, congestion,
+              progress, node_times, launcher) -> dict:
+    from .fsdp_run import run_fsdp
+    from .report import load_average
+
+    if backend != "gloo":
+        raise InvalidInput(f"{label}: an fsdp placement runs with --backend gloo (one process per replica)")
+    if launcher is not None:
+        raise InvalidInput(f"{label}: under torchrun placer run executes plain and data-parallel placements; run an "
+                           f"fsdp plan with --backend gloo")
+    report = run_fsdp(pre, placement, cluster, label=label, steps=steps, warmup=warmup,
+                      threads=default_threads("gloo", pre.k, threads, pre.sim_graph, cluster), timeout=timeout,
+                      rtol=rtol, atol=atol, congestion=congestion, load=load_average(), progress=progress)
+    report["plan"] = "fsdp"
+    if node_times:
+        report["notes"].append("--node-times: per-node times are not recorded for fsdp plans")
     return report
 
 

@@ -87,7 +87,9 @@ def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label
                graph=None, graph_label: str = "graph", device_map=None, seed: int = 0,
                congestion: str = DEFAULT_CONGESTION, progress=None, step=None) -> DPPrepared:
     """Capture the step at the graph's batch (to simulate and check the placement) and at the
-    replica batch (to run), cut the global batch into shards, and find each replica's device."""
+    replica batch (to run), cut the global batch into shards, and find each replica's device.
+    *recipe*: the ``data-parallel`` step, or the ``fsdp`` step (:mod:`.fsdp_run`: same replicas
+    and shards, strong scaling)."""
     from ..model.graph import Graph
     from ..sim.simulator import simulate
     from .step import capture_real, example_batch
@@ -98,8 +100,9 @@ def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label
     if scaling == "strong" and isinstance(made_for, int) and made_for != batch:
         raise InvalidInput(f"{label}: was made for a global batch of {made_for} samples, the run is at batch {batch}; "
                            f"run with -b {made_for}, or place the graph profiled at batch {batch}")
-    if recipe.get("shares") is not None:
-        raise InvalidInput(f"{label}: its replicas run uneven batch shares ({recipe['shares']}); placer run executes "
+    uneven = recipe.get("shares") if recipe.get("shares") is not None else recipe.get("samples")
+    if uneven is not None:
+        raise InvalidInput(f"{label}: its replicas run uneven batch shares ({uneven}); placer run executes "
                            f"equal shares only (a batch the replicas divide)")
     if step is None:
         say(f"capturing {spec} at batch {batch} (the graph's)")
@@ -126,7 +129,7 @@ def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label
     devices, order = [-1] * k, []
     for v in sorted(range(dgraph.n), key=lambda v: (scheds[0].start[v], v)):
         extra = dgraph.node_extra[v] or {}
-        if "allreduce" in extra or "origin" not in extra:
+        if "allreduce" in extra or "fsdp" in extra or "origin" not in extra:
             continue
         r = int(extra["replica"])
         devices[r] = scheds[0].device_of[v]
@@ -265,23 +268,34 @@ class GradAllReduce:
         return out
 
 
+def replica_program(rank: int, job: dict, step=None):
+    """What every replica's rank builds first (here and in :mod:`.fsdp_run`): the step captured at
+    the replica batch (or a copy of *step*, that capture) with shard *rank* of the inputs, all of it
+    on this rank's device in the shared order: ``(program, cluster device, torch device)``."""
+    import dataclasses
+
+    import torch
+
+    from .program import Program
+    from .step import capture_real
+
+    if step is None:
+        step = capture_real(job["spec"], job["batch"], config=job["config"], seed=job["seed"])
+    if step.sm.ids != job["ids"]:
+        raise InvalidInput("the model captured in a worker process differs from the parent's capture")
+    step = dataclasses.replace(step, inputs=job["shards"][rank][0], target=job["shards"][rank][1])
+    me = job["ranks"][rank]
+    return Program(step, [me] * len(step.sm.ids), job["sequence"]), me, torch.device(job["torch_devices"][me])
+
+
 def dp_rank_main(rank: int, job: dict) -> dict:
     """One replica: capture at the replica batch, take shard *rank*, run ``1 + warmup - 1 + steps`` steps."""
-    import torch
     import torch.distributed as dist
 
     from .dist import timed_steps
     from .executor import LocalChannel, Runner
-    from .program import Program
-    from .step import capture_real
 
-    step = capture_real(job["spec"], job["batch"], config=job["config"], seed=job["seed"])
-    if step.sm.ids != job["ids"]:
-        raise InvalidInput("the model captured in a worker process differs from the parent's capture")
-    step.inputs, step.target = job["shards"][rank]
-    me = job["ranks"][rank]
-    dev = torch.device(job["torch_devices"][me])
-    prog = Program(step, [me] * len(step.sm.ids), job["sequence"])
+    prog, me, dev = replica_program(rank, job)
     ar = GradAllReduce(prog, len(job["ranks"]), stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda",
                        buckets=job.get("buckets"))
     timed = bool(job.get("node_times"))
@@ -296,18 +310,15 @@ def dp_rank_main(rank: int, job: dict) -> dict:
     return out
 
 
-def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmup: int, threads: int,
-           timeout: float, rtol: float, atol: float, congestion: str, load, progress=None,
-           node_times: bool = False, launcher=None) -> dict:
-    """Reference (per-shard unplaced steps, gradients averaged, Adam), the replicas, the report."""
+def replica_reference(pre: DPPrepared, threads: int, say):
+    """The yardstick of replicated plans (module docstring): the unplaced step on every shard at
+    *threads* torch threads, the gradients averaged, then Adam; ``(Reference, generator states per
+    shard)``."""
     import torch
 
     from .executor import ADAM
-    from ..profile.launch import launch
     from .reference import Reference, adam_reference, reference_grads
-    from .report import build_report, compare
 
-    say = progress or (lambda msg: None)
     ref_dev = pre.tdev[pre.devices[0]]
     say(f"running the unplaced step on each of the {pre.k} shards of {pre.replica_batch} on {ref_dev}")
     losses, grads, states = [], {}, []
@@ -325,39 +336,36 @@ def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmu
     ref = Reference(loss=(sum(losses[1:], losses[0]) / pre.k).cpu(),
                     params=adam_reference(pre.step, {p: t / pre.k for p, t in grads.items()}, ADAM),
                     rng_states={}, device=ref_dev)
+    return ref, states
+
+
+def replica_job(pre: DPPrepared, states: list, *, steps: int, warmup: int, threads: int, timeout: float,
+                node_times: bool = False) -> dict:
+    """What every replica's rank needs (:func:`dp_rank_main`, :func:`.fsdp_run.fsdp_rank_main`)."""
     ranks = pre.devices
-    backend = dist_backend(pre.tdev, ranks)
-    job = {"spec": pre.step.spec, "batch": pre.replica_batch, "config": pre.step.config, "seed": pre.step.seed,
-           "ids": pre.step.sm.ids, "sequence": pre.sequence, "ranks": ranks, "torch_devices": pre.tdev,
-           "rank_devices": {r: pre.tdev[d] for r, d in enumerate(ranks)}, "dist_backend": backend,
-           "rng_states": states, "shards": pre.shards, "steps": steps, "warmup": warmup, "threads": threads,
-           "timeout": timeout, "node_times": node_times, "buckets": pre.buckets}
-    say(f"starting {pre.k} replicas ({backend}, batch {pre.replica_batch} each, {threads} thread(s)): 1 checked "
-        f"step, {warmup - 1} more warm-up, {steps} timed")
-    results = (launcher or launch)("celeritas_cli.run.data_parallel", job, pre.k, timeout=timeout,
-                                   what="placer run")
-    loss = sum(float(r["loss"]) for r in results) / pre.k
-    spread = max((float((r["params"][p] - results[0]["params"][p]).abs().max()) for r in results[1:]
-                  for p in results[0]["params"]), default=0.0)
-    numerics = compare(torch.tensor(loss), results[0]["params"], ref, rtol=rtol, atol=atol)
-    if spread > atol:
-        numerics["match"] = False
+    return {"spec": pre.step.spec, "batch": pre.replica_batch, "config": pre.step.config, "seed": pre.step.seed,
+            "ids": pre.step.sm.ids, "sequence": pre.sequence, "ranks": ranks, "torch_devices": pre.tdev,
+            "rank_devices": {r: pre.tdev[d] for r, d in enumerate(ranks)}, "dist_backend": dist_backend(pre.tdev, ranks),
+            "rng_states": states, "shards": pre.shards, "steps": steps, "warmup": warmup, "threads": threads,
+            "timeout": timeout, "node_times": node_times, "buckets": pre.buckets}
+
+
+def replica_report(pre: DPPrepared, placement, cluster, results: list[dict], numerics: dict, notes: list[str], *,
+                   label: str, steps: int, warmup: int, threads: int, congestion: str, load,
+                   node_times: bool = False) -> dict:
+    """The ``placer.run/v1`` report of replicated ranks' *results* (the slowest rank's wall time per step)."""
+    from .report import build_report
+
+    ranks = pre.devices
     measured = {"walls": [max(ws) for ws in zip(*(r["walls"] for r in results))],
                 "busy": {r["device"]: statistics.median(r["busy"]) for r in results},
                 "cpu": {r["device"]: statistics.median(r["cpu"]) for r in results},
                 "link": {}, "link_bytes_unknown": True}
-    notes = [f"data parallelism: {pre.k} replicas ({pre.scaling} scaling) of batch {pre.replica_batch} "
-             f"(global batch {pre.global_batch}); the yardstick is the unplaced step on each shard with the "
-             f"gradients averaged (BatchNorm statistics and dropout per replica, as DDP); replicas' parameters "
-             f"differ by at most {spread:.3g}",
-             f"the all-reduce is torch.distributed's ({backend} picks the algorithm): "
-             f"{results[0]['allreduce_bytes']} gradient bytes per replica reduced; bytes per link are the "
-             f"simulated ring's only"]
     counts = {d: len(pre.step.sm.ids) for d in sorted(ranks)}
     report = build_report(step=pre.step, counts=counts, placement=placement, label=label, cluster=cluster,
                           sim=pre.sim, sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=pre.tdev,
-                          backend="gloo", dist_backend=backend, threads=threads, steps=steps, warmup=warmup,
-                          numerics=numerics, measured=measured, congestion=congestion, load=load,
+                          backend="gloo", dist_backend=dist_backend(pre.tdev, ranks), threads=threads, steps=steps,
+                          warmup=warmup, numerics=numerics, measured=measured, congestion=congestion, load=load,
                           extra_notes=notes)
     if node_times:
         from .timing import placement_doc, section
@@ -371,6 +379,41 @@ def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmu
                                        sched=pre.sched, sim_graph=pre.sched.graph if pre.sched else None)
         report["node_times"]["placement"] = placement_doc(placement)
     return report
+
+
+def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmup: int, threads: int,
+           timeout: float, rtol: float, atol: float, congestion: str, load, progress=None,
+           node_times: bool = False, launcher=None) -> dict:
+    """Reference (per-shard unplaced steps, gradients averaged, Adam), the replicas, the report."""
+    import torch
+
+    from ..profile.launch import launch
+    from .report import compare
+
+    say = progress or (lambda msg: None)
+    ref, states = replica_reference(pre, threads, say)
+    job = replica_job(pre, states, steps=steps, warmup=warmup, threads=threads, timeout=timeout,
+                      node_times=node_times)
+    backend = job["dist_backend"]
+    say(f"starting {pre.k} replicas ({backend}, batch {pre.replica_batch} each, {threads} thread(s)): 1 checked "
+        f"step, {warmup - 1} more warm-up, {steps} timed")
+    results = (launcher or launch)("celeritas_cli.run.data_parallel", job, pre.k, timeout=timeout,
+                                   what="placer run")
+    loss = sum(float(r["loss"]) for r in results) / pre.k
+    spread = max((float((r["params"][p] - results[0]["params"][p]).abs().max()) for r in results[1:]
+                  for p in results[0]["params"]), default=0.0)
+    numerics = compare(torch.tensor(loss), results[0]["params"], ref, rtol=rtol, atol=atol)
+    if spread > atol:
+        numerics["match"] = False
+    notes = [f"data parallelism: {pre.k} replicas ({pre.scaling} scaling) of batch {pre.replica_batch} "
+             f"(global batch {pre.global_batch}); the yardstick is the unplaced step on each shard with the "
+             f"gradients averaged (BatchNorm statistics and dropout per replica, as DDP); replicas' parameters "
+             f"differ by at most {spread:.3g}",
+             f"the all-reduce is torch.distributed's ({backend} picks the algorithm): "
+             f"{results[0]['allreduce_bytes']} gradient bytes per replica reduced; bytes per link are the "
+             f"simulated ring's only"]
+    return replica_report(pre, placement, cluster, results, numerics, notes, label=label, steps=steps, warmup=warmup,
+                          threads=threads, congestion=congestion, load=load, node_times=node_times)
 
 
 if __name__ == "__main__":
