@@ -55,13 +55,14 @@ def readme_examples(text: str | None = None) -> list[tuple[int, str]]:
     """``(line number, command)`` of every line starting with ``placer`` in the
     README's ``bash`` code blocks, in order, comments removed."""
     text = README.read_text() if text is None else text
-    out, in_block = [], False
+    out, fenced, shell = [], False, False
     for no, raw in enumerate(text.splitlines(), 1):
         stripped = raw.strip()
-        if stripped.startswith("```"):
-            in_block = not in_block and stripped[3:].strip() in ("bash", "sh", "console", "")
+        if stripped.startswith("```"):  # an opening fence names the language; a closing one ends any block
+            fenced = not fenced
+            shell = fenced and stripped[3:].strip() in ("bash", "sh", "console", "")
             continue
-        if in_block and stripped.startswith("placer "):
+        if shell and stripped.startswith("placer "):
             out.append((no, strip_comment(stripped)))
     return out
 
@@ -141,6 +142,11 @@ def test_readme_has_examples():
     lines = readme_examples()
     assert len(lines) >= 20
     assert any("examples/" in cmd for _, cmd in lines)
+
+
+def test_examples_after_a_python_block_are_still_read():
+    text = "```bash\nplacer a\n```\n```python\nplacer_not_a_command = 1\n```\nprose\n```bash\nplacer b\n```\n"
+    assert readme_examples(text) == [(2, "placer a"), (9, "placer b")]
 
 
 def test_readme_examples_parse_and_read_only_files_that_exist():
