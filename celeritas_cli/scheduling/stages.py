@@ -88,17 +88,23 @@ def alap_order(graph: Graph, costs: CostModel) -> list[int]:
     """
     rank = upward_rank(graph, costs.mean_time.__getitem__, lambda e: 0.0)
     topo = graph.topo_index()
+    return _ready_first(graph, lambda v: (-rank[v], topo[v]))
+
+
+def _ready_first(graph: Graph, key) -> list[int]:
+    """A topological order taking, among the ready nodes, the one of smallest
+    ``key(v)`` (a tuple that ends with a unique tie-break)."""
     need = [len(graph.pred[v]) for v in range(graph.n)]
-    heap = [(-rank[v], topo[v], v) for v in range(graph.n) if not need[v]]
+    heap = [(key(v), v) for v in range(graph.n) if not need[v]]
     heapq.heapify(heap)
     out = []
     while heap:
-        v = heapq.heappop(heap)[2]
+        v = heapq.heappop(heap)[1]
         out.append(v)
         for s in graph.succ[v]:
             need[s] -= 1
             if not need[s]:
-                heapq.heappush(heap, (-rank[s], topo[s], s))
+                heapq.heappush(heap, (key(s), s))
     return out
 
 
@@ -124,18 +130,7 @@ def program_order(graph: Graph) -> list[int]:
     for v in reversed(graph.topo_order()):
         if once[v] and graph.succ[v]:
             key[v] = min(key[s] for s in graph.succ[v])
-    need = [len(graph.pred[v]) for v in range(graph.n)]
-    heap = [(key[v], not once[v], topo[v], v) for v in range(graph.n) if not need[v]]
-    heapq.heapify(heap)
-    out = []
-    while heap:
-        v = heapq.heappop(heap)[3]
-        out.append(v)
-        for s in graph.succ[v]:
-            need[s] -= 1
-            if not need[s]:
-                heapq.heappush(heap, (key[s], not once[s], topo[s], s))
-    return out
+    return _ready_first(graph, lambda v: (key[v], not once[v], topo[v]))
 
 
 def order_of(graph: Graph, name: str, costs: CostModel) -> list[int]:

@@ -149,15 +149,21 @@ def test_fsdp_three_replicas_pad_the_last_chunk():
     assert out[0]["scattered_bytes"] == (144 + 69) * 4
 
 
-def test_tampered_fsdp_recipe_is_refused_in_one_line(tmp_path, monkeypatch):
-    """The units come from the recipe rebuilt on the graph: a recipe edited after placing (one unit of 1 MiB,
-    other replicas, a stage out of range, a step added) is refused in one line, before anything runs."""
+def _profiled_and_placed(tmp_path, monkeypatch) -> CliRunner:
+    """In *tmp_path*: g.json (TinyMLP, batch 4) and f.json, its fsdp plan on 2 devices, made by the CLI."""
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     assert runner.invoke(main, ["profile", "--model", MLP, "-b", "4", "-o", "g.json"]).exit_code == 0
     r = runner.invoke(main, ["place", "g.json", "--algo", "fsdp", "--cluster", "4xV100-pcie", "-p", "devices=2",
                              "-o", "f.json"])
     assert r.exit_code == 0, r.output
+    return runner
+
+
+def test_tampered_fsdp_recipe_is_refused_in_one_line(tmp_path, monkeypatch):
+    """The units come from the recipe rebuilt on the graph: a recipe edited after placing (one unit of 1 MiB,
+    other replicas, a stage out of range, a step added) is refused in one line, before anything runs."""
+    runner = _profiled_and_placed(tmp_path, monkeypatch)
     doc = json.loads((tmp_path / "f.json").read_text())
     assert doc["derivation"]["steps"][0]["transform"] == "fsdp"
     edits = {"unit_mb": ("unit_mb", 1.0), "replicas": ("replicas", 3), "stage": ("stage", 4)}
@@ -186,12 +192,7 @@ def test_fsdp_uneven_batch_shares_are_refused_as_in_data_parallelism():
 
 
 def test_cli_refuses_to_export_an_fsdp_plan(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    runner = CliRunner()
-    assert runner.invoke(main, ["profile", "--model", MLP, "-b", "4", "-o", "g.json"]).exit_code == 0
-    r = runner.invoke(main, ["place", "g.json", "--algo", "fsdp", "--cluster", "4xV100-pcie", "-p", "devices=2",
-                             "-o", "f.json"])
-    assert r.exit_code == 0, r.output
+    runner = _profiled_and_placed(tmp_path, monkeypatch)
     r = runner.invoke(main, ["export", "--graph", "g.json", "-P", "f.json", "-o", "x.py"])
     assert r.exit_code == 1 and "an fsdp placement is not exported" in r.stderr and r.stdout == ""
     errors = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("placer export: ")]  # progress
