@@ -91,7 +91,7 @@ def protocol(name: str, batch: int, cluster_doc: dict, steps: int, calibrate_fro
     for algo, p in placements.items():
         log(f"{label}: round 1: {algo} (load {load():.1f})")
         first[algo] = run(spec, batch, p, algo, g, c, step, steps)
-    use = [a for a in ALGOS if calibrate_from is None or a in calibrate_from]
+    use = [a for a in ALGOS if (calibrate_from is None or a in calibrate_from) and timed(first[a])]
     cal = calibrate(gdoc, cluster_doc, [first[a] for a in use], labels=use)
     g2, c2 = Graph.from_dict(cal.graph, f"{label} calibrated"), Cluster.from_dict(cal.cluster, "calibrated")
     placements["auto (calibrated)"] = place(g2, c2, "auto")
@@ -125,7 +125,9 @@ def assess(label: str, kept: dict) -> dict:
     first = {k[len("round1_"):-5]: v for k, v in kept.items() if k.startswith("round1_")}
     second = {k[len("round2_"):-5].replace("_", " ").replace("single device", "single-device"): v
               for k, v in kept.items() if k.startswith("round2_")}
-    first = {a: first[a] for a in ALGOS if a in first}
+    untimed = sorted(a for a, rep in {**first, **second}.items() if not timed(rep))
+    first = {a: first[a] for a in ALGOS if a in first and a not in untimed}
+    second = {a: rep for a, rep in second.items() if a not in untimed}
     second = {a: second[a] for a in sorted(second, key=lambda a: (ALGOS + [a]).index(a))}
     gdoc, cluster_doc = kept["graph.json"], kept["cluster.json"]
     after, summaries = {}, {}
@@ -141,7 +143,13 @@ def assess(label: str, kept: dict) -> dict:
     return {"label": label.replace("_b", " b"), "graph": gdoc, "half": kept.get("graph_half.json"),
             "cluster": Cluster.from_dict(cluster_doc), "first": first, "second": second,
             "calibration": summaries["wall"], "calibration_cpu": summaries["cpu"], "wall_after": after["wall"],
-            "cpu_after": after["cpu"], "used": use, "dp_sched": scheds[0]}
+            "cpu_after": after["cpu"], "used": use, "dp_sched": scheds[0], "untimed": untimed}
+
+
+def timed(rep: dict) -> bool:
+    """Whether a run report has per-node times (``placer run --node-times`` records none for micro-batched,
+    pipelined or sharded plans yet), which calibrate and the tables need."""
+    return isinstance(rep.get("node_times"), dict)
 
 
 def load_kept(path: Path) -> dict:
@@ -167,6 +175,10 @@ def report(results: list[dict], cluster_doc: dict, steps: int, t0: float, kept: 
           f"--backend gloo --node-times`, median of {steps} steps. Round 1 is simulated with those files (before), "
           f"round 2 with the files `placer calibrate` wrote from round 1's reports (after). Load average during the "
           f"runs: {min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} CPUs.\n")
+    for r in results:
+        if r["untimed"]:
+            print(f"{r['label']}: left out of the tables: {', '.join(r['untimed'])} (a micro-batched, pipelined "
+                  "or sharded plan, for which `placer run --node-times` records no per-node times yet).\n")
     print("| model | placement | load r1 | simulated before (ms) | measured r1 (ms) | measured / simulated before | "
           "load r2 | measured r2 (ms) | simulated after, wall fit (ms) | measured / simulated | "
           "simulated after, CPU fit (ms) | measured / simulated |")
