@@ -130,40 +130,32 @@ def string() -> Check:
     return check
 
 
-def numbers() -> Check:
-    """A list of finite numbers (an element that is a string is refused, not coerced)."""
+def _list_of(plural: str, element: str, ok: Callable[[Any], bool]) -> Check:
+    """A list whose every element passes *ok*; the messages name *plural* and *element*."""
     def check(x: Any, ctx: Context) -> str | None:
         if not isinstance(x, list):
-            return f"must be a list of numbers, got {_short(x)}"
+            return f"must be a list of {plural}, got {_short(x)}"
         for i, v in enumerate(x):
-            if not _is_number(v) or not math.isfinite(v):
-                return f"[{i}]: must be a number, got {_short(v)}"
+            if not ok(v):
+                return f"[{i}]: must be {element}, got {_short(v)}"
         return None
     return check
+
+
+def numbers() -> Check:
+    """A list of finite numbers (an element that is a string is refused, not coerced)."""
+    return _list_of("numbers", "a number", lambda v: _is_number(v) and math.isfinite(v))
 
 
 def integers(lo: int = 0) -> Check:
     """A list of integers of at least *lo* (not bools, not floats)."""
-    def check(x: Any, ctx: Context) -> str | None:
-        if not isinstance(x, list):
-            return f"must be a list of integers, got {_short(x)}"
-        for i, v in enumerate(x):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                return f"[{i}]: must be an integer of at least {lo}, got {_short(v)}"
-        return None
-    return check
+    return _list_of("integers", f"an integer of at least {lo}",
+                    lambda v: not isinstance(v, bool) and isinstance(v, int) and v >= lo)
 
 
 def strings() -> Check:
     """A list of strings."""
-    def check(x: Any, ctx: Context) -> str | None:
-        if not isinstance(x, list):
-            return f"must be a list of strings, got {_short(x)}"
-        for i, v in enumerate(x):
-            if not isinstance(v, str):
-                return f"[{i}]: must be a string, got {_short(v)}"
-        return None
-    return check
+    return _list_of("strings", "a string", lambda v: isinstance(v, str))
 
 
 def field_error(ctx: Context, where: str, problem: str) -> InvalidInput:
