@@ -73,9 +73,19 @@ class Budget:
     before the deadline is kept for finishing (the answer's bound, its
     placement document, writing it).
 
+    ``held`` evaluations are kept for a later phase (``auto``'s refinement,
+    :data:`~celeritas_cli.optimize.portfolio.REFINE_SHARE`): no new work
+    starts on them (:meth:`exhausted`, :meth:`take`), but judging work
+    already paid for (``take(clock=False)``) may use them - a member that
+    ran is never thrown away for want of one simulation.
+
     >>> b = Budget(3, None)
     >>> b.take(), b.charge(1.0), b.take(), b.take()
     (True, None, True, False)
+    >>> b = Budget(3, None)
+    >>> b.held = 2.0
+    >>> b.take(), b.exhausted(), b.take(), b.take(clock=False), b.take(clock=False), b.take(clock=False)
+    (True, True, False, True, True, False)
     """
 
     def __init__(self, evaluations: float, deadline: float | None, sim_prior_s: float = 0.0, reserve: float = 0.0):
@@ -88,6 +98,7 @@ class Budget:
         self.sim_weight = 0.0  # their sizes, in simulations of the input graph
         self.sim_prior_s = sim_prior_s
         self.reserve = reserve
+        self.held = 0.0  # evaluations kept for a later phase (see the class docstring)
 
     @property
     def spent(self) -> float:
@@ -115,10 +126,12 @@ class Budget:
             return True
         return False
 
-    def over_count(self, weight: float = 1.0) -> bool:
+    def over_count(self, weight: float = 1.0, held: bool = True) -> bool:
         """One more simulation (of a graph *weight* times the input's size)
-        would take the count over its limit."""
-        return self.spent + 1 > self.limit or (weight > 1 and self.spent + weight > self.limit)
+        would take the count over its limit (less the ``held`` evaluations,
+        unless *held* is False)."""
+        limit = self.limit - (self.held if held else 0.0)
+        return self.spent + 1 > limit or (weight > 1 and self.spent + weight > limit)
 
     def exhausted(self) -> bool:
         return self.over_count() or self.out_of_time()
@@ -126,10 +139,10 @@ class Budget:
     def take(self, weight: float = 1.0, clock: bool = True) -> bool:
         """Spend one simulation; one of a graph *weight* times the input
         graph's size also charges ``weight - 1``.  ``clock=False``: the
-        deadline does not refuse it (only the count does), for judging work
-        already paid for; else a simulation expected to end past the
-        deadline is refused."""
-        if self.over_count(weight) or (clock and self.out_of_time(weight)):
+        deadline and the ``held`` evaluations do not refuse it (only the
+        whole count does), for judging work already paid for; else a
+        simulation expected to end past the deadline is refused."""
+        if self.over_count(weight, held=clock) or (clock and self.out_of_time(weight)):
             return False
         self.used += 1
         self.charged += max(0.0, weight - 1.0)

@@ -6,15 +6,24 @@ sharded data parallelism (``fsdp``: ZeRO stage 3 / PyTorch FSDP,
 
 A planner searches with a budget of its own, counted in simulations of the
 input graph like auto's: it gets :data:`PLAN_SHARE` of auto's evaluations
-as its ``evaluations`` (charged to auto before it starts) and the time left
+as its ``evaluations`` (charged to auto before it starts; what it did not
+spend is paid back, what it spent beyond is charged) and the time left
 before auto's deadline as its ``time_limit``, so it is sized before it
-starts and stops at the deadline.  It runs only when its share can pay for
+starts and stops at the deadline.  Its share comes only out of what the
+members before it (:data:`~.portfolio.PRIORITY` order) leave of the
+portfolio's part of the budget, ``1 -`` :data:`~.portfolio.REFINE_SHARE`
+(the refinement's share, which no member eats into; the members after it
+get what it leaves), so where the members before it cost much it gets
+less.  It runs only when its charge can pay for
 its model and at least one plan (:func:`planner_charge`: building and
 simulating a derived graph about ``1.1 k`` times the input's size, the
 smallest a pipeline over ``k`` devices builds) - on a huge graph it is left out and
 said so.  With the same number of evaluations, auto's member and the
-``pipeline`` row make the same search, so auto is never worse than the row
-it ran.
+``pipeline`` row make the same search, so auto is never worse than
+``placer place --algo pipeline -p evaluations=N`` with ``N`` the member's
+``evaluations`` (``estimate.candidates`` lists it; its plan is auto's
+candidate); the row with the whole default budget searches more and can
+be better.
 
 ``fsdp`` (stage 3, its default; ``shares=proportional`` first on mixed
 devices) is a member like ``data-parallel``: it builds one sharded graph
@@ -77,20 +86,31 @@ def fsdp_charge(graph: Graph, k: int, dp_charge: float) -> float:
     return dp_charge * (fs[0] + fs[1]) / max(1, dp.nodes + dp.edges)
 
 
-def planner_charge(spec: Spec, budget: float, k: int) -> tuple[float, str | None]:
+def planner_need(k: int) -> float:
+    """Evaluations a planner needs at least: its model's phase and one plan
+    over *k* devices built and simulated (module docstring)."""
+    return MODEL_COST + (1 + BUILD_COST) * 1.1 * k
+
+
+def planner_charge(spec: Spec, budget: float, k: int, room: float = math.inf) -> tuple[float, str | None]:
     """``(charge, why_not)``: the evaluations planner *spec* gets of a
-    *budget*, or the reason it cannot run (its share pays for no plan).
+    *budget* - :data:`PLAN_SHARE` of it, at most the *room* the members
+    before it leave of the portfolio's part (less one to judge its plan) -
+    or the reason it cannot run (that pays for no plan).
 
     >>> planner_charge(Spec("pipeline"), 1000, 4)
     (299.0, None)
+    >>> planner_charge(Spec("pipeline"), 1000, 4, room=150.0)
+    (149.0, None)
     >>> planner_charge(Spec("pipeline"), 40, 4)[1][:40]
-    'its share of the budget (11 evaluations)'
+    'its share of the budget (11 evaluations,'
     """
-    charge = max(0.0, PLAN_SHARE * budget - 1)
-    need = MODEL_COST + (1 + BUILD_COST) * 1.1 * k
+    charge = max(0.0, min(PLAN_SHARE * budget, room) - 1)
+    need = planner_need(k)
     if charge < need:
-        return charge, (f"its share of the budget ({charge:.0f} evaluations) cannot pay for its model and one plan "
-                        f"(about {need:.0f}: a derived graph of {k} replicas built and simulated)")
+        return charge, (f"its share of the budget ({charge:.0f} evaluations, of what the members before it leave of "
+                        f"the portfolio's part) cannot pay for its model and one plan (about {need:.0f}: a derived graph "
+                        f"of {k} replicas built and simulated)")
     return charge, None
 
 

@@ -42,7 +42,9 @@ Which members run is decided from the graph's size and the time limit alone
   charged by :func:`~.planners.fsdp_charge` and counted with the
   data-parallel members) plan the
   whole step: ``pipeline`` searches with :data:`~.planners.PLAN_SHARE` of
-  the budget as its own evaluations, when that pays for one plan; both run
+  the budget as its own evaluations - at most what the members before it
+  leave of the portfolio's part, ``1 -`` :data:`REFINE_SHARE` - when that
+  pays for one plan; both run
   right after METIS when one data-parallel replica does not fit the
   smallest device (:func:`replica_memory`: the model is memory-tight, and
   a sharded or pipelined plan is likely the answer; :data:`TIGHT_FIRST`),
@@ -103,7 +105,7 @@ from ..transform.split_cost import batch_profile
 from .planners import PLANNERS, fsdp_charge, planner_charge
 from .runner import Candidate, Runner, Spec, available, run_portfolio
 
-__all__ = ["OVER_SHARE", "Candidate", "Runner", "Spec", "available", "dp_misfit", "member_cost", "plan",
+__all__ = ["OVER_SHARE", "REFINE_SHARE", "Candidate", "Runner", "Spec", "available", "dp_misfit", "member_cost", "plan",
            "replica_memory", "run_portfolio", "wants_milp"]
 
 #: rough cost of a member in simulations of the graph it runs on (measured on one core)
@@ -130,6 +132,12 @@ MEMBER_SHARE = 0.1
 PORTFOLIO_SHARE = 0.3
 #: at most this share of the budget for the data-parallel members together (beside PORTFOLIO_SHARE)
 DP_SHARE = 0.3
+#: at least this share of the budget is the refinement's: no member - the planners (PLAN_SHARE) included - is
+#: planned into it, and none starts on it (``Budget.held``; only judging a member that already ran may use it).
+#: It is what PORTFOLIO_SHARE + DP_SHARE left the refinement before the planners joined (1 - 0.3 - 0.3); with
+#: PLAN_SHARE on top it kept as little as 0.1, and the refinement is where auto gains over its best start (on the
+#: zoo 0.05-4 %, converging in 430-960 evaluations of the default 891-1,618 on inception_v3 and resnet50)
+REFINE_SHARE = 0.4
 #: the members that run right after metis when one data-parallel replica cannot fit the smallest device
 TIGHT_FIRST = ("fsdp", "pipeline")
 #: the members that split the batch (replicas, micro-batches, shards): left out where it cannot be split
@@ -376,7 +384,11 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
     :data:`MEMBER_SHARE` of the budget, or one that would take the portfolio
     over :data:`PORTFOLIO_SHARE`, is left out (data-parallel members:
     :data:`DP_SHARE` together; the :data:`ANCHORS`, when the budget is
-    tight: :data:`ANCHOR_SHARE`, and first).  *names* restricts it to those
+    tight: :data:`ANCHOR_SHARE`, and first), and so is one that would take
+    the members together into the refinement's :data:`REFINE_SHARE`; a
+    planner gets at most what the members before it leave of the
+    portfolio's part (:func:`~.planners.planner_charge`).  *names*
+    restricts it to those
     algorithms, and then every one of them runs, whatever its cost, charged
     at most its share (:data:`TIMED` members are run by the search, not
     planned here).  *skipped* collects ``(member, reason)`` for every member
@@ -392,7 +404,8 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
     if tight:  # a huge graph: the cheap, usually feasible partitioners first
         offers.sort(key=lambda group: group[0][0].algo not in ANCHORS or group[0][0].R is not None)
     out: list[tuple[Spec, float]] = []
-    spent = dp_spent = 0.0
+    spent = dp_spent = plan_spent = 0.0
+    part = (1 - REFINE_SHARE) * budget  # the portfolio's part: the rest is the refinement's
     scale: float | None = None  # fsdp's charge over data-parallel's (planners.fsdp_charge), counted once
     for members in offers:
         built = False
@@ -405,9 +418,10 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
                 continue  # its base graph is built by that member, which must run first
             if spec.R is not None and not built:
                 charge += CPD_COST
-            if spec.algo in PLANNERS:  # a budget of its own (optimize/planners.py)
-                charge, why = planner_charge(spec, budget, k)
+            if spec.algo in PLANNERS:  # a budget of its own, out of what the members before it leave of the part
+                charge, why = planner_charge(spec, budget, k, part - spent - dp_spent - plan_spent)
                 if why is None or names:
+                    plan_spent += charge + 1
                     out.append((spec, charge))
                 else:
                     say(spec.name, why)
@@ -428,6 +442,8 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
             else:
                 share = MEMBER_SHARE
                 over = charge + 1 > MEMBER_SHARE * budget or spent + charge + 1 > PORTFOLIO_SHARE * budget
+            if not anchor:  # the refinement's share (the anchors' graph is too large for refinement's levels anyway)
+                over = over or spent + dp_spent + plan_spent + charge + 1 > part
             if over and not names:
                 say(spec.name, f"{OVER_SHARE} (costs about {charge + 1:.3g} of the {budget:.0f} evaluations)")
                 continue

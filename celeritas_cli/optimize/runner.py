@@ -162,26 +162,35 @@ def run_portfolio(runner: Runner, specs: list[tuple[Spec, float]], judge: Callab
                   budget, params: Callable[[Spec], dict] | None = None,
                   on_error: Callable[[Spec, Exception], None] | None = None,
                   wanted: Callable[[Spec], bool] | None = None,
-                  on_skip: Callable[[Spec, str], None] | None = None) -> list[Candidate]:
+                  on_skip: Callable[[Spec, str], None] | None = None,
+                  resize: Callable[[Spec, float], tuple[float, str | None]] | None = None) -> list[Candidate]:
     """Run *specs* in order, charging each its estimated cost to *budget*
     (:class:`~celeritas_cli.optimize.evaluator.Budget`) before it starts;
     *judge* scores each candidate (False when the budget is spent).  A
     member whose estimated time (:meth:`~.evaluator.Budget.seconds_for`)
     does not fit in the time left is skipped (the budget records that the
     clock decided), and so is one *wanted* answers False for (nothing
-    charged); *on_skip* hears every member skipped for time or budget, with
-    the reason."""
+    charged), and one *resize* refuses: it answers ``(charge, why_not)``
+    for a member about to start, its planned charge fitted to what is left
+    of the count.  *on_skip* hears every member skipped for time or budget,
+    with the reason."""
     out: list[Candidate] = []
     skip = on_skip or (lambda spec, why: None)
     for i, (spec, charge) in enumerate(specs):
         if budget.exhausted():
-            why = ("the evaluation budget was spent before it could start" if budget.over_count() else
+            why = ("the evaluation budget was spent before it could start" if budget.over_count(held=False) else
+                   "the evaluations left are the refinement's" if budget.over_count() else
                    "the deadline came before it could start")
             for rest, _ in specs[i:]:
                 skip(rest, why)
             break
         if wanted is not None and not wanted(spec):
             continue
+        if resize is not None:
+            charge, refused = resize(spec, charge)
+            if refused is not None:
+                skip(spec, refused)
+                continue
         if not budget.affordable(charge):
             skip(spec, f"needs about {budget.seconds_for(charge):.2g} s and {max(0.0, budget.remaining_time()):.2g} s "
                        f"are left before the deadline")

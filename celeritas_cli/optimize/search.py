@@ -5,9 +5,14 @@ simulator in the loop, under one evaluation budget.
    placers on the input graph and on ``cpd`` coarse graphs; each result is
    simulated on the input graph (or on the derived graph it carries).
 2. **Refinement** (:mod:`~celeritas_cli.optimize.refine`): starting from
-   the best candidates in turn (distinct assignments, best first), units of
-   the multilevel hierarchy (:mod:`~celeritas_cli.optimize.levels`) are
-   moved and swapped along the realised critical path, coarse units first.
+   the best candidates in turn (distinct assignments, best first; among
+   those within :data:`REFINE_TIE` of the best, the one on the smallest
+   graph first), units of the multilevel hierarchy
+   (:mod:`~celeritas_cli.optimize.levels`) are moved and swapped along the
+   realised critical path, coarse units first.  At least
+   :data:`~celeritas_cli.optimize.portfolio.REFINE_SHARE` of the budget is
+   the refinement's: the portfolio is planned within the rest, and no
+   member starts on it (``Budget.held``).
 3. **Answer**: the best placement seen, by ``(bytes over memory,
    makespan)``; so it is never worse than the best portfolio candidate, and
    feasible whenever any candidate was.
@@ -45,12 +50,13 @@ from ..model.graph import Graph
 from ..sim.simulator import lower_bound
 from .evaluator import Budget, Evaluator, Score
 from .levels import Level, hierarchy
-from .planners import PLANNERS, planner_params
+from .planners import PLANNERS, planner_need, planner_params
 from .portfolio import (
     ANCHORS,
     DP_GATE,
     MILP_NAMED_MAX_NODES,
     OVER_SHARE,
+    REFINE_SHARE,
     TIMED,
     TIMED_SHARE,
     Candidate,
@@ -80,6 +86,12 @@ LEVELS_COST = 4.0
 TIMED_MIN_S = 1.0
 #: auto's time limit in seconds; with time limit 0 (no wall clock) the budget is this one's
 DEFAULT_TIME_LIMIT = 10.0
+#: refinement starts this close to the best start (relative makespan) count as tied, and the one on the smallest
+#: graph is refined first: what refinement gains is of this order (on the zoo 0.05-4 %), so a tie is not decided
+#: by the start's score, and a graph w times smaller gets w times the simulations of the same evaluations
+#: (inception_v3 on moirai-intra-server: fsdp's 6.2x graph, 0.12 % ahead, gains nothing in 370 evaluations where
+#: data parallelism's 4.5x graph gains 0.5 %)
+REFINE_TIE = 0.01
 
 
 def default_evaluations(graph: Graph, time_limit: float) -> int:
@@ -110,6 +122,7 @@ class Outcome:
     evaluations: int = 0
     clock_cut: bool = False
     lower_bound: float = 0.0  # simulator's lower_bound of ``graph`` (the graph the answer runs)
+    refine_spent: float = 0.0  # evaluations the refinement spent (the rest: the portfolio's)
     skipped: list[dict] = field(default_factory=list)  # members that did not run: {"name", "why"}
 
 
@@ -206,6 +219,15 @@ class Search:
 
     # ------------------------------------------------------------- phases
     def portfolio(self) -> None:
+        """Plan and run the members (module :mod:`.portfolio`) with the
+        refinement's share of the budget held (:data:`~.portfolio.REFINE_SHARE`)."""
+        self.budget.held = REFINE_SHARE * self.budget.limit
+        try:
+            self._portfolio()
+        finally:
+            self.budget.held = 0.0
+
+    def _portfolio(self) -> None:
         runner = Runner(self.graph, self.cluster, self.costs, self.seed, self.assume_batch)
         notes: list[tuple[str, str]] = []
         specs = plan(self.graph, self.cluster, self.budget.limit, self.algos, notes,
@@ -221,7 +243,7 @@ class Search:
         failed = lambda s, e: self._failed(s, e)  # noqa: E731
         self._charges = {spec: charge for spec, charge in specs if spec.algo in PLANNERS}
         run_portfolio(runner, specs, self._judge, self.budget, self._params, on_error=failed, wanted=self._wanted,
-                      on_skip=lambda s, why: self._skip(s.name, why))
+                      on_skip=lambda s, why: self._skip(s.name, why), resize=self._resize)
         self._timed(runner, failed)
 
     def _params(self, spec: Spec) -> dict:
@@ -234,10 +256,30 @@ class Search:
         best = min((c.score.makespan for c in self.candidates if c.score.feasible), default=0.0)
         return planner_params(spec, self._charges[spec], self.budget.remaining_time(), best)
 
+    def _resize(self, spec: Spec, charge: float) -> tuple[float, str | None]:
+        """A planner's planned *charge* fitted, as it starts, to what the
+        portfolio has left of its part (the budget less the held
+        refinement's share: judging a derived graph can cost more than
+        planned), or why it no longer runs (that pays for no plan; a named
+        one, ``-p algos``, runs whatever is left).  Another member starts
+        while one evaluation of the part is left (``Budget.exhausted``), so
+        the refinement's share loses at most one member's estimate error."""
+        if spec not in self._charges:
+            return charge, None
+        left = self.budget.limit - self.budget.held - self.budget.spent - 1
+        charge = self._charges[spec] = max(0.0, min(charge, left))
+        if charge < planner_need(self.cluster.k) and not (self.algos is not None and spec.algo in self.algos):
+            return charge, (f"the portfolio's part of the budget has {max(0.0, left):.0f} evaluations left, too few "
+                            f"for its model and one plan; the rest ({REFINE_SHARE:g} of the budget) is the "
+                            f"refinement's")
+        return charge, None
+
     def _refund(self, spec: Spec, spent) -> None:
-        """Give back the part of a planner's charge it did not spend."""
+        """Settle a planner's charge with what it spent: the part it did
+        not spend is paid back, what it spent beyond it (its first plan is
+        judged whatever its count says) is charged."""
         used = float(spent) if isinstance(spent, (int, float)) else self._charges[spec]
-        self.budget.charged -= max(0.0, self._charges[spec] - used)
+        self.budget.charged += used - self._charges[spec]
         self._charges[spec] = used
 
     def _failed(self, spec: Spec, exc: Exception) -> None:
@@ -279,7 +321,7 @@ class Search:
                 params.update({"workers": 1, "hint": "none" if feasible else "auto"})
             elif spec.algo == "hierarchical":
                 params["progress"] = False
-            charge = TIMED_SHARE * (self.budget.limit - self.budget.spent)
+            charge = TIMED_SHARE * max(0.0, self.budget.limit - self.budget.held - self.budget.spent)
             run_portfolio(runner, [(spec, charge)], self._judge, self.budget, lambda _s, p=params: p,
                           on_error=failed)
 
@@ -304,9 +346,11 @@ class Search:
         best = min((c.score for c in self.candidates), key=lambda s: (s.overflow, s.makespan), default=None)
         return bool(base) and base[0].feasible == best.feasible and base[0].makespan <= DP_GATE * best.makespan
 
-    def starts(self) -> list[tuple[Candidate, State]]:
-        """Refinement starts: candidates best first, distinct assignments,
-        (see :meth:`_start_state` for their order)."""
+    def starts(self) -> list[Candidate]:
+        """Refinement starts: candidates best first, distinct assignments;
+        the ones tied with the best (:data:`REFINE_TIE`, same bytes over
+        memory) smallest graph first (see :meth:`_start_state` for their
+        order)."""
         ranked = sorted(range(len(self.candidates)),
                         key=lambda i: (self.candidates[i].score.overflow, self.candidates[i].score.makespan, i))
         seen: set[tuple] = set()
@@ -318,7 +362,13 @@ class Search:
                 continue
             seen.add(key)
             out.append(cand)
-        return out
+        if not out:
+            return out
+        best = out[0].score
+        tied = [c for c in out if c.score.overflow == best.overflow and
+                c.score.makespan <= best.makespan * (1 + REFINE_TIE)]
+        tied.sort(key=lambda c: c.graph.n + c.graph.m)  # stable: by score within one size
+        return tied + out[len(tied):]
 
     def _start_state(self, cand: Candidate, prob: _Problem) -> State | None:
         """The refinement start of *cand*: its assignment under the
@@ -371,6 +421,7 @@ class Search:
 
     def run(self) -> Outcome:
         self.portfolio()
+        spent = self.budget.spent
         if not self.candidates:  # nothing ran: a cheap placer, judged once, whatever the budget says
             fallback = next(a for a in (*ANCHORS, "m-topo") if available(a))
             if self.algos is not None:
@@ -394,6 +445,7 @@ class Search:
         # the bound of the graph the answer runs (a derived graph's parts beat the original's critical path)
         out.lower_bound = lower_bound(out.graph, self.cluster, self._problem(out.winner).ev.costs)
         out.evaluations = self.budget.used
+        out.refine_spent = self.budget.spent - spent
         # a member whose own search the wall clock ended (e.g. milp) makes the answer unrepeatable too
         unrepeatable = any(c.placement.estimate.get("repeatable") is False for c in self.candidates)
         out.clock_cut = self.budget.clock_cut or unrepeatable
