@@ -125,9 +125,10 @@ def assess(label: str, kept: dict) -> dict:
     first = {k[len("round1_"):-5]: v for k, v in kept.items() if k.startswith("round1_")}
     second = {k[len("round2_"):-5].replace("_", " ").replace("single device", "single-device"): v
               for k, v in kept.items() if k.startswith("round2_")}
+    dropped = sorted(a for a, rep in {**first, **second}.items() if not replayable(rep))
+    first = {a: first[a] for a in ALGOS if a in first and a not in dropped}
+    second = {a: rep for a, rep in second.items() if a not in dropped}
     untimed = sorted(a for a, rep in {**first, **second}.items() if not timed(rep))
-    first = {a: first[a] for a in ALGOS if a in first and a not in untimed}
-    second = {a: rep for a, rep in second.items() if a not in untimed}
     second = {a: second[a] for a in sorted(second, key=lambda a: (ALGOS + [a]).index(a))}
     gdoc, cluster_doc = kept["graph.json"], kept["cluster.json"]
     after, summaries = {}, {}
@@ -143,13 +144,20 @@ def assess(label: str, kept: dict) -> dict:
     return {"label": label.replace("_b", " b"), "graph": gdoc, "half": kept.get("graph_half.json"),
             "cluster": Cluster.from_dict(cluster_doc), "first": first, "second": second,
             "calibration": summaries["wall"], "calibration_cpu": summaries["cpu"], "wall_after": after["wall"],
-            "cpu_after": after["cpu"], "used": use, "dp_sched": scheds[0], "untimed": untimed}
+            "cpu_after": after["cpu"], "used": use, "dp_sched": scheds[0], "untimed": untimed, "dropped": dropped,
+            "first_timed": {a: rep for a, rep in first.items() if timed(rep)}}
 
 
 def timed(rep: dict) -> bool:
     """Whether a run report has per-node times (``placer run --node-times`` records none for micro-batched,
-    pipelined or sharded plans yet), which calibrate and the tables need."""
+    pipelined or sharded plans yet), which calibrate needs."""
     return isinstance(rep.get("node_times"), dict)
+
+
+def replayable(rep: dict) -> bool:
+    """Whether a run report keeps the plan that ran (``node_times.placement`` or ``ran_placement``), which
+    the tables need to simulate it again."""
+    return timed(rep) or isinstance(rep.get("ran_placement"), dict)
 
 
 def load_kept(path: Path) -> dict:
@@ -177,8 +185,12 @@ def report(results: list[dict], cluster_doc: dict, steps: int, t0: float, kept: 
           f"runs: {min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} CPUs.\n")
     for r in results:
         if r["untimed"]:
-            print(f"{r['label']}: left out of the tables: {', '.join(r['untimed'])} (a micro-batched, pipelined "
-                  "or sharded plan, for which `placer run --node-times` records no per-node times yet).\n")
+            print(f"{r['label']}: {', '.join(r['untimed'])}: a micro-batched, pipelined or sharded plan, for which "
+                  "`placer run --node-times` records no per-node times yet: measured and simulated in the tables, "
+                  "not calibrated from.\n")
+        if r["dropped"]:
+            print(f"{r['label']}: left out of the tables: {', '.join(r['dropped'])} (the run report keeps no plan "
+                  "to simulate again: made before `ran_placement`).\n")
     print("| model | placement | load r1 | simulated before (ms) | measured r1 (ms) | measured / simulated before | "
           "load r2 | measured r2 (ms) | simulated after, wall fit (ms) | measured / simulated | "
           "simulated after, CPU fit (ms) | measured / simulated |")
@@ -224,12 +236,14 @@ def report(results: list[dict], cluster_doc: dict, steps: int, t0: float, kept: 
           "|---|---|---:|---:|---:|")
     for r in results:
         for algo, rep2 in r["second"].items():
+            if not timed(rep2):
+                continue
             cpu = max((rep2["node_times"].get("step_cpu_s") or {"-": float("nan")}).values())
             print(f"| {r['label']} | {algo} | {cpu * 1e3:.2f} | {r['cpu_after'][algo] * 1e3:.2f} | "
                   f"{cpu / r['cpu_after'][algo]:.2f} |")
     print("\n### What calibrate fitted\n")
-    print("| model | nodes | batch lines | fit error median / p90 | dispatch per node (us) | per transfer, not "
-          "simulated (us) | contention | links (latency us, GB/s) |\n|---|---:|---:|---:|---:|---:|---:|---|")
+    print("| model | nodes | batch lines | fit error median / p90 | dispatch per node (us) | send (us + us/MB) | "
+          "receive (us) | contention | links (latency us, GB/s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
         for clock, s in (("wall", r["calibration"]), ("CPU", r["calibration_cpu"])):
             links = "; ".join(f"{k}: {v['latency_s'] * 1e6:.0f}, {v['bandwidth_Bps'] / 1e9:.2f}" for k, v in
@@ -237,20 +251,21 @@ def report(results: list[dict], cluster_doc: dict, steps: int, t0: float, kept: 
             kappa = ", ".join(f"{v['contention']:.2f}" for v in s["hosts"].values()) or "-"
             print(f"| {r['label']} ({clock}) | {s['nodes_fitted']} | {s['batch_lines']} | "
                   f"{100 * s['node_error']['median']:.1f}% / {100 * s['node_error']['p90']:.1f}% | "
-                  f"{s['dispatch']['per_node_s'] * 1e6:.0f} | {s['dispatch']['per_transfer_s'] * 1e6:.0f} | {kappa} | "
+                  f"{s['dispatch']['per_node_s'] * 1e6:.0f} | {s['dispatch']['send_s'][0] * 1e6:.0f} + "
+                  f"{s['dispatch']['send_s'][1] * 1e12:.0f} | {s['dispatch']['recv_s'][0] * 1e6:.0f} | {kappa} | "
                   f"{links} |")
     print("\n### Where the gap comes from (round 1)\n")
     sections = [("Dispatch: time between nodes that is neither a node nor a wait", "dispatch",
-                 lambda r: dispatch_rows(r["label"], r["first"])),
+                 lambda r: dispatch_rows(r["label"], r["first_timed"])),
                 ("Per-op overhead: single-device run vs isolated `--measure`", "overhead",
                  lambda r: [overhead_row(r["label"], r["first"]["single-device"], r["graph"])]),
                 ("Split scaling: data-parallel replicas at b/2 vs the single-device run at b", "split",
                  lambda r: [split_row(r["label"], r["first"]["single-device"], r["first"]["data-parallel"],
                                       r["graph"], r["half"])]),
                 ("Transfers under concurrency (those the receiver waited for)", "transfer",
-                 lambda r: transfer_rows(r["label"], r["first"], r["cluster"])),
+                 lambda r: transfer_rows(r["label"], r["first_timed"], r["cluster"])),
                 ("Contention between the processes sharing the cores", "contention",
-                 lambda r: contention_rows(r["label"], r["first"])),
+                 lambda r: contention_rows(r["label"], r["first_timed"])),
                 ("All-reduce overlap (data-parallel, DDP buckets)", "allreduce",
                  lambda r: [allreduce_row(r["label"], r["first"]["data-parallel"], ring_seconds(r["dp_sched"]))])]
     for title, key, rows in sections:

@@ -64,14 +64,15 @@ def calibrate(reports, graph_path, cluster_path, cluster_out, clock, output):
     for lab, g in s["dispatch_s"].items():
         say(f"{lab}: time between nodes {1e6 * g:.1f} us per node")
     d = s["dispatch"]
-    say(f"dispatch: {1e6 * d['per_node_s']:.1f} us per node (added to every node) + {1e6 * d['per_transfer_s']:.1f} "
-        f"us per transfer sent or received (added to the links' latency), fitted over {d['devices']} device runs")
+    say(f"dispatch: {1e6 * d['per_node_s']:.1f} us per node (added to every node); a transfer costs its sender "
+        f"{1e6 * d['send_s'][0]:.1f} us + {1e12 * d['send_s'][1]:.1f} us per MB and its receiver "
+        f"{1e6 * d['recv_s'][0]:.1f} us of the device's time (hosts' send_s / recv_s); fitted over "
+        f"{d['devices']} device runs")
     for host, h in s["hosts"].items():
         say(f"host {host}: contention {h['contention']:.3f} (from {h['nodes']} nodes run both alone and crowded)"
             if h["nodes"] else f"host {host}: contention not fitted (no node ran both alone and crowded): 1.0")
     for pair, f in s["links"].items():
-        say(f"link {pair}: latency {1e6 * f['latency_s']:.1f} us (written with the per-transfer cost: "
-            f"{1e6 * (f['latency_s'] + d['per_transfer_s']):.1f} us), bandwidth {f['bandwidth_Bps'] / 1e9:.3f} GB/s "
+        say(f"link {pair}: latency {1e6 * f['latency_s']:.1f} us, bandwidth {f['bandwidth_Bps'] / 1e9:.3f} GB/s "
             f"({f['how']}, {f['n']} transfers, median error {100 * f['error']:.1f}%)")
     kept = [i for i, d in enumerate(docs) if isinstance(d["node_times"].get("placement"), dict)]
     for i in sorted(set(range(len(docs))) - set(kept)):

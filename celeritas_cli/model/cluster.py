@@ -6,8 +6,13 @@ fit t = k·d + b of Celeritas 4.2.1 with k = 1/bandwidth); zero on the same
 device.  A pair listed with ``via`` is multi-hop: bandwidth is the minimum
 along the path, latencies add (Moirai III-C).  ``hosts`` (optional, written
 by ``placer calibrate``) groups devices that share one machine's cores; a
-host's ``contention`` multiplies the node times of its devices
-(:class:`~celeritas_cli.model.costs.CostModel`).
+host's ``contention`` multiplies the node times of its devices while two or
+more of them run a placement's nodes
+(:meth:`~celeritas_cli.model.costs.CostModel.placed_time`), and its
+``send_s`` / ``recv_s`` lines ``[seconds, seconds per byte]`` are what a
+transfer costs the sending and the receiving device's own time (a CPU
+process copies and posts a tensor; the simulator keeps the device busy for
+it, :mod:`celeritas_cli.sim.simulator` rule 3a).
 """
 
 from __future__ import annotations
@@ -50,12 +55,30 @@ class Cluster:
     #: per device, the factor its node times are multiplied by because it shares a host's cores with other
     #: devices (the ``hosts`` field; 1.0 for a device alone): :meth:`~celeritas_cli.model.costs.CostModel.node_row`
     contention: list[float] = field(default_factory=list)
+    #: per device, the index of its host in ``hosts`` (-1: in none)
+    host_of: list[int] = field(default_factory=list)
+    #: per device, what sending a tensor of b bytes costs the device's own time: ``a + b * bytes``
+    #: (``(a, b)``; the host's ``send_s``, zero by default), and what receiving one costs (``recv_s``)
+    send_cost: list[tuple[float, float]] = field(default_factory=list)
+    recv_cost: list[tuple[float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.index:
             self.index = {d.id: i for i, d in enumerate(self.devices)}
+        k = len(self.devices)
         if not self.contention:
-            self.contention = [1.0] * len(self.devices)
+            self.contention = [1.0] * k
+        if not self.host_of:
+            self.host_of = [-1] * k
+        if not self.send_cost:
+            self.send_cost = [(0.0, 0.0)] * k
+        if not self.recv_cost:
+            self.recv_cost = [(0.0, 0.0)] * k
+
+    @property
+    def transfer_costs(self) -> bool:
+        """Whether a transfer costs any device time of its own (some host's ``send_s`` / ``recv_s``)."""
+        return any(a or b for a, b in self.send_cost) or any(a or b for a, b in self.recv_cost)
 
     @property
     def k(self) -> int:
@@ -139,6 +162,8 @@ class Cluster:
         if cached is None:  # clusters are not mutated after loading
             doc = {"devices": [[d.id, d.type, d.memory, d.speed] for d in self.devices],
                    "bandwidth_Bps": self.bandwidth, "latency_s": self.latency}
+            if any(h >= 0 for h in self.host_of):   # calibrated hosts change what a step costs
+                doc["hosts"] = [self.host_of, self.contention, self.send_cost, self.recv_cost]
             cached = hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
             self.__dict__["_digest"] = cached
         return cached
@@ -225,19 +250,23 @@ class Cluster:
                 lat[a][c] = float(p.get("latency_s", dlat))
             if not (math.isfinite(bw[a][c]) and math.isfinite(lat[a][c])):
                 raise InvalidInput(f"{label}: link pair {s}->{d}: bandwidth and latency must be finite")
+        kappa, host_of, send, recv = _hosts(doc.get("hosts") or [], index, label)
         return cls(name=doc.get("name", "cluster"), devices=devices, bandwidth=bw, latency=lat,
-                   doc=doc, index=index, contention=_contention(doc.get("hosts") or [], index, label))
+                   doc=doc, index=index, contention=kappa, host_of=host_of, send_cost=send, recv_cost=recv)
 
 
-def _contention(hosts: list, index: dict[str, int], label: str) -> list[float]:
-    """Per-device contention factors from a cluster's ``hosts`` (a device in no host: 1.0).
+def _hosts(hosts: list, index: dict[str, int], label: str) -> tuple[list[float], list[int], list, list]:
+    """Per device, from a cluster's ``hosts``: the contention factor, the host's index, and the
+    ``send_s`` / ``recv_s`` lines (a device in no host: 1.0, -1, zero costs).
 
     Raises
     ------
     InvalidInput
         A host naming an unknown device, or a device in two hosts.
     """
-    out = [1.0] * len(index)
+    k = len(index)
+    kappa, host_of = [1.0] * k, [-1] * k
+    send, recv = [(0.0, 0.0)] * k, [(0.0, 0.0)] * k
     seen: dict[str, str] = {}
     for i, host in enumerate(hosts):
         name = host.get("name", f"#{i}")
@@ -247,8 +276,11 @@ def _contention(hosts: list, index: dict[str, int], label: str) -> list[float]:
             if did in seen:
                 raise InvalidInput(f"{label}: device '{did}' is in two hosts ({seen[did]} and {name})")
             seen[did] = name
-            out[index[did]] = float(host.get("contention", 1.0))
-    return out
+            d = index[did]
+            kappa[d], host_of[d] = float(host.get("contention", 1.0)), i
+            send[d] = tuple(float(x) for x in host.get("send_s", (0.0, 0.0)))
+            recv[d] = tuple(float(x) for x in host.get("recv_s", (0.0, 0.0)))
+    return kappa, host_of, send, recv
 
 
 def uniform(k: int, *, memory: int = 32 * GiB, bandwidth: float = 1.0e10, latency: float = 1.0e-5,

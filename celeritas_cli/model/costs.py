@@ -6,7 +6,9 @@ A :class:`CostModel` binds a graph to a cluster and answers, in O(1):
 * ``time[v][d]`` - node *v*'s compute time on device *d* (:meth:`CostModel.node_row`
   times the device's contention factor: a cluster's ``hosts`` group devices
   that share one machine's cores, and ``placer calibrate`` fits how much
-  slower a node runs there, ``Cluster.contention``);
+  slower a node runs there, ``Cluster.contention``; the planners see it on
+  every device of such a host, the simulator only where the placement keeps
+  two or more devices of the host busy, :meth:`CostModel.placed_time`);
 * ``comm(e, a, c)`` - transfer time of edge *e*'s tensor from device *a* to
   device *c* (0 when ``a == c``);
 * ``tensor_comm(t, a, c)`` - the same for a tensor id;
@@ -92,9 +94,44 @@ class CostModel:
         for name in ("fastest_time", "mean_time", "max_time", "_pair_stats", "mean_comms"):
             self.__dict__.pop(name, None)
         self.time: list[list[float]] = [self.node_row(v) for v in range(graph.n)]
+        #: the node times without contention (the same list as ``time`` when no host has any)
+        self.alone_time = self.time
         kappa = self.cluster.contention
         if any(x != 1.0 for x in kappa):     # devices sharing a host's cores (cluster ``hosts``, placer calibrate)
             self.time = [[t * x for t, x in zip(row, kappa)] for row in self.time]
+
+    def placed_time(self, device_of) -> list[list[float]]:
+        """``time`` for a placement (``device_of[v]``, -1: not placed): a host's
+        ``contention`` applies where two or more of its devices run nodes,
+        as ``placer calibrate`` fits it (a node crowded by another device of
+        its host, against the same node alone); a device that is the only
+        busy one of its host runs at its ``alone_time``.
+
+        >>> from celeritas_cli.model.graph import build
+        >>> from celeritas_cli.model.cluster import Cluster
+        >>> c = Cluster.from_dict({"schema": "placer.cluster/v1", "links": {"default": {"bandwidth_Bps": 1e9}},
+        ...     "devices": [{"id": i, "type": "cpu", "memory_bytes": 1} for i in ("a", "b")],
+        ...     "hosts": [{"devices": ["a", "b"], "contention": 1.5}]})
+        >>> g = build("g", [{"id": v, "compute_s": 2.0, "memory_bytes": 0} for v in "xy"], [])
+        >>> m = cost_model(g, c)
+        >>> m.placed_time([0, 0])[0], m.placed_time([0, 1])[0]
+        ([2.0, 3.0], [3.0, 3.0])
+        """
+        if self.alone_time is self.time:
+            return self.time
+        hosts = self.cluster.host_of
+        busy: dict[int, set[int]] = {}
+        for d in set(device_of):
+            if d >= 0 and hosts[d] >= 0:
+                busy.setdefault(hosts[d], set()).add(d)
+        alone = [d for ds in busy.values() if len(ds) == 1 for d in ds if self.cluster.contention[d] != 1.0]
+        if not alone:
+            return self.time
+        out = [row[:] for row in self.time]
+        for row, base in zip(out, self.alone_time):
+            for d in alone:
+                row[d] = base[d]
+        return out
 
     def for_graph(self, graph: Graph) -> "CostModel":
         """The same cost rules bound to *graph* (a coarse or split graph

@@ -4,25 +4,26 @@ The inputs are ``placer.run/v1`` reports made with ``placer run
 --node-times`` (:mod:`celeritas_cli.run.timing`), the graph file the
 placements were made for and the cluster they ran on.  The fit (no torch):
 
-1. **Dispatch overhead.**  On each device of each run, the time between its
-   nodes that is neither a node, nor waiting for a tensor, nor waiting for an
-   all-reduce - the executor's per-node bookkeeping, freeing tensors, the
-   Python loop, and each transfer's copy and post - fitted over all devices
-   and runs as ``g * nodes + c * transfers`` (:func:`fit_dispatch`): ``g`` is
-   a fixed per-op cost the simulator does not know of, and a node's sample is
-   ``measured_s + g``; ``c``, what a transfer costs each of its two
-   processes, joins the latency of the links between the reports' devices
-   (the receiver's share delays the consumer, as latency does; the sender's
-   share is not simulated: a device is not busy while it sends).
+1. **Dispatch and transfer overhead.**  On each device of each run, the time
+   between its nodes that is neither a node, nor waiting for a tensor, nor
+   waiting for an all-reduce - the executor's per-node bookkeeping, freeing
+   tensors, the Python loop, and each transfer's copy, post and wait -
+   fitted over all devices and runs as ``g * nodes + (s + s_b * bytes) *
+   sent + r * received`` (non-negative least squares, :func:`fit_dispatch`):
+   ``g`` is a fixed per-op cost the simulator does not know of, and a node's
+   sample is ``measured_s + g``; ``[s, s_b]`` and ``[r, 0]`` become the
+   host's ``send_s`` / ``recv_s`` lines, which the simulator charges to the
+   sending and the receiving device (rule 3a of
+   :mod:`celeritas_cli.sim.simulator`).
 2. **Contention** (per host, :data:`hosts` of the cluster): devices that are
    processes on one machine share its cores and memory bandwidth.  For every
    node measured both in a run where it was alone on its host and in a run
    where several devices of the host were busy, the ratio of the medians of
    its own times; the factor ``kappa`` is the median ratio (at least 1).
    Node times from crowded runs are divided by ``kappa`` (before the gap is
-   added); the cost model multiplies the node times of every device of a
-   host with two or more devices by it
-   (:class:`~celeritas_cli.model.costs.CostModel`).
+   added); the simulator multiplies the node times of a host's devices by it
+   where the placement keeps two or more of them busy, the same "crowded"
+   as here (:meth:`~celeritas_cli.model.costs.CostModel.placed_time`).
 3. **Node times and batch lines** (Celeritas 4.2.1's Standard Evaluation,
    :func:`~celeritas_cli.profile.regression.fit_line`): per node and device
    type the median sample at each batch it ran at; the value at the graph's
@@ -79,7 +80,7 @@ from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.jsonio import validate
 from .commfit import fit_link
-from .regression import fit_line, summarize
+from .regression import fit_line, nnls, summarize
 
 CLOCKS = ("wall", "cpu")
 
@@ -183,42 +184,42 @@ class _Sample:
 
 def fit_dispatch(reports: list[dict], clock: str = "wall") -> dict:
     """Every device's dispatch gaps of every run (:func:`dispatch_gaps`) as ``per_node_s * nodes +
-    per_transfer_s * transfers`` (least squares, no intercept; the transfers a device sends and
-    receives): each transfer costs its two processes CPU time (a contiguous copy, a post, a buffer),
-    so a placement that sends more has larger gaps.  ``per_node_s`` goes into the node times (it
-    does not depend on the placement), ``per_transfer_s`` into the links' latency (the simulator has
-    no per-transfer cost on a device).
+    (send_s + send_s_per_byte * bytes) * sent + recv_s * received`` (non-negative least squares,
+    :func:`~celeritas_cli.profile.regression.nnls`): each transfer costs its sender a contiguous
+    copy of the tensor and a post, and its receiver the wait and a buffer, so a placement that sends
+    more has larger gaps.  ``per_node_s`` goes into the node times (it does not depend on the
+    placement); the transfer terms become the hosts' ``send_s`` / ``recv_s`` lines, which the
+    simulator charges to the devices (rule 3a of :mod:`celeritas_cli.sim.simulator`).
+    ``per_transfer_s`` is the one-number summary: a transfer's cost to both processes at the
+    runs' mean tensor size.
 
     >>> nt = lambda gap, sent: {"nodes": [{"id": "a", "device": "d", "measured_s": 1.0, "start_s": 0.0},
     ...                                   {"id": "b", "device": "d", "measured_s": 1.0, "start_s": 1.0 + gap}],
-    ...                         "transfers": [{"src": "d", "dst": "e"}] * sent}
+    ...                         "transfers": [{"src": "d", "dst": "e", "bytes": 0}] * sent}
     >>> f = fit_dispatch([{"node_times": nt(0.2, 0)}, {"node_times": nt(0.6, 4)}])
-    >>> round(f["per_node_s"], 9), round(f["per_transfer_s"], 9)
-    (0.1, 0.1)
+    >>> round(f["per_node_s"], 9), round(f["send_s"][0], 9), f["recv_s"]
+    (0.1, 0.1, [0.0, 0.0])
     """
-    rows = []
+    rows, ys = [], []
+    sizes: list[float] = []
     for rep in reports:
         nt = rep["node_times"]
         gaps = dispatch_gaps(nt, clock)
         for d, g in gaps.items():
             n = sum(1 for r in nt["nodes"] if r["device"] == d)
-            t = sum(1 for x in nt.get("transfers", []) if d in (x.get("src"), x.get("dst")))
-            rows.append((n, t, g * n))
+            sent = [float(x.get("bytes") or 0) for x in nt.get("transfers", []) if x.get("src") == d]
+            recv = sum(1 for x in nt.get("transfers", []) if x.get("dst") == d)
+            sizes.extend(sent)
+            rows.append([float(n), float(len(sent)), math.fsum(sent), float(recv)])
+            ys.append(g * n)
     if not rows:
-        return {"per_node_s": 0.0, "per_transfer_s": 0.0, "devices": 0}
-    snn = math.fsum(n * n for n, _, _ in rows)
-    stt = math.fsum(t * t for _, t, _ in rows)
-    snt = math.fsum(n * t for n, t, _ in rows)
-    sny = math.fsum(n * y for n, _, y in rows)
-    sty = math.fsum(t * y for _, t, y in rows)
-    det = snn * stt - snt * snt
-    if stt > 0 and det > 1e-12 * snn * stt:
-        g0, c = (sny * stt - sty * snt) / det, (snn * sty - snt * sny) / det
-        if g0 < 0 or c < 0:                      # one of them explains nothing: fit the other alone
-            g0, c = (max(0.0, sny / snn), 0.0) if c < 0 else (0.0, max(0.0, sty / stt))
-    else:
-        g0, c = max(0.0, sny / snn) if snn else 0.0, 0.0
-    return {"per_node_s": g0, "per_transfer_s": c, "devices": len(rows)}
+        return {"per_node_s": 0.0, "per_transfer_s": 0.0, "send_s": [0.0, 0.0], "recv_s": [0.0, 0.0], "devices": 0}
+    g0, s0, sb, r0 = nnls(rows, ys)
+    s0, r0 = (x if x >= 1e-9 else 0.0 for x in (s0, r0))    # below a nanosecond: the clocks' rounding
+    sb = sb if sb >= 1e-15 else 0.0                           # faster than a petabyte per second: none
+    mean = math.fsum(sizes) / len(sizes) if sizes else 0.0
+    return {"per_node_s": g0, "per_transfer_s": s0 + sb * mean + r0, "send_s": [s0, sb], "recv_s": [r0, 0.0],
+            "devices": len(rows)}
 
 
 def node_samples(report: dict, cluster: Cluster, clock: str = "wall", gap: float | None = None) -> list[_Sample]:
@@ -358,7 +359,7 @@ def calibrate(graph_doc: dict, cluster_doc: dict, reports: list[dict], *, labels
     types = fit_op_types(old, fitted, {nid: graph.op[v] for v, nid in enumerate(graph.ids)})
     unmeasured = _fill_unmeasured(out_graph, fitted, types, {d.type for d in cluster.devices})
     links = fit_links(reports, cluster)
-    out_cluster = _write_cluster(cluster_doc, cluster, reports, links, hosts, dispatch["per_transfer_s"])
+    out_cluster = _write_cluster(cluster_doc, cluster, reports, links, hosts, dispatch)
     summary = {"reports": labels, "clock": clock, "batch": batch, "nodes_fitted": len(fitted),
                "nodes_unmeasured": unmeasured, "batch_lines": lines, "scaled_linearly": scaled,
                "node_error": summarize(errors), "dispatch_s": _dispatch(reports, labels, clock),
@@ -445,21 +446,17 @@ def _fill_unmeasured(doc: dict, fitted: dict, types: dict, dtypes: set[str]) -> 
 
 
 def _write_cluster(doc: dict, cluster: Cluster, reports: list[dict], links: dict, hosts: dict,
-                   per_transfer: float = 0.0) -> dict:
-    """The calibrated cluster: fitted pairs, and every other pair between devices of the reports, with
-    *per_transfer* (the receiver's share of a transfer's cost, :func:`fit_dispatch`) added to the latency."""
+                   dispatch: dict | None = None) -> dict:
+    """The calibrated cluster: the fitted pairs, and hosts with their contention and the transfer
+    costs of *dispatch* (:func:`fit_dispatch`: ``send_s`` / ``recv_s``)."""
     out = copy.deepcopy(doc)
-    seen = sorted({n["device"] for rep in reports for n in rep["node_times"]["nodes"]}, key=lambda d: cluster.index[d])
-    pairs = [p for p in (out["links"].get("pairs") or [])
-             if (p["src"], p["dst"]) not in links and not (per_transfer and p["src"] in seen and p["dst"] in seen)]
-    for a in seen:
-        for b in seen:
-            if a != b and ((a, b) in links or per_transfer):
-                f = links.get((a, b)) or {"bandwidth_Bps": cluster.bandwidth[cluster.index[a]][cluster.index[b]],
-                                          "latency_s": cluster.latency[cluster.index[a]][cluster.index[b]]}
-                pairs.append({"src": a, "dst": b, "bandwidth_Bps": f["bandwidth_Bps"],
-                              "latency_s": f["latency_s"] + per_transfer})
+    pairs = [p for p in (out["links"].get("pairs") or []) if (p["src"], p["dst"]) not in links]
+    for (a, b), f in links.items():
+        pairs.append({"src": a, "dst": b, "bandwidth_Bps": f["bandwidth_Bps"], "latency_s": f["latency_s"]})
     out["links"]["pairs"] = pairs
+    costs = {}
+    if dispatch and (any(dispatch.get("send_s") or ()) or any(dispatch.get("recv_s") or ())):
+        costs = {"send_s": list(dispatch["send_s"]), "recv_s": list(dispatch["recv_s"])}
     members: dict[str, list[str]] = {}
     for rep in reports:
         for did, host in (rep["node_times"].get("hosts") or {}).items():
@@ -472,8 +469,9 @@ def _write_cluster(doc: dict, cluster: Cluster, reports: list[dict], links: dict
     grouped = []
     for host, devs in sorted(members.items()):
         devs = sorted(devs, key=lambda d: cluster.index[d])
-        if len(devs) >= 2:
-            grouped.append({"name": host, "devices": devs, "contention": hosts.get(host, {}).get("contention", 1.0)})
+        if len(devs) >= 2 or costs:
+            grouped.append({"name": host, "devices": devs, "contention": hosts.get(host, {}).get("contention", 1.0),
+                            **costs})
     done = {d for h in grouped for d in h["devices"]}
     keep = [h for h in (out.get("hosts") or []) if not done & set(h["devices"])]
     if grouped or keep:

@@ -74,6 +74,58 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def nnls(rows: list[list[float]], ys: list[float]) -> list[float]:
+    """Non-negative least squares ``y ~ sum_j c_j x_j`` with every ``c_j >= 0``
+    (no intercept), for a handful of columns: the best of the least-squares
+    fits on every subset of the columns whose coefficients are all >= 0 (the
+    optimum is one of them: the unconstrained fit on its positive set), ties
+    to the smaller subset.  Columns are scaled to unit norm before solving.
+
+    >>> [round(c, 6) for c in nnls([[1, 0], [0, 1], [1, 1]], [2, 3, 5])]
+    [2.0, 3.0]
+    >>> [round(c, 6) for c in nnls([[1, 1], [2, 1], [3, 1]], [1, 0.5, 0])]   # the slope would be negative
+    [0.0, 0.5]
+    """
+    p = len(rows[0]) if rows else 0
+    norm = [math.sqrt(math.fsum(r[j] * r[j] for r in rows)) or 1.0 for j in range(p)]
+    best, best_sse = [0.0] * p, math.fsum(y * y for y in ys)
+    ynorm = math.sqrt(best_sse)
+    subsets = sorted((m for m in range(1, 1 << p)), key=lambda m: (bin(m).count("1"), m))
+    for mask in subsets:
+        cols = [j for j in range(p) if mask >> j & 1]
+        a = [[math.fsum(r[i] * r[j] for r in rows) / (norm[i] * norm[j]) for j in cols] for i in cols]
+        b = [math.fsum(r[i] * y for r, y in zip(rows, ys)) / norm[i] for i in cols]
+        sol = _solve(a, b)
+        if sol is None or any(c < 0 for c in sol):
+            continue
+        coef = [0.0] * p
+        for j, c in zip(cols, sol):      # a contribution at the rounding level of y is none
+            coef[j] = c / norm[j] if c > 1e-9 * ynorm else 0.0
+        sse = math.fsum((y - math.fsum(c * x for c, x in zip(coef, r))) ** 2 for r, y in zip(rows, ys))
+        if sse < best_sse * (1 - 1e-12):
+            best, best_sse = coef, sse
+    return best
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting; ``None`` for a (nearly) singular system."""
+    n = len(b)
+    m = [row[:] + [v] for row, v in zip(a, b)]
+    for c in range(n):
+        piv = max(range(c, n), key=lambda r: abs(m[r][c]))
+        if abs(m[piv][c]) < 1e-12:
+            return None
+        m[c], m[piv] = m[piv], m[c]
+        for r in range(c + 1, n):
+            f = m[r][c] / m[c][c]
+            for j in range(c, n + 1):
+                m[r][j] -= f * m[c][j]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        x[r] = (m[r][n] - math.fsum(m[r][j] * x[j] for j in range(r + 1, n))) / m[r][r]
+    return x
+
+
 def predict(xs: list[float], ys: list[float], x: float, *, integer: bool = False) -> float | int:
     """Value of the least-squares line through ``(xs, ys)`` at *x*, clamped at 0.
 

@@ -189,8 +189,11 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
                         threads=n_threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
                         load=load_average(), seed=seed, progress=progress)
         if node_times:
+            from .timing import placement_doc
+
             report["notes"].append("--node-times: per-node times are not recorded for micro-batched or pipelined "
-                                   "plans (plain and data-parallel placements only)")
+                                   "plans (plain and data-parallel placements only); ran_placement keeps the plan")
+            report["ran_placement"] = placement_doc(placement)
         report["plan"] = "micro-batched"
         return report
     from .fsdp_run import FSDPPrepared
@@ -291,7 +294,11 @@ def _run_fsdp(pre, placement, cluster, *, label, backend, steps, warmup, threads
                       rtol=rtol, atol=atol, congestion=congestion, load=load_average(), progress=progress)
     report["plan"] = "fsdp"
     if node_times:
-        report["notes"].append("--node-times: per-node times are not recorded for fsdp plans")
+        from .timing import placement_doc
+
+        report["notes"].append("--node-times: per-node times are not recorded for fsdp plans; ran_placement keeps "
+                               "the plan")
+        report["ran_placement"] = placement_doc(placement)
     return report
 
 

@@ -44,7 +44,9 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 def resimulate(reports: list[dict], labels: list[str], graph: Graph, cluster: Cluster, *,
                congestion: str | None = None) -> list[dict]:
     """Per report: ``{"report", "placement", "measured_s", "before_s" (the report's simulated step),
-    "after_s" (its placement simulated on *graph* and *cluster*)}``.
+    "after_s" (its placement simulated on *graph* and *cluster*)}``.  The placement is the one the
+    report keeps: ``node_times.placement``, or ``ran_placement`` for a plan without per-node times
+    (micro-batched, pipelined, fsdp).
 
     Raises
     ------
@@ -55,7 +57,7 @@ def resimulate(reports: list[dict], labels: list[str], graph: Graph, cluster: Cl
 
     rows = []
     for rep, lab in zip(reports, labels):
-        doc = (rep.get("node_times") or {}).get("placement")
+        doc = (rep.get("node_times") or {}).get("placement") or rep.get("ran_placement")
         if not isinstance(doc, dict):
             raise InvalidInput(f"{lab}: keeps no placement (node_times.placement); run placer run --node-times again")
         p = Placement.from_dict(doc, f"{lab}: node_times.placement")

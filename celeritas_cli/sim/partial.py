@@ -42,7 +42,11 @@ transfers whose producer moved are updated as it goes), which touches only
 what changes.  Should the worklist not settle within a budget
 proportional to the placed part, the placed part is simulated instead.
 The test-suite checks the invariant against ``run_schedule`` after every
-commit on random graphs (:meth:`PartialSchedule.check`).
+commit on random graphs (:meth:`PartialSchedule.check`).  It holds for
+clusters without calibrated ``hosts``: with them the partial schedule is
+the list scheduler's model - every node at its ``CostModel.time``
+(contention on every device of a host) and no transfer costs on the
+devices (the simulator's rule 3a) - and the simulator judges the result.
 """
 
 from __future__ import annotations

@@ -54,9 +54,12 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched, co
     k = cluster.k
     busy = [0.0] * k
     count = [0] * k
+    time = costs.placed_time(sched.device_of)
     for v, d in enumerate(sched.device_of):
-        busy[d] += costs.time[v][d]
+        busy[d] += time[v][d]
         count[d] += 1
+    if cluster.transfer_costs and sched.overhead:       # rule 3a of the simulator
+        busy = [b + x for b, x in zip(busy, sched.overhead)]
     prof = judge_memory(graph, sched, k, memory)
     over_ids = set(cluster.over_capacity(prof.peak))
     makespan = sched.makespan
@@ -69,6 +72,8 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched, co
                         "memory_bytes": prof.peak[d], "static_memory_bytes": prof.static[d],
                         "peak_at_s": prof.peak_at[d], "peak_live": prof.live[d],
                         "capacity_bytes": dv.memory, "oom": d in over_ids})
+        if cluster.transfer_costs:      # rule 3a of the simulator: part of busy_s
+            devices[-1]["transfer_overhead_s"] = sched.overhead[d] if sched.overhead else 0.0
     links: dict[tuple[int, int], list] = {}
     for tr in sched.transfers:
         st = links.setdefault((tr.src_dev, tr.dst_dev), [0.0, 0, 0])

@@ -18,6 +18,17 @@ Semantics (docs/design.md, "The simulator"):
    of one tensor are served in device index order.  A multi-hop pair
    (``via``) is one channel with the path's bandwidth and latency; it does
    not occupy the intermediate links.
+
+   3a. Where a cluster's ``hosts`` give a transfer a cost on the devices'
+   own time (``send_s`` / ``recv_s``, fitted by ``placer calibrate`` for
+   CPU processes, which copy and post every tensor they send and wait for
+   every one they receive; zero for every bundled cluster), a node runs for
+   its time plus ``a + b * bytes`` of its device's ``send_s`` for each
+   transfer it makes (its tensors become ready when that is done) plus the
+   device's ``recv_s`` for each received tensor it is the first node on the
+   device to read.  A host's ``contention`` multiplies the node times of
+   its devices only when two or more of them run nodes of the placement
+   (:meth:`~celeritas_cli.model.costs.CostModel.placed_time`).
 4. Order on a device: the placement's ``order`` when given, strictly
    followed; otherwise, whenever a device is free, the ready node with the
    largest upward rank computed with this placement's real costs, ties by
@@ -88,7 +99,8 @@ class Schedule:
     """The realised schedule: per-node start/finish, the transfers, and for
     each node the node that let it start (``binding[v]``, -1 for none).
     ``graph`` is the graph that was simulated (a placement's split graph when
-    it carries one), which node indices refer to."""
+    it carries one), which node indices refer to.  ``overhead[d]`` is
+    device *d*'s time spent on transfers besides its nodes' times (rule 3a)."""
 
     device_of: list[int]
     start: list[float]
@@ -98,6 +110,7 @@ class Schedule:
     makespan: float
     device_order: list[list[int]] = field(default_factory=list)
     graph: Graph | None = None
+    overhead: list[float] = field(default_factory=list)
 
 
 def check_colocation(graph: Graph, cluster: Cluster, device_of: Sequence[int], label: str) -> None:
@@ -143,7 +156,7 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
         rule = _strict_order(graph.n, order, dev)
     else:
         rule = _rank_order(graph, costs, dev, cluster.k)
-    sched, done = _event_loop(graph, costs, dev, cluster.k, LinkState(cluster.k, congestion).send, rule)
+    sched, done = _event_loop(graph, costs, dev, cluster.k, LinkState(cluster.k, congestion).send, rule, cluster)
     if done != rule.n_run:
         raise InvalidInput(_deadlock_message(graph, cluster, dev, rule.queues, rule.ptr, sched.finish, label))
     if rule.n_run == graph.n:
@@ -211,18 +224,20 @@ def _rank_order(graph: Graph, costs: CostModel, dev: Sequence[int], k: int) -> _
     return _OrderRule(ready, take, heaps, graph.n)
 
 
-def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Callable, rule: _OrderRule
-                ) -> tuple[Schedule, int]:
-    """Rules 1-3 as a discrete-event loop; returns the schedule (makespan
+def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Callable, rule: _OrderRule,
+                cluster: Cluster) -> tuple[Schedule, int]:
+    """Rules 1-3a as a discrete-event loop; returns the schedule (makespan
     not yet set) and how many nodes ran.  Events are ``(time, kind, a, b)``
     with kind 0 = tensor ``a`` arrives on device ``b``, 1 = node ``a``
     finishes on device ``b``; all events of one instant are processed
     (finishes in node order, each sending its tensors) before any free
     device takes its next node."""
     n = graph.n
-    time, tensor_comm = costs.time, costs.tensor_comm
+    time, tensor_comm = costs.placed_time(dev), costs.tensor_comm
     tensor_src, tensor_bytes = graph.tensor_src, graph.tensor_bytes
     cons, out_tensors, need = _dependency_counts(graph)
+    extra = _TransferCosts(graph, cluster, dev, cons, out_tensors) if cluster.transfer_costs else None
+    overhead = [0.0] * k
     ready, take, pending = rule.ready, rule.take, rule.pending
     start, finish, binding = [math.nan] * n, [math.nan] * n, [-1] * n
     last_in_time, last_in_src = [0.0] * n, [-1] * n  # the latest input's arrival and producer
@@ -253,7 +268,12 @@ def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Ca
             if v < 0:
                 continue
             start[v] = now
-            finish[v] = now + time[v][d]
+            dur = time[v][d]
+            if extra is not None:
+                x = extra.of(v, d)
+                dur += x
+                overhead[d] += x
+            finish[v] = now + dur
             if dev_last[d] != -1 and dev_free[d] >= last_in_time[v] and dev_free[d] == now:
                 binding[v] = dev_last[d]  # the device was the last thing it waited for
             else:
@@ -297,7 +317,42 @@ def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Ca
                         transfers.append(Transfer(t, a, b, now, s, s + dur, tensor_bytes[t]))
                         push(events, (s + dur, 0, t, b))
     return Schedule(device_of=dev, start=start, finish=finish, transfers=transfers, binding=binding,
-                    makespan=math.nan, device_order=device_order, graph=graph), done
+                    makespan=math.nan, device_order=device_order, graph=graph, overhead=overhead), done
+
+
+class _TransferCosts:
+    """Rule 3a: what node *v* on device *d* spends on transfers besides its
+    time - the device's ``send_s`` line for each transfer it makes (one per
+    tensor and remote device reading it, as rule 3 sends them) and its
+    ``recv_s`` line for each tensor from another device it is the first
+    node on *d* to read."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, dev: Sequence[int], cons, out_tensors):
+        self.send, self.recv, self.dev = cluster.send_cost, cluster.recv_cost, dev
+        self.nbytes, self.src, self.out, self.cons = graph.tensor_bytes, graph.tensor_src, out_tensors, cons
+        self.inputs: list[list[int]] = [[] for _ in range(graph.n)]
+        for t, cs in enumerate(cons):
+            for c in cs:
+                self.inputs[c].append(t)
+        self.paid: set[int] = set()
+        self.k = cluster.k
+
+    def of(self, v: int, d: int) -> float:
+        dev, nbytes = self.dev, self.nbytes
+        x = 0.0
+        a, b = self.recv[d]
+        if a or b:
+            for t in self.inputs[v]:
+                key = t * self.k + d
+                if dev[self.src[t]] != d and key not in self.paid:
+                    self.paid.add(key)
+                    x += a + b * nbytes[t]
+        a, b = self.send[d]
+        if a or b:
+            for t in self.out[v]:
+                remote = {dev[c] for c in self.cons[t]} - {d, -1}
+                x += len(remote) * (a + b * nbytes[t])
+        return x
 
 
 def _dependency_counts(graph: Graph) -> tuple[list[list[int]], list[list[int]], list[int]]:

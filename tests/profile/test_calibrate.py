@@ -203,37 +203,59 @@ def test_cpu_clock_takes_the_thread_cpu_between_nodes_as_the_dispatch_cost():
     assert [n["compute_s"] for n in cal.graph["nodes"]] == pytest.approx([1.1, 2.1, 1.1])
 
 
-def test_dispatch_fit_keeps_transfers_out_and_falls_back_when_they_explain_nothing():
-    """Two runs where 4 more transfers cost 0.4 s of gaps: 0.1 s per transfer, 0.1 s per node (the
-    doctest's numbers, through calibrate).  Then alone (3 nodes, 0 transfers, 0.5 s of gaps) and the
-    crowded run with 0.5 s added on cpu1 (2 nodes, 2 transfers) while cpu0 (1 node, 2 transfers) has
-    none: the unconstrained per-transfer cost is negative, so the gaps are all per node, 2.5 / 14."""
-    crowded = json.loads(json.dumps(CROWDED))
-    crowded["node_times"]["nodes"][2]["start_s"] += 0.5
-    crowded["node_times"]["transfers"][1]["received_s"] += 0.5
-    f = fit_dispatch([GAPPY, crowded])
-    assert f == {"per_node_s": pytest.approx(2.5 / 14), "per_transfer_s": 0.0, "devices": 3}
-    cal = calibrate(GRAPH, CLUSTER, [GAPPY, crowded], labels=["alone", "crowded"])
-    assert cal.summary["dispatch"]["per_node_s"] == pytest.approx(2.5 / 14)
-    a = next(nd for nd in cal.graph["nodes"] if nd["id"] == "a")
-    assert a["compute_s"] == pytest.approx(1.0 + 2.5 / 14)        # alone 1.0, crowded 1.2 / contention 1.2
-    two = [json.loads(json.dumps(GAPPY)), json.loads(json.dumps(GAPPY))]
-    two[1]["node_times"]["nodes"][1]["start_s"] += 0.3            # 0.3 s more between a and b ...
-    two[1]["node_times"]["nodes"][2]["start_s"] += 0.3
-    two[1]["node_times"]["transfers"] = [{"src": "cpu0", "dst": "cpu1", "tensor": "x", "bytes": 8}] * 3
-    f = fit_dispatch(two)                                         # ... with 3 transfers: 0.1 s each
-    assert (f["per_node_s"], f["per_transfer_s"]) == (pytest.approx(GAP), pytest.approx(0.1))
+def _gappy(rows):
+    """A report whose devices have the given dispatch gaps: per device ``(device, nodes, total gap)``,
+    nodes of 1 s back to back with the gap spread between them; transfers are added by the caller."""
+    nodes = []
+    for dev, n, gap in rows:
+        t = 0.0
+        for i in range(n):
+            nodes.append(node(f"{dev}n{i}", dev, t, 1.0))
+            t += 1.0 + (gap / (n - 1) if n > 1 else 0.0)
+    return {"node_times": {"nodes": nodes, "transfers": []}}
 
 
-def test_the_per_transfer_cost_joins_the_latency_of_the_reports_links():
+def test_dispatch_fit_separates_the_sender_the_bytes_and_the_receiver():
+    """Hand-made gaps from g = 0.01 s per node, a send costing 0.02 s + 1e-5 s per byte and a receive
+    0.03 s: one process alone (4 nodes: 0.04 s), then 2 transfers of 1000 B (sender, 2 nodes: 0.02 +
+    2 * (0.02 + 0.01) = 0.08 s; receiver: 0.02 + 2 * 0.03 = 0.08 s), then 1 of 9000 B (0.02 + 0.02 + 0.09
+    = 0.13 s; 0.02 + 0.03 = 0.05 s): five device runs, four unknowns, recovered exactly."""
+    a = _gappy([("cpu0", 4, 0.04)])
+    b = _gappy([("cpu0", 2, 0.08), ("cpu1", 2, 0.08)])
+    b["node_times"]["transfers"] = [{"src": "cpu0", "dst": "cpu1", "bytes": 1000}] * 2
+    c = _gappy([("cpu0", 2, 0.13), ("cpu1", 2, 0.05)])
+    c["node_times"]["transfers"] = [{"src": "cpu0", "dst": "cpu1", "bytes": 9000}]
+    f = fit_dispatch([a, b, c])
+    assert f["per_node_s"] == pytest.approx(0.01) and f["devices"] == 5
+    assert f["send_s"] == pytest.approx([0.02, 1e-5]) and f["recv_s"] == pytest.approx([0.03, 0.0])
+    assert f["per_transfer_s"] == pytest.approx(0.02 + 1e-5 * (11000 / 3) + 0.03)   # at the mean size
+
+
+def test_dispatch_fit_keeps_transfers_out_when_they_explain_nothing():
+    """Gaps that do not grow with the transfers (the same 0.1 s per node with 0 and with 6 transfers):
+    the transfer terms are zero, not negative, and the calibrated cluster gets no send_s / recv_s."""
+    a = _gappy([("cpu0", 3, 0.3)])
+    b = _gappy([("cpu0", 3, 0.3), ("cpu1", 3, 0.3)])
+    b["node_times"]["transfers"] = [{"src": "cpu0", "dst": "cpu1", "bytes": 500}] * 6
+    f = fit_dispatch([a, b])
+    assert f["per_node_s"] == pytest.approx(0.1)
+    assert f["send_s"] == [0.0, 0.0] and f["recv_s"] == [0.0, 0.0] and f["per_transfer_s"] == 0.0
+    cal = calibrate(GRAPH, CLUSTER, [GAPPY, ALONE], labels=["gappy", "alone"])
+    assert all("send_s" not in h and "recv_s" not in h for h in cal.cluster.get("hosts", []))
+
+
+def test_the_transfer_costs_go_to_the_hosts_and_the_links_keep_their_fit():
     from celeritas_cli.profile.calibrate import _write_cluster, fit_links
 
     c = Cluster.from_dict(CLUSTER)
     links = fit_links([CROWDED], c)
-    out = _write_cluster(CLUSTER, c, [CROWDED], links, {}, per_transfer=0.05)
+    out = _write_cluster(CLUSTER, c, [CROWDED], links, {"h": {"contention": 1.1, "nodes": 2}},
+                         {"send_s": [0.05, 1e-6], "recv_s": [0.02, 0.0]})
     pairs = {(p["src"], p["dst"]): p for p in out["links"]["pairs"]}
-    assert pairs[("cpu0", "cpu1")]["latency_s"] == pytest.approx(0.4 + 0.05)       # fitted, plus c
-    assert pairs[("cpu1", "cpu0")] == {"src": "cpu1", "dst": "cpu0", "bandwidth_Bps": 1.0e4,
-                                       "latency_s": pytest.approx(0.05)}           # the default link's, plus c
-    assert len(pairs) == 2
+    assert pairs == {("cpu0", "cpu1"): {"src": "cpu0", "dst": "cpu1", "bandwidth_Bps": pytest.approx(1.0e4),
+                                        "latency_s": pytest.approx(0.4)}}          # fitted, nothing added
+    assert out["hosts"] == [{"name": "h", "devices": ["cpu0", "cpu1"], "contention": 1.1,
+                             "send_s": [0.05, 1e-6], "recv_s": [0.02, 0.0]}]
+    cl = Cluster.from_dict(out)
+    assert cl.send_cost == [(0.05, 1e-6)] * 2 and cl.recv_cost == [(0.02, 0.0)] * 2 and cl.transfer_costs
     assert _write_cluster(CLUSTER, c, [CROWDED], {}, {})["links"]["pairs"] == []       # nothing fitted: as given

@@ -172,6 +172,19 @@ def test_two_stage_1f1b_with_four_microbatches_runs_locally_and_matches():
     assert sum(d["nodes"] for d in rep["devices"]) == mb["derived_nodes"]
 
 
+def test_node_times_of_a_microbatched_plan_keep_the_plan_to_simulate_again():
+    """No per-node times for a pipelined run yet, but the report keeps the plan (``ran_placement``), so
+    the calibration tables can simulate it again: on the same files, the simulated step it reported."""
+    from celeritas_cli.run.resimulate import resimulate
+
+    p, c = plan(MLP, 8, 4, "1f1b")
+    rep = run(MLP, 8, p, c, steps=1, node_times=True)
+    validate(rep, "placer.run/v1", "report")
+    assert "node_times" not in rep and any("ran_placement keeps the plan" in n for n in rep["notes"])
+    row, = resimulate([rep], ["mb"], graph_of(MLP, 8), c)
+    assert row["after_s"] == pytest.approx(rep["simulated_step_s"], rel=1e-12)
+
+
 def test_dropout_masks_are_the_unplaced_steps_rows():
     """Without BatchNorm, micro-batches reproduce the whole batch's step (dropout included), up to summation order."""
     p, c = plan(DROP, 6, 3, "gpipe")
