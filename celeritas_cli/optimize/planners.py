@@ -20,10 +20,11 @@ simulating a derived graph about ``1.1 k`` times the input's size, the
 smallest a pipeline over ``k`` devices builds) - on a huge graph it is left out and
 said so.  With the same number of evaluations, auto's member and the
 ``pipeline`` row make the same search, so auto is never worse than
-``placer place --algo pipeline -p evaluations=N`` with ``N`` the member's
-``evaluations`` (``estimate.candidates`` lists it; its plan is auto's
-candidate); the row with the whole default budget searches more and can
-be better.
+``placer place --algo pipeline -p evaluations=N`` with ``N`` the
+evaluations auto gave its member (``-v`` says them) - unless the member
+gave up because its model predicted no plan near auto's best so far
+(``beat_s``), the model's own error then deciding; the row with the whole
+default budget searches more than the member and can be better.
 
 ``fsdp`` (stage 3, its default; ``shares=proportional`` first on mixed
 devices) is a member like ``data-parallel``: it builds one sharded graph
@@ -109,8 +110,8 @@ def planner_charge(spec: Spec, budget: float, k: int, room: float = math.inf) ->
     need = planner_need(k)
     if charge < need:
         return charge, (f"its share of the budget ({charge:.0f} evaluations, of what the members before it leave of "
-                        f"the portfolio's part) cannot pay for its model and one plan (about {need:.0f}: a derived graph "
-                        f"of {k} replicas built and simulated)")
+                        f"the portfolio's part) cannot pay for its model and one plan (about {need:.0f}: a derived "
+                        f"graph of {k} replicas built and simulated)")
     return charge, None
 
 

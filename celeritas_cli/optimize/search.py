@@ -254,7 +254,9 @@ class Search:
         if spec not in self._charges:
             return {}
         best = min((c.score.makespan for c in self.candidates if c.score.feasible), default=0.0)
-        return planner_params(spec, self._charges[spec], self.budget.remaining_time(), best)
+        params = planner_params(spec, self._charges[spec], self.budget.remaining_time(), best)
+        self.log(f"auto: {spec.name} searches with {params['evaluations']} of the {self.budget.limit:.0f} evaluations")
+        return params
 
     def _resize(self, spec: Spec, charge: float) -> tuple[float, str | None]:
         """A planner's planned *charge* fitted, as it starts, to what the
