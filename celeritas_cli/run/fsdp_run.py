@@ -35,9 +35,15 @@ the unplaced step on each shard, gradients averaged, Adam); the updated
 parameters are assembled from the ranks' chunks.  Stages 1-3 compute the
 same step; they differ in what each rank holds.
 
-Deviations from the papers: the collectives run one at a time from the
-step's one thread (no prefetch: FSDP section 3.4 overlaps the next gather
-with the current unit; nothing is measured of that overlap), on CPU gloo;
+**Prefetch** (stage 3; FSDP section 3.4, forward and backward prefetch):
+the first step records the order in which units are gathered (the same on
+every rank: one program); from the second step on, when gather ``i`` is
+waited for, gather ``i + 1`` of that order is started asynchronously, so it
+overlaps the current unit's compute - one ahead, as the simulated plan
+(:mod:`~celeritas_cli.transform.fsdp`'s rate limit) has it.
+
+Deviations from the papers: the collectives are issued from the step's one
+thread, on CPU gloo;
 stage 2 frees nothing earlier than stage 1 here (a full gradient lives until
 its update node reads it, as in the captured step); no mixed precision.
 
@@ -135,10 +141,12 @@ class Collectives:
     ``reduce_scatter_single`` (``all_gather_into_tensor`` / ``reduce_scatter_tensor`` before
     them); the tests give ranks run as threads another object with these methods."""
 
-    def all_gather(self, out, chunk) -> None:
+    def all_gather(self, out, chunk, async_op: bool = False):
+        """Gather every rank's *chunk* into *out*; with *async_op*, start it and return the work."""
         import torch.distributed as dist
 
-        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, chunk)
+        return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, chunk,
+                                                                                          async_op=async_op)
 
     def reduce_scatter(self, out, flat):
         """Start summing *flat* over the ranks into this rank's chunk *out*; returns the work."""
@@ -206,7 +214,9 @@ class ShardedRunner(Runner):
                 for u in self._units_under(a):
                     self.views[u].append(a)
         self.node_hook = self._after_node
-        self.gathers = self.gathered_bytes = self.scattered_bytes = 0
+        self.gathers = self.gathered_bytes = self.scattered_bytes = self.prefetched = 0
+        #: stage 3: the units in the order the first step gathered them (module docstring, prefetch)
+        self.gather_order: list[int] | None = None
 
     def _units_under(self, a) -> set[int]:
         """Units whose parameters derived value *a* (a view, a transpose) is computed from."""
@@ -232,15 +242,22 @@ class ShardedRunner(Runner):
     def _wire(self, t):
         return t.cpu() if self.stage_cpu else t
 
-    def _all_gather(self, u: int, chunk) -> dict[int, Any]:
-        """Unit *u*'s parameters gathered from every rank's *chunk*: parameter index -> tensor."""
+    def _start_gather(self, u: int, chunk, async_op: bool = False) -> tuple:
+        """Start gathering unit *u* from every rank's *chunk*: ``(work or None, flat buffer, chunk)``."""
         import torch
 
         src = self._wire(chunk.contiguous())
         out = torch.empty(self.chunk[u] * self.k, dtype=src.dtype, device=src.device)
-        self.comm.all_gather(out, src)
+        work = self.comm.all_gather(out, src, async_op=async_op) if async_op else self.comm.all_gather(out, src)
         self.gathers += 1
         self.gathered_bytes += out.numel() * out.element_size()
+        return (work if async_op else None), out, chunk
+
+    def _views(self, u: int, started: tuple) -> dict[int, Any]:
+        """Unit *u*'s parameters from a started gather, once it is done: parameter index -> tensor."""
+        work, out, chunk = started
+        if work is not None:
+            work.wait()
         out = out.to(chunk.device)
         views, off = {}, 0
         for p in self.units[u]:
@@ -249,13 +266,33 @@ class ShardedRunner(Runner):
             off += meta.numel()
         return views
 
+    def _all_gather(self, u: int, chunk) -> dict[int, Any]:
+        """Unit *u*'s parameters gathered from every rank's *chunk*: parameter index -> tensor."""
+        return self._views(u, self._start_gather(u, chunk))
+
+    def _gather_for_read(self, u: int) -> dict[int, Any]:
+        """Stage 3: unit *u* for a node that reads it - the prefetched gather when one is in flight,
+        else a gather now; then the next gather of the recorded order starts (module docstring)."""
+        started = self.inflight.pop(u, None)
+        if self.gather_order is None:
+            self.order_now.append(u)
+        else:
+            self.prefetched += started is not None
+            i = self.next_gather
+            if i < len(self.gather_order) and self.gather_order[i] == u:
+                self.next_gather = i + 1
+                nxt = self.gather_order[i + 1] if i + 1 < len(self.gather_order) else None
+                if nxt is not None and nxt not in self.inflight:
+                    self.inflight[nxt] = self._start_gather(nxt, self.shard[nxt], async_op=True)
+        return self._views(u, started or self._start_gather(u, self.shard[u]))
+
     # -------------------------------------------------------------- the seams
     def value(self, a, d: int):
         role = self.prog.role[a]
         if self.stage == 3 and role[0] == "state" and role[1] in self.unit_of:
             u = self.unit_of[role[1]]
             if u not in self.full:
-                self.full[u] = self._all_gather(u, self.shard[u])
+                self.full[u] = self._gather_for_read(u)
             return self.full[u][role[1]]
         return super().value(a, d)
 
@@ -309,7 +346,13 @@ class ShardedRunner(Runner):
 
     def step(self) -> dict:
         self.full, self.left, self.reducing, self.new_shard = {}, {}, {}, {}
+        self.inflight, self.order_now, self.next_gather = {}, [], 0
         res = super().step()
+        for started in self.inflight.values():     # a prefetch the step did not read (none in a valid order)
+            if started[0] is not None:
+                started[0].wait()
+        if self.gather_order is None:
+            self.gather_order = self.order_now
         for u, new in self.new_shard.items():
             self.shard[u] = new
         self.full = {}
@@ -336,6 +379,9 @@ def fsdp_rank_main(rank: int, job: dict, *, step=None, comm=None) -> dict:
                            "gathers": runner.gathers, "gathered_bytes": runner.gathered_bytes,
                            "scattered_bytes": runner.scattered_bytes}
     out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=comm.barrier))
+    later = job["warmup"] - 1 + job["steps"]
+    out["prefetched"] = runner.prefetched // later if later > 0 else 0    # per step after the first
+    out["chunks_last"] = [c.detach().cpu() for c in runner.shard]          # after every step (the tests)
     return out
 
 
@@ -405,9 +451,10 @@ def run_fsdp(pre: FSDPPrepared, placement, cluster, *, label: str, steps: int, w
              f"gradients averaged (as data parallelism)"
              + (f"; the ranks' whole parameters differ from the gathered chunks by at most {spread:.3g}"
                 if pre.stage < 3 else ""),
-             f"collectives are torch.distributed's ({backend}), issued one at a time with no prefetch (FSDP 3.4 "
-             f"overlap not measured); per step and rank {r0['gathers']} all-gathers ({r0['gathered_bytes']} bytes "
-             f"gathered), {r0['scattered_bytes']} gradient bytes reduce-scattered; bytes per link are the simulated "
+             f"collectives are torch.distributed's ({backend}); from the second step on, "
+             f"{r0.get('prefetched', 0)} of the {r0['gathers']} all-gathers per step and rank were prefetched one "
+             f"ahead (FSDP 3.4; the first step records their order); {r0['gathered_bytes']} bytes "
+             f"gathered, {r0['scattered_bytes']} gradient bytes reduce-scattered; bytes per link are the simulated "
              f"rings' only"]
     if pre.stage == 2:
         notes.append("stage 2 runs as stage 1 here: a full gradient lives until its update node, not freed after "
@@ -417,7 +464,8 @@ def run_fsdp(pre: FSDPPrepared, placement, cluster, *, label: str, steps: int, w
     report["batch_size"] = pre.global_batch
     report["fsdp"] = {"replicas": pre.k, "stage": pre.stage, "sharded": SHARDED[pre.stage],
                       "replica_batch": pre.replica_batch, "global_batch": pre.global_batch, "units": units,
-                      "gathers_per_step": r0["gathers"], "gathered_bytes": r0["gathered_bytes"],
+                      "gathers_per_step": r0["gathers"], "prefetched_per_step": r0.get("prefetched", 0),
+                      "gathered_bytes": r0["gathered_bytes"],
                       "reduce_scattered_bytes": r0["scattered_bytes"]}
     return report
 

@@ -25,6 +25,7 @@ from celeritas_cli.model.jsonio import validate  # noqa: E402
 from celeritas_cli.model.placement import Placement  # noqa: E402
 from celeritas_cli.run import api  # noqa: E402
 from celeritas_cli.run.data_parallel import replica_reference  # noqa: E402
+from celeritas_cli.run import fsdp_run  # noqa: E402
 from celeritas_cli.run.fsdp_run import FSDPPrepared, check_results, fsdp_job, fsdp_rank_main  # noqa: E402
 
 from .test_run import CNN, MLP, run, step_of  # noqa: E402
@@ -51,8 +52,9 @@ class ThreadComm:
     def __init__(self, pg):
         self.pg = pg
 
-    def all_gather(self, out, chunk):
-        self.pg._allgather_base(out, chunk).wait()
+    def all_gather(self, out, chunk, async_op=False):
+        work = self.pg._allgather_base(out, chunk)
+        return work if async_op else work.wait()
 
     def reduce_scatter(self, out, flat):
         return self.pg._reduce_scatter_base(out, flat)
@@ -123,6 +125,19 @@ def test_fsdp_ranks_match_the_averaged_shards_exactly(stage):
     else:               # ZeRO 1-2: no gather before use, one gather of the updated chunks per unit
         assert sorted(out[0]["params"]) == list(range(6))
         assert out[0]["gathers"] == 3 and out[0]["gathered_bytes"] == 846 * 4
+
+
+def test_fsdp_prefetch_overlaps_the_next_gather_and_changes_no_value(monkeypatch):
+    """Stage 3, two steps: the second prefetches every gather but the first one ahead, and the chunks
+    after it are bit for bit those of the same two steps gathering each unit when it is read."""
+    pre = prepared(CNN, 4, stage=3)
+    _, _, out = run_in_threads(pre)
+    assert out[0]["gathers"] >= 2 and out[0]["prefetched"] == out[0]["gathers"] - 1
+    monkeypatch.setattr(fsdp_run.ShardedRunner, "_gather_for_read", lambda self, u: self._all_gather(u, self.shard[u]))
+    _, _, plain = run_in_threads(pre)
+    assert plain[0]["prefetched"] == 0
+    for a, b in zip(out, plain):
+        assert all(torch.equal(x, y) for x, y in zip(a["chunks_last"], b["chunks_last"]))
 
 
 def test_fsdp_unit_bigger_than_the_others():
