@@ -243,7 +243,8 @@ def report(results: list[dict], cluster_doc: dict, steps: int, t0: float, kept: 
                   f"{cpu / r['cpu_after'][algo]:.2f} |")
     print("\n### What calibrate fitted\n")
     print("| model | nodes | batch lines | fit error median / p90 | dispatch per node (us) | send (us + us/MB) | "
-          "receive (us) | contention | links (latency us, GB/s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|")
+          "receive (us) | collective step (us) | contention | links (latency us, GB/s) |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in results:
         for clock, s in (("wall", r["calibration"]), ("CPU", r["calibration_cpu"])):
             links = "; ".join(f"{k}: {v['latency_s'] * 1e6:.0f}, {v['bandwidth_Bps'] / 1e9:.2f}" for k, v in
@@ -252,7 +253,8 @@ def report(results: list[dict], cluster_doc: dict, steps: int, t0: float, kept: 
             print(f"| {r['label']} ({clock}) | {s['nodes_fitted']} | {s['batch_lines']} | "
                   f"{100 * s['node_error']['median']:.1f}% / {100 * s['node_error']['p90']:.1f}% | "
                   f"{s['dispatch']['per_node_s'] * 1e6:.0f} | {s['dispatch']['send_s'][0] * 1e6:.0f} + "
-                  f"{s['dispatch']['send_s'][1] * 1e12:.0f} | {s['dispatch']['recv_s'][0] * 1e6:.0f} | {kappa} | "
+                  f"{s['dispatch']['send_s'][1] * 1e12:.0f} | {s['dispatch']['recv_s'][0] * 1e6:.0f} | "
+                  f"{s['collective']['collective_step_s'] * 1e6:.0f} | {kappa} | "
                   f"{links} |")
     print("\n### Where the gap comes from (round 1)\n")
     sections = [("Dispatch: time between nodes that is neither a node nor a wait", "dispatch",

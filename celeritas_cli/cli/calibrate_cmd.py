@@ -68,6 +68,10 @@ def calibrate(reports, graph_path, cluster_path, cluster_out, clock, output):
         f"{1e6 * d['send_s'][0]:.1f} us + {1e12 * d['send_s'][1]:.1f} us per MB and its receiver "
         f"{1e6 * d['recv_s'][0]:.1f} us of the device's time (hosts' send_s / recv_s); fitted over "
         f"{d['devices']} device runs")
+    col = s["collective"]
+    if col["buckets"]:
+        say(f"collectives: {1e6 * col['collective_step_s']:.1f} us per ring step beyond the links (hosts' "
+            f"collective_step_s), from {col['buckets']} data-parallel all-reduce(s)")
     for host, h in s["hosts"].items():
         say(f"host {host}: contention {h['contention']:.3f} (from {h['nodes']} nodes run both alone and crowded)"
             if h["nodes"] else f"host {host}: contention not fitted (no node ran both alone and crowded): 1.0")

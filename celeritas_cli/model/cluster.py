@@ -12,7 +12,9 @@ more of them run a placement's nodes
 ``send_s`` / ``recv_s`` lines ``[seconds, seconds per byte]`` are what a
 transfer costs the sending and the receiving device's own time (a CPU
 process copies and posts a tensor; the simulator keeps the device busy for
-it, :mod:`celeritas_cli.sim.simulator` rule 3a).
+it, :mod:`celeritas_cli.sim.simulator` rule 3a); its ``collective_step_s``
+is the fixed cost of one step of a ring collective on its devices (added
+to the time of the derived graphs' ring-step nodes by the cost model).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class Cluster:
     #: (``(a, b)``; the host's ``send_s``, zero by default), and what receiving one costs (``recv_s``)
     send_cost: list[tuple[float, float]] = field(default_factory=list)
     recv_cost: list[tuple[float, float]] = field(default_factory=list)
+    #: per device, the fixed cost of one step of a ring collective on it (the host's ``collective_step_s``)
+    collective_step: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.index:
@@ -74,6 +78,8 @@ class Cluster:
             self.send_cost = [(0.0, 0.0)] * k
         if not self.recv_cost:
             self.recv_cost = [(0.0, 0.0)] * k
+        if not self.collective_step:
+            self.collective_step = [0.0] * k
 
     @property
     def transfer_costs(self) -> bool:
@@ -163,7 +169,7 @@ class Cluster:
             doc = {"devices": [[d.id, d.type, d.memory, d.speed] for d in self.devices],
                    "bandwidth_Bps": self.bandwidth, "latency_s": self.latency}
             if any(h >= 0 for h in self.host_of):   # calibrated hosts change what a step costs
-                doc["hosts"] = [self.host_of, self.contention, self.send_cost, self.recv_cost]
+                doc["hosts"] = [self.host_of, self.contention, self.send_cost, self.recv_cost, self.collective_step]
             cached = hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
             self.__dict__["_digest"] = cached
         return cached
@@ -250,14 +256,15 @@ class Cluster:
                 lat[a][c] = float(p.get("latency_s", dlat))
             if not (math.isfinite(bw[a][c]) and math.isfinite(lat[a][c])):
                 raise InvalidInput(f"{label}: link pair {s}->{d}: bandwidth and latency must be finite")
-        kappa, host_of, send, recv = _hosts(doc.get("hosts") or [], index, label)
+        kappa, host_of, send, recv, coll = _hosts(doc.get("hosts") or [], index, label)
         return cls(name=doc.get("name", "cluster"), devices=devices, bandwidth=bw, latency=lat,
-                   doc=doc, index=index, contention=kappa, host_of=host_of, send_cost=send, recv_cost=recv)
+                   doc=doc, index=index, contention=kappa, host_of=host_of, send_cost=send, recv_cost=recv,
+                   collective_step=coll)
 
 
-def _hosts(hosts: list, index: dict[str, int], label: str) -> tuple[list[float], list[int], list, list]:
-    """Per device, from a cluster's ``hosts``: the contention factor, the host's index, and the
-    ``send_s`` / ``recv_s`` lines (a device in no host: 1.0, -1, zero costs).
+def _hosts(hosts: list, index: dict[str, int], label: str) -> tuple[list[float], list[int], list, list, list]:
+    """Per device, from a cluster's ``hosts``: the contention factor, the host's index, the
+    ``send_s`` / ``recv_s`` lines and ``collective_step_s`` (a device in no host: 1.0, -1, zero costs).
 
     Raises
     ------
@@ -266,7 +273,7 @@ def _hosts(hosts: list, index: dict[str, int], label: str) -> tuple[list[float],
     """
     k = len(index)
     kappa, host_of = [1.0] * k, [-1] * k
-    send, recv = [(0.0, 0.0)] * k, [(0.0, 0.0)] * k
+    send, recv, coll = [(0.0, 0.0)] * k, [(0.0, 0.0)] * k, [0.0] * k
     seen: dict[str, str] = {}
     for i, host in enumerate(hosts):
         name = host.get("name", f"#{i}")
@@ -280,7 +287,8 @@ def _hosts(hosts: list, index: dict[str, int], label: str) -> tuple[list[float],
             kappa[d], host_of[d] = float(host.get("contention", 1.0)), i
             send[d] = tuple(float(x) for x in host.get("send_s", (0.0, 0.0)))
             recv[d] = tuple(float(x) for x in host.get("recv_s", (0.0, 0.0)))
-    return kappa, host_of, send, recv
+            coll[d] = float(host.get("collective_step_s", 0.0))
+    return kappa, host_of, send, recv, coll
 
 
 def uniform(k: int, *, memory: int = 32 * GiB, bandwidth: float = 1.0e10, latency: float = 1.0e-5,

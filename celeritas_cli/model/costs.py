@@ -8,7 +8,9 @@ A :class:`CostModel` binds a graph to a cluster and answers, in O(1):
   that share one machine's cores, and ``placer calibrate`` fits how much
   slower a node runs there, ``Cluster.contention``; the planners see it on
   every device of such a host, the simulator only where the placement keeps
-  two or more devices of the host busy, :meth:`CostModel.placed_time`);
+  two or more devices of the host busy, :meth:`CostModel.placed_time`;
+  a derived graph's ring-collective steps, :data:`RING_STEPS`, also take
+  their host's ``collective_step_s``);
 * ``comm(e, a, c)`` - transfer time of edge *e*'s tensor from device *a* to
   device *c* (0 when ``a == c``);
 * ``tensor_comm(t, a, c)`` - the same for a tensor id;
@@ -58,6 +60,11 @@ from .cluster import Cluster
 from .graph import Graph
 
 
+#: the ops of a ring collective's steps in derived graphs (transform/allreduce.py ``ring_node``:
+#: ``<kind>.<phase>``), which a host's ``collective_step_s`` is added to
+RING_STEPS = (".reduce-scatter", ".all-gather")
+
+
 def cost_model(graph: Graph, cluster: Cluster, costs: "CostModel | None" = None) -> "CostModel":
     """The costs of *graph* on *cluster*: *costs* re-bound to *graph* when
     given (the caller's model, see the module docstring), else the default
@@ -94,6 +101,11 @@ class CostModel:
         for name in ("fastest_time", "mean_time", "max_time", "_pair_stats", "mean_comms"):
             self.__dict__.pop(name, None)
         self.time: list[list[float]] = [self.node_row(v) for v in range(graph.n)]
+        coll = self.cluster.collective_step
+        if any(coll):                        # a ring collective's fixed cost per step (hosts, placer calibrate)
+            for v, op in enumerate(graph.op):
+                if op.endswith(RING_STEPS):
+                    self.time[v] = [t + c for t, c in zip(self.time[v], coll)]
         #: the node times without contention (the same list as ``time`` when no host has any)
         self.alone_time = self.time
         kappa = self.cluster.contention

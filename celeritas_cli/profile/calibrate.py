@@ -41,6 +41,14 @@ placements were made for and the cluster they ran on.  The fit (no torch):
    the run's concurrency; a pair whose samples have one size keeps its
    bandwidth and gets the median latency.
 
+5. **Collectives** (:func:`fit_collective`): a data-parallel run's
+   all-reduces against a ring of the fitted links (``2 (k - 1)`` steps of a
+   ``1/k`` chunk); the excess per step, the median over the buckets of the
+   fastest replica's time (the last to arrive waits least), becomes the
+   hosts' ``collective_step_s``, which the cost model adds to every ring
+   step of a derived graph (gloo's fixed cost per collective step: the
+   background thread's hand-offs on both processes).
+
 The fit's error is the per-sample relative deviation from the fitted value
 (:func:`~celeritas_cli.profile.regression.summarize`, Celeritas Table 5's
 measure).  :mod:`celeritas_cli.run.resimulate` checks the result end to end:
@@ -79,8 +87,8 @@ from ..errors import InvalidInput
 from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.jsonio import validate
-from .commfit import fit_link
-from .regression import fit_line, nnls, summarize
+from .overheads import dispatch_gaps, fit_collective, fit_dispatch, fit_links
+from .regression import fit_line, summarize
 
 CLOCKS = ("wall", "cpu")
 
@@ -127,50 +135,6 @@ def base_id(nid: str, report: dict) -> str:
     return nid
 
 
-def dispatch_gaps(nt: dict, clock: str = "wall") -> dict[str, float]:
-    """Per device of one run: (span of its nodes - their times - waits for tensors inside the span and
-    exposed all-reduces) /
-    nodes, at least 0 - the executor's fixed cost per node (module docstring, step 1).  With
-    ``clock="cpu"``: the CPU time of the device's thread in the step (``step_cpu_s``) not spent in
-    its nodes, per node (without waiting for a core); without it, the wall gap scaled by the
-    device's CPU / wall time in its nodes.
-
-    >>> nt = {"nodes": [{"id": "a", "device": "d", "measured_s": 1.0, "start_s": 0.0},
-    ...                 {"id": "b", "device": "d", "measured_s": 1.0, "start_s": 3.0}],
-    ...       "transfers": [{"dst": "d", "waited_s": 0.5, "received_s": 3.0}]}
-    >>> dispatch_gaps(nt)
-    {'d': 0.75}
-    """
-    out = {}
-    by_dev: dict[str, list[dict]] = {}
-    for row in nt["nodes"]:
-        by_dev.setdefault(row["device"], []).append(row)
-    for d, rows in by_dev.items():
-        first = min(r["start_s"] for r in rows)
-        last = max(r["start_s"] + r["measured_s"] for r in rows)
-        busy = math.fsum(r["measured_s"] for r in rows)
-        waits = 0.0
-        for t in nt.get("transfers", []):
-            if t.get("dst") == d and t.get("waited_s"):
-                end = t.get("received_s")
-                if end is None:
-                    waits += t["waited_s"]
-                else:          # only the part of the wait between the device's first and last node
-                    waits += max(0.0, min(end, last) - max(end - t["waited_s"], first))
-        waits += math.fsum(a.get("exposed_s") or 0.0 for a in nt.get("allreduce", []) if a.get("device") == d)
-        span = last - first
-        gap = max(0.0, (span - busy - waits) / len(rows))
-        cpu = [r.get("cpu_s") for r in rows]
-        if clock == "cpu" and all(c is not None for c in cpu):
-            step_cpu = (nt.get("step_cpu_s") or {}).get(d)
-            if step_cpu is not None:                    # the thread's CPU time between its nodes
-                gap = max(0.0, (step_cpu - math.fsum(cpu)) / len(rows))
-            elif busy > 0:                              # the gap's share that was not waiting for a core
-                gap *= min(1.0, math.fsum(cpu) / busy)
-        out[d] = gap
-    return out
-
-
 @dataclass
 class _Sample:
     node: str
@@ -180,46 +144,6 @@ class _Sample:
     crowded: bool          # other devices of its host were running in the same run
     host: str
     gap: float = 0.0       # its device's dispatch gap in that run
-
-
-def fit_dispatch(reports: list[dict], clock: str = "wall") -> dict:
-    """Every device's dispatch gaps of every run (:func:`dispatch_gaps`) as ``per_node_s * nodes +
-    (send_s + send_s_per_byte * bytes) * sent + recv_s * received`` (non-negative least squares,
-    :func:`~celeritas_cli.profile.regression.nnls`): each transfer costs its sender a contiguous
-    copy of the tensor and a post, and its receiver the wait and a buffer, so a placement that sends
-    more has larger gaps.  ``per_node_s`` goes into the node times (it does not depend on the
-    placement); the transfer terms become the hosts' ``send_s`` / ``recv_s`` lines, which the
-    simulator charges to the devices (rule 3a of :mod:`celeritas_cli.sim.simulator`).
-    ``per_transfer_s`` is the one-number summary: a transfer's cost to both processes at the
-    runs' mean tensor size.
-
-    >>> nt = lambda gap, sent: {"nodes": [{"id": "a", "device": "d", "measured_s": 1.0, "start_s": 0.0},
-    ...                                   {"id": "b", "device": "d", "measured_s": 1.0, "start_s": 1.0 + gap}],
-    ...                         "transfers": [{"src": "d", "dst": "e", "bytes": 0}] * sent}
-    >>> f = fit_dispatch([{"node_times": nt(0.2, 0)}, {"node_times": nt(0.6, 4)}])
-    >>> round(f["per_node_s"], 9), round(f["send_s"][0], 9), f["recv_s"]
-    (0.1, 0.1, [0.0, 0.0])
-    """
-    rows, ys = [], []
-    sizes: list[float] = []
-    for rep in reports:
-        nt = rep["node_times"]
-        gaps = dispatch_gaps(nt, clock)
-        for d, g in gaps.items():
-            n = sum(1 for r in nt["nodes"] if r["device"] == d)
-            sent = [float(x.get("bytes") or 0) for x in nt.get("transfers", []) if x.get("src") == d]
-            recv = sum(1 for x in nt.get("transfers", []) if x.get("dst") == d)
-            sizes.extend(sent)
-            rows.append([float(n), float(len(sent)), math.fsum(sent), float(recv)])
-            ys.append(g * n)
-    if not rows:
-        return {"per_node_s": 0.0, "per_transfer_s": 0.0, "send_s": [0.0, 0.0], "recv_s": [0.0, 0.0], "devices": 0}
-    g0, s0, sb, r0 = nnls(rows, ys)
-    s0, r0 = (x if x >= 1e-9 else 0.0 for x in (s0, r0))    # below a nanosecond: the clocks' rounding
-    sb = sb if sb >= 1e-15 else 0.0                           # faster than a petabyte per second: none
-    mean = math.fsum(sizes) / len(sizes) if sizes else 0.0
-    return {"per_node_s": g0, "per_transfer_s": s0 + sb * mean + r0, "send_s": [s0, sb], "recv_s": [r0, 0.0],
-            "devices": len(rows)}
 
 
 def node_samples(report: dict, cluster: Cluster, clock: str = "wall", gap: float | None = None) -> list[_Sample]:
@@ -287,28 +211,6 @@ def fit_op_types(old: dict[str, float], new: dict[str, float], ops: dict[str, st
     return out
 
 
-def fit_links(reports: list[dict], cluster: Cluster) -> dict[tuple[str, str], dict]:
-    """Per directed device pair with exactly timed transfers: its link (module docstring, step 4):
-    ``{"latency_s", "bandwidth_Bps", "n", "how", "error"}`` (error: median relative deviation)."""
-    pts: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for rep in reports:
-        for t in rep["node_times"].get("transfers", []):
-            if t.get("seconds") is not None and t["src"] != t["dst"]:
-                pts.setdefault((t["src"], t["dst"]), []).append((float(t["bytes"]), float(t["seconds"])))
-    out = {}
-    for (a, b), xs in sorted(pts.items()):
-        ia, ib = cluster.index[a], cluster.index[b]
-        try:
-            f = fit_link(xs, f"{a}->{b}", weighting="relative")
-            lat, bw, how = f["latency_s"], f["bandwidth_Bps"], "t = k*d + b"
-        except InvalidInput:          # one size, or no growth with size: keep the bandwidth, fit the latency
-            bw = cluster.bandwidth[ia][ib]
-            lat, how = max(0.0, statistics.median(s - d / bw for d, s in xs)), "latency (bandwidth kept)"
-        err = statistics.median(abs(lat + d / bw - s) / s for d, s in xs if s > 0) if xs else 0.0
-        out[(a, b)] = {"latency_s": lat, "bandwidth_Bps": bw, "n": len(xs), "how": how, "error": err}
-    return out
-
-
 def calibrate(graph_doc: dict, cluster_doc: dict, reports: list[dict], *, labels: list[str] | None = None,
               clock: str = "wall") -> Calibration:
     """Fit node times, batch lines, links and contention from *reports* (module docstring).
@@ -359,11 +261,13 @@ def calibrate(graph_doc: dict, cluster_doc: dict, reports: list[dict], *, labels
     types = fit_op_types(old, fitted, {nid: graph.op[v] for v, nid in enumerate(graph.ids)})
     unmeasured = _fill_unmeasured(out_graph, fitted, types, {d.type for d in cluster.devices})
     links = fit_links(reports, cluster)
-    out_cluster = _write_cluster(cluster_doc, cluster, reports, links, hosts, dispatch)
+    collective = fit_collective(reports, cluster, links)
+    out_cluster = _write_cluster(cluster_doc, cluster, reports, links, hosts,
+                                 {**dispatch, "collective_step_s": collective["collective_step_s"]})
     summary = {"reports": labels, "clock": clock, "batch": batch, "nodes_fitted": len(fitted),
                "nodes_unmeasured": unmeasured, "batch_lines": lines, "scaled_linearly": scaled,
                "node_error": summarize(errors), "dispatch_s": _dispatch(reports, labels, clock),
-               "dispatch": dispatch,
+               "dispatch": dispatch, "collective": collective,
                "hosts": hosts, "op_types": {k: v for k, v in types.items() if k == "*" or v["nodes"] >= 3},
                "links": {f"{a}->{b}": f for (a, b), f in links.items()}}
     out_graph.setdefault("meta", {})["calibrated"] = {k: summary[k] for k in ("reports", "clock", "batch",
@@ -447,8 +351,9 @@ def _fill_unmeasured(doc: dict, fitted: dict, types: dict, dtypes: set[str]) -> 
 
 def _write_cluster(doc: dict, cluster: Cluster, reports: list[dict], links: dict, hosts: dict,
                    dispatch: dict | None = None) -> dict:
-    """The calibrated cluster: the fitted pairs, and hosts with their contention and the transfer
-    costs of *dispatch* (:func:`fit_dispatch`: ``send_s`` / ``recv_s``)."""
+    """The calibrated cluster: the fitted pairs, and hosts with their contention, the transfer
+    costs of *dispatch* (:func:`fit_dispatch`: ``send_s`` / ``recv_s``) and its ``collective_step_s``
+    (:func:`fit_collective`)."""
     out = copy.deepcopy(doc)
     pairs = [p for p in (out["links"].get("pairs") or []) if (p["src"], p["dst"]) not in links]
     for (a, b), f in links.items():
@@ -457,6 +362,8 @@ def _write_cluster(doc: dict, cluster: Cluster, reports: list[dict], links: dict
     costs = {}
     if dispatch and (any(dispatch.get("send_s") or ()) or any(dispatch.get("recv_s") or ())):
         costs = {"send_s": list(dispatch["send_s"]), "recv_s": list(dispatch["recv_s"])}
+    if dispatch and dispatch.get("collective_step_s"):
+        costs["collective_step_s"] = dispatch["collective_step_s"]
     members: dict[str, list[str]] = {}
     for rep in reports:
         for did, host in (rep["node_times"].get("hosts") or {}).items():

@@ -87,3 +87,23 @@ def test_contention_only_where_the_placement_crowds_the_host():
     r = simulate(GRAPH, c, place(c, "011"))
     assert r["makespan_s"] == pytest.approx(9.0)
     assert {d["id"]: d["busy_s"] for d in r["devices"]} == pytest.approx({"cpu0": 2.0, "cpu1": 6.0, "cpu2": 0.0})
+
+
+def test_a_hosts_collective_step_cost_goes_to_the_ring_steps_only():
+    """A data-parallel graph's ring steps (ops ``allreduce.reduce-scatter`` / ``.all-gather``) take the
+    host's ``collective_step_s`` on top of their time; every other node keeps its time, and the last
+    bucket's ring lies between the backward pass and the update, so the step grows by at least one step's
+    0.25 s."""
+    from celeritas_cli.model.costs import RING_STEPS, cost_model
+    from celeritas_cli.model.generate import layered
+    from celeritas_cli.transform.replicate import data_parallel_graph
+
+    g = layered(30, seed=2)
+    dp = data_parallel_graph(g, 2)
+    plain, costly = cluster(), cluster(collective_step_s=0.25)
+    a, b = cost_model(dp, plain).time, cost_model(dp, costly).time
+    steps = [v for v, op in enumerate(dp.op) if op.endswith(RING_STEPS)]
+    assert steps and all(b[v] == pytest.approx([t + 0.25 for t in a[v]]) for v in steps)
+    assert all(a[v] == b[v] for v in range(dp.n) if v not in set(steps))
+    dev = [int(nid.rsplit("/rep", 1)[1]) for nid in dp.ids]        # replica q on device q
+    assert run_schedule(dp, costly, dev).makespan >= run_schedule(dp, plain, dev).makespan + 0.25 - 1e-9
