@@ -19,7 +19,8 @@ from .common import emit, get_cluster, output_option, stderr_console
 @click.option("--cluster", "-c", "cluster_path", required=True, metavar="FILE|NAME",
               help="The cluster the runs used (placer profile --comm-bench --processes N).")
 @click.option("--cluster-out", "cluster_out", metavar="FILE", default=None,
-              help="Where to write the calibrated cluster (fitted links, hosts with their contention).")
+              help="Where to write the calibrated cluster (fitted links; hosts with their contention, "
+                   "transfer and collective costs).")
 @click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
               help="wall: node wall times, what a step takes on this machine as loaded as it was; cpu: the "
                    "thread CPU time of each node, what it would take without waiting for a core.")
@@ -28,8 +29,9 @@ def calibrate(reports, graph_path, cluster_path, cluster_out, clock, output):
     """Fit what the simulator needs from measured runs and write it into the
     graph (per-node times at the graph's batch, batch lines a + b*batch where
     nodes ran at two or more batch sizes, e.g. in a data-parallel run) and the
-    cluster (latency and bandwidth per device pair, a contention factor for
-    devices that share a host's cores).  The fit's error and every report's
+    cluster (latency and bandwidth per device pair; per host, a contention
+    factor for devices that share its cores, what a transfer costs the sending
+    and the receiving process, and a ring collective's fixed cost per step).  The fit's error and every report's
     placement simulated again (measured / simulated before and after, Kendall
     tau) go to stderr.
 
