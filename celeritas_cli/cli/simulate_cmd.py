@@ -44,6 +44,9 @@ def render_report(report: dict, plan: str | None = None) -> None:
                   f"{d['static_memory_bytes'] / 2**30:.2f}", f"{d['capacity_bytes'] / 2**30:.2f}",
                   "[red]OOM[/]" if d["oom"] else "")
     console.print(t)
+    if any("transfer_overhead_s" in d for d in report["devices"]):    # a calibrated host's transfer costs
+        console.print("of the busy time, sending and receiving tensors (the hosts' send_s / recv_s): " + ", ".join(
+            f"{d['id']} {d.get('transfer_overhead_s', 0.0):.4g} s" for d in report["devices"]), markup=False)
     for d in report["devices"]:
         if d["oom"] and d["peak_live"]:
             live = ", ".join(f"{x['node']} {x['bytes'] / 2**20:.1f} MiB {x['kind']}" for x in d["peak_live"])

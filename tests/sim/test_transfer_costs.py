@@ -107,3 +107,19 @@ def test_a_hosts_collective_step_cost_goes_to_the_ring_steps_only():
     assert all(a[v] == b[v] for v in range(dp.n) if v not in set(steps))
     dev = [int(nid.rsplit("/rep", 1)[1]) for nid in dp.ids]        # replica q on device q
     assert run_schedule(dp, costly, dev).makespan >= run_schedule(dp, plain, dev).makespan + 0.25 - 1e-9
+
+
+def test_the_table_says_what_the_devices_spent_on_transfers(tmp_path):
+    from click.testing import CliRunner
+
+    from celeritas_cli.cli import main
+    from celeritas_cli.model.jsonio import write_json
+
+    c = cluster(**COSTS)
+    write_json(GRAPH.to_dict(), tmp_path / "g.json")
+    write_json(c.doc, tmp_path / "c.json")
+    write_json(place(c, "011").to_dict(), tmp_path / "p.json")
+    r = CliRunner().invoke(main, ["simulate", str(tmp_path / "g.json"), "--cluster", str(tmp_path / "c.json"),
+                                  "-P", str(tmp_path / "p.json"), "--format", "table"])
+    assert r.exit_code == 0, r.output
+    assert "sending and receiving tensors (the hosts' send_s / recv_s): cpu0 1.5 s, cpu1 0.25 s, cpu2 0 s" in r.output
