@@ -330,10 +330,7 @@ class _TransferCosts:
     def __init__(self, graph: Graph, cluster: Cluster, dev: Sequence[int], cons, out_tensors):
         self.send, self.recv, self.dev = cluster.send_cost, cluster.recv_cost, dev
         self.nbytes, self.src, self.out, self.cons = graph.tensor_bytes, graph.tensor_src, out_tensors, cons
-        self.inputs: list[list[int]] = [[] for _ in range(graph.n)]
-        for t, cs in enumerate(cons):
-            for c in cs:
-                self.inputs[c].append(t)
+        self.in_edges, self.edge_tensor = graph.in_edges, graph.edge_tensor
         self.paid: set[int] = set()
         self.k = cluster.k
 
@@ -342,7 +339,8 @@ class _TransferCosts:
         x = 0.0
         a, b = self.recv[d]
         if a or b:
-            for t in self.inputs[v]:
+            for e in self.in_edges[v]:
+                t = self.edge_tensor[e]
                 key = t * self.k + d
                 if dev[self.src[t]] != d and key not in self.paid:
                     self.paid.add(key)
