@@ -54,7 +54,7 @@ def build_report(graph: Graph, cluster: Cluster, placement: Placement, sched, co
     k = cluster.k
     busy = [0.0] * k
     count = [0] * k
-    time = costs.placed_time(sched.device_of)
+    time = sched.node_time or costs.placed_time(sched.device_of)
     for v, d in enumerate(sched.device_of):
         busy[d] += time[v][d]
         count[d] += 1

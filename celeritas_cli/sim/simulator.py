@@ -99,7 +99,9 @@ class Schedule:
     """The realised schedule: per-node start/finish, the transfers, and for
     each node the node that let it start (``binding[v]``, -1 for none).
     ``graph`` is the graph that was simulated (a placement's split graph when
-    it carries one), which node indices refer to.  ``overhead[d]`` is
+    it carries one), which node indices refer to.  ``node_time[v][d]`` is
+    the time node *v* ran for on device *d* (the placement's
+    :meth:`~celeritas_cli.model.costs.CostModel.placed_time`), ``overhead[d]``
     device *d*'s time spent on transfers besides its nodes' times (rule 3a)."""
 
     device_of: list[int]
@@ -111,6 +113,7 @@ class Schedule:
     device_order: list[list[int]] = field(default_factory=list)
     graph: Graph | None = None
     overhead: list[float] = field(default_factory=list)
+    node_time: list[list[float]] = field(default_factory=list)
 
 
 def check_colocation(graph: Graph, cluster: Cluster, device_of: Sequence[int], label: str) -> None:
@@ -317,7 +320,8 @@ def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Ca
                         transfers.append(Transfer(t, a, b, now, s, s + dur, tensor_bytes[t]))
                         push(events, (s + dur, 0, t, b))
     return Schedule(device_of=dev, start=start, finish=finish, transfers=transfers, binding=binding,
-                    makespan=math.nan, device_order=device_order, graph=graph, overhead=overhead), done
+                    makespan=math.nan, device_order=device_order, graph=graph, overhead=overhead,
+                    node_time=time), done
 
 
 class _TransferCosts:
