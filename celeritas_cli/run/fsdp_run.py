@@ -248,7 +248,7 @@ class ShardedRunner(Runner):
 
         src = self._wire(chunk.contiguous())
         out = torch.empty(self.chunk[u] * self.k, dtype=src.dtype, device=src.device)
-        work = self.comm.all_gather(out, src, async_op=async_op) if async_op else self.comm.all_gather(out, src)
+        work = self.comm.all_gather(out, src, async_op=async_op)
         self.gathers += 1
         self.gathered_bytes += out.numel() * out.element_size()
         return (work if async_op else None), out, chunk
