@@ -189,11 +189,8 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
                         threads=n_threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
                         load=load_average(), seed=seed, progress=progress)
         if node_times:
-            from .timing import placement_doc
-
-            report["notes"].append("--node-times: per-node times are not recorded for micro-batched or pipelined "
-                                   "plans (plain and data-parallel placements only); ran_placement keeps the plan")
-            report["ran_placement"] = placement_doc(placement)
+            _keep_plan(report, placement, "micro-batched or pipelined plans (plain and data-parallel placements "
+                                          "only)")
         report["plan"] = "micro-batched"
         return report
     from .fsdp_run import FSDPPrepared
@@ -294,12 +291,17 @@ def _run_fsdp(pre, placement, cluster, *, label, backend, steps, warmup, threads
                       rtol=rtol, atol=atol, congestion=congestion, load=load_average(), progress=progress)
     report["plan"] = "fsdp"
     if node_times:
-        from .timing import placement_doc
-
-        report["notes"].append("--node-times: per-node times are not recorded for fsdp plans; ran_placement keeps "
-                               "the plan")
-        report["ran_placement"] = placement_doc(placement)
+        _keep_plan(report, placement, "fsdp plans")
     return report
+
+
+def _keep_plan(report: dict, placement, what: str) -> None:
+    """``--node-times`` of a plan whose executor times no nodes: say so, and keep the plan that ran
+    (``ran_placement``) so that it can be simulated again under calibrated files."""
+    from .timing import placement_doc
+
+    report["notes"].append(f"--node-times: per-node times are not recorded for {what}; ran_placement keeps the plan")
+    report["ran_placement"] = placement_doc(placement)
 
 
 def dist_job(pre: Prepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float,
