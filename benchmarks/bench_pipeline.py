@@ -3,9 +3,9 @@
 For each model and cluster: ``S`` stages (one per device, in the cluster's
 device order, and the same rotated by half, so the slower devices come
 first on moirai-intra-server) cut from the CPD-TOPO order and balanced by
-time (:func:`celeritas_cli.scheduling.pipeline.balanced_stages`), ``m``
+time (:func:`celeritas_cli.pipelining.cuts.balanced_stages`), ``m``
 micro-batches, and the GPipe, 1F1B and interleaved (two model chunks per
-device) schedules (:func:`~celeritas_cli.scheduling.pipeline_schedule.pipeline_plan`),
+device) schedules (:func:`~celeritas_cli.pipelining.schedules.pipeline_plan`),
 each simulated by the judge: the step time, the ideal bubble fraction
 (Narayanan et al. SC'21: ``(p-1)/m``, ``(p-1)/(v m)``), the slowest
 device's busy time and the largest idle time.  No planner chooses anything
@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from celeritas_cli.model.io import load_cluster, load_graph  # noqa: E402
-from celeritas_cli.scheduling.pipeline import balanced_stages  # noqa: E402
-from celeritas_cli.scheduling.pipeline_schedule import pipeline_plan  # noqa: E402
+from celeritas_cli.pipelining.cuts import balanced_stages  # noqa: E402
+from celeritas_cli.pipelining.schedules import pipeline_plan  # noqa: E402
 from celeritas_cli.sim.simulator import simulate  # noqa: E402
 
 

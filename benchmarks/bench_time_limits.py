@@ -133,7 +133,7 @@ def _nodes_gz(path: Path) -> int:
 
 def learning_curve(iterations: int) -> list[str]:
     from celeritas_cli import registry
-    from celeritas_cli.algorithms.hierarchical import planner as hp
+    from celeritas_cli.algorithms.placers.hierarchical import planner as hp
     from celeritas_cli.model.io import load_cluster, load_graph
     from celeritas_cli.sim.simulator import simulate
 

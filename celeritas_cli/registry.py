@@ -358,10 +358,34 @@ def _load(*packages: str) -> None:
         if pkg_name in _loaded:
             continue
         _loaded.add(pkg_name)
-        pkg = importlib.import_module(pkg_name)
-        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
-            if not info.name.startswith("_"):
-                importlib.import_module(f"{pkg_name}.{info.name}")
+        for module in _modules(pkg_name):
+            importlib.import_module(module)
+
+
+#: the family subpackages of ``algorithms/`` (operator placers, pipeline
+#: planners, sharding); their modules register algorithms as the package's own
+#: do.  Any other subpackage (``placers/milp``) is one algorithm: imported whole.
+_FAMILIES = ("placers", "pipelines", "sharding")
+
+
+def _modules(pkg_name: str) -> list[str]:
+    """The algorithm modules of *pkg_name*, families opened, sorted."""
+    pkg = importlib.import_module(pkg_name)
+    out = []
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+        if info.name.startswith("_"):
+            continue
+        if pkg_name == _ALGORITHMS_PKG and info.name in _FAMILIES:
+            out.extend(_modules_of_family(f"{pkg_name}.{info.name}"))
+        else:
+            out.append(f"{pkg_name}.{info.name}")
+    return out
+
+
+def _modules_of_family(family: str) -> list[str]:
+    pkg = importlib.import_module(family)
+    return [f"{family}.{i.name}" for i in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name)
+            if not i.name.startswith("_")]
 
 
 def names() -> list[str]:
@@ -377,12 +401,15 @@ def _load_one(name: str) -> None:
     package is loaded when that does not register it."""
     if name in _ALGORITHMS or _ALGORITHMS_PKG in _loaded:
         return
-    module = f"{_ALGORITHMS_PKG}.{_MODULE_OF.get(name, name.replace('-', '_'))}"
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:  # the module exists but misses a dependency: say so as before
-            raise
+    leaf = _MODULE_OF.get(name, name.replace('-', '_'))
+    for module in [f"{_ALGORITHMS_PKG}.{leaf}"] + [f"{_ALGORITHMS_PKG}.{f}.{leaf}" for f in _FAMILIES]:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:  # the module exists but misses a dependency: say so as before
+                raise
+            continue
+        return
 
 
 #: algorithm names whose module is not the name with '-' -> '_'

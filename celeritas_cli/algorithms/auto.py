@@ -41,7 +41,7 @@ from ..optimize.search import DEFAULT_TIME_LIMIT, Search
 from ..registry import Param, congestion_param, register, time_limit_param
 from ..registry import names as registered
 from ..sim.describe import PIPELINE_FIELDS, describe_placement
-from .data_parallel import ASSUME_BATCH
+from .sharding.data_parallel import ASSUME_BATCH
 
 
 @register("auto", paper="placer", section="portfolio + simulator-in-the-loop multilevel refinement",

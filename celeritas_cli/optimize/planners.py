@@ -1,8 +1,8 @@
 """``auto``'s members that plan the whole training step rather than place
 operators: placer's ``pipeline`` planner (stages, replicas, micro-batches,
-schedule, recomputation; :mod:`celeritas_cli.algorithms.pipeline`) and
+schedule, recomputation; :mod:`celeritas_cli.algorithms.pipelines.pipeline`) and
 sharded data parallelism (``fsdp``: ZeRO stage 3 / PyTorch FSDP,
-:mod:`celeritas_cli.algorithms.fsdp`).
+:mod:`celeritas_cli.algorithms.sharding.fsdp`).
 
 A planner searches with a budget of its own, counted in simulations of the
 input graph like auto's: it gets :data:`PLAN_SHARE` of auto's evaluations
@@ -50,10 +50,10 @@ PLANNERS = ("pipeline",)
 #: their share of auto's evaluations, together
 PLAN_SHARE = 0.3
 #: building a derived graph costs about this many simulations of it, and the pipeline model's phase about
-#: MODEL_COST simulations of the input graph (algorithms/pipeline_search.py)
+#: MODEL_COST simulations of the input graph (algorithms/pipelines/search.py)
 BUILD_COST = 3.0
 MODEL_COST = 20.0
-#: data-parallel's default gradient bucket (MiB; algorithms/data_parallel.py DEFAULT_BUCKET_MB, which this
+#: data-parallel's default gradient bucket (MiB; algorithms/sharding/data_parallel.py DEFAULT_BUCKET_MB, which this
 #: layer cannot import): the graph fsdp's charge is compared with
 DP_BUCKET_MB = 25.0
 #: fsdp's stage inside auto (FSDP's FULL_SHARD, the fsdp row's default)

@@ -6,7 +6,7 @@ from what its ``params`` or ``estimate`` claim): the stages' ranks are the
 order in which the devices first run a forward node of the captured trace,
 and each device's order, read as forward / backward blocks of micro-batches,
 must be the rank's steps of GPipe, 1F1B or the interleaved schedule
-(:func:`~celeritas_cli.scheduling.pipeline_schedule.schedule_steps`).
+(:func:`~celeritas_cli.pipelining.schedules.schedule_steps`).
 
 :func:`pipelining_plan` says whether ``torch.distributed.pipelining`` can run
 the plan as it is, exactly when all of these hold (else :func:`why_not`
@@ -27,7 +27,7 @@ names the first that fails and ``placer export`` writes placer's own code,
    before, as ``pipeline(split_spec={P: SplitPoint.BEGINNING})`` splits),
    the loss is on the last stage, and every backward node and update is on
    the stage of the forward node it is attributed to
-   (:func:`~celeritas_cli.scheduling.pipeline.attribution`): autograd runs
+   (:func:`~celeritas_cli.pipelining.cuts.attribution`): autograd runs
    a stage's backward where its forward ran.
 
 References
@@ -43,7 +43,7 @@ import bisect
 from dataclasses import dataclass
 
 from ..errors import InvalidInput
-from ..scheduling.pipeline_schedule import SCHEDULES, schedule_steps
+from ..pipelining.schedules import SCHEDULES, schedule_steps
 from ..transform.passes import node_passes
 
 TORCH_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
@@ -131,7 +131,7 @@ def why_not(prog, module_kinds: dict[str, str] | None = None) -> tuple[Pipelinin
     placement (module docstring), else ``(None, reason)``.  *module_kinds*:
     module path -> class name (``ModuleList`` and ``ModuleDict`` cannot be
     split points), read from the model."""
-    from ..scheduling.pipeline import attribution
+    from ..pipelining.cuts import attribution
 
     kinds = [s["transform"] for s in prog.pre.recipe]
     if kinds != ["microbatch"]:

@@ -3,7 +3,7 @@ split into ``m`` micro-batches of whole samples that flow through the model
 one after the other, their gradients accumulated, one optimizer update per
 parameter (GPipe, Huang et al., NeurIPS 2019, 2.2 "micro-batches"; the
 gradient accumulation every pipeline schedule of Narayanan et al., SC'21,
-2.2 relies on).  Pipeline schedules (:mod:`celeritas_cli.scheduling.pipeline`)
+2.2 relies on).  Pipeline schedules (:mod:`celeritas_cli.pipelining.cuts`)
 are orders over this graph.
 
 :func:`microbatch_graph` returns a new validated

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.algorithms.m_sct import (
+from celeritas_cli.algorithms.placers.m_sct import (
     greedy_favorites,
     lp_favorite_values,
     round_favorites,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.algorithms.dpos import critical_path_by_rank, dpos, dpos_schedule
+from celeritas_cli.algorithms.placers.dpos import critical_path_by_rank, dpos, dpos_schedule
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.costs import CostModel, upward_rank
 from celeritas_cli.model.generate import layered

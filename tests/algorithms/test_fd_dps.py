@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.algorithms.fd_dps import (
+from celeritas_cli.algorithms.placers.fd_dps import (
     est_lst,
     fd_dps,
     fd_dps_schedule,

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.algorithms.hierarchical import planner as H
+from celeritas_cli.algorithms.placers.hierarchical import planner as H
 from celeritas_cli.transform.contract import contract
 from celeritas_cli.errors import InvalidInput, MissingDependency
 from celeritas_cli.model.cluster import uniform
@@ -22,7 +22,7 @@ from celeritas_cli.sim.simulator import simulate
 from ..conftest import edge, node
 
 torch = pytest.importorskip("torch")
-from celeritas_cli.algorithms.hierarchical import model as hm  # noqa: E402
+from celeritas_cli.algorithms.placers.hierarchical import model as hm  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -281,7 +281,7 @@ def test_learns_a_feasible_placement_under_memory_pressure():
 
 
 def test_graded_penalty_orders_oom_samples_by_overflow():
-    from celeritas_cli.algorithms.hierarchical.reward import (
+    from celeritas_cli.algorithms.placers.hierarchical.reward import (
         oom_signal,
         overflow_fraction,
     )
@@ -310,7 +310,7 @@ def test_two_runs_give_byte_identical_placements():
 def test_noise_stops_at_75_percent_of_the_budget_even_when_the_clock_ends_it(monkeypatch):
     from types import SimpleNamespace
 
-    from celeritas_cli.algorithms.hierarchical import budget as B
+    from celeritas_cli.algorithms.placers.hierarchical import budget as B
 
     clock = [0.0]
     monkeypatch.setattr(B, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
@@ -330,7 +330,7 @@ def test_noise_stops_at_75_percent_of_the_budget_even_when_the_clock_ends_it(mon
 
 
 def test_auto_budget_and_smoke_caveat():
-    from celeritas_cli.algorithms.hierarchical.budget import auto_iterations
+    from celeritas_cli.algorithms.placers.hierarchical.budget import auto_iterations
 
     assert auto_iterations(60, 92, 52, 8, 0.0) == 1000  # the paper's, without a limit
     assert auto_iterations(60, 92, 52, 8, 60.0) < auto_iterations(60, 92, 52, 8, 600.0) <= 1000
@@ -351,7 +351,7 @@ def test_a_slow_start_leaves_the_untrained_decode_and_says_so(monkeypatch, capsy
     # a cold `import torch` can take longer than the limit: no iteration then
     from types import SimpleNamespace
 
-    from celeritas_cli.algorithms.hierarchical import budget as B
+    from celeritas_cli.algorithms.placers.hierarchical import budget as B
 
     real = B.time.perf_counter
     monkeypatch.setattr(B, "time", SimpleNamespace(perf_counter=lambda: real() + 1e6))
@@ -366,7 +366,7 @@ def test_a_slow_start_leaves_the_untrained_decode_and_says_so(monkeypatch, capsy
 def _trainer(env, history=None):
     from types import SimpleNamespace
 
-    from celeritas_cli.algorithms.hierarchical.training import Trainer, Training
+    from celeritas_cli.algorithms.placers.hierarchical.training import Trainer, Training
 
     theta = torch.zeros(2, requires_grad=True)
     policy = SimpleNamespace(parameters=lambda: [theta])

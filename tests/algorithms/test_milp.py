@@ -11,7 +11,7 @@ import random
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.algorithms.milp import (
+from celeritas_cli.algorithms.placers.milp import (
     auto_resolution,
     build_model,
     identical_classes,
@@ -218,8 +218,8 @@ def test_memory_constraint_alone_rejects_an_over_full_device():
     # are over full: exactly 6 solutions remain, none with three on a device.
     from ortools.sat.python import cp_model
 
-    from celeritas_cli.algorithms.milp.data import problem_data
-    from celeritas_cli.algorithms.milp.model import assignment, memory_constraints
+    from celeritas_cli.algorithms.placers.milp.data import problem_data
+    from celeritas_cli.algorithms.placers.milp.model import assignment, memory_constraints
     from celeritas_cli.model.costs import cost_model
 
     g = build("three", [node(i, 1, mem=40) for i in "abc"], [{"src": "a", "dst": "b", "bytes": 1}])
@@ -354,7 +354,7 @@ def test_hint_is_complete_and_feasible(congestion):
 
 
 def test_too_large_returns_hint_and_says_coarsen(monkeypatch, capsys):
-    from celeritas_cli.algorithms.milp import solver
+    from celeritas_cli.algorithms.placers.milp import solver
 
     monkeypatch.setattr(solver, "TOO_LARGE", 3)
     g, c = diamond(), uniform(2, bandwidth=100.0, latency=0.0)

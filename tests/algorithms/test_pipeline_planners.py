@@ -13,15 +13,15 @@ import pytest
 
 from celeritas_cli import registry
 from celeritas_cli.algorithms import alpa_stages, pipedream
-from celeritas_cli.algorithms.pipeline_model import Model, Shape
+from celeritas_cli.algorithms.pipelines.model import Model, Shape
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.generate import layered
-from celeritas_cli.scheduling.stages import LayerSequence, block_partition
+from celeritas_cli.pipelining.layers import LayerSequence, block_partition
 from celeritas_cli.sim.simulator import simulate
 
 from ..conftest import SAMPLES
-from ..scheduling.pipeline_graphs import layer_chain
+from ..pipelining.pipeline_graphs import layer_chain
 
 
 # ------------------------------------------------------------------ PipeDream

@@ -259,7 +259,7 @@ def test_time_limit_nan_is_a_usage_error():
 def test_m_sct_lp_with_wide_time_range_finishes():
     """One node 1e11 s among microsecond nodes made GLOP run for minutes; the
     LP is scaled now and gives the same favourites on ordinary graphs."""
-    from celeritas_cli.algorithms.m_sct import m_sct
+    from celeritas_cli.algorithms.placers.m_sct import m_sct
 
     doc = orjson.loads(open(G60, "rb").read())
     doc["nodes"][5]["compute_s"] = 1e11
@@ -269,7 +269,7 @@ def test_m_sct_lp_with_wide_time_range_finishes():
 
 
 def test_milp_with_huge_transfer_times_does_not_overflow():
-    from celeritas_cli.algorithms.milp import milp
+    from celeritas_cli.algorithms.placers.milp import milp
 
     g = build("wide", [node("a", 1e-6), node("b", 1e-6), node("c", 1e-6)],
               [edge("a", "b", 2**52), edge("a", "c", 10)])

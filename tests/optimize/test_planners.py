@@ -13,7 +13,7 @@ from celeritas_cli.optimize.portfolio import plan
 from celeritas_cli.sim.describe import describe_placement
 from celeritas_cli.sim.simulator import simulate
 
-from ..scheduling.pipeline_graphs import layer_chain
+from ..pipelining.pipeline_graphs import layer_chain
 
 
 def tight():

@@ -60,13 +60,13 @@ from celeritas_cli.run.mb_reference import microbatch_reference, whole_reference
 from celeritas_cli.run.mb_run import mb_job, mb_rank_main, merge_ranks, placed_result  # noqa: E402
 from celeritas_cli.run.report import compare  # noqa: E402
 from celeritas_cli.run.step import capture_real  # noqa: E402
-from celeritas_cli.scheduling.pipeline import (  # noqa: E402
+from celeritas_cli.pipelining.cuts import (  # noqa: E402
     balanced_stages,
     forward_order,
     stage_forward_nodes,
     stages_from_cuts,
 )
-from celeritas_cli.scheduling.pipeline_schedule import pipeline_plan  # noqa: E402
+from celeritas_cli.pipelining.schedules import pipeline_plan  # noqa: E402
 
 from .plans import hybrid_plan  # noqa: E402
 

@@ -18,7 +18,7 @@ from celeritas_cli.transform.microbatch import microbatch_graph, microbatch_step
 from celeritas_cli.transform.replicate import data_parallel_graph
 from celeritas_cli.transform.split_cost import COPY_BANDWIDTH_BPS
 
-from ..scheduling.pipeline_graphs import layer_chain
+from ..pipelining.pipeline_graphs import layer_chain
 
 
 def ids(g: Graph) -> list[str]:

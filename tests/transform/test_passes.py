@@ -11,7 +11,7 @@ from celeritas_cli.model.graph import Graph, build
 from celeritas_cli.transform.passes import loss_seeds, node_passes
 from celeritas_cli.transform.replicate import data_parallel_graph
 
-from ..scheduling.pipeline_graphs import layer_chain
+from ..pipelining.pipeline_graphs import layer_chain
 
 
 def strip_passes(g: Graph) -> Graph:

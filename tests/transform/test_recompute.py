@@ -8,14 +8,14 @@ import pytest
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.graph import build
-from celeritas_cli.scheduling.pipeline_schedule import pipeline_plan
+from celeritas_cli.pipelining.schedules import pipeline_plan
 from celeritas_cli.sim.simulator import run_schedule, simulate
 from celeritas_cli.transform.derivation import rebuild
 from celeritas_cli.transform.microbatch import microbatch_graph
 from celeritas_cli.transform.recompute import recompute_graph
 
-from ..scheduling.pipeline_graphs import layer_chain
-from ..scheduling.time_rule import peaks
+from ..pipelining.pipeline_graphs import layer_chain
+from ..pipelining.time_rule import peaks
 
 
 def two_layers():

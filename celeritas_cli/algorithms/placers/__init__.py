@@ -1,0 +1,1 @@
+"""Operator placers: the papers' algorithms and their baselines, one module each."""

@@ -1,0 +1,1 @@
+"""Data parallelism and sharded data parallelism (ZeRO / FSDP)."""

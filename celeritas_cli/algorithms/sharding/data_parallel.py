@@ -1,0 +1,262 @@
+"""Data parallelism: FastT's "DP" baseline (FastT 6.2, Tables 1-2), the
+strategy every placement should be compared against.
+
+The model is replicated on ``k`` devices, each replica runs its share of the
+batch, and the gradients are reduced by a ring all-reduce (reduce-scatter +
+all-gather, explicit transfers on the links) before each replica's optimizer
+update: :func:`~celeritas_cli.transform.replicate.data_parallel_graph`
+builds that graph with the split cost model of
+:mod:`~celeritas_cli.transform.split_cost`; replica ``r`` and its ring
+nodes go to the ``r``-th chosen device.  Per-device memory = parameters +
+gradients + optimizer state + the replica's share of the activations; a
+device over capacity makes the placement ``OOM``, reported like any other.
+
+Execution order: none is given, so every device follows the simulator's own
+rule (the ready node of largest upward rank).  A ring step's transfer starts
+as soon as its chunk is ready, but the reduce-scatter adds wait for a free
+device, and backward ops outrank them: most of the all-reduce runs after the
+backward pass, with only its first step overlapped.  Collective libraries
+(NCCL under DDP or Horovod) reduce on a separate stream concurrently with
+the backward pass, so this is a conservative estimate of data parallelism;
+``benchmarks/bench_data_parallel.py`` reports the exposed part.  Gradients are all-reduced in DDP buckets
+(``bucket_mb``, default 25 MiB; 0 = one ring per gradient).  (Ordering
+ring nodes first by boosting their rank also boosts every ancestor, which
+measured slower: 1.694 s against 1.682 s on the zoo transformer.)
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...errors import InvalidInput
+from ...model.cluster import Cluster
+from ...model.costs import CostModel, cost_model
+from ...model.graph import Graph
+from ...model.limits import TIME_MAX
+from ...model.placement import Placement, finite_or_none
+from ...registry import Param, register
+from ...transform.admit import dp_batch
+from ...transform.allreduce import BUCKET_MB_MAX
+from ...transform.batch import BATCH_MAX, whole_samples
+from ...transform.derivation import attach, data_parallel_step
+from ...transform.replicate import SCALINGS, data_parallel_graph
+from ...transform.split_cost import DEFAULT_OVERHEAD_S, batch_profile
+from ...sim.simulator import lower_bound, run_schedule
+
+SHARES = ("equal", "proportional")
+#: the ``assume_batch`` parameter of the algorithms that split the batch (``--assume-batch``)
+ASSUME_BATCH = Param(int, 0, "the batch the graph's costs hold for, when it declares none (meta.batch_size); "
+                     "0 = the graph's own (--assume-batch)", min=0, max=BATCH_MAX)
+#: default ``bucket_mb``: PyTorch DDP's default ``bucket_cap_mb`` (see :func:`data_parallel` for the measurements)
+DEFAULT_BUCKET_MB = 25.0
+
+
+def choose_devices(cluster: Cluster, devices: str | int | None) -> list[int]:
+    """Device indices for the replicas: all (``""``/``None``/``0``), the
+    first ``N`` of the cluster (an integer), or a comma-separated list of ids.
+
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> c = uniform(4)
+    >>> choose_devices(c, ""), choose_devices(c, "2"), choose_devices(c, "gpu3,gpu1")
+    ([0, 1, 2, 3], [0, 1], [3, 1])
+    """
+    text = "" if devices is None else str(devices).strip()
+    if text in ("", "0", "all"):
+        return list(range(cluster.k))
+    if text.isdigit():
+        count = int(text)
+        if count > cluster.k:
+            raise InvalidInput(f"data-parallel parameter devices: {count} replicas but cluster '{cluster.name}' has "
+                               f"{cluster.k} devices")
+        return list(range(count))
+    out = []
+    for did in (x.strip() for x in text.split(",")):
+        if did not in cluster.index:
+            raise InvalidInput(f"data-parallel parameter devices: unknown device '{did}' (cluster '{cluster.name}' "
+                               f"has {', '.join(cluster.ids)})")
+        if cluster.index[did] in out:
+            raise InvalidInput(f"data-parallel parameter devices: device '{did}' listed twice")
+        out.append(cluster.index[did])
+    return out
+
+
+def proportional_shares(graph: Graph, costs: CostModel, devs: list[int]) -> list[float] | None:
+    """Batch shares of replicas on *devs* in proportion to each device's
+    throughput on *graph*: ``share_r ∝ 1 / T(devs[r])``, where ``T(d)`` is
+    the time of the graph's batch-dependent nodes on device ``d`` (the
+    linear part of a replica's time, :mod:`~celeritas_cli.transform.split_cost`),
+    so every replica's batch-dependent work takes the same time.  None
+    (equal shares) when every device has the same ``T``.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> from celeritas_cli.model.costs import cost_model
+    >>> g = build("ab", [{"id": "a", "compute_s": 4, "memory_bytes": 0},
+    ...                  {"id": "b", "compute_s": 4, "memory_bytes": 0}], [])
+    >>> c = uniform(2, speeds=[1.0, 3.0])
+    >>> proportional_shares(g, cost_model(g, c), [0, 1]), proportional_shares(g, cost_model(g, c), [1, 1])
+    ([0.25, 0.75], None)
+    """
+    fixed = batch_profile(graph).fixed_node
+    totals = [math.fsum(costs.time[v][d] for v in range(graph.n) if not fixed[v]) for d in devs]
+    if len(set(totals)) <= 1 or not all(t > 0 for t in totals):
+        return None
+    inv = [1.0 / t for t in totals]
+    total = math.fsum(inv)
+    return [x / total for x in inv]
+
+
+def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
+    """``device_of`` of a data-parallel graph: replica ``r`` on ``devs[r]``."""
+    return [devs[int((graph.node_extra[v] or {})["replica"])] for v in range(graph.n)]
+
+
+@register("data-parallel", paper="FastT (Yi et al., CoNEXT 2020)", section="6.2 (DP baseline, Tables 1-2), 5.2",
+          summary="Data parallelism: the model replicated on k devices, each on 1/k of the batch, gradients "
+                  "reduced by a ring all-reduce on the links before each optimizer update.",
+          params={"devices": Param(str, "", "replica devices: empty = all, N = the first N, or ids like gpu0,gpu2"),
+                  "scaling": Param(str, "strong", "strong: the graph's batch is the global batch (each replica "
+                                   "runs 1/k); weak: each replica runs the graph's batch", choices=SCALINGS),
+                  "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of a replica op whose time is "
+                                      "scaled linearly (s)", min=0, max=TIME_MAX),
+                  "shares": Param(str, "equal", "strong scaling: equal batch shares (FastT's DP), or proportional "
+                                  "to each device's speed on the graph (not in the paper)", choices=SHARES),
+                  "bucket_mb": Param(float, DEFAULT_BUCKET_MB, "gradients all-reduced in buckets of this many MiB "
+                                     "in the order they become ready (PyTorch DDP's bucket_cap_mb, not in "
+                                     "FastT); 0 = one ring all-reduce per gradient", min=0, max=BUCKET_MB_MAX),
+                  "assume_batch": ASSUME_BATCH},
+          quick_params={})
+def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+                  devices: str = "", scaling: str = "strong", overhead_s: float = DEFAULT_OVERHEAD_S,
+                  shares: str = "equal", bucket_mb: float = DEFAULT_BUCKET_MB, assume_batch: int = 0) -> Placement:
+    """Data-parallel placement of *graph* (FastT's DP baseline).
+
+    Parameters
+    ----------
+    graph, cluster : the problem (a coarse graph is replicated coarse node by
+        coarse node).
+    seed : int
+        Unused (deterministic).
+    costs : CostModel, optional
+        Cost model of *graph* (re-bound to the data-parallel graph).
+    devices : str
+        Replica devices (:func:`choose_devices`); default all.
+    scaling : str
+        ``strong`` (default: the graph's batch is the global batch, every
+        replica runs ``1/k`` of it) or ``weak`` (every replica runs the
+        graph's batch: the step processes ``k`` times as many samples, so
+        compare samples per second, not step times, with other placements).
+    overhead_s : float
+        Split cost model's linear-case overhead (:func:`~.split_cost.part_times`).
+    shares : str
+        ``equal`` (default, FastT's DP baseline: every replica on ``1/k``)
+        or ``proportional`` (an addition, not in the paper: on a
+        heterogeneous cluster, replica ``r`` runs the batch fraction
+        :func:`proportional_shares` gives its device, so a faster device
+        gets more samples - as uneven-batch DDP setups do; identical to
+        ``equal`` on identical devices).  Strong scaling only.  The shares
+        are recorded in the recipe, so ``simulate`` rebuilds the same graph.
+    bucket_mb : float
+        An addition, not in FastT (PyTorch DDP, Li et al. VLDB 2020, 3.2.2
+        "Gradient Bucketing"): ``> 0`` groups the gradients into buckets of
+        ``bucket_mb`` MiB in the order they become ready
+        (:func:`~celeritas_cli.transform.allreduce.gradient_buckets`) and reduces each bucket by
+        one ring all-reduce of its total bytes once all its gradients are
+        ready; ``0`` reduces every gradient by its own ring.  Recorded in
+        the recipe.  Default 25 MiB, DDP's default ``bucket_cap_mb``.
+    assume_batch : int
+        The batch the graph's costs hold for when it declares none
+        (``meta.batch_size``; 0 = the graph's own).  Strong scaling over
+        ``k > 1`` replicas divides the batch, which is possible only where
+        the batch is known and has at least ``k`` samples; the replicas get
+        whole samples (a batch that ``k`` does not divide gives the first
+        ``batch % k`` replicas one sample more, recorded as ``shares``).
+        Recorded in the recipe (``assume_batch``), with the batch divided
+        (``global_batch``).
+        Measured (``benchmarks/bench_data_parallel.py --only buckets``,
+        simulated step against ``bucket_mb=0``) on the five zoo models:
+        4xV100-pcie 0.97-1.06, 8xA100-nvswitch 0.91-1.00,
+        2x8xA100-infiniband 0.50-0.99 (fewer link latencies), with 3-10x
+        fewer nodes on models of many small gradients (inception_v3,
+        resnet50, tensor_holography; 1.7-2.8x on transformer, nmt's few
+        large gradients barely change) and as much less time to place; a
+        bucket loses where it waits for late gradients on slow links
+        (transformer on 4xV100-pcie: 1.06; layered_60 on
+        moirai-inter-server: 1.18, where 1 MiB gives 1.04).  1 MiB lost at
+        most 4% in these runs but won less across servers (0.50-0.99).
+
+    Returns
+    -------
+    Placement
+        Over the data-parallel graph (``derived``, with ``derivation``
+        ``[{"transform": "data-parallel", ...}]``), without an order, and
+        an ``estimate`` holding the simulated makespan (channel congestion),
+        ``status`` (``OOM`` when a device is over capacity), the simulator's
+        ``lower_bound_s`` of the data-parallel graph (not of *graph*: a
+        replica runs a fraction of every node, so the original critical path
+        does not bound it) and ``makespan_over_lb``, ``replicas``,
+        ``devices``, ``scaling``, ``gradient_bytes``,
+        ``allreduce_bytes_per_device`` and ``max_memory_bytes``.
+
+    Raises
+    ------
+    InvalidInput
+        Unknown devices or more replicas than devices; strong scaling of a
+        graph that declares no batch (and none assumed), of a batch smaller
+        than the replicas, or of a coarse graph (its gradients cannot be
+        told apart: replicate the original graph); a data-parallel graph
+        over the derived-graph budget.  Said before anything is built.
+
+    Example
+    -------
+    >>> from celeritas_cli.model.generate import layered
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> p = data_parallel(layered(40, seed=1), uniform(2), assume_batch=32)
+    >>> p.estimate["replicas"], sorted(set(p.assignment.values())), p.derivation["steps"][0]["global_batch"]
+    (2, ['gpu0', 'gpu1'], 32)
+
+    References
+    ----------
+    FastT (Yi et al., CoNEXT 2020) 6.2 (DP baseline, strong and weak
+    scaling) and 5.2 (the data-parallel graph); Li et al., "PyTorch
+    Distributed", VLDB 2020.
+    """
+    devs = choose_devices(cluster, devices)
+    k = len(devs)
+    assumed = assume_batch or None
+    if shares == "proportional" and scaling != "strong":
+        raise InvalidInput("data-parallel parameter shares: proportional needs scaling=strong")
+    batch, _ = dp_batch(graph, k, scaling, None, assumed)  # refuses a graph without a batch before anything else
+    costs = cost_model(graph, cluster, costs)
+    split = proportional_shares(graph, costs, devs) if shares == "proportional" else None
+    if batch is not None and scaling == "strong" and k > 1:
+        samples = whole_samples(batch, k, split, what=f"data-parallel over {k} replicas: the batch")
+        split = None if len(set(samples)) == 1 else [b / batch for b in samples]
+    g2 = data_parallel_graph(graph, k, scaling=scaling, overhead_s=overhead_s, shares=split,
+                             bucket_mb=bucket_mb, assume_batch=assumed)
+    c2 = costs.for_graph(g2)
+    device_of = replica_devices(g2, devs)
+    sched = run_schedule(g2, cluster, device_of, None, costs=c2)
+    loads = g2.memory_by(device_of, cluster.k)
+    oom = [cluster.ids[d] for d in cluster.over_capacity(loads)]
+    info = g2.meta["data_parallel"]
+    lb = lower_bound(g2, cluster, c2)  # of the data-parallel graph: the original's critical path does not bound it
+    estimate = {"makespan_s": sched.makespan, "makespan_by": "simulator", "status": "OOM" if oom else "FEASIBLE",
+                "lower_bound_s": lb, "makespan_over_lb": finite_or_none(sched.makespan / lb) if lb > 0 else None,
+                "replicas": len(devs), "devices": [cluster.ids[d] for d in devs], "scaling": scaling,
+                "gradient_bytes": info["gradient_bytes"],
+                "allreduce_bytes_per_device": info["allreduce_bytes_per_device"], "max_memory_bytes": max(loads)}
+    if split is not None:
+        estimate["shares"] = split
+    if "buckets" in info:
+        estimate["bucket_mb"], estimate["buckets"] = info["bucket_mb"], info["buckets"]
+    if "global_batch" in info:
+        estimate["global_batch"] = info["global_batch"]
+        estimate["replica_batch"] = info["replica_batch"]
+    if oom:
+        estimate["oom_devices"] = oom
+    p = Placement.from_indices(g2, cluster, device_of, algorithm="data-parallel", seed=seed, estimate=estimate)
+    strong_split = batch is not None and scaling == "strong" and k > 1
+    attach(p, graph, g2, [data_parallel_step(k, scaling, overhead_s, split, bucket_mb,
+                                             global_batch=batch if strong_split else None, assume_batch=assumed)])
+    return p
