@@ -323,7 +323,7 @@ def test_hint_is_complete_and_feasible(congestion):
     # must be permuted into the symmetry-broken form and satisfy every constraint
     from ortools.sat.python import cp_model
 
-    from celeritas_cli.algorithms import milp as M
+    from celeritas_cli.algorithms.placers import milp as M
     from celeritas_cli.model.costs import CostModel
 
     g, c = layered(40, seed=5), uniform(3, bandwidth=1.0e9, latency=1e-5)
