@@ -281,10 +281,11 @@ def _roofline_types(graph: Graph) -> set[str]:
     return types
 
 
-def part_times(graph: Graph, v: int, frac: float, *, overhead_s: float = DEFAULT_OVERHEAD_S
-               ) -> tuple[float, dict | None]:
+def part_times(graph: Graph, v: int, frac: float, *, overhead_s: float = DEFAULT_OVERHEAD_S,
+               types: frozenset[str] | None = None) -> tuple[float, dict | None]:
     """``(compute_s, compute_by_type)`` of node *v* run on the fraction
-    *frac* (``0 < frac <= 1``) of its batch (see the module docstring).
+    *frac* (``0 < frac <= 1``) of its batch (see the module docstring);
+    *types*, when given, limits ``compute_by_type`` to those device types.
 
     Example
     -------
@@ -330,5 +331,6 @@ def part_times(graph: Graph, v: int, frac: float, *, overhead_s: float = DEFAULT
     c = one(graph.compute[v], "compute_s", (line or {}).get("compute_s"))
     by = graph.compute_by_type[v]
     lines_by = (line or {}).get("compute_by_type") or {}
-    out_by = {k: one(val, k, lines_by.get(k)) for k, val in sorted(by.items())} if by else None
+    out_by = {k: one(val, k, lines_by.get(k)) for k, val in sorted(by.items())
+              if types is None or k in types} if by else None
     return c, out_by
