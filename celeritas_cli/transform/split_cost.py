@@ -37,7 +37,14 @@ What is recognised in a graph
 * **Batch-independent node**: an update, or a node with inputs that are all
   batch-independent tensors (e.g. a sum of two gradients).  Batch-independent
   tensors: gradients, listed state tensors, and outputs of batch-independent
-  nodes.  Graph sources (data inputs) scale with the batch.
+  nodes.  Graph sources (data inputs) scale with the batch, whatever
+  parameters they hold.  A node's *own* parameters are not an input: a
+  rewrite that moves a node's state to a ``weights`` node (a micro-batch
+  copy ``<v>/mb<i>`` reading ``<v>/weights``, fields ``origin``; a split
+  part reading ``<v>/weights``, fields ``split_of``) leaves a copy of a
+  source a source, so the copies of the first layer, and everything after
+  them, still scale with the batch (issue 33, D6: before, a data-parallel
+  replica of a micro-batched graph ran every micro-batch whole).
 
 Time of a node on a fraction ``f`` of its batch (:func:`part_times`)
 -----------------------------------------------------------------------
@@ -195,12 +202,16 @@ def _profile(graph: Graph) -> BatchProfile:
     for v in range(n):
         for t in state_out[v]:
             fixed_tensor[t] = True
+    home = [_extra(graph, v, "origin") or _extra(graph, v, "split_of") for v in range(n)]
     fixed_node = [False] * n
     for v in graph.topo_order():
+        ins = [e for e in graph.in_edges[v]  # a read of the node's own parameters is not an input
+               if not (graph.op[graph.edge_src[e]] == "weights" and home[v] is not None
+                       and home[graph.edge_src[e]] == home[v])]
         if update[v]:
             fixed_node[v] = True
-        elif graph.in_edges[v]:
-            fixed_node[v] = all(fixed_tensor[graph.edge_tensor[e]] for e in graph.in_edges[v])
+        elif ins:
+            fixed_node[v] = all(fixed_tensor[graph.edge_tensor[e]] for e in ins)
         if fixed_node[v]:
             for t in tensors_of[v]:
                 fixed_tensor[t] = True
