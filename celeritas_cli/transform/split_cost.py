@@ -140,7 +140,9 @@ class BatchProfile:
     ``fixed_memory`` (bytes that do not scale), ``param_bytes`` (parameters
     a batch-split part must receive), ``gradient_out`` (tensor ids of the
     gradients it produces), ``state_out`` (tensor ids forwarding its
-    parameters).  Per tensor: ``fixed_tensor``, ``gradient``.
+    parameters), ``inputs`` (its in-edges but the reads of its own
+    parameters from its ``weights`` node).  Per tensor: ``fixed_tensor``,
+    ``gradient``.
     """
 
     update: list[bool]
@@ -151,6 +153,7 @@ class BatchProfile:
     gradient: list[bool]
     gradient_out: list[list[int]]
     state_out: list[list[int]]
+    inputs: list[list[int]]
 
     def activation(self, graph: Graph, v: int) -> int:
         """Bytes of node *v*'s memory that scale with the batch."""
@@ -202,16 +205,17 @@ def _profile(graph: Graph) -> BatchProfile:
     for v in range(n):
         for t in state_out[v]:
             fixed_tensor[t] = True
-    home = [_extra(graph, v, "origin") or _extra(graph, v, "split_of") for v in range(n)]
+    home = [{x for x in (_extra(graph, v, "origin"), _extra(graph, v, "split_of")) if x is not None}
+            for v in range(n)]  # the node(s) a rewritten node stands for
+    inputs = [[e for e in graph.in_edges[v]  # a read of the node's own parameters is not an input
+               if not (graph.op[graph.edge_src[e]] == "weights" and home[v] & home[graph.edge_src[e]])]
+              for v in range(n)]
     fixed_node = [False] * n
     for v in graph.topo_order():
-        ins = [e for e in graph.in_edges[v]  # a read of the node's own parameters is not an input
-               if not (graph.op[graph.edge_src[e]] == "weights" and home[v] is not None
-                       and home[graph.edge_src[e]] == home[v])]
         if update[v]:
             fixed_node[v] = True
-        elif ins:
-            fixed_node[v] = all(fixed_tensor[graph.edge_tensor[e]] for e in ins)
+        elif inputs[v]:
+            fixed_node[v] = all(fixed_tensor[graph.edge_tensor[e]] for e in inputs[v])
         if fixed_node[v]:
             for t in tensors_of[v]:
                 fixed_tensor[t] = True
@@ -229,7 +233,8 @@ def _profile(graph: Graph) -> BatchProfile:
             state = max(0, fixed_memory[v] - grads)
             param_bytes[v] = state // 4 if training else state
     return BatchProfile(update=update, fixed_node=fixed_node, fixed_memory=fixed_memory, param_bytes=param_bytes,
-                        fixed_tensor=fixed_tensor, gradient=gradient, gradient_out=gradient_out, state_out=state_out)
+                        fixed_tensor=fixed_tensor, gradient=gradient, gradient_out=gradient_out, state_out=state_out,
+                        inputs=inputs)
 
 
 def _fixed_memory(graph: Graph, v: int, fixed_node: bool, tensors: list[int], fixed_tensor: list[bool]) -> int:

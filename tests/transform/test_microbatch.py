@@ -186,6 +186,20 @@ def test_data_parallelism_splits_the_micro_batches_of_a_source_layer():
     assert strong.total_memory() == other.total_memory()
 
 
+def test_micro_batches_of_a_split_source_layer_are_copied():
+    """The batch split of the source layer ``f0`` reads its parameters from
+    ``f0/weights`` and nothing else; its parts are still sources, so
+    micro-batching copies them: 4 s x 1/2 x 1/2 = 1 s each."""
+    from celeritas_cli.transform.splitting import split_operation
+
+    doc = source_chain().to_dict()
+    doc["nodes"][0]["splittable"] = ["batch"]
+    s = split_operation(Graph.from_dict(doc, label="splittable"), "f0", "batch", 2, overhead_s=0.0)
+    d = microbatch_graph(s, 2, overhead_s=0.0)
+    assert [d.compute[d.index[f"f0/part{p}/mb{i}"]] for p in (0, 1) for i in (0, 1)] == [1.0] * 4
+    assert "f0/part0" not in d.index and d.op[d.index["f0/weights"]] == "weights"
+
+
 def test_strong_and_weak_scaling_differ_after_micro_batching():
     """The D6 reproducer's recipe (layered_60, 4 micro-batches, 2 replicas):
     strong replicas run half of each micro-batch, weak ones all of it."""
