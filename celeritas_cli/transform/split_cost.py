@@ -96,6 +96,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..model.devices import DEVICES, REFERENCE
 from ..model.graph import Graph
 
 DEFAULT_OVERHEAD_S = 2.0e-6
@@ -280,21 +281,24 @@ def splittable_dims(graph: Graph, v: int) -> list[str]:
     return out
 
 
-def _roofline_types(graph: Graph) -> set[str]:
-    """Device types whose times in *graph* are the shipped roofline."""
-    from ..model.devices import DEVICES, REFERENCE
-
+def _roofline_types(graph: Graph) -> frozenset[str]:
+    """Device types whose times in *graph* are the shipped roofline (read
+    once per graph object: every node's :func:`part_times` asks)."""
+    cached = graph.__dict__.get("_roofline_types")
+    if cached is not None:
+        return cached
     cm = graph.meta.get("cost_model")
-    if not isinstance(cm, str) or not cm.startswith("roofline"):
-        return set()
-    types = set(DEVICES)
-    measured = graph.meta.get("measured")
-    if isinstance(measured, dict):
-        types.discard(measured.get("device"))
-        types.discard("compute_s")
-    elif REFERENCE in types:
-        types.add("compute_s")
-    return types
+    types: set[str] = set()
+    if isinstance(cm, str) and cm.startswith("roofline"):
+        types = set(DEVICES)
+        measured = graph.meta.get("measured")
+        if isinstance(measured, dict):
+            types.discard(measured.get("device"))
+            types.discard("compute_s")
+        elif REFERENCE in types:
+            types.add("compute_s")
+    graph.__dict__["_roofline_types"] = out = frozenset(types)
+    return out
 
 
 def part_times(graph: Graph, v: int, frac: float, *, overhead_s: float = DEFAULT_OVERHEAD_S,
@@ -333,8 +337,6 @@ def part_times(graph: Graph, v: int, frac: float, *, overhead_s: float = DEFAULT
             if full > 0:
                 return min(t, max(lo, t * (a + b * frac * line["batch"]) / full))
         if key in roof:
-            from ..model.devices import DEVICES, REFERENCE
-
             s = DEVICES[REFERENCE if key == "compute_s" else key]
             mem = moved / s.bandwidth_Bps
             work = t - s.launch_s
