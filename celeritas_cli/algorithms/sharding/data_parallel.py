@@ -224,8 +224,10 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         ``equal`` (default, FastT's DP baseline: every replica on ``1/k``)
         or ``proportional`` (an addition, not in the paper: on a
         heterogeneous cluster, replica ``r`` runs the batch fraction
-        :func:`proportional_shares` gives its device, so a faster device
-        gets more samples - as uneven-batch DDP setups do; identical to
+        :func:`proportional_shares` gives its device, in whole samples
+        rounded so that the slowest replica is fastest
+        (:func:`speed_samples`, placer's rule), so a faster device gets
+        more samples - as uneven-batch DDP setups do; identical to
         ``equal`` on identical devices).  Strong scaling only.  The shares
         are recorded in the recipe, so ``simulate`` rebuilds the same graph.
     bucket_mb : float
