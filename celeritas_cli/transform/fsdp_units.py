@@ -11,7 +11,14 @@ gradients, optimizer state).  Per node ``v``, its resident bytes ``R``
 
 * **parameters** of a *holder* (a node that is not an update and holds
   ``batch_independent.state_bytes``, :func:`~.split_cost.batch_profile`):
-  ``min(state_bytes, R)``, sharded by stage 3;
+  ``min(state_bytes, R)``, but no more than the gradients its group's
+  updates consume (an optimizer updates parameters, and a parameter's
+  gradient is as large as its master copy): sharded by stage 3;
+* **buffers**: the rest of a holder's ``min(state_bytes, R)`` in a group
+  whose updates consume fewer gradient bytes than it holds (BatchNorm's
+  running statistics: ``placer profile`` counts a module's buffers in its
+  ``state_bytes``).  FSDP flattens parameters only; buffers stay whole on
+  every replica and are never gathered;
 * **gradient buffers** a holder keeps resident (the synthetic generator's
   layout: parameters, gradients and two Adam moments on the layer): up to
   the bytes of the gradients its group's updates consume, sharded from
@@ -19,17 +26,27 @@ gradients, optimizer state).  Per node ``v``, its resident bytes ``R``
 * **optimizer state**: an update's resident bytes and the rest of a
   holder's, sharded from stage 1.
 
-Holders come in two kinds.  A *source* holder has no inputs and nothing
-that scales with the batch (a parameter read, or the cast
-``aten._to_copy`` of fp32 master weights to the bf16 working copy of
-``placer profile --precision bf16``): it holds the parameter and its
-outputs *are* the parameter, so in stage 3 the whole node
-runs on its shard and its outputs are what is gathered.  A *compute* holder
-(``aten.addmm``, ``aten.native_layer_norm`` in the fp32 zoo graphs) reads
-its own parameters and forwards them to later readers
-(``batch_independent.state_tensors``): in stage 3 its parameters move to
-the unit's flat shard, are gathered, and reach it and its readers from the
-gather.
+Holders come in two kinds, told apart by what the graph says their outputs
+are, never by a node merely having no inputs.  A *source* holder's outputs
+*are* its parameters (a parameter read, or the cast ``aten._to_copy`` of
+fp32 master weights to the bf16 working copy of ``placer profile
+--precision bf16``): it has no inputs, nothing that scales with the batch,
+no ``batch_independent.state_tensors`` (which would say that only some of
+its outputs carry parameters) and outputs no larger than its parameters.
+In stage 3 the whole node runs on its shard and its outputs are what is
+gathered.  Every other holder is a *compute* holder (``aten.addmm``,
+``aten.native_layer_norm`` in the fp32 zoo graphs, and the LSTM's ``h0 @
+W_hh`` ``aten.mm`` of the zoo's nmt, which has no graph inputs but a
+batch-shaped output): it reads its own parameters and forwards them to
+later readers (``batch_independent.state_tensors``); in stage 3 its
+parameters move to the unit's flat shard, are gathered, and reach it and
+its readers from the gather, and the node itself runs on its replica's
+share of the batch like any other.  So what is gathered is the parameters,
+in the dtype their readers use, and nothing else (one forward and one
+backward gather per unit and step in stage 3).  A buffer a compute holder
+forwards (BatchNorm's running statistics read by its backward) reaches the
+reader, on the same replica, with the gather it waits for anyway: it adds
+no bytes to the gather.
 
 Units (PyTorch FSDP, Zhao et al. VLDB 2023, section 3.2.1 "Full
 Sharding" and 4.2 "Flat Parameters": the parameters of one wrapped module
@@ -136,7 +153,8 @@ class Unit:
 class Plan:
     """Everything :func:`~.fsdp.fsdp_graph` builds from (module docstring):
     per node ``params`` / ``grad_buf`` / ``optim`` (resident bytes by kind),
-    ``source`` (a source holder), ``update``, ``unit_of`` (unit index of a holder or
+    ``buffers`` (state that is not parameters, never sharded), ``source``
+    (a source holder), ``update``, ``unit_of`` (unit index of a holder or
     update, -1 elsewhere); per tensor ``edge_kind`` of its edges; the units,
     the collectives in issue order (``sequence``: ``(kind, unit)`` with kind
     ``fwd`` / ``bwd`` gather, ``rs`` reduce-scatter, ``post`` all-gather of
@@ -147,6 +165,7 @@ class Plan:
     wrap: str
     units: list[Unit]
     params: list[int]
+    buffers: list[int]
     grad_buf: list[int]
     optim: list[int]
     source: list[bool]
@@ -201,12 +220,6 @@ def fsdp_plan(graph: Graph, stage: int, unit_mb: float = 0.0) -> Plan:
     resident = [resident_of(graph, v) if declares(graph) else prof.fixed_memory[v] for v in range(n)]
     group = [graph.colocation[v] if graph.colocation[v] is not None else f"#{graph.ids[v]}" for v in range(n)]
     holder = [not prof.update[v] and prof.param_bytes[v] > 0 for v in range(n)]
-    params = [min(prof.param_bytes[v], resident[v]) if holder[v] else 0 for v in range(n)]
-    source = [holder[v] and not graph.in_edges[v] and prof.fixed_memory[v] >= graph.memory[v] for v in range(n)]
-    outputs: list[list[int]] = [[] for _ in range(n)]
-    for t, p in enumerate(graph.tensor_src):
-        outputs[p].append(t)
-    gathered = {v: (outputs[v] if source[v] else prof.state_out[v]) for v in range(n) if holder[v]}
     # gradient tensors and the group of the update consuming them
     grad_group: dict[int, str] = {}
     for e in range(graph.m):
@@ -216,16 +229,29 @@ def fsdp_plan(graph: Graph, stage: int, unit_mb: float = 0.0) -> Plan:
     grad_by_group: dict[str, int] = {}
     for t, g in grad_group.items():
         grad_by_group[g] = grad_by_group.get(g, 0) + graph.tensor_bytes[t]
-    grad_buf, optim = [0] * n, [0] * n
-    left = dict(grad_by_group)
+    params, buffers, grad_buf, optim = [0] * n, [0] * n, [0] * n, [0] * n
+    unclaimed = dict(grad_by_group)  # parameter bytes of a group its holders have not claimed yet
+    left = dict(grad_by_group)  # gradient bytes of a group not yet found in a holder's buffers
     for v in range(n):
         if prof.update[v]:
             optim[v] = resident[v]
         elif holder[v]:
-            extra = resident[v] - params[v]
+            state = min(prof.param_bytes[v], resident[v])
+            params[v] = min(state, unclaimed[group[v]]) if group[v] in unclaimed else state
+            if group[v] in unclaimed:
+                unclaimed[group[v]] -= params[v]
+            buffers[v] = state - params[v]
+            extra = resident[v] - state
             grad_buf[v] = min(extra, left.get(group[v], 0))
             left[group[v]] = left.get(group[v], 0) - grad_buf[v]
             optim[v] = extra - grad_buf[v]
+    outputs: list[list[int]] = [[] for _ in range(n)]
+    for t, p in enumerate(graph.tensor_src):
+        outputs[p].append(t)
+    source = [holder[v] and not graph.in_edges[v] and prof.fixed_memory[v] >= graph.memory[v]
+              and not prof.state_out[v] and sum(graph.tensor_bytes[t] for t in outputs[v]) <= params[v]
+              for v in range(n)]
+    gathered = {v: (outputs[v] if source[v] else prof.state_out[v]) for v in range(n) if holder[v]}
     # parameter groups in forward order
     first: dict[str, int] = {}
     members: dict[str, list[int]] = {}
@@ -255,8 +281,8 @@ def fsdp_plan(graph: Graph, stage: int, unit_mb: float = 0.0) -> Plan:
     for u in units:
         _readers(graph, u, source, params, gathered, late, prof.update, clones)
     sequence, waits = _issue_order(graph, units, stage, order)
-    return Plan(stage, "size" if unit_mb > 0 else "module", units, params, grad_buf, optim, source, prof.update,
-                unit_of, param_tensor, grad_tensor, sequence, waits)
+    return Plan(stage, "size" if unit_mb > 0 else "module", units, params, buffers, grad_buf, optim, source,
+                prof.update, unit_of, param_tensor, grad_tensor, sequence, waits)
 
 
 def _step_order(graph: Graph, cloned: set[int]) -> list[int]:

@@ -187,7 +187,7 @@ def once_nodes(graph: Graph) -> list[bool]:
     for t, p in enumerate(graph.tensor_src):
         out_tensors[p].append(t)
     for v in graph.topo_order():
-        ins = graph.in_edges[v]
+        ins = prof.inputs[v]  # a split part of a source reading its own parameters is still a source
         once[v] = (prof.update[v] or prof.fixed_node[v] or "allreduce" in _extra(graph, v)
                    or (graph.op[v] == "weights" and not ins)
                    or (bool(ins) and all(once_t[graph.edge_tensor[e]] for e in ins)))

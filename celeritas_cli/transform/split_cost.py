@@ -37,7 +37,14 @@ What is recognised in a graph
 * **Batch-independent node**: an update, or a node with inputs that are all
   batch-independent tensors (e.g. a sum of two gradients).  Batch-independent
   tensors: gradients, listed state tensors, and outputs of batch-independent
-  nodes.  Graph sources (data inputs) scale with the batch.
+  nodes.  Graph sources (data inputs) scale with the batch, whatever
+  parameters they hold.  A node's *own* parameters are not an input: a
+  rewrite that moves a node's state to a ``weights`` node (a micro-batch
+  copy ``<v>/mb<i>`` reading ``<v>/weights``, fields ``origin``; a split
+  part reading ``<v>/weights``, fields ``split_of``) leaves a copy of a
+  source a source, so the copies of the first layer, and everything after
+  them, still scale with the batch (issue 33, D6: before, a data-parallel
+  replica of a micro-batched graph ran every micro-batch whole).
 
 Time of a node on a fraction ``f`` of its batch (:func:`part_times`)
 -----------------------------------------------------------------------
@@ -89,6 +96,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..model.devices import DEVICES, REFERENCE
 from ..model.graph import Graph
 
 DEFAULT_OVERHEAD_S = 2.0e-6
@@ -133,7 +141,9 @@ class BatchProfile:
     ``fixed_memory`` (bytes that do not scale), ``param_bytes`` (parameters
     a batch-split part must receive), ``gradient_out`` (tensor ids of the
     gradients it produces), ``state_out`` (tensor ids forwarding its
-    parameters).  Per tensor: ``fixed_tensor``, ``gradient``.
+    parameters), ``inputs`` (its in-edges but the reads of its own
+    parameters from its ``weights`` node).  Per tensor: ``fixed_tensor``,
+    ``gradient``.
     """
 
     update: list[bool]
@@ -144,6 +154,7 @@ class BatchProfile:
     gradient: list[bool]
     gradient_out: list[list[int]]
     state_out: list[list[int]]
+    inputs: list[list[int]]
 
     def activation(self, graph: Graph, v: int) -> int:
         """Bytes of node *v*'s memory that scale with the batch."""
@@ -195,12 +206,17 @@ def _profile(graph: Graph) -> BatchProfile:
     for v in range(n):
         for t in state_out[v]:
             fixed_tensor[t] = True
+    home = [{x for x in (_extra(graph, v, "origin"), _extra(graph, v, "split_of")) if x is not None}
+            for v in range(n)]  # the node(s) a rewritten node stands for
+    inputs = [[e for e in graph.in_edges[v]  # a read of the node's own parameters is not an input
+               if not (graph.op[graph.edge_src[e]] == "weights" and home[v] & home[graph.edge_src[e]])]
+              for v in range(n)]
     fixed_node = [False] * n
     for v in graph.topo_order():
         if update[v]:
             fixed_node[v] = True
-        elif graph.in_edges[v]:
-            fixed_node[v] = all(fixed_tensor[graph.edge_tensor[e]] for e in graph.in_edges[v])
+        elif inputs[v]:
+            fixed_node[v] = all(fixed_tensor[graph.edge_tensor[e]] for e in inputs[v])
         if fixed_node[v]:
             for t in tensors_of[v]:
                 fixed_tensor[t] = True
@@ -218,7 +234,8 @@ def _profile(graph: Graph) -> BatchProfile:
             state = max(0, fixed_memory[v] - grads)
             param_bytes[v] = state // 4 if training else state
     return BatchProfile(update=update, fixed_node=fixed_node, fixed_memory=fixed_memory, param_bytes=param_bytes,
-                        fixed_tensor=fixed_tensor, gradient=gradient, gradient_out=gradient_out, state_out=state_out)
+                        fixed_tensor=fixed_tensor, gradient=gradient, gradient_out=gradient_out, state_out=state_out,
+                        inputs=inputs)
 
 
 def _fixed_memory(graph: Graph, v: int, fixed_node: bool, tensors: list[int], fixed_tensor: list[bool]) -> int:
@@ -264,27 +281,31 @@ def splittable_dims(graph: Graph, v: int) -> list[str]:
     return out
 
 
-def _roofline_types(graph: Graph) -> set[str]:
-    """Device types whose times in *graph* are the shipped roofline."""
-    from ..model.devices import DEVICES, REFERENCE
-
+def _roofline_types(graph: Graph) -> frozenset[str]:
+    """Device types whose times in *graph* are the shipped roofline (read
+    once per graph object: every node's :func:`part_times` asks)."""
+    cached = graph.__dict__.get("_roofline_types")
+    if cached is not None:
+        return cached
     cm = graph.meta.get("cost_model")
-    if not isinstance(cm, str) or not cm.startswith("roofline"):
-        return set()
-    types = set(DEVICES)
-    measured = graph.meta.get("measured")
-    if isinstance(measured, dict):
-        types.discard(measured.get("device"))
-        types.discard("compute_s")
-    elif REFERENCE in types:
-        types.add("compute_s")
-    return types
+    types: set[str] = set()
+    if isinstance(cm, str) and cm.startswith("roofline"):
+        types = set(DEVICES)
+        measured = graph.meta.get("measured")
+        if isinstance(measured, dict):
+            types.discard(measured.get("device"))
+            types.discard("compute_s")
+        elif REFERENCE in types:
+            types.add("compute_s")
+    graph.__dict__["_roofline_types"] = out = frozenset(types)
+    return out
 
 
-def part_times(graph: Graph, v: int, frac: float, *, overhead_s: float = DEFAULT_OVERHEAD_S
-               ) -> tuple[float, dict | None]:
+def part_times(graph: Graph, v: int, frac: float, *, overhead_s: float = DEFAULT_OVERHEAD_S,
+               types: frozenset[str] | None = None) -> tuple[float, dict | None]:
     """``(compute_s, compute_by_type)`` of node *v* run on the fraction
-    *frac* (``0 < frac <= 1``) of its batch (see the module docstring).
+    *frac* (``0 < frac <= 1``) of its batch (see the module docstring);
+    *types*, when given, limits ``compute_by_type`` to those device types.
 
     Example
     -------
@@ -316,8 +337,6 @@ def part_times(graph: Graph, v: int, frac: float, *, overhead_s: float = DEFAULT
             if full > 0:
                 return min(t, max(lo, t * (a + b * frac * line["batch"]) / full))
         if key in roof:
-            from ..model.devices import DEVICES, REFERENCE
-
             s = DEVICES[REFERENCE if key == "compute_s" else key]
             mem = moved / s.bandwidth_Bps
             work = t - s.launch_s
@@ -330,5 +349,6 @@ def part_times(graph: Graph, v: int, frac: float, *, overhead_s: float = DEFAULT
     c = one(graph.compute[v], "compute_s", (line or {}).get("compute_s"))
     by = graph.compute_by_type[v]
     lines_by = (line or {}).get("compute_by_type") or {}
-    out_by = {k: one(val, k, lines_by.get(k)) for k, val in sorted(by.items())} if by else None
+    out_by = {k: one(val, k, lines_by.get(k)) for k, val in sorted(by.items())
+              if types is None or k in types} if by else None
     return c, out_by

@@ -266,3 +266,77 @@ def test_scotch_is_deterministic_on_a_large_graph():
     c = load_cluster("4xV100-pcie")
     runs = [registry.place(g, c, "scotch", seed=3).assignment for _ in range(3)]
     assert runs[0] == runs[1] == runs[2]
+
+
+# --------------------------------------------------------------------------- given
+def _given_file(tmp_path, assignment, order=None, estimate=None, name="g.placement.json"):
+    from celeritas_cli.model.jsonio import write_json
+
+    doc = {"schema": "placer.placement/v1", "graph": "two", "cluster": "uniform2", "algorithm": "expert",
+           "assignment": assignment}
+    if order is not None:
+        doc["order"] = order
+    if estimate is not None:
+        doc["estimate"] = estimate
+    path = tmp_path / name
+    write_json(doc, path)
+    return str(path)
+
+
+def _two_chains():
+    """a(1) -> b(2) and c(1) -> d(2), 100-byte tensors."""
+    return build("two", [node("a", 1.0, 60), node("b", 2.0, 60), node("c", 1.0), node("d", 2.0)],
+                 [edge("a", "b"), edge("c", "d")])
+
+
+def test_given_refuses_an_order_that_deadlocks(two_dev, tmp_path):
+    """Issue 33, D7: gpu0 runs d before a, gpu1 b before c; d waits for c,
+    which waits behind b, which waits for a, which waits behind d."""
+    from celeritas_cli.errors import InvalidInput
+
+    path = _given_file(tmp_path, {"a": "gpu0", "d": "gpu0", "b": "gpu1", "c": "gpu1"},
+                       order={"gpu0": ["d", "a"], "gpu1": ["b", "c"]},
+                       estimate={"makespan_s": 3.0, "status": "FEASIBLE", "makespan_by": "simulator"})
+    with pytest.raises(InvalidInput, match=r"g\.placement\.json: order of gpu0 cannot be followed: node 'd' needs "
+                                           r"'c' \(on gpu1\)"):
+        registry.place(_two_chains(), two_dev, "given", params={"file": path})
+    # the orders that follow the dependencies are judged: a, d on gpu0 and c, b on gpu1 run in parallel,
+    # each chain sending its tensor across (1 s): 1 + 1 + 2 = 4 s
+    ok = _given_file(tmp_path, {"a": "gpu0", "d": "gpu0", "b": "gpu1", "c": "gpu1"},
+                     order={"gpu0": ["a", "d"], "gpu1": ["c", "b"]}, name="ok.json")
+    p = registry.place(_two_chains(), two_dev, "given", params={"file": ok})
+    assert p.estimate["makespan_s"] == 4.0 and p.order == {"gpu0": ["a", "d"], "gpu1": ["c", "b"]}
+
+
+def test_given_cli_refuses_a_deadlock_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from celeritas_cli.model.jsonio import write_json
+
+    g = tmp_path / "two.json"
+    write_json(_two_chains().to_dict(), g)
+    path = _given_file(tmp_path, {"a": "gpu0", "d": "gpu0", "b": "gpu1", "c": "gpu1"},
+                       order={"gpu0": ["d", "a"], "gpu1": ["b", "c"]})
+    run = subprocess.run([sys.executable, "-m", "celeritas_cli", "place", str(g), "--algo", "given",
+                          "-p", f"file={path}", "-q"], capture_output=True, text=True)
+    assert run.returncode == 1 and run.stdout == ""
+    lines = [line for line in run.stderr.splitlines() if "no --cluster given" not in line]
+    assert len(lines) == 1 and "order of gpu0 cannot be followed: node 'd' needs 'c'" in lines[0]
+    assert "Traceback" not in run.stderr
+
+
+def test_given_never_copies_an_estimate(two_dev, tmp_path):
+    """A file that claims 1e-12 s, FEASIBLE, "simulator": the estimate is the
+    simulator's (a, b on gpu0, c, d on gpu1, no order: 1 + 2 = 3 s), and a
+    device over its capacity is OOM whatever the file says."""
+    claim = {"makespan_s": 1e-12, "status": "FEASIBLE", "makespan_by": "simulator", "lower_bound_s": 1e-12}
+    path = _given_file(tmp_path, {"a": "gpu0", "b": "gpu0", "c": "gpu1", "d": "gpu1"}, estimate=claim)
+    g = _two_chains()
+    p = registry.place(g, two_dev, "given", params={"file": path})
+    assert p.estimate["makespan_s"] == 3.0 == simulate(g, two_dev, p)["makespan_s"]
+    assert p.estimate["makespan_by"] == "simulator" and p.estimate["status"] == "FEASIBLE"
+    assert p.estimate["lower_bound_s"] == 3.0 and p.estimate["max_memory_bytes"] == 120
+    small = uniform(2, bandwidth=100.0, latency=0.0, memory=100)  # a and b hold 120 bytes on gpu0
+    q = registry.place(g, small, "given", params={"file": path})
+    assert q.estimate["status"] == "OOM" and q.estimate["oom_devices"] == ["gpu0"]

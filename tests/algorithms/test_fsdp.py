@@ -85,6 +85,48 @@ def test_proportional_shares_follow_device_speed():
     assert "samples" not in equal.derivation["steps"][0]  # identical devices: the equal shares
 
 
+def test_whole_samples_make_the_slowest_replica_fastest():
+    """Issue 33, J3, by hand: a 1 s batch-dependent op and a 0.01 s update on
+    two fast and two slow devices (0.68293 x), a batch of 512.  Proportional
+    shares 152.12 / 103.88 round (largest remainders) to 152/104.  Data
+    parallelism runs the update whole: 152/104 takes (104/512 + 0.01) /
+    0.68293 = 0.31207 s on a slow device, 153/103 at most 153/512 + 0.01 =
+    0.30883 s and (103/512 + 0.01) / 0.68293 = 0.30921 s, 154/102 0.31078 s:
+    153/103.  FSDP runs each update on a quarter of the parameters (0.0025
+    s): 152/104 takes 0.29938 s and 0.30109 s, 153/103 0.30133 s: 152/104."""
+    from celeritas_cli.model.graph import build
+
+    g = build("au", [{"id": "a", "compute_s": 1.0, "memory_bytes": 0},
+                     {"id": "u", "op": "optim.sgd", "compute_s": 0.01, "memory_bytes": 0}], [],
+              meta={"batch_size": 512})
+    c = uniform(4, speeds=[1.0, 1.0, 0.68293, 0.68293])
+    dp = registry.place(g, c, "data-parallel", params={"shares": "proportional", "overhead_s": 0.0})
+    assert [round(x * 512) for x in dp.estimate["shares"]] == [153, 153, 103, 103]
+    assert dp.estimate["makespan_s"] == pytest.approx((103 / 512 + 0.01) / 0.68293, rel=1e-12)
+    fs = registry.place(g, c, "fsdp", params={"shares": "proportional", "overhead_s": 0.0})
+    assert fs.derivation["steps"][0]["samples"] == [152, 152, 104, 104]
+    assert fs.estimate["makespan_s"] == pytest.approx((104 / 512 + 0.0025) / 0.68293, rel=1e-12)
+    assert simulate(g, c, fs)["makespan_s"] == pytest.approx(fs.estimate["makespan_s"], rel=1e-12)
+
+
+@pytest.mark.slow
+def test_nmt_on_moirai_intra_server_gets_153_and_103_samples():
+    """The J3 reproducer's shares (the simulator: 0.92350 s for 153/103
+    against 0.92861 s for the 152/104 of largest remainders)."""
+    from celeritas_cli import load_graph
+    from celeritas_cli.algorithms.sharding.data_parallel import speed_samples
+    from celeritas_cli.model.costs import cost_model
+    from celeritas_cli.model.io import load_cluster
+
+    from ..conftest import CLUSTERS, SAMPLES
+
+    g = load_graph(str(SAMPLES / "zoo" / "nmt.json.gz"))
+    c = load_cluster(str(CLUSTERS / "moirai-intra-server.json"))
+    for sharded in (False, True):
+        assert speed_samples(g, cost_model(g, c), [0, 1, 2, 3], 512, 2e-6, sharded_updates=sharded) == \
+            [153, 153, 103, 103]
+
+
 def _placer(*args):
     return subprocess.run([sys.executable, "-m", "celeritas_cli", *args], capture_output=True, text=True)
 

@@ -6,10 +6,13 @@ building, and the recipe's forgery check."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from celeritas_cli import load_graph
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.generate import layered
@@ -194,6 +197,108 @@ def test_resident_gradient_buffers_are_sharded_from_stage_2():
     res = {s: sum(ex["resident_bytes"] for ex in mem[s]) for s in mem}
     total = sum(ex["resident_bytes"] for ex in g.node_extra)
     assert res[1] > res[2] > res[3] and res[3] <= total + 2 * len(fsdp_plan(g, 3).units)
+
+
+def test_a_holder_without_inputs_gathers_its_parameters_not_its_batch_shaped_output():
+    """The zoo nmt's LSTM ``h0 @ W_hh`` (issue 33, J2): a node with no graph
+    inputs that holds W (100 bytes, forwarded as tensor ``W`` to its
+    backward) and outputs a 40-byte batch-shaped tensor.  Only W is
+    gathered (100 bytes, not 140), and the node runs on its replica's half
+    of the batch: 2 s -> 1 s, its output 40 -> 20 bytes."""
+    def nd(i, p="forward", **kw):
+        return {"id": i, "compute_s": 2.0, "memory_bytes": 0, "resident_bytes": 0, "pass": p, **kw}
+
+    g = build("h0w", [nd("h", memory_bytes=140, resident_bytes=100, colocation="param:l.0.w",
+                         batch_independent={"memory_bytes": 140, "state_bytes": 100, "state_tensors": ["W"]}),
+                      nd("f", memory_bytes=40), nd("b", "backward", op="aten.mm_backward"),
+                      nd("u", "update", op="optim.sgd", colocation="param:l.0.w")],
+              [{"src": "h", "dst": "f", "bytes": 40, "tensor": "out"},
+               {"src": "h", "dst": "b", "bytes": 100, "tensor": "W"},
+               {"src": "f", "dst": "b", "bytes": 40, "tensor": "y"},
+               {"src": "b", "dst": "u", "bytes": 100, "tensor": "g"}], meta={"batch_size": 4})
+    plan = fsdp_plan(g, 3)
+    assert [u.gather_bytes for u in plan.units] == [100] and not plan.source[g.index["h"]]
+    d = fsdp_graph(g, 2, 3, overhead_s=0.0)
+    assert d.meta["fsdp"]["gather_bytes"] == 100
+    h = d.index["h/rep0"]
+    assert d.compute[h] == 1.0
+    assert {(d.ids[d.edge_dst[e]], d.edge_bytes[e]) for e in d.out_edges[h]} == {("f/rep0", 20)}
+    assert ("fsdp/u0/bwd/rep0", "b/rep0", 100) in {(d.ids[d.edge_src[e]], d.ids[d.edge_dst[e]], d.edge_bytes[e])
+                                                  for e in range(d.m)}
+    assert sent_by_replica(d) == [3 * 100 // 2] * 2  # forward + backward gathers and the reduce-scatter
+
+
+def test_buffers_are_neither_sharded_nor_gathered():
+    """A BatchNorm holder's ``state_bytes`` (300) are its weight (100, what
+    the update's gradient says) and its running statistics (200, buffers):
+    FSDP flattens parameters only, so 100 bytes are gathered and sharded and
+    the 200 stay whole on every replica."""
+    def nd(i, p="forward", **kw):
+        return {"id": i, "compute_s": 1.0, "memory_bytes": 0, "resident_bytes": 0, "pass": p, **kw}
+
+    g = build("bn", [nd("x", memory_bytes=40),
+                     nd("n", memory_bytes=340, resident_bytes=300, colocation="param:bn.weight",
+                        batch_independent={"memory_bytes": 300, "state_bytes": 300, "state_tensors": ["w", "rm"]}),
+                     nd("b", "backward", op="aten.native_batch_norm_backward"),
+                     nd("u", "update", op="optim.sgd", colocation="param:bn.weight")],
+              [{"src": "x", "dst": "n", "bytes": 40}, {"src": "n", "dst": "b", "bytes": 40, "tensor": "y"},
+               {"src": "n", "dst": "b", "bytes": 100, "tensor": "w"},
+               {"src": "n", "dst": "b", "bytes": 100, "tensor": "rm"},
+               {"src": "b", "dst": "u", "bytes": 100, "tensor": "g"}], meta={"batch_size": 4})
+    plan = fsdp_plan(g, 3)
+    v = g.index["n"]
+    assert (plan.params[v], plan.buffers[v], plan.units[0].gather_bytes) == (100, 200, 100)
+    d = fsdp_graph(g, 2, 3)
+    assert d.node_extra[d.index["n/rep1"]]["resident_bytes"] == 200
+    assert resident_by_replica(d) == [250, 250]  # the buffers and half the parameters
+
+
+ZOO = sorted((Path(__file__).resolve().parents[2] / "sample_graphs" / "zoo").glob("*.json.gz"))
+
+
+def zoo_name(path: Path) -> str:
+    return path.name.removesuffix(".json.gz")
+
+#: zoo graphs whose stage-3 graph the default suite builds (the rest: -m slow)
+ZOO_BUILT = ("resnet50", "transformer")
+
+
+def gathered_parameter_bytes(g: Graph) -> int:
+    """The model's parameters in the dtype FSDP gathers them: the profiler's
+    ``meta.parameter_bytes`` (fp32 masters), less what each cast of a master
+    weight to its half working copy saves (``placer profile --precision
+    bf16``: a source ``aten._to_copy`` whose ``output_bytes`` are half its
+    ``state_bytes``)."""
+    saved = sum(ex["batch_independent"]["state_bytes"] - ex["output_bytes"]
+                for v, ex in enumerate(g.node_extra) if g.op[v] == "aten._to_copy" and not g.in_edges[v])
+    return g.meta["parameter_bytes"] - saved
+
+
+@pytest.mark.parametrize("path", ZOO, ids=zoo_name)
+def test_fsdp_units_gather_the_parameters_of_every_zoo_graph(path):
+    """Issue 33, J2: the units gather exactly the model's parameters (in the
+    dtype their readers use) and reduce-scatter exactly their gradients:
+    no activation (nmt's ``h0 @ W_hh``, transformer's position embedding
+    output) and no buffer (BatchNorm's running statistics) is gathered."""
+    g = load_graph(path)
+    plan = fsdp_plan(g, 3)
+    assert sum(u.gather_bytes for u in plan.units) == gathered_parameter_bytes(g)
+    assert sum(u.grad_bytes for u in plan.units) == g.meta["parameter_bytes"]
+
+
+@pytest.mark.parametrize("path", [p if zoo_name(p) in ZOO_BUILT else pytest.param(p, marks=pytest.mark.slow)
+                                  for p in ZOO], ids=zoo_name)
+def test_fsdp_sends_the_parameters_twice_per_step_on_every_zoo_graph(path):
+    """Stage 3 over two replicas, counted on the derived graph's edges (no
+    simulation): the ring all-gathers send each replica's half of the
+    parameters, once for the forward and once for the backward (FSDP
+    section 3.2.1), so 2 x the parameter bytes cross between the replicas."""
+    g = load_graph(path)
+    d = fsdp_graph(g, 2, 3)
+    sent = sum(d.edge_bytes[e] for e in range(d.m)
+               if d.node_extra[d.edge_src[e]]["replica"] != d.node_extra[d.edge_dst[e]]["replica"]
+               and d.node_extra[d.edge_dst[e]].get("fsdp", {}).get("phase") == "all-gather")
+    assert sent == 2 * gathered_parameter_bytes(g)
 
 
 def test_units_by_module_and_by_size():

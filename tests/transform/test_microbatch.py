@@ -152,6 +152,72 @@ def test_replicated_pipelines_and_the_cross_check_of_both_orders():
     assert a.total_memory() == b.total_memory()
 
 
+def source_chain(batch: int = 8) -> Graph:
+    """``f0 -> f1`` then ``b1 -> b0`` and the updates, the first layer a
+    *source* that holds its parameters (the synthetic generator's and
+    ``placer profile``'s first layer reads no graph input): ``f_i`` 4 s,
+    400 activation + 10 parameter bytes; ``b_i`` 8 s."""
+    d = layer_chain(2, act=400, params=10, grad=8, batch=batch).to_dict()
+    d["nodes"] = [nd for nd in d["nodes"] if nd["id"] != "x"]
+    d["edges"] = [e for e in d["edges"] if e["src"] != "x"]
+    return Graph.from_dict(d, label="source_chain")
+
+
+def test_data_parallelism_splits_the_micro_batches_of_a_source_layer():
+    """Issue 33, D6: after micro-batching, ``f0/mb<i>`` reads its parameters
+    from ``f0/weights`` and nothing else; it is still the copy of a source,
+    so two strong replicas run half of its micro-batch each: 4 s x 4/8 x
+    1/2 = 1 s and 400 x 1/4 = 100 activation bytes (weak scaling: the whole
+    micro-batch, 2 s and 200 bytes), and so does everything after it."""
+    g = source_chain()
+    mb = microbatch_graph(g, 2, overhead_s=0.0)
+    assert (mb.compute[mb.index["f0/mb0"]], mb.memory[mb.index["f0/mb0"]]) == (2.0, 200)
+    strong = data_parallel_graph(mb, 2, overhead_s=0.0)
+    weak = data_parallel_graph(mb, 2, overhead_s=0.0, scaling="weak")
+    for nid, whole in (("f0/mb0", 2.0), ("f1/mb1", 2.0), ("b1/mb0", 4.0), ("b0/mb1", 4.0)):
+        assert strong.compute[strong.index[f"{nid}/rep1"]] == whole / 2, nid
+        assert weak.compute[weak.index[f"{nid}/rep1"]] == whole, nid
+    assert strong.memory[strong.index["f0/mb1/rep0"]] == 100 and weak.memory[weak.index["f0/mb1/rep0"]] == 200
+    # the parameters stay whole on every replica
+    assert strong.memory[strong.index["f0/weights/rep1"]] == 10
+    # both orders, one step: replicas of micro-batches = micro-batches of replicas
+    other = microbatch_graph(data_parallel_graph(g, 2, overhead_s=0.0), 2, overhead_s=0.0)
+    assert strong.total_compute() == pytest.approx(other.total_compute())
+    assert strong.total_memory() == other.total_memory()
+
+
+def test_micro_batches_of_a_split_source_layer_are_copied():
+    """The batch split of the source layer ``f0`` reads its parameters from
+    ``f0/weights`` and nothing else; its parts are still sources, so
+    micro-batching copies them: 4 s x 1/2 x 1/2 = 1 s each."""
+    from celeritas_cli.transform.splitting import split_operation
+
+    doc = source_chain().to_dict()
+    doc["nodes"][0]["splittable"] = ["batch"]
+    s = split_operation(Graph.from_dict(doc, label="splittable"), "f0", "batch", 2, overhead_s=0.0)
+    d = microbatch_graph(s, 2, overhead_s=0.0)
+    assert [d.compute[d.index[f"f0/part{p}/mb{i}"]] for p in (0, 1) for i in (0, 1)] == [1.0] * 4
+    assert "f0/part0" not in d.index and d.op[d.index["f0/weights"]] == "weights"
+
+
+def test_strong_and_weak_scaling_differ_after_micro_batching():
+    """The D6 reproducer's recipe (layered_60, 4 micro-batches, 2 replicas):
+    strong replicas run half of each micro-batch, weak ones all of it."""
+    from celeritas_cli.model.io import load_graph
+
+    from ..conftest import SAMPLES
+
+    g = load_graph(str(SAMPLES / "layered_60.json"))
+    mb = microbatch_graph(g, 4)
+    strong, weak = (data_parallel_graph(mb, 2, scaling=s) for s in ("strong", "weak"))
+    first = g.ids[g.topo_order()[0]]
+    assert not g.in_edges[g.index[first]] and g.node_extra[g.index[first]]["batch_independent"]["state_bytes"] > 0
+    c = mb.compute[mb.index[f"{first}/mb0"]]
+    assert strong.compute[strong.index[f"{first}/mb0/rep1"]] == pytest.approx(c / 2 + 2e-6)
+    assert weak.compute[weak.index[f"{first}/mb0/rep1"]] == c
+    assert strong.total_compute() < 0.9 * weak.total_compute()
+
+
 def test_recipe_rebuilds_and_tampering_is_rejected():
     g = layer_chain(2, batch=4)
     d = microbatch_graph(g, 2)

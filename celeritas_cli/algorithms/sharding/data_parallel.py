@@ -37,10 +37,10 @@ from ...model.placement import Placement, finite_or_none
 from ...registry import Param, register
 from ...transform.admit import dp_batch
 from ...transform.allreduce import BUCKET_MB_MAX
-from ...transform.batch import BATCH_MAX, whole_samples
+from ...transform.batch import BATCH_MAX, balance_samples, whole_samples
 from ...transform.derivation import attach, data_parallel_step
 from ...transform.replicate import SCALINGS, data_parallel_graph
-from ...transform.split_cost import DEFAULT_OVERHEAD_S, batch_profile
+from ...transform.split_cost import DEFAULT_OVERHEAD_S, batch_profile, part_times
 from ...sim.simulator import lower_bound, run_schedule
 
 SHARES = ("equal", "proportional")
@@ -106,6 +106,78 @@ def proportional_shares(graph: Graph, costs: CostModel, devs: list[int]) -> list
     return [x / total for x in inv]
 
 
+def speed_samples(graph: Graph, costs: CostModel, devs: list[int], batch: int, overhead_s: float,
+                  what: str = "the batch", sharded_updates: bool = False) -> list[int] | None:
+    """Whole samples of replicas on *devs* for ``shares="proportional"``
+    (placer's rule, not a paper's), or None (equal shares) on devices of
+    one speed: the largest-remainder rounding of :func:`proportional_shares`,
+    balanced (:func:`~celeritas_cli.transform.batch.balance_samples`) until
+    the slowest replica is as fast as any whole-sample rounding allows,
+    where a replica's time is its compute under the split cost model: every
+    batch-dependent node on its fraction ``b / batch``
+    (:func:`~celeritas_cli.transform.split_cost.part_times`: launches,
+    parameter reads and ``overhead_s`` do not shrink with it) and the
+    batch-independent nodes whole (an update on its ``1/k`` of the
+    parameters with *sharded_updates*, as ZeRO runs it: ``t/k +
+    overhead_s``), on the replica's device.  Proportional shares alone
+    charge a slow device the same fixed work per step as a fast one, so
+    their rounding can overload it (the zoo's nmt on moirai-intra-server:
+    152/152/104/104 samples, where 153/153/103/103 finishes 0.5 % sooner;
+    issue 33, J3).
+
+    >>> from celeritas_cli.model.graph import build
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> from celeritas_cli.model.costs import cost_model
+    >>> g = build("ab", [{"id": "a", "compute_s": 8, "memory_bytes": 0},
+    ...                  {"id": "u", "op": "optim.sgd", "compute_s": 4, "memory_bytes": 0}], [])
+    >>> c = uniform(2, speeds=[1.0, 0.5])
+    >>> speed_samples(g, cost_model(g, c), [0, 1], 8, 0.0)  # proportional [5, 3]: 9 s, 14 s; [7, 1]: 11 s, 10 s
+    [7, 1]
+    >>> speed_samples(g, cost_model(g, c), [0, 1], 8, 0.0, sharded_updates=True)  # updates 2 s, 4 s: [6, 2] 8 s
+    [6, 2]
+    """
+    weights = proportional_shares(graph, costs, devs)
+    if weights is None:
+        return None
+    start = whole_samples(batch, len(devs), weights, what=what)
+    prof = batch_profile(graph)
+    types = frozenset(costs.cluster.devices[d].type for d in devs)
+    scaled = [v for v in range(graph.n) if not prof.fixed_node[v]]
+    k = len(devs) if sharded_updates else 1
+    whole = _ratios(graph, [v for v in range(graph.n) if prof.fixed_node[v]], types,
+                    lambda v, t: min(t, t / k + overhead_s) if prof.update[v] and t > 0 else t)
+    ratios: dict[int, list[tuple[int, dict[str, float]]]] = {}  # samples -> (node, part time / time by type)
+
+    def time_of(i: int, b: int) -> float:
+        if b not in ratios:
+            ratios[b] = _ratios(graph, scaled, types, lambda v, t: t, b / batch, overhead_s)
+        d = devs[i]
+        kind = costs.cluster.devices[d].type
+        return math.fsum(costs.time[v][d] * row.get(kind, row[""]) for v, row in (*whole, *ratios[b]))
+
+    return balance_samples(start, time_of)
+
+
+def _ratios(graph: Graph, nodes: list[int], types: frozenset[str], rule, frac: float = 1.0,
+            overhead_s: float = 0.0) -> list[tuple[int, dict[str, float]]]:
+    """Per node of *nodes*: its time on the fraction *frac* of the batch
+    (:func:`~celeritas_cli.transform.split_cost.part_times`), through
+    ``rule(v, time)``, over its whole time, by device type among *types*
+    (``""``: ``compute_s``, for a type without ``compute_by_type``)."""
+    out = []
+    for v in nodes:
+        if frac < 1.0:
+            c, by = part_times(graph, v, frac, overhead_s=overhead_s, types=types)
+        else:
+            c, by = graph.compute[v], {t: x for t, x in (graph.compute_by_type[v] or {}).items() if t in types}
+        row = {"": rule(v, c) / graph.compute[v] if graph.compute[v] > 0 else 1.0}
+        for t, x in (by or {}).items():
+            full = graph.compute_by_type[v][t]
+            row[t] = rule(v, x) / full if full > 0 else 1.0
+        out.append((v, row))
+    return out
+
+
 def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
     """``device_of`` of a data-parallel graph: replica ``r`` on ``devs[r]``."""
     return [devs[int((graph.node_extra[v] or {})["replica"])] for v in range(graph.n)]
@@ -152,8 +224,10 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         ``equal`` (default, FastT's DP baseline: every replica on ``1/k``)
         or ``proportional`` (an addition, not in the paper: on a
         heterogeneous cluster, replica ``r`` runs the batch fraction
-        :func:`proportional_shares` gives its device, so a faster device
-        gets more samples - as uneven-batch DDP setups do; identical to
+        :func:`proportional_shares` gives its device, in whole samples
+        rounded so that the slowest replica is fastest
+        (:func:`speed_samples`, placer's rule), so a faster device gets
+        more samples - as uneven-batch DDP setups do; identical to
         ``equal`` on identical devices).  Strong scaling only.  The shares
         are recorded in the recipe, so ``simulate`` rebuilds the same graph.
     bucket_mb : float
@@ -230,7 +304,9 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     costs = cost_model(graph, cluster, costs)
     split = proportional_shares(graph, costs, devs) if shares == "proportional" else None
     if batch is not None and scaling == "strong" and k > 1:
-        samples = whole_samples(batch, k, split, what=f"data-parallel over {k} replicas: the batch")
+        what = f"data-parallel over {k} replicas: the batch"
+        samples = (speed_samples(graph, costs, devs, batch, overhead_s, what) if split is not None else None) \
+            or whole_samples(batch, k, what=what)
         split = None if len(set(samples)) == 1 else [b / batch for b in samples]
     g2 = data_parallel_graph(graph, k, scaling=scaling, overhead_s=overhead_s, shares=split,
                              bucket_mb=bucket_mb, assume_batch=assumed)

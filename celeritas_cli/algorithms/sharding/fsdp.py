@@ -35,12 +35,11 @@ from ...registry import Param, register
 from ...sim.memory import peaks
 from ...sim.mfu import mfu
 from ...sim.simulator import lower_bound, run_schedule
-from ...transform.batch import whole_samples
 from ...transform.derivation import attach
 from ...transform.fsdp import check_fsdp, fsdp_graph, fsdp_step
 from ...transform.fsdp_units import UNIT_MB_MAX
 from ...transform.split_cost import DEFAULT_OVERHEAD_S
-from .data_parallel import ASSUME_BATCH, SHARES, choose_devices, proportional_shares, replica_devices
+from .data_parallel import ASSUME_BATCH, SHARES, choose_devices, replica_devices, speed_samples
 
 
 @register("fsdp", paper="ZeRO (Rajbhandari et al., SC'20); PyTorch FSDP (Zhao et al., VLDB 2023)",
@@ -86,8 +85,9 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         ``equal`` (default: every replica on ``1/k`` of the batch, the
         first ``batch % k`` one sample more) or ``proportional`` (an
         addition: whole samples in proportion to each device's speed on the
-        graph, :func:`~.data_parallel.proportional_shares`; recorded in the
-        recipe as ``samples``).
+        graph, rounded so the slowest replica is fastest,
+        :func:`~.data_parallel.speed_samples`; recorded in the recipe as
+        ``samples``).
     assume_batch : int
         The batch the costs hold for when the graph declares none (0: the
         graph's own; ``place --assume-batch``); recorded in the recipe.
@@ -127,8 +127,8 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     costs = cost_model(graph, cluster, costs)
     samples = None
     if shares == "proportional":
-        weights = proportional_shares(graph, costs, devs)
-        samples = whole_samples(batch, k, weights) if weights is not None else None
+        samples = speed_samples(graph, costs, devs, batch, overhead_s, f"fsdp over {k} replicas: the batch",
+                                sharded_updates=True)
         samples = None if samples == equal else samples
     g2 = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples)
     c2 = costs.for_graph(g2)
