@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celeritas_cli.model.graph import Graph
 from celeritas_cli.model.placement import Placement
-from celeritas_cli.pipelining.schedules import pipeline_orders
+from celeritas_cli.pipelining.builder import pipeline_orders
 from celeritas_cli.transform.derivation import apply_step, attach, data_parallel_step
 from celeritas_cli.transform.microbatch import microbatch_graph, microbatch_step
 
