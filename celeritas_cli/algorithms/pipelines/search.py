@@ -6,10 +6,14 @@
    each arrangement of the devices (fastest devices first, or last:
    sorted by the model's time on them, then memory; stage ``s`` takes the
    ``s``-th group of ``R``, so a stage's lanes are alike where the cluster
-   allows), each ``m`` in 1, 2, 4, ..., 64 that whole samples allow, each
-   schedule (GPipe, 1F1B, interleaved), with
-   recomputation where only it fits; interleaved with 2, 4 or 8 model chunks
-   per device.  A single-rank shape (``p = 1``) is
+   allows), each ``m`` of
+   :data:`~celeritas_cli.pipelining.params.SEARCHED_MICROBATCHES` that whole
+   samples allow, each schedule of
+   :data:`~celeritas_cli.pipelining.schedules.SCHEDULES` whose shape rule
+   the shape keeps (:meth:`~celeritas_cli.pipelining.schedules.Schedule.refusal`),
+   with recomputation where only it fits; a schedule with model chunks
+   (interleaved) with 2, 4 or 8 of them per device.  A single-rank shape
+   (``p = 1``) is
    data parallelism with gradient accumulation over ``m`` micro-batches; on
    mixed devices its replicas' batch shares follow their speed.
 2. **Cuts**: :meth:`~.model.Model.cut` (Alpa's objective with
@@ -43,7 +47,8 @@ from ...model.graph import Graph
 from ...optimize.evaluator import Budget, Evaluator, Score
 from ...pipelining.builder import Derived, derive_pipeline, layout
 from ...pipelining.cuts import stages_from_cuts
-from ...pipelining.schedules import SCHEDULES, recomputable
+from ...pipelining.params import SEARCHED_MICROBATCHES
+from ...pipelining.schedules import ONE_F_ONE_B, SCHEDULES, Schedule, recomputable
 from ...pipelining.layers import LayerSequence
 from ...sim.describe import pipeline_words
 from ...transform.batch import whole_samples
@@ -51,9 +56,7 @@ from .model import Model, Plan, Shape
 
 #: building a derived graph costs about this many simulations of it (measured on the zoo transformer: 3.5)
 BUILD_COST = 3.0
-#: micro-batch counts tried
-MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
-#: model chunks per device tried by the interleaved schedule (Megatron-LM's v)
+#: model chunks per device tried by a schedule with chunks (interleaved; Megatron-LM's v)
 CHUNKS = (2, 4, 8)
 #: forward orders tried
 ORDERS = ("cpd", "alap")
@@ -90,7 +93,7 @@ class Fixed:
     p: int | None = None
     R: int | None = None
     m: int | None = None
-    schedule: str | None = None
+    schedule: Schedule | None = None
     recompute: str = "auto"
     groups: list[list[int]] | None = None
     order: str | None = None
@@ -112,9 +115,18 @@ def device_rank(seq: LayerSequence, cluster: Cluster) -> list[int]:
     return sorted(range(cluster.k), key=lambda d: (total[seq.class_of[d]], -cluster.devices[d].memory, d))
 
 
-def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed) -> list[Shape]:
-    """Every shape of the search (module docstring) that *fixed* allows."""
+def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed,
+           why: list[str] | None = None) -> list[Shape]:
+    """Every shape of the search (module docstring) that *fixed* allows;
+    *why* (a list) gets one line for each kind of shape left out and why
+    (the contradiction to name when none is left)."""
     out = []
+    why = [] if why is None else why
+
+    def skip(reason: str) -> None:
+        if reason not in why:
+            why.append(reason)
+
     k = cluster.k
     ranked = device_rank(seq, cluster)
     if fixed.groups is not None:
@@ -134,21 +146,30 @@ def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed) -> li
                 layouts.append((p, R, fwd[::-1]))
     for p, R, groups in layouts:
         mixed = len({seq.class_of[d] for d in groups[0]}) > 1
-        for m in (MICROBATCHES if fixed.m is None else (fixed.m,)):
-            if m * R > batch or (R > 1 and batch % m):
+        for m in (SEARCHED_MICROBATCHES if fixed.m is None else (fixed.m,)):
+            if m * R > batch:
+                skip(f"{m} micro-batches x {R} replicas need at least {m * R} samples, the batch has {batch}")
+                continue
+            if R > 1 and batch % m:
+                skip(f"the batch of {batch} does not split into {m} micro-batches of whole samples")
                 continue
             b = batch // m  # samples per micro-batch, split over the R replicas
             share_sets: list[tuple | None] = [None] if R == 1 or b % R == 0 else []
+            if not share_sets and not (mixed and p == 1):
+                skip(f"a micro-batch of {b} samples does not split into {R} equal replica shares of whole samples "
+                     f"(batch {batch} over {m} micro-batch{'es' * (m > 1)})")
             if R > 1 and mixed and p == 1:
                 t = seq.times(1.0)
                 speed = [1.0 / max(1e-30, t.fwd[seq.class_of[d]][-1] + t.bwd[seq.class_of[d]][-1]) for d in groups[0]]
                 share_sets.insert(0, tuple(x / b for x in whole_samples(b, R, speed)))
-            for schedule in SCHEDULES:
+            for schedule in SCHEDULES.values():
                 if (fixed.schedule is not None and schedule != fixed.schedule) or \
-                        (p == 1 and schedule != "1f1b" and fixed.schedule is None):
+                        (p == 1 and schedule != ONE_F_ONE_B and fixed.schedule is None):
                     continue
-                for v in ((1,) if schedule != "interleaved" else CHUNKS):
-                    if schedule == "interleaved" and (p < 2 or m % p or p * v > seq.n):
+                for v in (CHUNKS if schedule.chunked else (1,)):
+                    refusal = schedule.refusal(p, m, v)
+                    if refusal or p * v > seq.n:
+                        skip(refusal or f"{p * v} stages need at least as many forward layers; graph has {seq.n}")
                         continue
                     for shares in share_sets:
                         for bucket in ((DDP_BUCKET_MB, 0.0) if p == 1 and R > 1 else (0.0,)):
@@ -168,6 +189,8 @@ class PipelineSearch:
         self.size = max(1, graph.n + graph.m)
         self._derived: dict[tuple, Derived] = {}
         self.tried: list[dict] = []
+        self.why: list[str] = []  # why shapes were left out (:func:`shapes`)
+        self.shape_count = 0
 
     # ------------------------------------------------------------- model
     def ranked(self) -> list[tuple[Plan, LayerSequence]]:
@@ -178,7 +201,8 @@ class PipelineSearch:
                 break
             seq = LayerSequence(self.graph, self.cluster, self.costs, order=name, share=seq)
             model = Model(seq, self.cluster, self.batch)
-            for shape in shapes(seq, self.cluster, self.batch, self.fixed):
+            for shape in shapes(seq, self.cluster, self.batch, self.fixed, self.why):
+                self.shape_count += 1
                 plan = model.cut(shape)
                 if plan is not None:
                     plans.append((plan, seq))
@@ -200,7 +224,9 @@ class PipelineSearch:
     def derive(self, plan: Plan, stage_of: list[int], seq: LayerSequence) -> Derived | None:
         shape = plan.shape
         ids = self._recompute(seq, stage_of, plan.rc)
-        key = (shape.m, tuple(len(g) for g in shape.groups), shape.shares, shape.bucket_mb, tuple(ids))
+        # one recompute step per stage: the derived graph depends on the stage of each recomputed node
+        key = (shape.m, tuple(len(g) for g in shape.groups), shape.shares, shape.bucket_mb,
+               tuple((x, stage_of[self.graph.index[x]]) for x in ids))
         if key in self._derived:
             self._derived[key] = self._derived.pop(key)  # most recently used last
         else:
@@ -279,9 +305,25 @@ class PipelineSearch:
                     break
         return best, count
 
+    def nothing_to_judge(self) -> str:
+        """Why the model left no plan to judge, in one line: the parameters
+        that contradict each other or the graph (no shape at all), or
+        memory (every shape puts a stage over its device's memory)."""
+        where = f"graph '{self.graph.name}' on cluster '{self.cluster.name}'"
+        if not self.shape_count:
+            return f"pipeline: no plan of {where} keeps the parameters: {'; '.join(self.why[:3])}"
+        most = max(d.memory for d in self.cluster.devices) / 2**30
+        how = ("without recomputation (-p recompute=off); allow it (-p recompute=auto) or use more devices"
+               if self.fixed.recompute == "off" else "even with activation recomputation; use more devices or "
+               "devices with more memory")
+        return (f"pipeline: no plan of {where} fits memory: in each of the {self.shape_count} shapes tried a stage "
+                f"needs more than its device's memory (at most {most:.3g} GiB) {how}")
+
     def run(self) -> Outcome:
         self.budget.charge(MODEL_COST)
         ranked = self.ranked()
+        if not ranked:
+            raise InvalidInput(self.nothing_to_judge())
         if self.beat_s > 0:
             fits = [plan.time_s for plan, _ in ranked if plan.fits]
             if not fits or min(fits) > self.beat_s * (1 + BEAT_MARGIN):
@@ -307,7 +349,7 @@ class PipelineSearch:
 def shape_fields(shape: Shape, cluster: Cluster, rc: list[bool] | None = None) -> dict:
     """The estimate fields of a plan of *shape*
     (:data:`~celeritas_cli.sim.describe.PIPELINE_FIELDS`)."""
-    out = {"schedule": shape.schedule, "stages": shape.S, "pipeline_devices": shape.p,
+    out = {"schedule": shape.schedule.name, "stages": shape.S, "pipeline_devices": shape.p,
            "virtual_stages": shape.v, "replicas": [len(g) for g in shape.groups], "microbatches": shape.m,
            "stage_devices": [[cluster.ids[x] for x in g] for g in shape.groups],
            "recomputed_stages": [j for j, r in enumerate(rc or []) if r]}
@@ -322,7 +364,7 @@ def describe_shape(shape: Shape, cluster: Cluster, rc: list[bool] | None = None)
     """A plan of *shape* in words (:func:`~celeritas_cli.sim.describe.pipeline_words`).
 
     >>> from celeritas_cli.model.cluster import uniform
-    >>> describe_shape(Shape(((0,), (1,)), 8, "1f1b"), uniform(2), [False, False])
+    >>> describe_shape(Shape(((0,), (1,)), 8, ONE_F_ONE_B), uniform(2), [False, False])
     '2-stage 1F1B, 8 micro-batches, stages 2xV100, recompute off'
     """
     return pipeline_words(shape_fields(shape, cluster, rc), lambda d: cluster.devices[cluster.index[d]].type) or ""
