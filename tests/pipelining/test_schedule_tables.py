@@ -174,3 +174,18 @@ def test_run_schema_lists_the_schedules():
                 yield from enums(y)
 
     assert [set(e) - {None} for e in enums(doc)] == [set(SCHEDULES)]
+
+
+def test_the_recipe_records_the_schedule_that_export_reads():
+    from celeritas_cli.model.placement import Placement
+    from celeritas_cli.run.pipe_export import recorded_schedule
+
+    g = layer_chain(4, batch=4)
+    fwd = forward_order(g, g.topo_order())
+    c = uniform(2)
+    p = staged_plan(g, c, stages_from_cuts(g, fwd, [0, 2, 3, 4]), [0, 1, 0, 1], 4, INTERLEAVED.name)
+    steps = Placement.from_dict(p.to_dict(timings=False)).derivation["steps"]
+    assert steps[0]["schedule"] == INTERLEAVED.name and recorded_schedule(steps) is INTERLEAVED
+    old = [{k: x for k, x in steps[0].items() if k != "schedule"}]  # a placement made before it was recorded
+    assert recorded_schedule(old) is None
+    assert simulate(g, c, Placement.from_dict({**p.to_dict(timings=False), "derivation": {"steps": old}}))["status"]

@@ -27,7 +27,7 @@ def hybrid_plan(graph: Graph, cluster, stage_of: list[int], m: int, schedule: st
     else:
         mb = microbatch_graph(graph, m, overhead_s=0.0)
         mbm = mb.meta["microbatch"]
-        steps = [microbatch_step(m, mbm["global_batch"], mbm["micro_batches"], 0.0), dp]
+        steps = [{**microbatch_step(m, mbm["global_batch"], mbm["micro_batches"], 0.0), "schedule": schedule}, dp]
         derived = apply_step(mb, dp)
         dev_mb, order_mb = pipeline_orders(mb, graph, stage_of, list(range(S)), S, schedule, m)
     device_of = []

@@ -157,7 +157,7 @@ def _dp(t_intra, L: int, D: int, sizes: list[int], t_max: float):
                   "layers": Param(int, 16, "layers the operator sequence is clustered into", min=1, max=256),
                   "assume_batch": ASSUME_BATCH})
 def alpa_stages(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
-                microbatches: int = 0, layers: int = 16, assume_batch: int = 0) -> Placement:
+                microbatches: int = N_MICROBATCHES.default, layers: int = 16, assume_batch: int = 0) -> Placement:
     """Alpa's stages of *graph* on *cluster* (module docstring).
 
     Parameters

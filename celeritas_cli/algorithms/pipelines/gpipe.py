@@ -73,7 +73,8 @@ ALGORITHM = "gpipe"
                   "checkpoint": Param(str, "except_last", "torchgpipe's re-materialisation: except_last, always, "
                                                           "never", choices=CHECKPOINTS),
                   "assume_batch": ASSUME_BATCH})
-def gpipe(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, microbatches: int = 0,
+def gpipe(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+          microbatches: int = N_MICROBATCHES.default,
           checkpoint: str = "except_last", assume_batch: int = 0) -> Placement:
     """GPipe's plan of *graph* on *cluster* (module docstring).
 

@@ -145,7 +145,7 @@ def plan(compute: list[float], act: list[float], params: list[float], out_act: l
                   "PipeDream-Flush 1F1B; its asynchronous steady state is reported apart.",
           params={"microbatches": N_MICROBATCHES, "layers": LAYERS, "assume_batch": ASSUME_BATCH})
 def pipedream(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
-              microbatches: int = 0, layers: int = 64, assume_batch: int = 0) -> Placement:
+              microbatches: int = N_MICROBATCHES.default, layers: int = 64, assume_batch: int = 0) -> Placement:
     """PipeDream's plan of *graph* on *cluster*, run as PipeDream-Flush
     (module docstring).
 

@@ -118,14 +118,16 @@ def device_rank(seq: LayerSequence, cluster: Cluster) -> list[int]:
 def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed,
            why: list[str] | None = None) -> list[Shape]:
     """Every shape of the search (module docstring) that *fixed* allows;
-    *why* (a list) gets one line for each kind of shape left out and why
-    (the contradiction to name when none is left)."""
+    *why* (a list) gets ``(rank, line)`` for each kind of shape left out
+    and why (the contradiction to name when none is left): rank 0 for a
+    contradiction, 1 where only the search's own range (micro-batch counts
+    larger than the batch allows) ran out."""
     out = []
     why = [] if why is None else why
 
-    def skip(reason: str) -> None:
-        if reason not in why:
-            why.append(reason)
+    def skip(reason: str, rank: int = 0) -> None:
+        if (rank, reason) not in why:
+            why.append((rank, reason))
 
     k = cluster.k
     ranked = device_rank(seq, cluster)
@@ -147,17 +149,19 @@ def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed,
     for p, R, groups in layouts:
         mixed = len({seq.class_of[d] for d in groups[0]}) > 1
         for m in (SEARCHED_MICROBATCHES if fixed.m is None else (fixed.m,)):
+            searched = int(fixed.m is None)
             if m * R > batch:
-                skip(f"{m} micro-batches x {R} replicas need at least {m * R} samples, the batch has {batch}")
+                skip(f"{m} micro-batches x {R} replicas need at least {m * R} samples, the batch has {batch}",
+                     searched)
                 continue
             if R > 1 and batch % m:
-                skip(f"the batch of {batch} does not split into {m} micro-batches of whole samples")
+                skip(f"the batch of {batch} does not split into {m} micro-batches of whole samples", searched)
                 continue
             b = batch // m  # samples per micro-batch, split over the R replicas
             share_sets: list[tuple | None] = [None] if R == 1 or b % R == 0 else []
             if not share_sets and not (mixed and p == 1):
                 skip(f"a micro-batch of {b} samples does not split into {R} equal replica shares of whole samples "
-                     f"(batch {batch} over {m} micro-batch{'es' * (m > 1)})")
+                     f"(batch {batch} over {m} micro-batch{'es' * (m > 1)}; data-parallel takes unequal shares)")
             if R > 1 and mixed and p == 1:
                 t = seq.times(1.0)
                 speed = [1.0 / max(1e-30, t.fwd[seq.class_of[d]][-1] + t.bwd[seq.class_of[d]][-1]) for d in groups[0]]
@@ -189,7 +193,7 @@ class PipelineSearch:
         self.size = max(1, graph.n + graph.m)
         self._derived: dict[tuple, Derived] = {}
         self.tried: list[dict] = []
-        self.why: list[str] = []  # why shapes were left out (:func:`shapes`)
+        self.why: list[tuple[int, str]] = []  # why shapes were left out (:func:`shapes`)
         self.shape_count = 0
 
     # ------------------------------------------------------------- model
@@ -311,7 +315,9 @@ class PipelineSearch:
         memory (every shape puts a stage over its device's memory)."""
         where = f"graph '{self.graph.name}' on cluster '{self.cluster.name}'"
         if not self.shape_count:
-            return f"pipeline: no plan of {where} keeps the parameters: {'; '.join(self.why[:3])}"
+            first = min((rank for rank, _ in self.why), default=0)
+            lines = [line for rank, line in self.why if rank == first]
+            return f"pipeline: no plan of {where} keeps the parameters: {'; '.join(lines[:2])}"
         most = max(d.memory for d in self.cluster.devices) / 2**30
         how = ("without recomputation (-p recompute=off); allow it (-p recompute=auto) or use more devices"
                if self.fixed.recompute == "off" else "even with activation recomputation; use more devices or "
