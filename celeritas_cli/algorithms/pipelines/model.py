@@ -62,14 +62,14 @@ MEMORY_MARGIN = 0.96
 @dataclass(frozen=True)
 class Shape:
     """What :func:`cut` keeps fixed: ``groups[j]`` the devices (lanes) of
-    virtual stage ``j`` (``p`` ranks, ``v`` chunks each), ``m`` micro-batches
-    per replica pipeline, the ``schedule``, ``recompute`` (``off``, ``auto``:
+    virtual stage ``j`` (``p`` ranks, ``v`` chunks each), ``n_microbatches``
+    (``m``) per replica pipeline, the ``schedule``, ``recompute`` (``off``, ``auto``:
     where only that fits, ``on``: every stage) and the replicas' batch
     ``shares`` (None: equal) and DDP's gradient ``bucket_mb`` (one stage
     only; 0: a ring per gradient)."""
 
     groups: tuple
-    m: int
+    n_microbatches: int
     schedule: Schedule
     recompute: str = "auto"
     shares: tuple | None = None
@@ -135,7 +135,7 @@ class Model:
         """The batch fraction of one micro-batch of one replica (uneven
         shares are timed at the even share: the shares follow the devices'
         speeds, so each replica takes about as long)."""
-        return 1.0 / (shape.R * shape.m)
+        return 1.0 / (shape.R * shape.n_microbatches)
 
     def link(self, nbytes: float, a: int, b: int, tensors: int = 1) -> float:
         """*tensors* transfers of *nbytes* in all from device *a* to *b*
@@ -169,7 +169,7 @@ class Model:
             fw, bw, _ = t.stage(d, a, b)
             wg = t.weight_gradients(d, a, b)
             bw += fw if rc else 0.0
-            if shape.m > 1:
+            if shape.n_microbatches > 1:
                 speed = self.cluster.devices[self.seq.class_device[d]].speed
                 acc = 3.0 * (self.seq.gradients[b] - self.seq.gradients[a]) / COPY_BANDWIDTH_BPS / speed
                 bw, wg = bw + acc, wg + acc
@@ -183,13 +183,13 @@ class Model:
     def flight(self, shape: Shape, j: int) -> int:
         """Micro-batches of virtual stage *j* in flight on its device."""
         p, v = shape.p, shape.v
-        key = (shape.schedule.name, p, shape.m, j % p, v)
+        key = (shape.schedule.name, p, shape.n_microbatches, j % p, v)
         if key not in self._flight:
-            self._flight[key] = math.ceil(shape.schedule.in_flight(p, shape.m, j % p, v) / v)
+            self._flight[key] = math.ceil(shape.schedule.in_flight(p, shape.n_microbatches, j % p, v) / v)
         return self._flight[key]
 
     def stage_memory(self, shape: Shape, j: int, a: int, b: int, rc: bool) -> int:
-        f = self.fraction(shape) if shape.shares is None else max(shape.shares) / shape.m
+        f = self.fraction(shape) if shape.shares is None else max(shape.shares) / shape.n_microbatches
         return self.seq.memory(a, b, f, self.flight(shape, j), rc)
 
     def capacity(self, shape: Shape, j: int) -> int:
@@ -237,10 +237,10 @@ class Model:
             once = max(tt.stage(seq.class_of[d], a, b)[2] for d in shape.groups[j]) - head
             heads[j % p] += head
             ring = self.allreduce(shape, a, b, shape.groups[j])
-            if S == 1 and shape.m == 1:  # no order: the rings run beside the backward, but for the last one
+            if S == 1 and shape.n_microbatches == 1:  # no order: the rings run beside the backward, but for the last one
                 ring = max(ring - passes[j][1], ring / max(1, self.rings(shape, a, b)))
             tails[j % p] += once + ring
-        ends_at = schedule_time(shape.schedule, p, shape.v, shape.m, [x[0] for x in passes],
+        ends_at = schedule_time(shape.schedule, p, shape.v, shape.n_microbatches, [x[0] for x in passes],
                                 [x[1] for x in passes], xf, xb, [x[2] for x in passes], heads)
         step = max(e + t for e, t in zip(ends_at, tails))
         mem, cap = [], []

@@ -136,7 +136,7 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     costs = cost_model(graph, cluster, costs)
     assume = assume_batch or None
     batch = declared_batch(graph, assume, what="micro-batching a pipeline")
-    fixed = Fixed(p=stages or None, R=replicas or None, m=microbatches or None,
+    fixed = Fixed(p=stages or None, R=replicas or None, n_microbatches=microbatches or None,
                   schedule=None if schedule == AUTO else get_schedule(schedule), recompute=recompute,
                   groups=parse_groups(groups, cluster), order=None if order == "auto" else order)
     _check(fixed, cluster, batch)
@@ -155,7 +155,7 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     est.update({"makespan_s": best.score.makespan, "makespan_by": "simulator", "status": fits_text(best.score),
                 "judge": "simulator"})
     est.update(_shape_fields(best, cluster))
-    par = {"stages": best.plan.shape.p, "replicas": best.plan.shape.R, "microbatches": best.plan.shape.m,
+    par = {"stages": best.plan.shape.p, "replicas": best.plan.shape.R, "microbatches": best.plan.shape.n_microbatches,
            "schedule": best.plan.shape.schedule.name}
     p = Placement.from_indices(best.derived.graph, cluster, best.device_of, algorithm="pipeline", order=best.order,
                                params=par, seed=seed, estimate=est)
@@ -188,6 +188,6 @@ def _check(fixed: Fixed, cluster: Cluster, batch: int) -> None:
         if (fixed.p and cluster.k % fixed.p) or (fixed.R and cluster.k % fixed.R):
             raise InvalidInput(f"'pipeline' parameters: {fixed.p or fixed.R} does not divide the {cluster.k} "
                                f"devices of cluster '{cluster.name}'; name the devices with -p groups=")
-    if fixed.m is not None and fixed.m * (fixed.R or 1) > batch:
-        raise InvalidInput(f"'pipeline' parameter microbatches: {fixed.m} micro-batches x {fixed.R or 1} replicas "
-                           f"need at least that many samples; the batch is {batch}")
+    if fixed.n_microbatches is not None and fixed.n_microbatches * (fixed.R or 1) > batch:
+        raise InvalidInput(f"'pipeline' parameter microbatches: {fixed.n_microbatches} micro-batches x "
+                           f"{fixed.R or 1} replicas need at least that many samples; the batch is {batch}")

@@ -92,7 +92,7 @@ class Fixed:
 
     p: int | None = None
     R: int | None = None
-    m: int | None = None
+    n_microbatches: int | None = None
     schedule: Schedule | None = None
     recompute: str = "auto"
     groups: list[list[int]] | None = None
@@ -148,8 +148,8 @@ def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed,
                 layouts.append((p, R, fwd[::-1]))
     for p, R, groups in layouts:
         mixed = len({seq.class_of[d] for d in groups[0]}) > 1
-        for m in (SEARCHED_MICROBATCHES if fixed.m is None else (fixed.m,)):
-            searched = int(fixed.m is None)
+        for m in (SEARCHED_MICROBATCHES if fixed.n_microbatches is None else (fixed.n_microbatches,)):
+            searched = int(fixed.n_microbatches is None)
             if m * R > batch:
                 skip(f"{m} micro-batches x {R} replicas need at least {m * R} samples, the batch has {batch}",
                      searched)
@@ -210,7 +210,7 @@ class PipelineSearch:
                 plan = model.cut(shape)
                 if plan is not None:
                     plans.append((plan, seq))
-        plans.sort(key=lambda x: (x[0].key, x[0].shape.S, x[0].shape.m))
+        plans.sort(key=lambda x: (x[0].key, x[0].shape.S, x[0].shape.n_microbatches))
         first: dict[tuple, int] = {}
         for i, (plan, _) in enumerate(plans):
             first.setdefault((plan.shape.p, plan.shape.R), i)
@@ -229,7 +229,7 @@ class PipelineSearch:
         shape = plan.shape
         ids = self._recompute(seq, stage_of, plan.rc)
         # one recompute step per stage: the derived graph depends on the stage of each recomputed node
-        key = (shape.m, tuple(len(g) for g in shape.groups), shape.shares, shape.bucket_mb,
+        key = (shape.n_microbatches, tuple(len(g) for g in shape.groups), shape.shares, shape.bucket_mb,
                tuple((x, stage_of[self.graph.index[x]]) for x in ids))
         if key in self._derived:
             self._derived[key] = self._derived.pop(key)  # most recently used last
@@ -240,7 +240,7 @@ class PipelineSearch:
                     (not first and not self.budget.affordable(BUILD_COST * guess)):
                 return None
             self.budget.charge(BUILD_COST * guess)
-            d = derive_pipeline(self.graph, stage_of, [len(g) for g in shape.groups], shape.m, shape.schedule,
+            d = derive_pipeline(self.graph, stage_of, [len(g) for g in shape.groups], shape.n_microbatches, shape.schedule,
                                 shape.v, recompute=ids, assume_batch=self.assume, shares=shape.shares,
                                 bucket_mb=shape.bucket_mb)
             self._derived[key] = d
@@ -249,7 +249,7 @@ class PipelineSearch:
         return self._derived[key]
 
     def _weight_guess(self, shape: Shape) -> float:
-        return shape.m * shape.R * 1.1
+        return shape.n_microbatches * shape.R * 1.1
 
     def judge(self, plan: Plan, seq: LayerSequence) -> Trial | None:
         try:
@@ -356,7 +356,7 @@ def shape_fields(shape: Shape, cluster: Cluster, rc: list[bool] | None = None) -
     """The estimate fields of a plan of *shape*
     (:data:`~celeritas_cli.sim.describe.PIPELINE_FIELDS`)."""
     out = {"schedule": shape.schedule.name, "stages": shape.S, "pipeline_devices": shape.p,
-           "virtual_stages": shape.v, "replicas": [len(g) for g in shape.groups], "microbatches": shape.m,
+           "virtual_stages": shape.v, "replicas": [len(g) for g in shape.groups], "microbatches": shape.n_microbatches,
            "stage_devices": [[cluster.ids[x] for x in g] for g in shape.groups],
            "recomputed_stages": [j for j, r in enumerate(rc or []) if r]}
     if shape.shares is not None:
