@@ -189,3 +189,19 @@ def test_the_recipe_records_the_schedule_that_export_reads():
     old = [{k: x for k, x in steps[0].items() if k != "schedule"}]  # a placement made before it was recorded
     assert recorded_schedule(old) is None
     assert simulate(g, c, Placement.from_dict({**p.to_dict(timings=False), "derivation": {"steps": old}}))["status"]
+
+
+def test_pipeline_parameters_are_declared_once():
+    from celeritas_cli import registry
+    from celeritas_cli.pipelining.params import N_MICROBATCHES, RECOMPUTE, SCHEDULE
+
+    for algo in ("pipeline", "gpipe", "pipedream", "alpa-stages"):
+        assert registry.get(algo).params["microbatches"] is N_MICROBATCHES
+    assert registry.get("pipeline").params["schedule"] is SCHEDULE
+    assert registry.get("pipeline").params["recompute"] is RECOMPUTE
+    assert set(SCHEDULE.choices) == {"auto", *SCHEDULES}
+    # no second declaration of the micro-batch count in the package
+    found = [f"{path.relative_to(PACKAGE)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             if path.relative_to(PACKAGE).as_posix() != "pipelining/params.py"
+             for line, text, value in _string_literals(path) if "Param(" in text and "micro-batch" in str(value)]
+    assert found == []
