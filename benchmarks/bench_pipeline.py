@@ -5,7 +5,7 @@ device order, and the same rotated by half, so the slower devices come
 first on moirai-intra-server) cut from the CPD-TOPO order and balanced by
 time (:func:`celeritas_cli.pipelining.cuts.balanced_stages`), ``m``
 micro-batches, and the GPipe, 1F1B and interleaved (two model chunks per
-device) schedules (:func:`~celeritas_cli.pipelining.schedules.pipeline_plan`),
+device) schedules (:func:`~celeritas_cli.pipelining.builder.staged_plan`),
 each simulated by the judge: the step time, the ideal bubble fraction
 (Narayanan et al. SC'21: ``(p-1)/m``, ``(p-1)/(v m)``), the slowest
 device's busy time and the largest idle time.  No planner chooses anything
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from celeritas_cli.model.io import load_cluster, load_graph  # noqa: E402
 from celeritas_cli.pipelining.cuts import balanced_stages  # noqa: E402
-from celeritas_cli.pipelining.schedules import pipeline_plan  # noqa: E402
+from celeritas_cli.pipelining.builder import staged_plan  # noqa: E402
 from celeritas_cli.sim.simulator import simulate  # noqa: E402
 
 
@@ -51,7 +51,7 @@ def rows(model: str, cluster_name: str, m: int) -> list[str]:
             key = len(sdevs)
             if key not in stages:
                 stages[key] = balanced_stages(g, c, sdevs)
-            p = pipeline_plan(g, c, stages[key].stage_of, sdevs, m, schedule)
+            p = staged_plan(g, c, stages[key].stage_of, sdevs, m, schedule)
             p.split_graph = None
             rep = simulate(g, c, p)
             busy = max(d["busy_s"] for d in rep["devices"])

@@ -1,7 +1,11 @@
-"""Pipelines whose stages are replicated: the placement every pipeline
-planner of placer ends with (``pipeline``, ``gpipe``, ``pipedream``,
-``alpa-stages``), built from stages, the devices of each stage, ``m`` and a
-schedule.
+"""The one pipeline builder: the placement every pipeline planner of placer
+ends with (``pipeline``, ``gpipe``, ``pipedream``, ``alpa-stages``), and
+the library's pipeline entry (:func:`staged_plan`), built from stages, the
+devices of each stage, the micro-batch count and a
+:class:`~.schedules.Schedule`.
+
+A stage given one device is a plain pipeline stage; the recipe is then
+``microbatch`` (and ``recompute``) alone.
 
 Stage ``s`` runs on the devices ``groups[s]``; its *lanes* are the
 replicas ``groups[s][r]``.  How a replicated stage shares the work:
@@ -10,8 +14,9 @@ replicas ``groups[s][r]``.  How a replicated stage shares the work:
   pipeline parallelism, Narayanan et al., SC'21, 2.1 and 3; PipeDream's
   "replicated stages" when every stage is replicated alike): the recipe is
   ``microbatch`` (``m`` micro-batches of the global batch), ``recompute``
-  (optional, one step per stage as in
-  :func:`~.pipeline_schedule.pipeline_plan`), then ``data-parallel`` with
+  (optional, one step per stage: a clone reads the clones of its own
+  stage and the forward outputs of the stages before it, their
+  checkpoints), then ``data-parallel`` with
   ``R`` replicas (every micro-batch split into ``R`` whole-sample shares,
   gradients all-reduced by one ring per gradient after the last
   accumulation).  Replica ``r`` of the pipeline runs stage ``s`` on
@@ -27,10 +32,18 @@ replicas ``groups[s][r]``.  How a replicated stage shares the work:
   stage, which :func:`staged_plan` reports in ``estimate.deviation``.
 
 Orders: every lane runs its own micro-batches in the schedule's order
-(:func:`~.pipeline_schedule.schedule_steps` with its micro-batch count),
+(:meth:`~.schedules.Schedule.steps` with its micro-batch count),
 each step's nodes by upward rank inside the step; a device first runs its
 once-per-step forward nodes (``weights`` nodes), then its steps, then its
 ring all-reduce nodes, then its once-per-step backward and update nodes.
+The ``microbatch`` step of the recipe records the schedule's name
+(``schedule``), so what runs or exports the plan reads it from there.
+
+Interleaved stages: ``S = p v`` stages, stage ``j`` on the devices of stage
+``j mod p``, the first ``p`` stages on distinct devices
+(:func:`plan_shape`, the one check of that layout); the schedule's own
+shape rule (``m`` a multiple of ``p``, ...) is
+:meth:`~.schedules.Schedule.refusal`.
 
 References
 ----------
@@ -55,12 +68,13 @@ from ..transform.recompute import recompute_graph, recompute_step
 from ..transform.replicate import data_parallel_graph
 from ..transform.split_cost import DEFAULT_OVERHEAD_S
 from .cuts import _device, check_chain
-from .schedules import _block_order, _blocks, bubble_fraction, recomputable, schedule_steps
+from .schedules import ONE_F_ONE_B, Schedule, block_order, get_schedule, recomputable, stage_blocks
 
-__all__ = ["Derived", "check_pipelinable", "derive_pipeline", "layout", "placement_of", "plan_estimate", "plan_shape", "staged_plan"]
+__all__ = ["Derived", "check_pipelinable", "derive_pipeline", "layout", "pipeline_orders", "placement_of",
+           "plan_estimate", "plan_shape", "staged_plan"]
 
 
-def plan_shape(groups: Sequence[Sequence[int]], schedule: str) -> tuple[int, int, list[int]]:
+def plan_shape(groups: Sequence[Sequence[int]], schedule: str | Schedule) -> tuple[int, int, list[int]]:
     """``(p, v, replicas)``: pipeline depth (distinct stage device sets),
     model chunks per device, and the replicas of each stage.
 
@@ -71,32 +85,35 @@ def plan_shape(groups: Sequence[Sequence[int]], schedule: str) -> tuple[int, int
         a device in two stages outside ``interleaved``, a stage without
         devices.
 
-    >>> plan_shape([[0, 1], [2, 3]], "1f1b"), plan_shape([[0], [1], [0], [1]], "interleaved")
+    >>> from celeritas_cli.pipelining.schedules import INTERLEAVED
+    >>> plan_shape([[0, 1], [2, 3]], ONE_F_ONE_B), plan_shape([[0], [1], [0], [1]], INTERLEAVED)
     ((2, 1, [2, 2]), (2, 2, [1, 1, 1, 1]))
     """
+    sched = get_schedule(schedule)
     if not groups or any(not g for g in groups):
         raise InvalidInput("pipeline: every stage needs at least one device")
     keys = [tuple(g) for g in groups]
     reps = [len(g) for g in groups]
-    if schedule == "interleaved":
+    if sched.chunked:
         first = list(dict.fromkeys(keys))
         p = len(first)
         if len(keys) % p or keys[:p] != first or any(keys[j] != keys[j % p] for j in range(len(keys))):
-            raise InvalidInput("pipeline: the interleaved schedule needs stage j on the devices of stage j mod p, "
-                               "the first p stages on distinct devices")
+            raise InvalidInput(f"pipeline: the {sched.title} schedule needs stage j on the devices of stage j mod p, "
+                               f"the first p stages on distinct devices")
         flat = [d for k in first for d in k]
         if len(set(flat)) != len(flat):
             raise InvalidInput("pipeline: a device is in two pipeline stages")
         return p, len(keys) // p, reps
     flat = [d for k in keys for d in k]
     if len(set(flat)) != len(flat):
-        raise InvalidInput(f"pipeline: the {schedule} schedule needs distinct devices per stage; use interleaved for "
-                           f"several stages per device")
+        raise InvalidInput(f"pipeline: the {sched.title} schedule needs distinct devices per stage (one stage per "
+                           f"device); a schedule with model chunks runs several stages per device")
     return len(keys), 1, reps
 
 
-def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int], groups: Sequence[Sequence[int | str]],
-                m: int, schedule: str = "1f1b", *, recompute: Sequence[str] = (), except_last: bool = False,
+def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int],
+                groups: Sequence[Sequence[int | str] | int | str], n_microbatches: int,
+                schedule: str | Schedule = ONE_F_ONE_B, *, recompute: Sequence[str] = (), except_last: bool = False,
                 overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
                 shares: Sequence[float] | None = None, algorithm: str = "pipeline", params: dict | None = None,
                 seed: int | None = 0, estimate: dict | None = None) -> Placement:
@@ -109,17 +126,19 @@ def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int], groups:
     cluster : Cluster
     stage_of : list of int
         Stage of every node (``0 .. S-1``), checked to form a chain.
-    groups : list of list of int or str
-        Devices of each stage (its lanes); ``interleaved``: ``S = p v``
+    groups : list of (list of) int or str
+        Devices of each stage (its lanes; a single device for a stage that
+        is not replicated); with model chunks (interleaved): ``S = p v``
         stages, stage ``j`` on the devices of stage ``j mod p``.
-    m : int
+    n_microbatches : int
         Micro-batches: of each replicated pipeline when every stage has the
         same number of devices, else of the step (shared round-robin).
-    schedule : str
-        ``gpipe``, ``1f1b`` or ``interleaved``.
+    schedule : Schedule or str
+        A :class:`~.schedules.Schedule` or its name
+        (:data:`~.schedules.SCHEDULES`).
     recompute : list of str
         Forward node ids of *graph* whose activations are recomputed
-        (:func:`~.pipeline_schedule.recomputable` ones, one step per stage).
+        (:func:`~.schedules.recomputable` ones, one step per stage).
     except_last : bool
         Recompute every micro-batch but the last (torchgpipe's
         ``checkpoint="except_last"``: the last micro-batch's backward follows
@@ -141,8 +160,10 @@ def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int], groups:
     ------
     InvalidInput
         Stages that do not form a chain, bad groups (:func:`plan_shape`),
-        and what the transforms refuse (no declared batch, ``m`` larger than
-        the batch, micro-batches that do not split into the replicas).
+        a shape the schedule's rule refuses
+        (:meth:`~.schedules.Schedule.refusal`), and what the transforms
+        refuse (no declared batch, more micro-batches than samples,
+        micro-batches that do not split into the replicas).
 
     Example
     -------
@@ -154,25 +175,32 @@ def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int], groups:
     >>> p = staged_plan(g, uniform(4), st.stage_of, [[0, 2], [1, 3]], 4, assume_batch=16)
     >>> [s["transform"] for s in p.derivation["steps"]], p.estimate["replicas"]
     (['microbatch', 'data-parallel'], [2, 2])
+    >>> q = staged_plan(g, uniform(2), st.stage_of, [0, 1], 4, assume_batch=8)  # one device per stage
+    >>> q.derivation["steps"][0]["micro_batches"], q.derivation["steps"][0]["schedule"], q.estimate["bubble_fraction"]
+    ([2, 2, 2, 2], '1f1b', 0.25)
     """
-    devs = [[_device(cluster, d) for d in g] for g in groups]
-    p, v, reps = plan_shape(devs, schedule)
-    d = derive_pipeline(graph, stage_of, reps, m, schedule, v, recompute=recompute, except_last=except_last,
-                        overhead_s=overhead_s, assume_batch=assume_batch, shares=shares)
-    device_of, order = layout(d, stage_of, devs, schedule, cluster.k)
-    est = {**plan_estimate(d, devs, cluster, schedule, m), **(estimate or {})}
+    sched = get_schedule(schedule)
+    devs = [[_device(cluster, d) for d in (g if isinstance(g, (list, tuple)) else [g])] for g in groups]
+    p, v, reps = plan_shape(devs, sched)
+    d = derive_pipeline(graph, stage_of, reps, n_microbatches, sched, v, recompute=recompute,
+                        except_last=except_last, overhead_s=overhead_s, assume_batch=assume_batch, shares=shares)
+    device_of, order = layout(d, stage_of, devs, sched, cluster.k)
+    est = {**plan_estimate(d, devs, cluster, sched, n_microbatches), **(estimate or {})}
     return placement_of(d, cluster, device_of, order, algorithm=algorithm, seed=seed, estimate=est,
-                        params={"stages": len(devs), "microbatches": m, "schedule": schedule, **(params or {})})
+                        params={"stages": len(devs), "microbatches": n_microbatches, "schedule": sched.name,
+                                **(params or {})})
 
 
-def plan_estimate(d: "Derived", devs: Sequence[Sequence[int]], cluster: Cluster, schedule: str, m: int) -> dict:
+def plan_estimate(d: "Derived", devs: Sequence[Sequence[int]], cluster: Cluster, schedule: str | Schedule,
+                  n_microbatches: int) -> dict:
     """The ``estimate`` fields that describe a pipeline plan (no makespan:
     the simulator judges it)."""
-    p, v, reps = plan_shape(devs, schedule)
-    est = {"graph": "split", "graph_nodes": d.graph.n, "schedule": schedule, "stages": len(devs),
-           "pipeline_devices": p, "virtual_stages": v, "replicas": reps, "microbatches": m,
+    sched = get_schedule(schedule)
+    p, v, reps = plan_shape(devs, sched)
+    est = {"graph": "split", "graph_nodes": d.graph.n, "schedule": sched.name, "stages": len(devs),
+           "pipeline_devices": p, "virtual_stages": v, "replicas": reps, "microbatches": n_microbatches,
            "micro_batches": d.micro_batches, "stage_devices": [[cluster.ids[x] for x in g] for g in devs],
-           "bubble_fraction": bubble_fraction(schedule, p, max(1, m // d.lanes_per_mb), v),
+           "bubble_fraction": sched.bubble(p, max(1, n_microbatches // d.lanes_per_mb), v),
            "recomputed": d.recomputed}
     if d.round_robin:
         est["deviation"] = ("unevenly replicated stages take micro-batches round-robin; a replicated stage's "
@@ -230,8 +258,8 @@ def check_pipelinable(graph: Graph) -> None:
                            f"replicas; pipeline the original graph '{graph.original_name}' instead")
 
 
-def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], m: int, schedule: str = "1f1b",
-                    v: int = 1, *, recompute: Sequence[str] = (), except_last: bool = False,
+def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], n_microbatches: int,
+                    schedule: str | Schedule = ONE_F_ONE_B, v: int = 1, *, recompute: Sequence[str] = (), except_last: bool = False,
                     overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
                     shares: Sequence[float] | None = None, bucket_mb: float = 0.0) -> Derived:
     """The derived graph of a pipeline with ``reps[s]`` replicas of stage
@@ -247,6 +275,8 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
         As :func:`staged_plan`; a coarse graph (:func:`check_pipelinable`).
     """
     S = len(reps)
+    m = n_microbatches
+    sched = get_schedule(schedule)
     check_pipelinable(graph)
     if len(stage_of) != graph.n or any(not 0 <= s < S for s in stage_of):
         raise InvalidInput(f"pipeline: stage_of must give every node of graph '{graph.name}' a stage 0..{S - 1}")
@@ -254,7 +284,7 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
     uniform_reps = len(set(reps)) == 1
     R = reps[0] if uniform_reps else 1
     if not uniform_reps and v > 1:
-        raise InvalidInput("pipeline: the interleaved schedule needs every stage replicated alike")
+        raise InvalidInput(f"pipeline: the {sched.title} schedule needs every stage replicated alike")
     if shares is not None and (R < 2 or len(shares) != R):
         raise InvalidInput("pipeline: batch shares need one share per replica of every stage")
     if bucket_mb and S > 1:
@@ -265,11 +295,12 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
     p = S // v
     for lanes in lane_mb[:p]:
         for mbs in lanes:
-            schedule_steps(schedule, p, len(mbs), 0, v)  # refuse a bad schedule before building
+            sched.check(p, len(mbs), v)  # refuse a bad schedule before building
     mbg = microbatch_graph(graph, m, overhead_s=overhead_s, assume_batch=assume_batch)
     mb = mbg.meta["microbatch"]
-    steps = [microbatch_step(m, mb["global_batch"], mb["micro_batches"], overhead_s, assume_batch)]
-    keep = recomputable(graph, stage_of, list(recompute))
+    steps = [{**microbatch_step(m, mb["global_batch"], mb["micro_batches"], overhead_s, assume_batch),
+              "schedule": sched.name}]
+    keep = recomputable(graph, stage_of, list(recompute or ()))
     for s in sorted({stage_of[graph.index[x]] for x in keep}):
         ids = [x for x in keep if stage_of[graph.index[x]] == s]
         if except_last and m > 1:
@@ -287,21 +318,49 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
                    len(mbg.meta.get("recompute", [])), not uniform_reps)
 
 
-def layout(d: Derived, stage_of: Sequence[int], devs: Sequence[Sequence[int]], schedule: str,
+def layout(d: Derived, stage_of: Sequence[int], devs: Sequence[Sequence[int]], schedule: str | Schedule,
            k: int) -> tuple[list[int], list[list[int]] | None]:
     """``(device_of, order)`` of *d*'s graph with stages *stage_of* on the
     device groups *devs* (module docstring).  One stage whose lanes run one
     micro-batch each has no schedule to follow: no order (the simulator's
     own rule, which overlaps the all-reduce with the backward pass as for
     ``data-parallel``)."""
-    p, v, _ = plan_shape(devs, schedule)
+    sched = get_schedule(schedule)
+    p, v, _ = plan_shape(devs, sched)
     check_chain(d.base, stage_of)
-    blocks = _blocks(d.mbg, d.base, stage_of)
+    blocks = stage_blocks(d.mbg, d.base, stage_of)
     where = _lanes(d.graph, d.mbg, blocks, d.R, d.reps)
     device_of = [devs[s][lane] for s, lane, _, _ in where]
     if len(devs) == 1 and all(len(mbs) == 1 for mbs in d.lane_mb[0]):
         return device_of, None
-    return device_of, _orders(d.graph, where, [list(g) for g in devs], d.lane_mb, schedule, p, v, k)
+    return device_of, _orders(d.graph, where, [list(g) for g in devs], d.lane_mb, sched, p, v, k)
+
+
+def pipeline_orders(derived: Graph, graph: Graph, stage_of: Sequence[int], stage_devices: Sequence[int], k: int,
+                    schedule: str | Schedule, n_microbatches: int,
+                    v: int = 1) -> tuple[list[int], list[list[int]]]:
+    """``(device_of, order)`` of one pipeline that is not replicated:
+    *derived* micro-batched (and recomputed) from *graph*, whose nodes have
+    stages *stage_of*, stage ``j`` on device ``stage_devices[j]`` of *k*;
+    the orders :func:`layout` gives (module docstring), for a graph built
+    by other means than :func:`derive_pipeline`.
+
+    Raises
+    ------
+    InvalidInput
+        A stage without a device, a shape the schedule refuses.
+    """
+    sched = get_schedule(schedule)
+    blocks = stage_blocks(derived, graph, stage_of)
+    bad = next((x for x, (s, _, _) in enumerate(blocks) if not 0 <= s < len(stage_devices)), None)
+    if bad is not None:
+        raise InvalidInput(f"pipeline: node '{derived.ids[bad]}' is in stage {blocks[bad][0]}, but there are "
+                           f"{len(stage_devices)} stage devices")
+    devs = [[d] for d in stage_devices]
+    lane_mb = [[list(range(n_microbatches))] for _ in devs]
+    where = [(s, 0, kind, i) for s, kind, i in blocks]
+    return ([stage_devices[s] for s, _, _ in blocks],
+            _orders(derived, where, devs, lane_mb, sched, len(devs) // v, v, k))
 
 
 def _copies_but_last(mbg: Graph, origins: set[str], m: int) -> list[str]:
@@ -343,7 +402,7 @@ def _lanes(derived: Graph, mbg: Graph, blocks: list, R: int, reps: list[int]) ->
     return out
 
 
-def _orders(derived: Graph, where: list, devs: list[list[int]], lane_mb: list, schedule: str, p: int, v: int,
+def _orders(derived: Graph, where: list, devs: list[list[int]], lane_mb: list, schedule: Schedule, p: int, v: int,
             k: int) -> list[list[int]]:
     """Per-device orders (module docstring)."""
     topo = derived.topo_index()
@@ -357,9 +416,9 @@ def _orders(derived: Graph, where: list, devs: list[list[int]], lane_mb: list, s
         for lane, mbs in enumerate(lane_mb[rank]):
             d = devs[rank][lane]
             seq = sorted(groups.get((d, "head"), []), key=topo.__getitem__)
-            for kind, chunk, j in schedule_steps(schedule, p, len(mbs), rank, v):
+            for kind, chunk, j in schedule.steps(p, len(mbs), rank, v):
                 block = groups.get((chunk * p + rank, lane, kind, mbs[j]), [])
-                seq += _block_order(derived, block, up, topo) if block else []
+                seq += block_order(derived, block, up, topo) if block else []
             seq += sorted(groups.get((d, "ring"), []), key=topo.__getitem__)
             seq += sorted(groups.get((d, "tail"), []), key=topo.__getitem__)
             order[d] = seq

@@ -313,7 +313,7 @@ def balanced_stages(graph: Graph, cluster: Cluster, stage_devices: Sequence[int 
 
 def stage_forward_nodes(graph: Graph, stage_of: Sequence[int], stages: Sequence[int]) -> list[str]:
     """Ids of the forward nodes of *graph* in *stages*: the ``recompute``
-    list that recomputes whole stages (:func:`~.pipeline_schedule.pipeline_plan`).
+    list that recomputes whole stages (:func:`~.builder.staged_plan`).
 
     >>> from celeritas_cli.model.graph import build
     >>> g = build("s", [{"id": "a", "compute_s": 1, "memory_bytes": 0, "pass": "forward"},

@@ -1,49 +1,52 @@
-"""Pipeline schedules as strict per-device orders over the micro-batched
-graph, so the simulator replays them exactly (issue 22.3).
+"""Pipeline schedules: one :class:`Schedule` object per schedule, its
+per-rank table of actions, and the orders of a micro-batched graph built
+from it (issue 22.3, issue 32).
 
 A schedule only orders work (Megatron-LM's ``schedules.py`` and
 ``torch.distributed.pipelining`` keep schedules apart from models the same
-way): :func:`schedule_steps` lists, for one device (pipeline rank), its
-forward ``F`` and backward ``B`` steps over ``(model chunk, micro-batch)``;
-:func:`pipeline_orders` turns them into node orders of the graph that
-:mod:`~celeritas_cli.transform.microbatch` (and optionally
-:mod:`~celeritas_cli.transform.recompute`) derived; :func:`pipeline_plan` is
-the library entry the planners call: graph, stages, devices, ``m`` and a
-schedule in, a :class:`~celeritas_cli.model.placement.Placement` with its
-recipe, assignment and order out.
+way).  Each :class:`Schedule` holds its name (the one place the name is
+spelled: :data:`GPIPE`, :data:`ONE_F_ONE_B`, :data:`INTERLEAVED`, and the
+registry :data:`SCHEDULES`), its steps (:meth:`Schedule.steps`: rank
+``r``'s forward ``F`` and backward ``B`` actions over ``(model chunk,
+micro-batch)``, :meth:`Schedule.table` the per-rank table as
+``torch.distributed.pipelining`` prints it), its in-flight count, its
+bubble, its shape rule (:meth:`Schedule.refusal`) and the
+``torch.distributed.pipelining`` class it maps to.  The device orders of a
+plan are built from the steps (:mod:`.builder`).
 
 Schedules (``p`` pipeline ranks, ``m`` micro-batches, ``v`` model chunks per
 rank; virtual stage ``c * p + r`` is chunk ``c`` of rank ``r``)
 -------------------------------------------------------------------------
-* ``gpipe`` (GPipe, Huang et al. 2019, 2.2; ``torch.distributed.pipelining.
-  ScheduleGPipe``): every rank runs the ``m`` forwards, then the ``m``
-  backwards.  Every micro-batch's activations are live at once (``m`` in
-  flight).
-* ``1f1b`` (PipeDream-Flush, Narayanan et al. SC'21, 2.2.1, Figure 4 bottom;
+* GPipe (Huang et al. 2019, 2.2; ``ScheduleGPipe``): every rank runs the
+  ``m`` forwards, then the ``m`` backwards.  Every micro-batch's
+  activations are live at once (``m`` in flight).
+* 1F1B (PipeDream-Flush, Narayanan et al. SC'21, 2.2.1, Figure 4 bottom;
   Megatron's ``forward_backward_pipelining_without_interleaving``;
   ``Schedule1F1B``): rank ``r`` runs ``w = min(p - r - 1, m)`` warm-up
   forwards, then alternates one forward and one backward, then the ``w``
   cool-down backwards: at most ``min(p - r, m)`` micro-batches in flight.
-* ``interleaved`` (SC'21, 2.2.2, Figure 4 top; Megatron's
+* interleaved 1F1B (SC'21, 2.2.2, Figure 4 top; Megatron's
   ``forward_backward_pipelining_with_interleaving``;
-  ``ScheduleInterleaved1F1B``): ``v >= 2`` chunks per rank; forward step
-  ``k`` runs chunk ``(k mod p v) div p`` on micro-batch ``(k div p v) p + k
-  mod p``, backward step ``k`` the chunks in reverse; ``(p - r - 1) 2 + (v -
-  1) p`` warm-up forwards (all of them when ``m = p``), then 1F1B.  Megatron
-  requires ``m`` to be a multiple of ``p``; so does placer.
+  ``ScheduleInterleaved1F1B``): ``v >= 2`` chunks per rank on ``p >= 2``
+  ranks; forward step ``k`` runs chunk ``(k mod p v) div p`` on micro-batch
+  ``(k div p v) p + k mod p``, backward step ``k`` the chunks in reverse;
+  ``(p - r - 1) 2 + (v - 1) p`` warm-up forwards (all of them when ``m =
+  p``), then 1F1B.  Megatron requires ``m`` to be a multiple of ``p``; so
+  does placer.
 
 Bubble (SC'21, Eq. 1 and 2.2.2): the idle fraction of the ideal time is
 ``(p - 1) / m`` for GPipe and 1F1B and ``(p - 1) / (v m)`` interleaved
-(:func:`bubble_fraction`); the simulated idle time of each device is
+(:meth:`Schedule.bubble`); the simulated idle time of each device is
 :func:`device_idle`, and the report's ``idle_s``.
 
-Orders (:func:`pipeline_orders`): a device runs first its once-per-step
-forward nodes (``weights`` nodes, batch-independent forward nodes), then,
-step by step, the nodes of ``(stage, micro-batch, pass)`` in the derived
-graph's topological order (a backward step starts with the micro-batch's
-recompute clones, Megatron's recomputation in the backward, and includes
-its gradient accumulations), then its once-per-step backward and update
-nodes: the optimizer updates after the stage's last backward.
+Blocks (:func:`stage_blocks`, :func:`block_order`): the nodes of a
+micro-batched graph group into ``(stage, F | B, micro-batch)`` blocks, run
+in the order of the rank's steps; inside a block a device runs the ready
+node of largest upward rank.  A backward block starts with the
+micro-batch's recompute clones (Megatron's recomputation in the backward),
+which wait for the gradient that enters the stage
+(:mod:`~celeritas_cli.transform.recompute`: a clone reads it), and includes
+the micro-batch's gradient accumulations.
 
 References
 ----------
@@ -58,67 +61,46 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from ..errors import InvalidInput
-from ..model.cluster import Cluster
-from ..model.costs import upward_rank
 from ..model.graph import Graph
-from ..model.placement import Placement
-from ..transform.derivation import attach
-from ..transform.microbatch import ACCUMULATE_OP, microbatch_graph, microbatch_step
+from ..transform.microbatch import ACCUMULATE_OP
 from ..transform.passes import node_passes
-from ..transform.recompute import recompute_graph, recompute_step
-from ..transform.split_cost import DEFAULT_OVERHEAD_S
-from .cuts import _device
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-__all__ = ["SCHEDULES", "StageMemory", "bubble_fraction", "device_idle", "hand_peak_bytes", "in_flight",
-           "pipeline_orders", "pipeline_plan", "recomputable", "schedule_steps", "stage_memory"]
+__all__ = ["Action", "GPIPE", "INTERLEAVED", "ONE_F_ONE_B", "SCHEDULES", "Schedule", "StageMemory", "block_order",
+           "device_idle", "get_schedule", "hand_peak_bytes", "recomputable", "stage_blocks", "stage_memory"]
 
 
-def schedule_steps(schedule: str, p: int, m: int, rank: int, v: int = 1) -> list[tuple[str, int, int]]:
-    """Rank *rank*'s steps ``("F" | "B", chunk, micro-batch)`` in order
-    (module docstring).
+class Action(NamedTuple):
+    """One step of a rank: ``kind`` ``"F"`` (forward) or ``"B"`` (backward)
+    of model chunk ``chunk`` on micro-batch ``microbatch``."""
 
-    Raises
-    ------
-    InvalidInput
-        An unknown schedule, ``v != 1`` outside ``interleaved``, ``v < 2`` or
-        ``m`` not a multiple of ``p`` for ``interleaved``.
+    kind: str
+    chunk: int
+    microbatch: int
 
-    Example
-    -------
-    >>> [f"{k}{i}" for k, _, i in schedule_steps("1f1b", 3, 4, 0)]
-    ['F0', 'F1', 'F2', 'B0', 'F3', 'B1', 'B2', 'B3']
-    >>> [f"{k}{c}.{i}" for k, c, i in schedule_steps("interleaved", 2, 2, 1, v=2)]
-    ['F0.0', 'F0.1', 'F1.0', 'F1.1', 'B1.0', 'B1.1', 'B0.0', 'B0.1']
-    """
-    if schedule not in SCHEDULES:
-        raise InvalidInput(f"pipeline: unknown schedule '{schedule}' (known: {', '.join(SCHEDULES)})")
-    if schedule != "interleaved":
-        if v != 1:
-            raise InvalidInput(f"pipeline: the {schedule} schedule runs one model chunk per device; "
-                               f"use interleaved for {v}")
-        if schedule == "gpipe":
-            return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
-        w = min(p - rank - 1, m)
-        out = [("F", 0, i) for i in range(w)]
-        for j in range(m - w):
-            out += [("F", 0, w + j), ("B", 0, j)]
-        return out + [("B", 0, i) for i in range(m - w, m)]
-    if v < 2:
-        raise InvalidInput(f"pipeline: the interleaved schedule needs at least 2 model chunks per device, got {v}")
-    if m % p:
-        raise InvalidInput(f"pipeline: the interleaved schedule needs the number of micro-batches ({m}) to be a "
-                           f"multiple of the pipeline depth ({p}), as Megatron-LM requires")
+
+def _gpipe(p: int, m: int, rank: int, v: int) -> list[Action]:
+    return [Action("F", 0, i) for i in range(m)] + [Action("B", 0, i) for i in range(m)]
+
+
+def _one_f_one_b(p: int, m: int, rank: int, v: int) -> list[Action]:
+    w = min(p - rank - 1, m)
+    out = [Action("F", 0, i) for i in range(w)]
+    for j in range(m - w):
+        out += [Action("F", 0, w + j), Action("B", 0, j)]
+    return out + [Action("B", 0, i) for i in range(m - w, m)]
+
+
+def _interleaved(p: int, m: int, rank: int, v: int) -> list[Action]:
     total = m * v
     warm = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
 
-    def step(k: int, forward: bool) -> tuple[str, int, int]:
+    def step(k: int, forward: bool) -> Action:
         chunk = (k % (p * v)) // p
         mb = (k // (p * v)) * p + k % p
-        return ("F", chunk, mb) if forward else ("B", v - 1 - chunk, mb)
+        return Action("F", chunk, mb) if forward else Action("B", v - 1 - chunk, mb)
 
     out = [step(k, True) for k in range(warm)]
     for j in range(total - warm):
@@ -126,30 +108,163 @@ def schedule_steps(schedule: str, p: int, m: int, rank: int, v: int = 1) -> list
     return out + [step(k, False) for k in range(total - warm, total)]
 
 
-def in_flight(schedule: str, p: int, m: int, rank: int, v: int = 1) -> int:
-    """The most micro-batches (chunk-micro-batches when interleaved) whose
-    forward has run on rank *rank* and whose backward has not: ``m`` for
-    GPipe, ``min(p - rank, m)`` for 1F1B.
+@dataclass(frozen=True)
+class Schedule:
+    """A pipeline schedule (module docstring).
 
-    >>> [in_flight("1f1b", 4, 16, r) for r in range(4)], in_flight("gpipe", 4, 16, 0)
-    ([4, 3, 2, 1], 16)
+    Attributes
+    ----------
+    name : str
+        What users write (``-p schedule=``) and placements record.
+    title : str
+        Its name in words (reports).
+    torch_class : str
+        The ``torch.distributed.pipelining`` class that runs it.
+    chunked : bool
+        Runs ``v >= 2`` model chunks per rank (interleaved), else one.
+    rule : str
+        The shape rule, in words (what :meth:`refusal` checks).
+    reference : str
+        Where it is defined.
     """
-    live = peak = 0
-    for kind, _, _ in schedule_steps(schedule, p, m, rank, v):
-        live += 1 if kind == "F" else 0
-        peak = max(peak, live)
-        live -= 1 if kind == "B" else 0
-    return peak
+
+    name: str
+    title: str
+    torch_class: str
+    chunked: bool
+    rule: str
+    reference: str
+    _steps: Callable[[int, int, int, int], list[Action]] = field(repr=False, compare=False)
+
+    def refusal(self, p: int, m: int, v: int = 1) -> str | None:
+        """Why *p* ranks, *m* micro-batches and *v* chunks per rank break
+        the shape rule (one line), or None when they keep it.
+
+        >>> INTERLEAVED.refusal(4, 6, 2)
+        'the interleaved 1F1B schedule needs the number of micro-batches (6) to be a multiple of the pipeline ranks (4): Megatron-LM interleaves whole rounds of p micro-batches (m % p == 0)'
+        >>> ONE_F_ONE_B.refusal(4, 6) is None
+        True
+        """
+        if p < 1 or m < 1:
+            return f"the {self.title} schedule needs at least one rank and one micro-batch, got p={p}, m={m}"
+        if not self.chunked:
+            if v != 1:
+                return (f"the {self.title} schedule runs one model chunk per rank, got {v}; use "
+                        f"{INTERLEAVED.name} for several")
+            return None
+        if p < 2:
+            return (f"the {self.title} schedule needs at least 2 pipeline ranks to interleave model chunks over, "
+                    f"got {p} (one stage: use {ONE_F_ONE_B.name})")
+        if v < 2:
+            return f"the {self.title} schedule needs at least 2 model chunks per rank, got {v}"
+        if m % p:
+            return (f"the {self.title} schedule needs the number of micro-batches ({m}) to be a multiple of the "
+                    f"pipeline ranks ({p}): Megatron-LM interleaves whole rounds of p micro-batches (m % p == 0)")
+        return None
+
+    def check(self, p: int, m: int, v: int = 1) -> None:
+        """Refuse a shape that breaks the rule (:meth:`refusal`).
+
+        Raises
+        ------
+        InvalidInput
+            ``pipeline: <the rule that breaks>``.
+        """
+        why = self.refusal(p, m, v)
+        if why:
+            raise InvalidInput(f"pipeline: {why}")
+
+    def steps(self, p: int, m: int, rank: int, v: int = 1) -> list[Action]:
+        """Rank *rank*'s actions in order (module docstring).
+
+        Raises
+        ------
+        InvalidInput
+            A shape that breaks the rule (:meth:`check`), a rank outside
+            ``0 .. p-1``.
+
+        >>> [f"{a.kind}{a.microbatch}" for a in ONE_F_ONE_B.steps(3, 4, 0)]
+        ['F0', 'F1', 'F2', 'B0', 'F3', 'B1', 'B2', 'B3']
+        """
+        self.check(p, m, v)
+        if not 0 <= rank < p:
+            raise InvalidInput(f"pipeline: rank {rank} is not one of the {p} pipeline ranks")
+        return self._steps(p, m, rank, v)
+
+    def table(self, p: int, m: int, v: int = 1) -> list[str]:
+        """The per-rank table of actions, one line per rank: ``F3`` / ``B3``
+        (micro-batch 3); with model chunks, torch's ``{stage}F{i}`` with the
+        virtual stage ``chunk * p + rank`` in front.
+
+        >>> GPIPE.table(2, 2)
+        ['F0 F1 B0 B1', 'F0 F1 B0 B1']
+        >>> INTERLEAVED.table(2, 2, 2)[1]
+        '1F0 1F1 3F0 3F1 3B0 3B1 1B0 1B1'
+        """
+        def word(a: Action, r: int) -> str:
+            return f"{a.chunk * p + r if self.chunked else ''}{a.kind}{a.microbatch}"
+
+        return [" ".join(word(a, r) for a in self.steps(p, m, r, v)) for r in range(p)]
+
+    def in_flight(self, p: int, m: int, rank: int, v: int = 1) -> int:
+        """The most micro-batches (chunk-micro-batches when chunked) whose
+        forward has run on rank *rank* and whose backward has not: ``m`` for
+        GPipe, ``min(p - rank, m)`` for 1F1B.
+
+        >>> [ONE_F_ONE_B.in_flight(4, 16, r) for r in range(4)], GPIPE.in_flight(4, 16, 0)
+        ([4, 3, 2, 1], 16)
+        """
+        live = peak = 0
+        for a in self.steps(p, m, rank, v):
+            live += 1 if a.kind == "F" else 0
+            peak = max(peak, live)
+            live -= 1 if a.kind == "B" else 0
+        return peak
+
+    def bubble(self, p: int, m: int, v: int = 1) -> float:
+        """The pipeline bubble as a fraction of the ideal time: ``(p - 1) / m``
+        (GPipe, 1F1B; SC'21 Eq. 1), ``(p - 1) / (v m)`` interleaved.
+
+        >>> ONE_F_ONE_B.bubble(4, 16), INTERLEAVED.bubble(4, 16, 2)
+        (0.1875, 0.09375)
+        """
+        return (p - 1) / (m * (v if self.chunked else 1))
+
+    def words(self, v: int = 1) -> str:
+        """The schedule in words, with its chunks: ``"interleaved 1F1B (2
+        chunks per rank)"``."""
+        return f"{self.title} ({v} chunks per rank)" if self.chunked and v > 1 else self.title
 
 
-def bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> float:
-    """The pipeline bubble as a fraction of the ideal time: ``(p - 1) / m``
-    (GPipe, 1F1B; SC'21 Eq. 1), ``(p - 1) / (v m)`` interleaved.
+GPIPE = Schedule("gpipe", "GPipe", "ScheduleGPipe", False, "one model chunk per rank",
+                 "Huang et al., GPipe, NeurIPS 2019, 2.2", _gpipe)
+ONE_F_ONE_B = Schedule("1f1b", "1F1B", "Schedule1F1B", False, "one model chunk per rank",
+                       "Narayanan et al., SC'21, 2.2.1 (PipeDream-Flush)", _one_f_one_b)
+INTERLEAVED = Schedule("interleaved", "interleaved 1F1B", "ScheduleInterleaved1F1B", True,
+                       "at least 2 pipeline ranks, at least 2 model chunks per rank, and the micro-batches a "
+                       "multiple of the ranks (m % p == 0, Megatron-LM)",
+                       "Narayanan et al., SC'21, 2.2.2", _interleaved)
+#: every schedule by name
+SCHEDULES: dict[str, Schedule] = {s.name: s for s in (GPIPE, ONE_F_ONE_B, INTERLEAVED)}
 
-    >>> bubble_fraction("1f1b", 4, 16), bubble_fraction("interleaved", 4, 16, 2)
-    (0.1875, 0.09375)
+
+def get_schedule(schedule: str | Schedule) -> Schedule:
+    """The :class:`Schedule` named *schedule* (or *schedule* itself).
+
+    Raises
+    ------
+    InvalidInput
+        An unknown name, with the known ones.
+
+    >>> get_schedule("1f1b") is ONE_F_ONE_B
+    True
     """
-    return (p - 1) / (m * (v if schedule == "interleaved" else 1))
+    if isinstance(schedule, Schedule):
+        return schedule
+    found = SCHEDULES.get(schedule) if isinstance(schedule, str) else None
+    if found is None:
+        raise InvalidInput(f"pipeline: unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
+    return found
 
 
 def device_idle(makespan: float, device_of: Sequence[int], start: Sequence[float], finish: Sequence[float],
@@ -164,9 +279,16 @@ def device_idle(makespan: float, device_of: Sequence[int], start: Sequence[float
     return [makespan - b for b in busy]
 
 
-def _blocks(derived: Graph, graph: Graph, stage_of: Sequence[int]):
-    """Per node of *derived*: its stage, and ``("F" | "B", micro-batch)`` or
-    ``("head" | "tail", -1)``; *derived* was micro-batched from *graph*."""
+def stage_blocks(derived: Graph, graph: Graph, stage_of: Sequence[int]) -> list[tuple[int, str, int]]:
+    """Per node of *derived* (micro-batched from *graph*, whose nodes have
+    stages *stage_of*): ``(stage, "F" | "B", micro-batch)``, or ``(stage,
+    "head" | "tail", -1)`` for once-per-step forward / backward nodes.
+
+    Raises
+    ------
+    InvalidInput
+        A node of *derived* that comes from no node of *graph*.
+    """
     passes = node_passes(graph)
     index = graph.index
     out = []
@@ -185,52 +307,13 @@ def _blocks(derived: Graph, graph: Graph, stage_of: Sequence[int]):
     return out
 
 
-def pipeline_orders(derived: Graph, graph: Graph, stage_of: Sequence[int], stage_dev: Sequence[int], k: int,
-                    schedule: str, m: int, v: int = 1) -> tuple[list[int], list[list[int]]]:
-    """``(device_of, order)`` over *derived* (micro-batched from *graph*,
-    whose nodes have stages *stage_of*, stage ``j`` on device
-    ``stage_dev[j]``): the module docstring's orders.
-
-    Raises
-    ------
-    InvalidInput
-        See :func:`schedule_steps`; a stage without a device.
-    """
-    p = len(stage_dev) // v
-    blocks = _blocks(derived, graph, stage_of)
-    topo = derived.topo_index()
-    device_of = []
-    for x, (s, _, _) in enumerate(blocks):
-        if not 0 <= s < len(stage_dev):
-            raise InvalidInput(f"pipeline: node '{derived.ids[x]}' is in stage {s}, but there are {len(stage_dev)} "
-                               f"stage devices")
-        device_of.append(stage_dev[s])
-    groups: dict[tuple, list[int]] = {}
-    for x in range(derived.n):
-        s, kind, i = blocks[x]
-        key = (stage_dev[s], kind) if i < 0 else (s, kind, i)
-        groups.setdefault(key, []).append(x)
-    up = upward_rank(derived, derived.compute.__getitem__, lambda e: 0.0)
-    for key, xs in groups.items():
-        if len(key) == 3:
-            groups[key] = _block_order(derived, xs, up, topo)
-    order: list[list[int]] = [[] for _ in range(k)]
-    for rank in range(p):
-        d = stage_dev[rank]
-        seq = sorted(groups.get((d, "head"), []), key=topo.__getitem__)
-        for kind, chunk, i in schedule_steps(schedule, p, m, rank, v):
-            seq += groups.get((chunk * p + rank, kind, i), [])
-        seq += sorted(groups.get((d, "tail"), []), key=topo.__getitem__)
-        order[d] = seq
-    return device_of, order
-
-
-def _block_order(graph: Graph, nodes: list[int], rank: list[float], topo: list[int]) -> list[int]:
+def block_order(graph: Graph, nodes: list[int], rank: list[float], topo: list[int]) -> list[int]:
     """*nodes* (one block) in the order one device runs them when it always
     takes the ready node of largest upward *rank* (ties: topological
-    index), recompute clones first: a stage computes what the next stage
-    waits for (the boundary activation, the input gradient) before what
-    only its own later work or the update needs (weight gradients)."""
+    index), recompute clones first (they wait for the gradient that enters
+    the stage, which they read): a stage computes what the next stage waits
+    for (the boundary activation, the input gradient) before what only its
+    own later work or the update needs (weight gradients)."""
     inside = set(nodes)
     need = {x: sum(1 for u in graph.pred[x] if u in inside) for x in nodes}
     ex = graph.node_extra or [None] * graph.n
@@ -249,116 +332,6 @@ def _block_order(graph: Graph, nodes: list[int], rank: list[float], topo: list[i
                 need[s] -= 1
                 if not need[s]:
                     heapq.heappush(heap, key(s))
-    return out
-
-
-def pipeline_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int], stage_devices: Sequence[int | str], m: int,
-                  schedule: str = "1f1b", *, recompute: Sequence[str] | None = None,
-                  overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
-                  algorithm: str = "pipeline", params: dict | None = None, seed: int | None = 0) -> Placement:
-    """The pipeline placement of *graph*: micro-batched (and recomputed),
-    each stage on its device, ordered by *schedule*.
-
-    Parameters
-    ----------
-    graph : Graph
-        The model's training graph (the recipe starts from it).
-    cluster : Cluster
-    stage_of : list of int
-        Stage of every node of *graph* (:func:`~.pipeline.balanced_stages`,
-        :func:`~.pipeline.stages_from_cuts`), ``0..S-1``; checked to form a
-        chain.
-    stage_devices : list of int or str
-        Device of each stage.  ``gpipe`` / ``1f1b``: ``S`` distinct devices.
-        ``interleaved``: ``S = p v`` stages, stage ``j`` on the device of
-        stage ``j mod p`` (the ``p`` first are distinct).
-    m : int
-        Micro-batches (whole samples each; ``interleaved``: a multiple of ``p``).
-    schedule : str
-        ``gpipe``, ``1f1b`` or ``interleaved``.
-    recompute : list of str, optional
-        Ids of forward nodes of *graph* whose activations are recomputed in
-        the backward (every micro-batch's copy; a recipe step after
-        ``microbatch``).  Only nodes whose activations are read by the
-        backward of their own stage are recomputed (:func:`recomputable`;
-        Megatron recomputes inside a stage): an activation the next stage's
-        backward reads is kept there, received, and a clone on this stage
-        would make that backward wait for this one.  One ``recompute``
-        step per stage, so a clone reads the clones of its own stage and
-        the forward outputs of the stages before it (their checkpoints).
-    overhead_s, assume_batch
-        Passed to :func:`~celeritas_cli.transform.microbatch.microbatch_graph`.
-    algorithm, params, seed
-        Written into the placement.
-
-    Returns
-    -------
-    Placement
-        Over the micro-batched graph (``derivation`` + ``derived``),
-        with ``order``; its ``estimate`` says the schedule, stages, devices,
-        micro-batches and the ideal bubble fraction, and no makespan (the
-        simulator judges it).
-
-    Raises
-    ------
-    InvalidInput
-        Stages that do not form a chain, a stage without a device, devices
-        not distinct where required, and what :func:`schedule_steps` and
-        :func:`~celeritas_cli.transform.microbatch.microbatch_graph` refuse.
-
-    Example
-    -------
-    >>> from celeritas_cli.model.generate import layered
-    >>> from celeritas_cli.model.cluster import uniform
-    >>> from celeritas_cli.pipelining.cuts import balanced_stages
-    >>> g = layered(40, seed=1)
-    >>> c = uniform(2)
-    >>> st = balanced_stages(g, c, [0, 1])
-    >>> p = pipeline_plan(g, c, st.stage_of, [0, 1], 4, assume_batch=8)
-    >>> p.derivation["steps"][0]["micro_batches"], p.estimate["bubble_fraction"]
-    ([2, 2, 2, 2], 0.25)
-    """
-    from .cuts import check_chain
-
-    devs = [_device(cluster, d) for d in stage_devices]
-    if len(stage_of) != graph.n:
-        raise InvalidInput(f"pipeline: stage_of has {len(stage_of)} entries for the {graph.n} nodes of graph "
-                           f"'{graph.name}'")
-    S = len(devs)
-    bad = next((v for v in range(graph.n) if not 0 <= stage_of[v] < S), None)
-    if bad is not None:
-        raise InvalidInput(f"pipeline: node '{graph.ids[bad]}' is in stage {stage_of[bad]}, but there are {S} "
-                           f"stage devices")
-    v = 1
-    p = S
-    if schedule == "interleaved":
-        p = len(dict.fromkeys(devs))
-        if S % p or devs[:p] != list(dict.fromkeys(devs)) or any(devs[j] != devs[j % p] for j in range(S)):
-            raise InvalidInput("pipeline: the interleaved schedule needs stage j on the device of stage j mod p, "
-                               "the first p stage devices distinct")
-        v = S // p
-    elif len(set(devs)) != S:
-        raise InvalidInput(f"pipeline: the {schedule} schedule needs one device per stage; use interleaved for "
-                           f"several stages per device")
-    check_chain(graph, stage_of)
-    schedule_steps(schedule, p, m, 0, v)  # refuse a bad schedule before building the graph
-    derived = microbatch_graph(graph, m, overhead_s=overhead_s, assume_batch=assume_batch)
-    mb = derived.meta["microbatch"]
-    steps = [microbatch_step(m, mb["global_batch"], mb["micro_batches"], overhead_s, assume_batch)]
-    keep = recomputable(graph, stage_of, recompute or [])
-    for s in sorted({stage_of[graph.index[x]] for x in keep}):  # one step per stage: a clone reads
-        ids = [x for x in keep if stage_of[graph.index[x]] == s]  # clones of its own stage only
-        steps.append(recompute_step(ids))
-        derived = recompute_graph(derived, ids)
-    device_of, order = pipeline_orders(derived, graph, stage_of, devs, cluster.k, schedule, m, v)
-    estimate = {"graph": "split", "graph_nodes": derived.n, "schedule": schedule, "stages": S, "pipeline_devices": p,
-                "virtual_stages": v, "microbatches": m, "micro_batches": mb["micro_batches"],
-                "stage_devices": [cluster.ids[d] for d in devs], "bubble_fraction": bubble_fraction(schedule, p, m, v),
-                "recomputed": len(derived.meta.get("recompute", []))}
-    par = {"stages": S, "microbatches": m, "schedule": schedule, **(params or {})}
-    out = Placement.from_indices(derived, cluster, device_of, algorithm=algorithm, order=order, params=par,
-                                 seed=seed, estimate=estimate)
-    attach(out, graph, derived, steps)
     return out
 
 
@@ -412,7 +385,7 @@ def stage_memory(derived: Graph, graph: Graph, stage_of: Sequence[int], device_o
     """The :class:`StageMemory` of each of *stages* stages of a pipeline
     placement: *derived* micro-batched from *graph* (stages *stage_of*),
     its nodes on devices *device_of*."""
-    blocks = _blocks(derived, graph, stage_of)
+    blocks = stage_blocks(derived, graph, stage_of)
     m = int(derived.meta.get("microbatch", {}).get("m", 1))
     out = [StageMemory(activation=[0] * m) for _ in range(stages)]
     ex = derived.node_extra or [None] * derived.n
@@ -444,21 +417,21 @@ def stage_memory(derived: Graph, graph: Graph, stage_of: Sequence[int], device_o
     return out
 
 
-def hand_peak_bytes(schedule: str, p: int, m: int, rank: int, activation: Sequence[int], resident: int,
+def hand_peak_bytes(schedule: str | Schedule, p: int, m: int, rank: int, activation: Sequence[int], resident: int,
                     gradients: int = 0, v: int = 1) -> int:
     """The hand count of a device's peak memory along its schedule: its
     *resident* bytes, the *gradients* it accumulates (one buffer, from the
     first backward on), and ``activation[c]`` bytes for every
     chunk-``c`` micro-batch in flight (1F1B: ``min(p - rank, m)``, GPipe:
-    ``m``; :func:`in_flight`), counted at the start of each backward step.
+    ``m``; :meth:`Schedule.in_flight`), counted at the start of each backward step.
 
-    >>> hand_peak_bytes("1f1b", 4, 16, 0, [10], 100, 7), hand_peak_bytes("gpipe", 4, 16, 0, [10], 100, 7)
+    >>> hand_peak_bytes(ONE_F_ONE_B, 4, 16, 0, [10], 100, 7), hand_peak_bytes(GPIPE, 4, 16, 0, [10], 100, 7)
     (147, 267)
     """
     live = [0] * v
     peak = resident
     started = False
-    for kind, c, _ in schedule_steps(schedule, p, m, rank, v):
+    for kind, c, _ in get_schedule(schedule).steps(p, m, rank, v):
         if kind == "F":
             live[c] += 1
             peak = max(peak, resident + (gradients if started else 0) + sum(n * a for n, a in zip(live, activation)))

@@ -203,10 +203,10 @@ def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, ste
 
 
 def _summary(pre, prog, placement, bn: bool, c_whole: dict, c_mb: dict, spread: float) -> dict:
-    from .pipe_export import infer_schedule
+    from .pipe_export import schedule_of
 
     lay = pre.layout
-    sched = infer_schedule(prog)
+    sched, _ = schedule_of(prog)
     pick = ("loss_max_abs_diff", "params_max_abs_diff", "match")
     return {"recipe": [s["transform"] for s in pre.recipe], "replicas": lay.k, "micro_batches": lay.m,
             "global_batch": lay.total, "instance_batches": [lay.sizes[i] for i in lay.instances],

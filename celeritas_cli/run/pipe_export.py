@@ -1,12 +1,14 @@
 """A pipeline placement as a ``torch.distributed.pipelining`` program
 (``placer export``), and the pipeline schedule a placement's orders follow.
 
-:func:`infer_schedule` reads the schedule from the placement itself (never
-from what its ``params`` or ``estimate`` claim): the stages' ranks are the
-order in which the devices first run a forward node of the captured trace,
-and each device's order, read as forward / backward blocks of micro-batches,
-must be the rank's steps of GPipe, 1F1B or the interleaved schedule
-(:func:`~celeritas_cli.pipelining.schedules.schedule_steps`).
+:func:`schedule_of` takes the schedule from the placement's recipe (the
+``schedule`` its ``microbatch`` step records, one of
+:data:`~celeritas_cli.pipelining.schedules.SCHEDULES`; never from what its
+``params`` or ``estimate`` claim) and checks that the orders follow it: the
+stages' ranks are the order in which the devices first run a forward node
+of the captured trace, and each device's order, read as forward / backward
+blocks of micro-batches, must be the rank's steps
+(:meth:`~celeritas_cli.pipelining.schedules.Schedule.steps`).
 
 :func:`pipelining_plan` says whether ``torch.distributed.pipelining`` can run
 the plan as it is, exactly when all of these hold (else :func:`why_not`
@@ -15,8 +17,9 @@ names the first that fails and ``placer export`` writes placer's own code,
 
 1. the recipe is one ``microbatch`` step (recomputation and data
    parallelism are not expressed by a pipelining schedule);
-2. the orders follow GPipe, 1F1B or interleaved (:func:`infer_schedule`),
-   on one device per stage (interleaved: stage ``j`` on rank ``j mod p``);
+2. the recipe names the schedule and the orders follow it
+   (:func:`schedule_of`), on one device per stage (with model chunks:
+   stage ``j`` on rank ``j mod p``);
 3. every captured node's micro-batch copies, parameters and gradient
    accumulation are on one device: its stage;
 4. the stages are contiguous module segments of a chain: in the trace's
@@ -43,10 +46,8 @@ import bisect
 from dataclasses import dataclass
 
 from ..errors import InvalidInput
-from ..pipelining.schedules import SCHEDULES, schedule_steps
+from ..pipelining.schedules import SCHEDULES, Schedule
 from ..transform.passes import node_passes
-
-TORCH_CLASS = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
 
 
 def _blocks(prog, passes) -> dict[int, list[tuple[str, int]]]:
@@ -64,13 +65,27 @@ def _blocks(prog, passes) -> dict[int, list[tuple[str, int]]]:
     return out
 
 
-def infer_schedule(prog) -> dict | None:
-    """``{"schedule", "p", "v", "rank": {device: rank}, "replica": {device: r}}``
-    when every device's order follows one of :data:`SCHEDULES` (module
-    docstring), else ``None``."""
+def recorded_schedule(recipe: list[dict]) -> Schedule | None:
+    """The :class:`~celeritas_cli.pipelining.schedules.Schedule` the
+    recipe's ``microbatch`` step names, or None (none named: a placement
+    made before placer recorded it, or not a pipeline)."""
+    for step in recipe:
+        if step.get("transform") == "microbatch" and isinstance(step.get("schedule"), str):
+            return SCHEDULES.get(step["schedule"])
+    return None
+
+
+def schedule_of(prog) -> tuple[dict | None, str]:
+    """``({"schedule", "p", "v", "rank": {device: rank}, "replica": {device:
+    r}}, "")`` when the recipe names a schedule and every device's order
+    follows it (module docstring), else ``(None, why not)``."""
     lay = prog.layout
+    sched = recorded_schedule(prog.pre.recipe)
+    if sched is None:
+        return None, "the recipe names no pipeline schedule (a placement made before placer recorded it; place it again)"
     if lay.m < 2:
-        return None
+        return None, "one micro-batch: no pipeline schedule to run"
+    mismatch = f"the devices' orders do not follow the recipe's {sched.title} schedule"
     passes = node_passes(prog.base_graph)
     blocks = _blocks(prog, passes)
     first: dict[int, int] = {}
@@ -84,24 +99,23 @@ def infer_schedule(prog) -> dict | None:
     devs = [d for d in prog.devices if blocks[d]]
     if not devs or set(devs) != set(first) or any(sum(1 for d in devs if replica[d] == r) != len(devs) // lay.k
                                                   for r in range(lay.k)):
-        return None
+        return None, mismatch
     p = len(devs) // lay.k
     rank = {}
     for r in range(lay.k):
         mine = sorted((d for d in devs if replica[d] == r), key=first.__getitem__)
         rank.update({d: j for j, d in enumerate(mine)})
     n_f = {d: sum(1 for k, _ in blocks[d] if k == "F") for d in devs}
-    for schedule in SCHEDULES:
-        v = n_f[devs[0]] // lay.m if schedule == "interleaved" else 1
-        if (schedule == "interleaved") != (v > 1) or any(n_f[d] != v * lay.m for d in devs):
-            continue
-        try:
-            want = {d: [(k, i) for k, _, i in schedule_steps(schedule, p, lay.m, rank[d], v)] for d in devs}
-        except InvalidInput:  # the schedule does not apply (interleaved: m not a multiple of p)
-            continue
-        if all(_collapse(want[d]) == blocks[d] for d in devs):
-            return {"schedule": schedule, "p": p, "v": v, "rank": rank, "replica": replica}
-    return None
+    v = n_f[devs[0]] // lay.m if sched.chunked else 1
+    if any(n_f[d] != v * lay.m for d in devs):
+        return None, mismatch
+    try:
+        want = {d: [(k, i) for k, _, i in sched.steps(p, lay.m, rank[d], v)] for d in devs}
+    except InvalidInput as exc:  # the shape breaks the schedule's rule
+        return None, f"{mismatch}: {exc}"
+    if any(_collapse(want[d]) != blocks[d] for d in devs):
+        return None, mismatch
+    return {"schedule": sched.name, "p": p, "v": v, "rank": rank, "replica": replica}, ""
 
 
 def _collapse(seq: list) -> list:
@@ -136,9 +150,9 @@ def why_not(prog, module_kinds: dict[str, str] | None = None) -> tuple[Pipelinin
     kinds = [s["transform"] for s in prog.pre.recipe]
     if kinds != ["microbatch"]:
         return None, f"the recipe is {' + '.join(kinds)}, not micro-batching alone"
-    sched = infer_schedule(prog)
+    sched, why = schedule_of(prog)
     if sched is None:
-        return None, "the devices' orders are not GPipe, 1F1B or interleaved"
+        return None, why
     graph = prog.base_graph
     passes = node_passes(graph)
     device_of_v: dict[int, int] = {}
@@ -310,13 +324,13 @@ def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: 
 
     whole = prog.pre.whole
     lay = prog.layout
-    words = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": f"interleaved 1F1B ({plan.v} chunks per rank)"}
+    sched = SCHEDULES[plan.schedule]
     ranks = sorted({d for d in plan.stage_devices}, key=plan.stage_devices.index)
     uneven = "" if len(set(lay.sizes.values())) == 1 else (
         "; with micro-batches of unequal size this weighs each micro-batch equally, placer by its samples")
     return _SOURCE.format(graph=graph, cluster=cluster, label=label, algorithm=algorithm,
-                          stages=len(plan.stage_devices), schedule_words=words[plan.schedule], m=plan.m,
-                          batch=lay.total, torch_class=TORCH_CLASS[plan.schedule], p=plan.p, uneven=uneven,
+                          stages=len(plan.stage_devices), schedule_words=sched.words(plan.v), m=plan.m,
+                          batch=lay.total, torch_class=sched.torch_class, p=plan.p, uneven=uneven,
                           spec=whole.spec, config=whole.config, seed=whole.seed,
                           splits=", ".join(f"{s!r}: SplitPoint.BEGINNING" for s in plan.split_points),
                           stage_devices=[cluster_ids[d] for d in plan.stage_devices],

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Callable
 
+from ..pipelining.schedules import SCHEDULES
+
 
 @dataclass
 class Context:
@@ -168,7 +170,6 @@ def describe(derivation: dict | None, ctx: Context) -> str:
 #: the estimate fields of a pipeline plan (:func:`pipeline_words`), which ``auto`` copies from its winner
 PIPELINE_FIELDS = ("schedule", "stages", "pipeline_devices", "virtual_stages", "replicas", "microbatches",
                    "stage_devices", "recomputed_stages", "shares_by_speed", "bucket_mb")
-SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "interleaved 1F1B"}
 
 
 def _runs(names: list[str]) -> str:
@@ -212,7 +213,8 @@ def pipeline_words(est, device_type=None) -> str | None:
                (f", {m} micro-batches accumulated" if isinstance(m, int) and m > 1 else "")
         where = f"on {' + '.join(lanes[0])}" if lanes else ""
     else:
-        name = SCHEDULE_NAMES.get(est["schedule"], est["schedule"])
+        known = SCHEDULES.get(est["schedule"])
+        name = known.title if known is not None else est["schedule"]
         head = f"{p}-stage {name}" + (f" ({v} chunks per device)" if v > 1 else "") + \
                (f" x {R} replicas, {mbs} each" if even and R > 1 else f", {mbs}")
         one = [g[0] if even or len(g) == 1 else "+".join(g) for g in lanes[:p]]

@@ -31,7 +31,8 @@ placed a coarse graph).  Steps, applied in order:
   :func:`~celeritas_cli.transform.splitting.split_operation` (``node`` is
   an id of the graph the previous steps produced);
 * ``{"transform": "microbatch", "m": m, "global_batch": B, "micro_batches":
-  [b0, ...], "overhead_s": s}`` (+ ``"assume_batch": N``):
+  [b0, ...], "overhead_s": s}`` (+ ``"assume_batch": N``, and ``"schedule":
+  name``, the pipeline schedule the orders follow, which the build ignores):
   :func:`~celeritas_cli.transform.microbatch.microbatch_graph` (the recorded
   batches must be what the graph and ``m`` give);
 * ``{"transform": "recompute", "nodes": [ids]}``:
@@ -262,7 +263,7 @@ STEPS: dict[str, StepKind] = {
         size=lambda g, st: split_size(g, g.index[st["node"]], st["dim"], st["n"]), hint="fewer parts"),
     "microbatch": StepKind(  # transform/microbatch.py (WP "pipe")
         fields={"m": integer(1), "global_batch": _BATCH, "micro_batches": integers(1), "overhead_s": _OVERHEAD,
-                "assume_batch": _BATCH},
+                "assume_batch": _BATCH, "schedule": string()},
         required=("m", "global_batch", "micro_batches"), defaults={"overhead_s": DEFAULT_OVERHEAD_S},
         check=_mb_check, size=lambda g, st: Size(*microbatch_size(g, st["m"])), hint="fewer micro-batches",
         build=lambda g, st: microbatch_graph(g, st["m"], overhead_s=st["overhead_s"],

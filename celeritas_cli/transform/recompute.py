@@ -34,6 +34,13 @@ For every listed forward node ``v`` whose activation a backward node reads:
   forward and the backward, one more run of ``v`` (the trade the issue's
   hand test shows).  The static rule charges both (it cannot see when
   memory is freed).
+* The clones of one micro-batch (one replica) that read no other clone
+  also read the gradients that enter their backward readers from outside
+  (from backward nodes that do not depend on the clones: in a pipeline,
+  the gradient the next stage sends): recomputation starts once the
+  backward of that micro-batch can start, as Megatron-LM and GPipe
+  recompute, never earlier (the gradient goes to the clone's device anyway,
+  for its backward readers; the extra edge carries no new traffic there).
 
 Listed ids are ids of the graph, or the ``origin`` of micro-batch copies
 (all of them), so one step lists the model's nodes however many
@@ -136,8 +143,10 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
     ...           [{"src": "a", "dst": "b", "bytes": 8}, {"src": "b", "dst": "db", "bytes": 8},
     ...            {"src": "a", "dst": "da", "bytes": 8}, {"src": "db", "dst": "da", "bytes": 8}])
     >>> r = recompute_graph(g, ["a"])
-    >>> [r.ids[v] for v in range(r.n)], [(r.ids[r.edge_src[e]], r.ids[r.edge_dst[e]]) for e in range(r.m)]
+    >>> [r.ids[v] for v in range(r.n)], [(r.ids[r.edge_src[e]], r.ids[r.edge_dst[e]]) for e in range(r.m)][:4]
     (['a', 'b', 'db', 'da', 'a/recompute'], [('a', 'b'), ('b', 'db'), ('a/recompute', 'da'), ('db', 'da')])
+    >>> [r.ids[u] for u in r.pred[r.index["a/recompute"]]]  # a reads nothing; its clone waits for db's gradient
+    ['db']
     """
     moved = _moved(graph, resolve_nodes(graph, nodes))
     passes = node_passes(graph)
@@ -172,11 +181,47 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
         if d in moved:  # the clone reads what v reads, from the producer's clone when that is recomputed too
             src = clone[s] if s in moved and t in moved[s] else graph.ids[s]
             extra_edges.append({**ed, "src": src, "dst": clone[d]})
+    eds = edge_dicts(graph)
+    extra_edges += [{**eds[e], "dst": clone[v]} for e, v in _gates(graph, moved, passes)]
     meta = dict(graph.meta)
     meta["recompute"] = list(graph.meta.get("recompute", [])) + [graph.ids[v] for v in sorted(moved)]
     doc = {"schema": GRAPH_SCHEMA, "name": graph.name if "recompute" in graph.meta else f"{graph.name}+rc",
            "meta": meta, "nodes": docs + new_nodes, "edges": edges + extra_edges}
     return Graph.from_dict(doc, label=doc["name"])
+
+
+def _gates(graph: Graph, moved: dict[int, set[int]], passes: list[str]) -> list[tuple[int, int]]:
+    """``(edge, v)``: the clone of *v* also reads the tensor of *edge* (of
+    *graph*), so that the first clones of each micro-batch (replica) wait
+    for the gradients entering their backward (module docstring): a
+    backward node's input from a backward node that is not a reader of the
+    clones and does not descend from one."""
+    topo = graph.topo_index()
+    groups: dict[tuple, list[int]] = {}
+    for v in moved:
+        ex = _extra(graph, v)
+        groups.setdefault((str(ex.get("replica")), str(ex.get("microbatch"))), []).append(v)
+    out = []
+    for vs in groups.values():
+        region = {graph.edge_dst[e] for v in vs for e in graph.out_edges[v]
+                  if graph.edge_tensor[e] in moved[v] and passes[graph.edge_dst[e]] == "backward"}
+        entering = [e for d in region for e in graph.in_edges[d]
+                    if passes[graph.edge_src[e]] == "backward" and graph.edge_src[e] not in region]
+        if not entering:
+            continue
+        limit = max(topo[graph.edge_src[e]] for e in entering)
+        below, stack = set(region), list(region)  # what descends from the readers (no later than limit)
+        while stack:
+            for y in graph.succ[stack.pop()]:
+                if y not in below and topo[y] <= limit:
+                    below.add(y)
+                    stack.append(y)
+        gates = list({(graph.edge_src[e], graph.edge_tensor[e]): e for e in entering
+                      if graph.edge_src[e] not in below}.values())
+        inside = set(vs)
+        first = [v for v in sorted(vs) if not any(u in inside for u in graph.pred[v])]
+        out += [(e, v) for v in first for e in gates]
+    return out
 
 
 def _moved(graph: Graph, chosen: list[int]) -> dict[int, set[int]]:
@@ -200,8 +245,8 @@ def _moved(graph: Graph, chosen: list[int]) -> dict[int, set[int]]:
 
 def recompute_size(graph: Graph, nodes: list[str]) -> tuple[int, int]:
     """``(nodes, edges)`` of :func:`recompute_graph`, counted without
-    building it: a clone per recomputed node, and a copy of each of its
-    input edges.
+    building it: a clone per recomputed node, a copy of each of its
+    input edges, and the edges of the gradients the first clones wait for.
 
     >>> from celeritas_cli.model.graph import build
     >>> g = build("r", [{"id": "a", "compute_s": 1, "memory_bytes": 8, "pass": "forward"},
@@ -212,7 +257,8 @@ def recompute_size(graph: Graph, nodes: list[str]) -> tuple[int, int]:
     ((4, 3), (4, 3))
     """
     moved = _moved(graph, resolve_nodes(graph, nodes))
-    return graph.n + len(moved), graph.m + sum(1 for d in graph.edge_dst if d in moved)
+    gates = _gates(graph, moved, node_passes(graph)) if moved else []
+    return graph.n + len(moved), graph.m + sum(1 for d in graph.edge_dst if d in moved) + len(gates)
 
 
 def apply_recompute_step(graph: Graph, step: dict, label: str) -> Graph:

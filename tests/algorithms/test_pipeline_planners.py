@@ -12,12 +12,13 @@ import random
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.algorithms import alpa_stages, pipedream
+from celeritas_cli.algorithms.pipelines import alpa_stages, pipedream
 from celeritas_cli.algorithms.pipelines.model import Model, Shape
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.generate import layered
 from celeritas_cli.pipelining.layers import LayerSequence, block_partition
+from celeritas_cli.pipelining.schedules import ONE_F_ONE_B
 from celeritas_cli.sim.simulator import simulate
 
 from ..conftest import SAMPLES
@@ -125,7 +126,7 @@ def test_model_cut_is_the_best_min_max_cut(seed):
     c = uniform(3)
     seq = LayerSequence(g, c, order="cpd")
     model = Model(seq, c, 64)
-    shape = Shape(((0,), (1,), (2,)), 4, "1f1b", "off")
+    shape = Shape(((0,), (1,), (2,)), 4, ONE_F_ONE_B, "off")
     plan = model.cut(shape)
     best = min(max(model.stage_time(shape, j, a, b, False) for j, (a, b) in enumerate(zip((0, *cuts), (*cuts, seq.n))))
                for cuts in itertools.combinations(range(1, seq.n), 2))
@@ -141,7 +142,7 @@ def test_model_of_a_three_stage_chain_by_hand():
     c = uniform(3, bandwidth=1e18, latency=0.0)
     seq = LayerSequence(g, c, order="topo")
     model = Model(seq, c, 4)
-    plan = model.evaluate(Shape(((0,), (1,), (2,)), 4, "1f1b", "off"), [0, 2, 3], [False] * 3)
+    plan = model.evaluate(Shape(((0,), (1,), (2,)), 4, ONE_F_ONE_B, "off"), [0, 2, 3], [False] * 3)
     assert plan.time_s == pytest.approx(18.0, rel=1e-4)
     sim = registry.place(g, c, "pipeline", params={"stages": 3, "replicas": 1, "microbatches": 4,
                                                    "schedule": "1f1b", "order": "topo", "evaluations": 200})
@@ -204,6 +205,48 @@ def test_rows_refuse_a_coarse_graph(algo):
 def test_pipeline_parameters_that_cannot_go_together(params, match):
     with pytest.raises(InvalidInput, match=match):
         registry.place(layered(30, seed=1), uniform(4), "pipeline", params={"assume_batch": 32, **params})
+
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize("batch, cluster, params, match", [
+    # issue 33 J4: interleaving with m not a multiple of p (Megatron-LM's rule)
+    (8, uniform(4), {"stages": 4, "replicas": 1, "microbatches": 6, "schedule": "interleaved"},
+     r"keeps the parameters: the interleaved 1F1B schedule needs the number of micro-batches \(6\) to be a "
+     r"multiple of the pipeline ranks \(4\).*\(m % p == 0\)"),
+    # D9: interleaving needs two ranks
+    (8, uniform(4), {"stages": 1, "schedule": "interleaved"}, "needs at least 2 pipeline ranks.*got 1"),
+    # D9: 4 replicas of a batch of 7 (data-parallel takes unequal shares; a replicated pipeline does not)
+    (7, uniform(4), {"replicas": 4}, "a micro-batch of 7 samples does not split into 4 equal replica shares"),
+    # J4: every plan over memory (1 GiB devices, 10 GiB of activations per micro-batch)
+    (4, uniform(4, memory=GiB), {"stages": 4, "replicas": 1, "microbatches": 4, "schedule": "gpipe",
+                                  "recompute": "off"},
+     r"no plan of graph 'chain4' on cluster '.*' fits memory: .* without recomputation \(-p recompute=off\)"),
+    (4, uniform(4, memory=GiB), {"stages": 4, "microbatches": 4}, "fits memory: .* even with activation recomputation"),
+])
+def test_pipeline_names_the_contradiction_not_the_budget(batch, cluster, params, match):
+    g = layer_chain(4, act=40 * GiB, batch=batch)
+    with pytest.raises(InvalidInput, match=match) as err:
+        registry.place(g, cluster, "pipeline", params={"evaluations": 100000, **params})
+    assert "budget" not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_placer_place_names_megatrons_rule_in_one_line(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from celeritas_cli.cli import main
+
+    (tmp_path / "g.json").write_text(json.dumps(layer_chain(8, batch=8).to_dict()))
+    (tmp_path / "c.json").write_text(json.dumps(uniform(4).to_dict()))
+    res = CliRunner().invoke(main, ["place", str(tmp_path / "g.json"), "-c", str(tmp_path / "c.json"), "--algo",
+                                    "pipeline", "-p", "stages=4", "-p", "replicas=1", "-p", "microbatches=6", "-p",
+                                    "schedule=interleaved", "-o", str(tmp_path / "p.json")])
+    assert res.exit_code == 1 and res.stdout == ""
+    assert res.stderr.strip().count("\n") == 0 and "m % p == 0" in res.stderr
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_pipeline_honours_fixed_choices_and_is_deterministic():

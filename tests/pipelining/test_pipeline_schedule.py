@@ -8,14 +8,16 @@ import pytest
 
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
+from celeritas_cli.pipelining.builder import staged_plan
 from celeritas_cli.pipelining.cuts import forward_order, stages_from_cuts
 from celeritas_cli.pipelining.schedules import (
-    bubble_fraction,
+    GPIPE,
+    INTERLEAVED,
+    ONE_F_ONE_B,
+    SCHEDULES,
     device_idle,
+    get_schedule,
     hand_peak_bytes,
-    in_flight,
-    pipeline_plan,
-    schedule_steps,
     stage_memory,
 )
 from celeritas_cli.sim.simulator import run_schedule, simulate
@@ -35,7 +37,7 @@ def chain_plan(schedule="1f1b", m=4, layers=3, devices=None, **kw):
     stage_of = stages_from_cuts(g, fwd, cuts)
     devices = devices or list(range(layers))
     c = uniform(max(devices) + 1, **FAST)
-    return g, c, stage_of, pipeline_plan(g, c, stage_of, devices, m, schedule, overhead_s=0.0)
+    return g, c, stage_of, staged_plan(g, c, stage_of, devices, m, schedule, overhead_s=0.0)
 
 
 def run(g, c, p):
@@ -56,7 +58,7 @@ def test_three_stage_chain_makespan_is_the_hand_computed_pipeline(schedule):
     # every device computes m (f + b) + u = 12.5 s and idles (S - 1)(f + b) = 6 s: bubble (S-1)/m = 0.5
     idle = device_idle(sched.makespan, sched.device_of, sched.start, sched.finish, c.k)
     assert idle == pytest.approx([6.0, 6.0, 6.0])
-    assert idle[0] / 12.0 == pytest.approx(bubble_fraction(schedule, 3, 4)) == pytest.approx(0.5)
+    assert idle[0] / 12.0 == pytest.approx(SCHEDULES[schedule].bubble(3, 4)) == pytest.approx(0.5)
     assert p.estimate["bubble_fraction"] == 0.5
 
 
@@ -73,17 +75,17 @@ def test_1f1b_order_is_warm_up_steady_cool_down():
 
 
 def test_schedule_steps_match_megatron():
-    assert schedule_steps("gpipe", 2, 2, 0) == [("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("B", 0, 1)]
-    assert [in_flight("1f1b", 4, 3, r) for r in range(4)] == [3, 3, 2, 1]  # min(p - r, m)
+    assert GPIPE.steps(2, 2, 0) == [("F", 0, 0), ("F", 0, 1), ("B", 0, 0), ("B", 0, 1)]
+    assert [ONE_F_ONE_B.in_flight(4, 3, r) for r in range(4)] == [3, 3, 2, 1]  # min(p - r, m)
     # Megatron's interleaved schedule, p = 2, v = 2, m = 4, rank 0: (p - 1) * 2 + (v - 1) * p = 4 warm-up forwards
-    steps = schedule_steps("interleaved", 2, 4, 0, v=2)
+    steps = INTERLEAVED.steps(2, 4, 0, v=2)
     assert steps[:4] == [("F", 0, 0), ("F", 0, 1), ("F", 1, 0), ("F", 1, 1)]
     assert steps[4:6] == [("F", 0, 2), ("B", 1, 0)]
     assert sorted(steps) == sorted([(k, c, i) for k in "FB" for c in range(2) for i in range(4)])
-    with pytest.raises(InvalidInput, match="multiple of the pipeline depth"):
-        schedule_steps("interleaved", 4, 6, 0, v=2)
+    with pytest.raises(InvalidInput, match=r"multiple of the pipeline ranks \(4\).*m % p == 0"):
+        INTERLEAVED.steps(4, 6, 0, v=2)
     with pytest.raises(InvalidInput, match="unknown schedule"):
-        schedule_steps("zb-h1", 2, 2, 0)
+        get_schedule("zb-h1")
 
 
 def test_interleaved_order_is_valid_and_its_bubble_smaller():
@@ -92,34 +94,34 @@ def test_interleaved_order_is_valid_and_its_bubble_smaller():
     g = layer_chain(4, batch=4)
     fwd = forward_order(g, g.topo_order())
     c = uniform(2, **FAST)
-    flat = pipeline_plan(g, c, stages_from_cuts(g, fwd, [0, 3]), [0, 1], 4, "1f1b", overhead_s=0.0)
-    inter = pipeline_plan(g, c, stages_from_cuts(g, fwd, [0, 2, 3, 4]), [0, 1, 0, 1], 4, "interleaved",
+    flat = staged_plan(g, c, stages_from_cuts(g, fwd, [0, 3]), [0, 1], 4, "1f1b", overhead_s=0.0)
+    inter = staged_plan(g, c, stages_from_cuts(g, fwd, [0, 2, 3, 4]), [0, 1, 0, 1], 4, "interleaved",
                           overhead_s=0.0)
     _, s1 = run(g, c, flat)
     _, s2 = run(g, c, inter)  # no deadlock: the strict order can be followed
     assert s1.makespan == pytest.approx(24 + 6)
     assert s2.makespan == pytest.approx(24 + 3)
-    assert inter.estimate["bubble_fraction"] == bubble_fraction("interleaved", 2, 4, 2) == 0.125
+    assert inter.estimate["bubble_fraction"] == INTERLEAVED.bubble(2, 4, 2) == 0.125
     assert simulate(g, c, inter)["makespan_s"] == pytest.approx(27.0)
 
 
-def test_pipeline_plan_refuses_what_it_cannot_run():
+def test_staged_plan_of_one_device_per_stage_refuses_what_it_cannot_run():
     g = layer_chain(3, batch=4)
     fwd = forward_order(g, g.topo_order())
     st = stages_from_cuts(g, fwd, [0, 2, 3])
     c = uniform(3, **FAST)
-    with pytest.raises(InvalidInput, match="one device per stage"):
-        pipeline_plan(g, c, st, [0, 0, 1], 4)
+    with pytest.raises(InvalidInput, match="distinct devices per stage"):
+        staged_plan(g, c, st, [0, 0, 1], 4)
     with pytest.raises(InvalidInput, match="cannot be split 8 ways"):
-        pipeline_plan(g, c, st, [0, 1, 2], 8)
+        staged_plan(g, c, st, [0, 1, 2], 8)
     g4 = layer_chain(4, batch=6)
     st4 = stages_from_cuts(g4, forward_order(g4), [0, 2, 3, 4])
-    with pytest.raises(InvalidInput, match="multiple of the pipeline depth"):
-        pipeline_plan(g4, uniform(2), st4, [0, 1, 0, 1], 3, "interleaved")
-    with pytest.raises(InvalidInput, match="stage j on the device of stage j mod p"):
-        pipeline_plan(g4, uniform(2), st4, [0, 1, 1, 0], 2, "interleaved")
+    with pytest.raises(InvalidInput, match="multiple of the pipeline ranks"):
+        staged_plan(g4, uniform(2), st4, [0, 1, 0, 1], 3, "interleaved")
+    with pytest.raises(InvalidInput, match="stage j on the devices of stage j mod p"):
+        staged_plan(g4, uniform(2), st4, [0, 1, 1, 0], 2, "interleaved")
     with pytest.raises(InvalidInput, match="no device 'gpu9'"):
-        pipeline_plan(g, c, st, [0, 1, "gpu9"], 4)
+        staged_plan(g, c, st, [0, 1, "gpu9"], 4)
 
 
 @pytest.mark.parametrize("schedule,in_flight_0", [("1f1b", 3), ("gpipe", 4)])
@@ -149,7 +151,7 @@ def test_pipeline_placement_round_trips_through_the_file_format():
     again = Placement.from_dict(doc)
     assert simulate(g, c, again)["makespan_s"] == pytest.approx(18.0)
     assert doc["derivation"]["steps"] == [{"transform": "microbatch", "m": 4, "global_batch": 4,
-                                           "micro_batches": [1, 1, 1, 1], "overhead_s": 0.0}]
+                                           "micro_batches": [1, 1, 1, 1], "overhead_s": 0.0, "schedule": "1f1b"}]
 
 
 def test_1f1b_holds_fewer_activations_than_gpipe_on_every_stage():
@@ -170,7 +172,7 @@ def test_recomputing_a_whole_stage_in_a_pipeline():
     c = uniform(3, **FAST)
     out = {}
     for rc in (None, stage_forward_nodes(g, stage_of, [0])):
-        p = pipeline_plan(g, c, stage_of, [0, 1, 2], 4, "1f1b", recompute=rc, overhead_s=0.0)
+        p = staged_plan(g, c, stage_of, [0, 1, 2], 4, "1f1b", recompute=rc, overhead_s=0.0)
         d, sched = run(g, c, p)
         out[bool(rc)] = (sched.makespan, peaks(d, sched, 3)[0])
     assert stage_forward_nodes(g, stage_of, [0]) == ["x", "f0"]
@@ -210,13 +212,14 @@ def test_recomputing_every_stage_costs_one_more_forward_per_micro_batch():
     fwd = forward_order(g, g.topo_order())
     stage_of = stages_from_cuts(g, fwd, [0, 2, 3])
     c = uniform(3, **FAST)
-    p = pipeline_plan(g, c, stage_of, [0, 1, 2], 4, "1f1b", recompute=stage_forward_nodes(g, stage_of, [0, 1, 2]),
+    p = staged_plan(g, c, stage_of, [0, 1, 2], 4, "1f1b", recompute=stage_forward_nodes(g, stage_of, [0, 1, 2]),
                       overhead_s=0.0)
     # one recompute step per stage, so a stage's clones read the previous stage's forward output (its
-    # checkpoint, already received) and never wait for another stage's backward.  By hand (f = clone = 1,
-    # b = 2): stage 2 runs F0 2-3, c0 3-4, b0 4-6, ...; a clone needs no gradient, so it fills the wait
-    # for one (stage 0: c0 3-4 while b0 waits until 8); stage 0's last backward ends at 22, its update
-    # at 22.5 (18.5 without recomputation; a clone per step that filled nothing would give 24.5)
+    # checkpoint, already received); they run once the gradient of their micro-batch has arrived from the
+    # next stage (Megatron / GPipe: recomputation is part of the backward, issue 33 J1).  By hand
+    # (f = clone = 1, b = 2): every backward step takes clone + b = 3 s, so 1F1B's (m + p - 1)(f + clone + b)
+    # = 6 * 4 = 24 s, then stage 0's update: 24.5 s (18.5 without recomputation; a clone that ran before its
+    # gradient arrived, filling the wait for it, gave an optimistic 22.5)
     assert [s["nodes"] for s in p.derivation["steps"][1:]] == [["x", "f0"], ["f1"], ["f2"]]
     _, sched = run(g, c, p)
-    assert sched.makespan == pytest.approx(22.5)
+    assert sched.makespan == pytest.approx(24.5)

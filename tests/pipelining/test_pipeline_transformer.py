@@ -11,7 +11,8 @@ import pytest
 from celeritas_cli.model.graph import Graph
 from celeritas_cli.model.io import bundled_cluster, load_graph
 from celeritas_cli.pipelining.cuts import balanced_stages
-from celeritas_cli.pipelining.schedules import hand_peak_bytes, pipeline_plan, stage_memory
+from celeritas_cli.pipelining.builder import staged_plan
+from celeritas_cli.pipelining.schedules import hand_peak_bytes, stage_memory
 from celeritas_cli.sim.simulator import simulate
 from celeritas_cli.transform.split_cost import batch_profile
 
@@ -43,7 +44,7 @@ def runs():
     st = balanced_stages(g, c, DEVICES)
     out = {}
     for schedule in ("1f1b", "gpipe"):
-        p = pipeline_plan(g, c, st.stage_of, DEVICES, M, schedule)
+        p = staged_plan(g, c, st.stage_of, DEVICES, M, schedule)
         p.split_graph = None  # simulate rebuilds it from the recipe either way
         got: list = []
         report = simulate(g, c, p, schedule_out=got)

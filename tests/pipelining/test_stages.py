@@ -1,6 +1,5 @@
 """Layer sequences (pipelining/layers.py) and pipelines with replicated
-stages (pipelining/builder.py): hand-computed numbers on tiny chains and
-cross-checks against WP pipe's pipeline_plan."""
+stages (pipelining/builder.py): hand-computed numbers on tiny chains."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.generate import layered
 from celeritas_cli.pipelining.builder import staged_plan
-from celeritas_cli.pipelining.cuts import balanced_stages, stages_from_cuts
-from celeritas_cli.pipelining.schedules import pipeline_plan
+from celeritas_cli.pipelining.cuts import stages_from_cuts
 from celeritas_cli.pipelining.layers import LayerSequence, alap_order, block_partition
 from celeritas_cli.sim.simulator import simulate
 
@@ -70,18 +68,6 @@ def test_block_partition_blocks_are_contiguous_and_balanced_within_one_unit():
         assert max(sums) <= min(sums) + 1 + 1e-9  # the stopping rule of Barany and Grinberg
     with pytest.raises(InvalidInput):
         block_partition([1, 2], 3)
-
-
-def test_staged_plan_without_replicas_is_pipe_plans_pipeline():
-    """Two code paths, one plan: the same orders and the same makespan."""
-    g = layered(60, seed=3)
-    c = uniform(3)
-    st = balanced_stages(g, c, [0, 1, 2])
-    for schedule in ("gpipe", "1f1b"):
-        a = pipeline_plan(g, c, st.stage_of, [0, 1, 2], 4, schedule, assume_batch=16)
-        b = staged_plan(g, c, st.stage_of, [[0], [1], [2]], 4, schedule, assume_batch=16)
-        assert a.assignment == b.assignment and a.order == b.order
-        assert simulate(g, c, a)["makespan_s"] == simulate(g, c, b)["makespan_s"]
 
 
 def test_replicated_pipeline_puts_replica_r_of_stage_s_on_its_lane():

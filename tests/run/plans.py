@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celeritas_cli.model.graph import Graph
 from celeritas_cli.model.placement import Placement
-from celeritas_cli.pipelining.schedules import pipeline_orders
+from celeritas_cli.pipelining.builder import pipeline_orders
 from celeritas_cli.transform.derivation import apply_step, attach, data_parallel_step
 from celeritas_cli.transform.microbatch import microbatch_graph, microbatch_step
 
@@ -27,7 +27,7 @@ def hybrid_plan(graph: Graph, cluster, stage_of: list[int], m: int, schedule: st
     else:
         mb = microbatch_graph(graph, m, overhead_s=0.0)
         mbm = mb.meta["microbatch"]
-        steps = [microbatch_step(m, mbm["global_batch"], mbm["micro_batches"], 0.0), dp]
+        steps = [{**microbatch_step(m, mbm["global_batch"], mbm["micro_batches"], 0.0), "schedule": schedule}, dp]
         derived = apply_step(mb, dp)
         dev_mb, order_mb = pipeline_orders(mb, graph, stage_of, list(range(S)), S, schedule, m)
     device_of = []

@@ -66,7 +66,7 @@ from celeritas_cli.pipelining.cuts import (  # noqa: E402
     stage_forward_nodes,
     stages_from_cuts,
 )
-from celeritas_cli.pipelining.schedules import pipeline_plan  # noqa: E402
+from celeritas_cli.pipelining.builder import staged_plan  # noqa: E402
 
 from .plans import hybrid_plan  # noqa: E402
 
@@ -145,7 +145,7 @@ def plan(spec, batch, m, schedule="1f1b", stages=2, recompute=False):
     else:
         stage_of = at_l2(g) if stages == 2 else balanced_stages(g, uniform(p), list(range(p))).stage_of
     rc = stage_forward_nodes(g, stage_of, range(stages)) if recompute else None
-    return pipeline_plan(g, uniform(p), stage_of, [j % p for j in range(stages)], m, schedule, recompute=rc), uniform(p)
+    return staged_plan(g, uniform(p), stage_of, [j % p for j in range(stages)], m, schedule, recompute=rc), uniform(p)
 
 
 def run(spec, batch, placement, cluster, **kw):
@@ -419,7 +419,7 @@ def test_export_falls_back_to_placers_own_code_which_trains_like_the_unplaced_st
         p, c = hybrid_plan(g, uniform(4), at_l2(g), 2, "1f1b", 2), uniform(4)
     elif what == "split":                       # stage 1 starts with relu: not where a module starts
         fwd = forward_order(g, list(range(g.n)))
-        p, c = pipeline_plan(g, uniform(2), stages_from_cuts(g, fwd, [0, fwd.index(g.index["relu"])]), [0, 1], 2,
+        p, c = staged_plan(g, uniform(2), stages_from_cuts(g, fwd, [0, fwd.index(g.index["relu"])]), [0, 1], 2,
                              "gpipe"), uniform(2)
     else:
         p, c = plan(MLP, 8, 2, "1f1b", recompute=True)

@@ -8,7 +8,7 @@ import pytest
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.graph import build
-from celeritas_cli.pipelining.schedules import pipeline_plan
+from celeritas_cli.pipelining.builder import staged_plan
 from celeritas_cli.sim.simulator import run_schedule, simulate
 from celeritas_cli.transform.derivation import rebuild
 from celeritas_cli.transform.microbatch import microbatch_graph
@@ -31,7 +31,7 @@ def two_layers():
 def plan(recompute):
     g = two_layers()
     c = uniform(1)
-    return g, c, pipeline_plan(g, c, [0] * g.n, [0], 2, "gpipe", recompute=recompute, overhead_s=0.0)
+    return g, c, staged_plan(g, c, [0] * g.n, [0], 2, "gpipe", recompute=recompute, overhead_s=0.0)
 
 
 def test_recomputation_trades_memory_for_time_by_hand():

@@ -59,7 +59,9 @@ from ...pipelining.builder import check_pipelinable
 from ...pipelining.layers import LayerSequence
 from ...transform.batch import declared_batch
 from .pipedream import mean_bandwidth
-from .rows import ASSUME_BATCH, MICROBATCHES, realise, step_microbatches
+from ...pipelining.params import N_MICROBATCHES, step_microbatches
+from ...pipelining.schedules import ONE_F_ONE_B
+from .rows import ASSUME_BATCH, realise
 
 #: Algorithm 1's enumeration skips a t_max within this factor of the last one tried
 T_MAX_STEP = 1.005
@@ -151,11 +153,11 @@ def _dp(t_intra, L: int, D: int, sizes: list[int], t_max: float):
           summary="Alpa's inter-operator pass: stages and submeshes by dynamic programming minimising "
                   "sum(stage time) + (B-1) max(stage time) under 1F1B, memory through the number of succeeding "
                   "stages; identical devices, traffic between stages ignored; stages on submeshes data-parallel.",
-          params={"microbatches": MICROBATCHES,
+          params={"microbatches": N_MICROBATCHES,
                   "layers": Param(int, 16, "layers the operator sequence is clustered into", min=1, max=256),
                   "assume_batch": ASSUME_BATCH})
 def alpa_stages(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
-                microbatches: int = 0, layers: int = 16, assume_batch: int = 0) -> Placement:
+                microbatches: int = N_MICROBATCHES.default, layers: int = 16, assume_batch: int = 0) -> Placement:
     """Alpa's stages of *graph* on *cluster* (module docstring).
 
     Parameters
@@ -194,11 +196,11 @@ def alpa_stages(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMod
     check_pipelinable(graph)
     costs = cost_model(graph, cluster, costs)
     batch = declared_batch(graph, assume_batch or None, what="Alpa's micro-batches")
-    B = step_microbatches(microbatches, batch, cluster.k)
+    n_microbatches = step_microbatches(microbatches, batch, cluster.k)  # Alpa's B
     seq = LayerSequence(graph, cluster, costs, order="topo")
     bounds = seq.layer_bounds(layers)
     L = len(bounds) - 1
-    f = 1.0 / B
+    f = 1.0 / n_microbatches
     t = seq.times(f)
     c = seq.class_of[0]
     bw = mean_bandwidth(cluster)
@@ -207,7 +209,7 @@ def alpa_stages(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMod
 
     def t_intra(k: int, i: int, n: int, s: int) -> float:
         a, b = bounds[k], bounds[i + 1]
-        if n > 1 and B % n:
+        if n > 1 and n_microbatches % n:
             return math.inf
         mem = (seq.resident[b] - seq.resident[a]) + (seq.gradients[b] - seq.gradients[a]) + \
             math.ceil(s * f / n * (seq.activation[b] - seq.activation[a]))
@@ -217,7 +219,7 @@ def alpa_stages(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMod
         grads = seq.gradients[b] - seq.gradients[a]
         return (fw + bwd) / n + (2 * (n - 1) / n * grads / bw if n > 1 else 0.0)
 
-    got = solve(t_intra, L, D, B)
+    got = solve(t_intra, L, D, n_microbatches)
     if got is None:
         raise InvalidInput(f"alpa-stages: no slicing of graph '{graph.name}' fits Alpa's memory model on cluster "
                            f"'{cluster.name}' ({memory / 2**30:.1f} GiB per device)")
@@ -225,5 +227,6 @@ def alpa_stages(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMod
     stage_of = stages_from_cuts(graph, seq.fwd, [bounds[x] for x in firsts])
     est = {"alpa_objective_s": objective, "objective": "sum(stage time) + (B-1) max(stage time) (Alpa OSDI'22 "
            "Eq. 2)", "layers": L, "submeshes": devs}
-    return realise(graph, cluster, costs, stage_of, devs, B, batch, "1f1b", assume_batch=assume_batch or None,
-                   split=True, algorithm="alpa-stages", params={"microbatches": B, "layers": layers}, estimate=est)
+    return realise(graph, cluster, costs, stage_of, devs, n_microbatches, batch, ONE_F_ONE_B,
+                   assume_batch=assume_batch or None, split=True, algorithm="alpa-stages",
+                   params={"microbatches": n_microbatches, "layers": layers}, estimate=est)

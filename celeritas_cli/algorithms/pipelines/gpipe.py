@@ -29,7 +29,9 @@ This row, on placer's graph:
   ``profile_times`` measures it - backward and optimizer work are not
   balanced, as in torchgpipe;
 * ``K`` = the cluster's devices, stage ``k`` on the ``k``-th device;
-  ``M`` = ``-p microbatches`` or ``4 K`` (at most the batch);
+  ``M`` = ``-p microbatches`` or ``4 K`` (at most the batch;
+  :func:`~celeritas_cli.pipelining.params.step_microbatches`), in
+  :data:`~celeritas_cli.pipelining.schedules.GPIPE`'s schedule;
 * ``-p checkpoint``: ``except_last`` (default), ``always`` or ``never``;
   recomputation covers the forward nodes whose activations only their own
   stage's backward reads (:func:`~celeritas_cli.pipelining.schedules.recomputable`).
@@ -52,22 +54,27 @@ from ...registry import Param, register
 from ...pipelining.cuts import stages_from_cuts
 from ...pipelining.builder import check_pipelinable
 from ...pipelining.layers import LayerSequence, block_partition
+from ...pipelining.params import N_MICROBATCHES, step_microbatches
+from ...pipelining.schedules import GPIPE
 from ...transform.batch import declared_batch
-from .rows import ASSUME_BATCH, MICROBATCHES, realise, step_microbatches
+from .rows import ASSUME_BATCH, realise
 
 CHECKPOINTS = ("except_last", "always", "never")
+#: the registry's name of this row (the algorithm; its schedule is GPIPE's)
+ALGORITHM = "gpipe"
 
 
-@register("gpipe", paper="GPipe (Huang et al., NeurIPS 2019) as torchgpipe (Kim et al. 2020)",
+@register(ALGORITHM, paper="GPipe (Huang et al., NeurIPS 2019) as torchgpipe (Kim et al. 2020)",
           section="2.2-2.3, 4; torchgpipe balance_by_time (block partition)",
           summary="GPipe: the layer sequence cut into one stage per device balancing the layers' forward times "
                   "(torchgpipe's balance_by_time), M = 4K micro-batches, all forwards then all backwards, "
                   "activations recomputed; identical devices and a chain of layers assumed.",
-          params={"microbatches": MICROBATCHES,
+          params={"microbatches": N_MICROBATCHES,
                   "checkpoint": Param(str, "except_last", "torchgpipe's re-materialisation: except_last, always, "
                                                           "never", choices=CHECKPOINTS),
                   "assume_batch": ASSUME_BATCH})
-def gpipe(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, microbatches: int = 0,
+def gpipe(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
+          microbatches: int = N_MICROBATCHES.default,
           checkpoint: str = "except_last", assume_batch: int = 0) -> Placement:
     """GPipe's plan of *graph* on *cluster* (module docstring).
 
@@ -116,11 +123,11 @@ def gpipe(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | N
     K = min(cluster.k, seq.n)
     cuts = block_partition(forward, K)
     stage_of = stages_from_cuts(graph, seq.fwd, cuts)
-    m = step_microbatches(microbatches, batch, cluster.k)
+    n_microbatches = step_microbatches(microbatches, batch, cluster.k)
     ids = [] if checkpoint == "never" else [graph.ids[v] for v in seq.fwd]
     balance = [b - a for a, b in zip(cuts, cuts[1:] + [seq.n])]
     est = {"balance": balance, "checkpoint": checkpoint, "objective": "balance of the layers' forward times "
            "(torchgpipe balance_by_time, block partition)"}
-    return realise(graph, cluster, costs, stage_of, [1] * K, m, batch, "gpipe", recompute=ids,
-                except_last=checkpoint == "except_last", assume_batch=assume_batch or None, algorithm="gpipe",
-                params={"microbatches": m, "checkpoint": checkpoint}, estimate=est)
+    return realise(graph, cluster, costs, stage_of, [1] * K, n_microbatches, batch, GPIPE, recompute=ids,
+                   except_last=checkpoint == "except_last", assume_batch=assume_batch or None, algorithm=ALGORITHM,
+                   params={"microbatches": n_microbatches, "checkpoint": checkpoint}, estimate=est)

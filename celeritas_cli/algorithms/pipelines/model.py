@@ -9,7 +9,7 @@ used.  :func:`cut` chooses the cuts of a
 
 Step time (per replica pipeline): the schedule replayed on the stages'
 times (:func:`schedule_time`) - each rank runs its steps (Megatron-LM's
-orders, :func:`~celeritas_cli.pipelining.schedules.schedule_steps`)
+orders, :meth:`~celeritas_cli.pipelining.schedules.Schedule.steps`)
 one after the other, a forward when the previous stage's activation has
 arrived over the link, a backward when the next stage's gradient has -
 then each rank's once-per-step work (optimizer updates) and the ring
@@ -27,7 +27,7 @@ Memory (the time rule; :meth:`~celeritas_cli.pipelining.layers.LayerSequence.mem
 a device holds its stages' resident state and gradient buffer and the
 activations of the micro-batches in flight under the schedule (GPipe:
 ``m``; 1F1B: ``min(p - r, m)``;
-:func:`~celeritas_cli.pipelining.schedules.in_flight`), with
+:meth:`~celeritas_cli.pipelining.schedules.Schedule.in_flight`), with
 recomputation (Chen et al. 2016; SC'21, 3.5) only the stage's input per
 micro-batch plus one micro-batch's activations.
 
@@ -49,7 +49,7 @@ import math
 from dataclasses import dataclass, field
 
 from ...model.cluster import Cluster
-from ...pipelining.schedules import in_flight
+from ...pipelining.schedules import Schedule
 from ...pipelining.layers import LayerSequence
 from ...transform.split_cost import COPY_BANDWIDTH_BPS
 
@@ -62,15 +62,15 @@ MEMORY_MARGIN = 0.96
 @dataclass(frozen=True)
 class Shape:
     """What :func:`cut` keeps fixed: ``groups[j]`` the devices (lanes) of
-    virtual stage ``j`` (``p`` ranks, ``v`` chunks each), ``m`` micro-batches
-    per replica pipeline, the ``schedule``, ``recompute`` (``off``, ``auto``:
+    virtual stage ``j`` (``p`` ranks, ``v`` chunks each), ``n_microbatches``
+    (``m``) per replica pipeline, the ``schedule``, ``recompute`` (``off``, ``auto``:
     where only that fits, ``on``: every stage) and the replicas' batch
     ``shares`` (None: equal) and DDP's gradient ``bucket_mb`` (one stage
     only; 0: a ring per gradient)."""
 
     groups: tuple
-    m: int
-    schedule: str
+    n_microbatches: int
+    schedule: Schedule
     recompute: str = "auto"
     shares: tuple | None = None
     bucket_mb: float = 0.0
@@ -135,7 +135,7 @@ class Model:
         """The batch fraction of one micro-batch of one replica (uneven
         shares are timed at the even share: the shares follow the devices'
         speeds, so each replica takes about as long)."""
-        return 1.0 / (shape.R * shape.m)
+        return 1.0 / (shape.R * shape.n_microbatches)
 
     def link(self, nbytes: float, a: int, b: int, tensors: int = 1) -> float:
         """*tensors* transfers of *nbytes* in all from device *a* to *b*
@@ -169,7 +169,7 @@ class Model:
             fw, bw, _ = t.stage(d, a, b)
             wg = t.weight_gradients(d, a, b)
             bw += fw if rc else 0.0
-            if shape.m > 1:
+            if shape.n_microbatches > 1:
                 speed = self.cluster.devices[self.seq.class_device[d]].speed
                 acc = 3.0 * (self.seq.gradients[b] - self.seq.gradients[a]) / COPY_BANDWIDTH_BPS / speed
                 bw, wg = bw + acc, wg + acc
@@ -183,13 +183,13 @@ class Model:
     def flight(self, shape: Shape, j: int) -> int:
         """Micro-batches of virtual stage *j* in flight on its device."""
         p, v = shape.p, shape.v
-        key = (shape.schedule, p, shape.m, j % p, v)
+        key = (shape.schedule.name, p, shape.n_microbatches, j % p, v)
         if key not in self._flight:
-            self._flight[key] = math.ceil(in_flight(*key) / v)
+            self._flight[key] = math.ceil(shape.schedule.in_flight(p, shape.n_microbatches, j % p, v) / v)
         return self._flight[key]
 
     def stage_memory(self, shape: Shape, j: int, a: int, b: int, rc: bool) -> int:
-        f = self.fraction(shape) if shape.shares is None else max(shape.shares) / shape.m
+        f = self.fraction(shape) if shape.shares is None else max(shape.shares) / shape.n_microbatches
         return self.seq.memory(a, b, f, self.flight(shape, j), rc)
 
     def capacity(self, shape: Shape, j: int) -> int:
@@ -237,10 +237,10 @@ class Model:
             once = max(tt.stage(seq.class_of[d], a, b)[2] for d in shape.groups[j]) - head
             heads[j % p] += head
             ring = self.allreduce(shape, a, b, shape.groups[j])
-            if S == 1 and shape.m == 1:  # no order: the rings run beside the backward, but for the last one
+            if S == 1 and shape.n_microbatches == 1:  # no order: the rings run beside the backward, but for the last one
                 ring = max(ring - passes[j][1], ring / max(1, self.rings(shape, a, b)))
             tails[j % p] += once + ring
-        ends_at = schedule_time(shape.schedule, p, shape.v, shape.m, [x[0] for x in passes],
+        ends_at = schedule_time(shape.schedule, p, shape.v, shape.n_microbatches, [x[0] for x in passes],
                                 [x[1] for x in passes], xf, xb, [x[2] for x in passes], heads)
         step = max(e + t for e, t in zip(ends_at, tails))
         mem, cap = [], []
@@ -319,10 +319,10 @@ class Model:
         return best
 
 
-def schedule_time(schedule: str, p: int, v: int, m: int, fwd: list[float], bwd: list[float], xf: list[float],
+def schedule_time(schedule: Schedule, p: int, v: int, m: int, fwd: list[float], bwd: list[float], xf: list[float],
                   xb: list[float], wgrad: list[float] | None = None, start: list[float] | None = None) -> list[float]:
     """When each of the *p* ranks finishes its last step of *schedule*
-    (:func:`~celeritas_cli.pipelining.schedules.schedule_steps`),
+    (:meth:`~celeritas_cli.pipelining.schedules.Schedule.steps`),
     virtual stage ``j`` taking ``fwd[j]`` / ``bwd[j]`` per micro-batch on
     its rank, ``xf[j]`` / ``xb[j]`` to send a micro-batch's activation /
     gradient between stages ``j`` and ``j + 1`` (one transfer at a time per
@@ -335,13 +335,12 @@ def schedule_time(schedule: str, p: int, v: int, m: int, fwd: list[float], bwd: 
     arrived), so warm-up, bubbles and uneven stages count as in the
     simulator, without building the graph.
 
-    >>> schedule_time("1f1b", 3, 1, 4, [1.0] * 3, [2.0] * 3, [0.0] * 2, [0.0] * 2)  # (m + p - 1) x 3
+    >>> from celeritas_cli.pipelining.schedules import ONE_F_ONE_B
+    >>> schedule_time(ONE_F_ONE_B, 3, 1, 4, [1.0] * 3, [2.0] * 3, [0.0] * 2, [0.0] * 2)  # (m + p - 1) x 3
     [18.0, 16.0, 14.0]
     """
-    from ...pipelining.schedules import schedule_steps
-
     S = p * v
-    steps = [schedule_steps(schedule, p, m, r, v) for r in range(p)]
+    steps = [schedule.steps(p, m, r, v) for r in range(p)]
     done_f = [[None] * m for _ in range(S)]
     done_b = [[None] * m for _ in range(S)]  # when stage j's input gradient of micro-batch i is ready
     wgrad = wgrad or [0.0] * S
@@ -381,7 +380,7 @@ def schedule_time(schedule: str, p: int, v: int, m: int, fwd: list[float], bwd: 
                 left -= 1
                 moved = True
         if not moved:
-            raise AssertionError(f"schedule {schedule} deadlocks (p={p}, v={v}, m={m})")
+            raise AssertionError(f"schedule {schedule.name} deadlocks (p={p}, v={v}, m={m})")
     return free
 
 

@@ -61,7 +61,9 @@ from ...pipelining.cuts import stages_from_cuts
 from ...pipelining.builder import check_pipelinable
 from ...pipelining.layers import LayerSequence
 from ...transform.batch import declared_batch
-from .rows import ASSUME_BATCH, MICROBATCHES, realise, step_microbatches
+from ...pipelining.params import N_MICROBATCHES, step_microbatches
+from ...pipelining.schedules import ONE_F_ONE_B
+from .rows import ASSUME_BATCH, realise
 
 LAYERS = Param(int, 64, "layers the operator sequence is grouped into for the planner's dynamic program", min=1,
                max=1024)
@@ -141,9 +143,9 @@ def plan(compute: list[float], act: list[float], params: list[float], out_act: l
           summary="PipeDream's planner: a dynamic program over the layer chain with replicated stages "
                   "minimising the slowest stage (identical workers, one bandwidth), run synchronously as "
                   "PipeDream-Flush 1F1B; its asynchronous steady state is reported apart.",
-          params={"microbatches": MICROBATCHES, "layers": LAYERS, "assume_batch": ASSUME_BATCH})
+          params={"microbatches": N_MICROBATCHES, "layers": LAYERS, "assume_batch": ASSUME_BATCH})
 def pipedream(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
-              microbatches: int = 0, layers: int = 64, assume_batch: int = 0) -> Placement:
+              microbatches: int = N_MICROBATCHES.default, layers: int = 64, assume_batch: int = 0) -> Placement:
     """PipeDream's plan of *graph* on *cluster*, run as PipeDream-Flush
     (module docstring).
 
@@ -188,10 +190,10 @@ def pipedream(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel
     check_pipelinable(graph)
     costs = cost_model(graph, cluster, costs)
     batch = declared_batch(graph, assume_batch or None, what="PipeDream's micro-batches")
-    m = step_microbatches(microbatches, batch, cluster.k)
+    n_microbatches = step_microbatches(microbatches, batch, cluster.k)
     seq = LayerSequence(graph, cluster, costs, order="topo")
     bounds = seq.layer_bounds(layers)
-    f = 1.0 / m
+    f = 1.0 / n_microbatches
     t = seq.times(f)
     c = seq.class_of[0]
     L = len(bounds) - 1
@@ -209,9 +211,10 @@ def pipedream(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel
     slowest, firsts, reps = got
     cuts = [bounds[x] for x in firsts]
     stage_of = stages_from_cuts(graph, seq.fwd, cuts)
-    est = {"async_minibatch_s": slowest, "async_batch_s": slowest * m,
+    est = {"async_minibatch_s": slowest, "async_batch_s": slowest * n_microbatches,
            "async_note": "PipeDream's asynchronous steady state (1F1B-RR, stale weights): one micro-batch per "
                          "async_minibatch_s; not a step time",
            "objective": "slowest stage (PipeDream SOSP'19 3.1)", "layers": L, "bandwidth_Bps": bw}
-    return realise(graph, cluster, costs, stage_of, reps, m, batch, "1f1b", assume_batch=assume_batch or None,
-                algorithm="pipedream", params={"microbatches": m, "layers": layers}, estimate=est)
+    return realise(graph, cluster, costs, stage_of, reps, n_microbatches, batch, ONE_F_ONE_B,
+                   assume_batch=assume_batch or None, algorithm="pipedream",
+                   params={"microbatches": n_microbatches, "layers": layers}, estimate=est)

@@ -46,13 +46,12 @@ from ...model.graph import Graph
 from ...model.limits import COUNT_MAX, TIME_MAX
 from ...model.placement import Placement
 from ...registry import Param, register, time_limit_param
-from ...pipelining.schedules import SCHEDULES
 from ...pipelining.builder import check_pipelinable
+from ...pipelining.params import AUTO, N_MICROBATCHES, RECOMPUTE, SCHEDULE
+from ...pipelining.schedules import get_schedule
 from ...transform.batch import BATCH_MAX, declared_batch
 from ...transform.derivation import attach
 from .search import Fixed, PipelineSearch, default_budget, estimate_of, fits_text, parse_groups, shape_fields
-
-RECOMPUTE = ("auto", "off", "on")
 
 
 @register("pipeline", paper="placer", section="Alpa's objective (OSDI'22 5.2 Eq. 2) with in-flight memory, "
@@ -63,11 +62,9 @@ RECOMPUTE = ("auto", "off", "on")
           params={"stages": Param(int, 0, "pipeline stages (devices of one replica); 0 = search", min=0, max=1024),
                   "replicas": Param(int, 0, "replicas of the whole pipeline (data parallelism); 0 = search",
                                     min=0, max=1024),
-                  "microbatches": Param(int, 0, "micro-batches per replica, whole samples each; 0 = search "
-                                                "(1..64)", min=0, max=COUNT_MAX),
-                  "schedule": Param(str, "auto", "pipeline schedule", choices=("auto",) + SCHEDULES),
-                  "recompute": Param(str, "auto", "activation recomputation: auto = only where a stage does "
-                                                  "not fit otherwise", choices=RECOMPUTE),
+                  "microbatches": N_MICROBATCHES,
+                  "schedule": SCHEDULE,
+                  "recompute": RECOMPUTE,
                   "groups": Param(str, "", "devices of each stage, e.g. A,B|C,D (stages split by |, a stage's "
                                            "replicas by ,); empty = search"),
                   "order": Param(str, "auto", "forward order the stages are cut from",
@@ -83,7 +80,8 @@ RECOMPUTE = ("auto", "off", "on")
                   "quiet": Param(bool, True, "no progress lines on stderr")},
           quick_params={"evaluations": 150})
 def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, stages: int = 0,
-             replicas: int = 0, microbatches: int = 0, schedule: str = "auto", recompute: str = "auto",
+             replicas: int = 0, microbatches: int = N_MICROBATCHES.default, schedule: str = SCHEDULE.default,
+             recompute: str = RECOMPUTE.default,
              groups: str = "", order: str = "auto", time_limit: float = 10.0, evaluations: int = 0,
              assume_batch: int = 0, beat_s: float = 0.0, quiet: bool = True,
              deadline: float | None = None) -> Placement:
@@ -138,14 +136,14 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     costs = cost_model(graph, cluster, costs)
     assume = assume_batch or None
     batch = declared_batch(graph, assume, what="micro-batching a pipeline")
-    fixed = Fixed(p=stages or None, R=replicas or None, m=microbatches or None,
-                  schedule=None if schedule == "auto" else schedule, recompute=recompute,
+    fixed = Fixed(p=stages or None, R=replicas or None, n_microbatches=microbatches or None,
+                  schedule=None if schedule == AUTO else get_schedule(schedule), recompute=recompute,
                   groups=parse_groups(groups, cluster), order=None if order == "auto" else order)
     _check(fixed, cluster, batch)
     budget = default_budget(graph, time_limit, evaluations, deadline)
     log = warn if chatty() and not quiet else None
     out = PipelineSearch(graph, cluster, costs, batch, fixed, budget, assume, log, beat_s).run()
-    if out.best is None:
+    if out.best is None:  # the model left plans, but none was judged (no shape at all, none fits: said in run)
         raise InvalidInput(f"pipeline: no pipeline of graph '{graph.name}' on cluster '{cluster.name}' could be "
                            f"judged within the budget ({budget.limit:.0f} evaluations); raise -p evaluations or "
                            f"fix the plan with -p stages= microbatches=")
@@ -157,8 +155,8 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     est.update({"makespan_s": best.score.makespan, "makespan_by": "simulator", "status": fits_text(best.score),
                 "judge": "simulator"})
     est.update(_shape_fields(best, cluster))
-    par = {"stages": best.plan.shape.p, "replicas": best.plan.shape.R, "microbatches": best.plan.shape.m,
-           "schedule": best.plan.shape.schedule}
+    par = {"stages": best.plan.shape.p, "replicas": best.plan.shape.R, "microbatches": best.plan.shape.n_microbatches,
+           "schedule": best.plan.shape.schedule.name}
     p = Placement.from_indices(best.derived.graph, cluster, best.device_of, algorithm="pipeline", order=best.order,
                                params=par, seed=seed, estimate=est)
     attach(p, graph, best.derived.graph, best.derived.steps)
@@ -190,6 +188,6 @@ def _check(fixed: Fixed, cluster: Cluster, batch: int) -> None:
         if (fixed.p and cluster.k % fixed.p) or (fixed.R and cluster.k % fixed.R):
             raise InvalidInput(f"'pipeline' parameters: {fixed.p or fixed.R} does not divide the {cluster.k} "
                                f"devices of cluster '{cluster.name}'; name the devices with -p groups=")
-    if fixed.m is not None and fixed.m * (fixed.R or 1) > batch:
-        raise InvalidInput(f"'pipeline' parameter microbatches: {fixed.m} micro-batches x {fixed.R or 1} replicas "
-                           f"need at least that many samples; the batch is {batch}")
+    if fixed.n_microbatches is not None and fixed.n_microbatches * (fixed.R or 1) > batch:
+        raise InvalidInput(f"'pipeline' parameter microbatches: {fixed.n_microbatches} micro-batches x "
+                           f"{fixed.R or 1} replicas need at least that many samples; the batch is {batch}")

@@ -20,60 +20,44 @@ from typing import Sequence
 from ...errors import InvalidInput
 from ...model.cluster import Cluster
 from ...model.costs import CostModel
-from ...model.limits import COUNT_MAX
 from ...model.placement import Placement
 from ...optimize.evaluator import Evaluator
 from ...registry import Param
 from ...sim.describe import pipeline_words
 from ...pipelining.builder import derive_pipeline, layout, placement_of, plan_estimate, plan_shape
+from ...pipelining.schedules import Schedule
 from ...transform.batch import BATCH_MAX
 
-#: GPipe, Huang et al. 2019, section 4: "the bubble overhead is negligible when M >= 4 x K"
-MICROBATCHES_PER_STAGE = 4
-MICROBATCHES = Param(int, 0, "micro-batches of the step; 0 = 4 x devices (GPipe 4: M >= 4K), at most the batch",
-                     min=0, max=COUNT_MAX)
 ASSUME_BATCH = Param(int, 0, "the batch the graph's costs hold for, when it declares none (meta.batch_size); "
                              "0 = the graph's own", min=0, max=BATCH_MAX)
 
 
-def step_microbatches(requested: int, batch: int, k: int) -> int:
-    """The micro-batches of the step: *requested*, or ``4 k`` (GPipe's
-    ``M >= 4 K`` with ``K`` = devices), at most the batch.
-
-    >>> step_microbatches(0, 256, 4), step_microbatches(0, 16, 8), step_microbatches(6, 256, 4)
-    (16, 16, 6)
-    """
-    if requested > batch:
-        raise InvalidInput(f"parameter microbatches: {requested} micro-batches need at least as many samples; the "
-                           f"batch is {batch}")
-    return requested or min(MICROBATCHES_PER_STAGE * k, batch)
-
-
-def replica_microbatches(m: int, batch: int, R: int) -> int:
-    """Micro-batches per replica when the step's *m* are shared by *R*
-    replicated pipelines: every micro-batch of the global batch splits into
-    *R* whole samples (the largest count ``<= m / R`` for which
-    ``batch / count`` is a multiple of *R*).
+def replica_microbatches(n_microbatches: int, batch: int, R: int) -> int:
+    """Micro-batches per replica when the step's *n_microbatches* are
+    shared by *R* replicated pipelines: every micro-batch of the global
+    batch splits into *R* whole samples (the largest count ``<=
+    n_microbatches / R`` for which ``batch / count`` is a multiple of *R*).
 
     >>> replica_microbatches(16, 256, 2), replica_microbatches(16, 16, 4)
     (8, 4)
     """
-    for c in range(max(1, m // R), 0, -1):
+    for c in range(max(1, n_microbatches // R), 0, -1):
         if batch % c == 0 and (batch // c) % R == 0:
             return c
     raise InvalidInput(f"the batch of {batch} samples does not split into {R} replicas of whole samples")
 
 
-def realise(graph, cluster: Cluster, costs: CostModel, stage_of: Sequence[int], replicas: Sequence[int], m: int,
-            batch: int, schedule: str, *, recompute: Sequence[str] = (), except_last: bool = False,
+def realise(graph, cluster: Cluster, costs: CostModel, stage_of: Sequence[int], replicas: Sequence[int],
+            n_microbatches: int, batch: int, schedule: Schedule, *, recompute: Sequence[str] = (), except_last: bool = False,
             assume_batch: int | None = None, split: bool = False, algorithm: str, params: dict,
             estimate: dict) -> Placement:
     """The placement of a peer's plan (module docstring): stage ``s`` on the
-    next ``replicas[s]`` devices in the cluster's order, *m* micro-batches
-    of the step.  Stages replicated alike: with *split*, every micro-batch
-    is split over a stage's devices (Alpa's submesh), so each replica runs
-    *m* micro-batches; without, the replicas share the *m* micro-batches
-    (PipeDream's replicated stages), each running about ``m / R``.
+    next ``replicas[s]`` devices in the cluster's order, *n_microbatches*
+    micro-batches of the step.  Stages replicated alike: with *split*,
+    every micro-batch is split over a stage's devices (Alpa's submesh), so
+    each replica runs *n_microbatches*; without, the replicas share them
+    (PipeDream's replicated stages), each running about
+    ``n_microbatches / R``.
 
     Raises
     ------
@@ -90,17 +74,17 @@ def realise(graph, cluster: Cluster, costs: CostModel, stage_of: Sequence[int], 
         at += r
     uniform = len(set(replicas)) == 1
     R = replicas[0] if uniform else 1
-    per = replica_microbatches(m * (R if split else 1), batch, R) if R > 1 else m
+    per_replica = replica_microbatches(n_microbatches * (R if split else 1), batch, R) if R > 1 else n_microbatches
     p, v, reps = plan_shape(groups, schedule)
-    d = derive_pipeline(graph, stage_of, reps, per, schedule, v, recompute=recompute, except_last=except_last,
+    d = derive_pipeline(graph, stage_of, reps, per_replica, schedule, v, recompute=recompute, except_last=except_last,
                         assume_batch=assume_batch)
     device_of, order = layout(d, stage_of, groups, schedule, cluster.k)
     score, _ = Evaluator(d.graph, cluster, costs.for_graph(d.graph)).evaluate(device_of, order)
     est = {"makespan_s": score.makespan, "makespan_by": "simulator", "status": "FEASIBLE" if score.feasible else "OOM",
-           "judge": "simulator", **plan_estimate(d, groups, cluster, schedule, per), **estimate}
+           "judge": "simulator", **plan_estimate(d, groups, cluster, schedule, per_replica), **estimate}
     rc = {s for s, _ in enumerate(groups) if any(stage_of[graph.index[x]] == s for x in recompute)} if recompute \
         else set()
     est["recomputed_stages"] = sorted(rc) if d.recomputed else []
     est["plan"] = pipeline_words(est, lambda x: cluster.devices[cluster.index[x]].type)
     return placement_of(d, cluster, device_of, order, algorithm=algorithm, seed=0, estimate=est,
-                        params={"microbatches": per, "schedule": schedule, **params})
+                        params={"microbatches": per_replica, "schedule": schedule.name, **params})

@@ -6,10 +6,14 @@
    each arrangement of the devices (fastest devices first, or last:
    sorted by the model's time on them, then memory; stage ``s`` takes the
    ``s``-th group of ``R``, so a stage's lanes are alike where the cluster
-   allows), each ``m`` in 1, 2, 4, ..., 64 that whole samples allow, each
-   schedule (GPipe, 1F1B, interleaved), with
-   recomputation where only it fits; interleaved with 2, 4 or 8 model chunks
-   per device.  A single-rank shape (``p = 1``) is
+   allows), each ``m`` of
+   :data:`~celeritas_cli.pipelining.params.SEARCHED_MICROBATCHES` that whole
+   samples allow, each schedule of
+   :data:`~celeritas_cli.pipelining.schedules.SCHEDULES` whose shape rule
+   the shape keeps (:meth:`~celeritas_cli.pipelining.schedules.Schedule.refusal`),
+   with recomputation where only it fits; a schedule with model chunks
+   (interleaved) with 2, 4 or 8 of them per device.  A single-rank shape
+   (``p = 1``) is
    data parallelism with gradient accumulation over ``m`` micro-batches; on
    mixed devices its replicas' batch shares follow their speed.
 2. **Cuts**: :meth:`~.model.Model.cut` (Alpa's objective with
@@ -43,7 +47,8 @@ from ...model.graph import Graph
 from ...optimize.evaluator import Budget, Evaluator, Score
 from ...pipelining.builder import Derived, derive_pipeline, layout
 from ...pipelining.cuts import stages_from_cuts
-from ...pipelining.schedules import SCHEDULES, recomputable
+from ...pipelining.params import SEARCHED_MICROBATCHES
+from ...pipelining.schedules import ONE_F_ONE_B, SCHEDULES, Schedule, recomputable
 from ...pipelining.layers import LayerSequence
 from ...sim.describe import pipeline_words
 from ...transform.batch import whole_samples
@@ -51,9 +56,7 @@ from .model import Model, Plan, Shape
 
 #: building a derived graph costs about this many simulations of it (measured on the zoo transformer: 3.5)
 BUILD_COST = 3.0
-#: micro-batch counts tried
-MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
-#: model chunks per device tried by the interleaved schedule (Megatron-LM's v)
+#: model chunks per device tried by a schedule with chunks (interleaved; Megatron-LM's v)
 CHUNKS = (2, 4, 8)
 #: forward orders tried
 ORDERS = ("cpd", "alap")
@@ -89,8 +92,8 @@ class Fixed:
 
     p: int | None = None
     R: int | None = None
-    m: int | None = None
-    schedule: str | None = None
+    n_microbatches: int | None = None
+    schedule: Schedule | None = None
     recompute: str = "auto"
     groups: list[list[int]] | None = None
     order: str | None = None
@@ -112,9 +115,20 @@ def device_rank(seq: LayerSequence, cluster: Cluster) -> list[int]:
     return sorted(range(cluster.k), key=lambda d: (total[seq.class_of[d]], -cluster.devices[d].memory, d))
 
 
-def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed) -> list[Shape]:
-    """Every shape of the search (module docstring) that *fixed* allows."""
+def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed,
+           why: list[str] | None = None) -> list[Shape]:
+    """Every shape of the search (module docstring) that *fixed* allows;
+    *why* (a list) gets ``(rank, line)`` for each kind of shape left out
+    and why (the contradiction to name when none is left): rank 0 for a
+    contradiction, 1 where only the search's own range (micro-batch counts
+    larger than the batch allows) ran out."""
     out = []
+    why = [] if why is None else why
+
+    def skip(reason: str, rank: int = 0) -> None:
+        if (rank, reason) not in why:
+            why.append((rank, reason))
+
     k = cluster.k
     ranked = device_rank(seq, cluster)
     if fixed.groups is not None:
@@ -134,21 +148,32 @@ def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed) -> li
                 layouts.append((p, R, fwd[::-1]))
     for p, R, groups in layouts:
         mixed = len({seq.class_of[d] for d in groups[0]}) > 1
-        for m in (MICROBATCHES if fixed.m is None else (fixed.m,)):
-            if m * R > batch or (R > 1 and batch % m):
+        for m in (SEARCHED_MICROBATCHES if fixed.n_microbatches is None else (fixed.n_microbatches,)):
+            searched = int(fixed.n_microbatches is None)
+            if m * R > batch:
+                skip(f"{m} micro-batches x {R} replicas need at least {m * R} samples, the batch has {batch}",
+                     searched)
+                continue
+            if R > 1 and batch % m:
+                skip(f"the batch of {batch} does not split into {m} micro-batches of whole samples", searched)
                 continue
             b = batch // m  # samples per micro-batch, split over the R replicas
             share_sets: list[tuple | None] = [None] if R == 1 or b % R == 0 else []
+            if not share_sets and not (mixed and p == 1):
+                skip(f"a micro-batch of {b} samples does not split into {R} equal replica shares of whole samples "
+                     f"(batch {batch} over {m} micro-batch{'es' * (m > 1)}; data-parallel takes unequal shares)")
             if R > 1 and mixed and p == 1:
                 t = seq.times(1.0)
                 speed = [1.0 / max(1e-30, t.fwd[seq.class_of[d]][-1] + t.bwd[seq.class_of[d]][-1]) for d in groups[0]]
                 share_sets.insert(0, tuple(x / b for x in whole_samples(b, R, speed)))
-            for schedule in SCHEDULES:
+            for schedule in SCHEDULES.values():
                 if (fixed.schedule is not None and schedule != fixed.schedule) or \
-                        (p == 1 and schedule != "1f1b" and fixed.schedule is None):
+                        (p == 1 and schedule != ONE_F_ONE_B and fixed.schedule is None):
                     continue
-                for v in ((1,) if schedule != "interleaved" else CHUNKS):
-                    if schedule == "interleaved" and (p < 2 or m % p or p * v > seq.n):
+                for v in (CHUNKS if schedule.chunked else (1,)):
+                    refusal = schedule.refusal(p, m, v)
+                    if refusal or p * v > seq.n:
+                        skip(refusal or f"{p * v} stages need at least as many forward layers; graph has {seq.n}")
                         continue
                     for shares in share_sets:
                         for bucket in ((DDP_BUCKET_MB, 0.0) if p == 1 and R > 1 else (0.0,)):
@@ -168,6 +193,8 @@ class PipelineSearch:
         self.size = max(1, graph.n + graph.m)
         self._derived: dict[tuple, Derived] = {}
         self.tried: list[dict] = []
+        self.why: list[tuple[int, str]] = []  # why shapes were left out (:func:`shapes`)
+        self.shape_count = 0
 
     # ------------------------------------------------------------- model
     def ranked(self) -> list[tuple[Plan, LayerSequence]]:
@@ -178,11 +205,12 @@ class PipelineSearch:
                 break
             seq = LayerSequence(self.graph, self.cluster, self.costs, order=name, share=seq)
             model = Model(seq, self.cluster, self.batch)
-            for shape in shapes(seq, self.cluster, self.batch, self.fixed):
+            for shape in shapes(seq, self.cluster, self.batch, self.fixed, self.why):
+                self.shape_count += 1
                 plan = model.cut(shape)
                 if plan is not None:
                     plans.append((plan, seq))
-        plans.sort(key=lambda x: (x[0].key, x[0].shape.S, x[0].shape.m))
+        plans.sort(key=lambda x: (x[0].key, x[0].shape.S, x[0].shape.n_microbatches))
         first: dict[tuple, int] = {}
         for i, (plan, _) in enumerate(plans):
             first.setdefault((plan.shape.p, plan.shape.R), i)
@@ -200,7 +228,9 @@ class PipelineSearch:
     def derive(self, plan: Plan, stage_of: list[int], seq: LayerSequence) -> Derived | None:
         shape = plan.shape
         ids = self._recompute(seq, stage_of, plan.rc)
-        key = (shape.m, tuple(len(g) for g in shape.groups), shape.shares, shape.bucket_mb, tuple(ids))
+        # one recompute step per stage: the derived graph depends on the stage of each recomputed node
+        key = (shape.n_microbatches, tuple(len(g) for g in shape.groups), shape.shares, shape.bucket_mb,
+               tuple((x, stage_of[self.graph.index[x]]) for x in ids))
         if key in self._derived:
             self._derived[key] = self._derived.pop(key)  # most recently used last
         else:
@@ -210,7 +240,7 @@ class PipelineSearch:
                     (not first and not self.budget.affordable(BUILD_COST * guess)):
                 return None
             self.budget.charge(BUILD_COST * guess)
-            d = derive_pipeline(self.graph, stage_of, [len(g) for g in shape.groups], shape.m, shape.schedule,
+            d = derive_pipeline(self.graph, stage_of, [len(g) for g in shape.groups], shape.n_microbatches, shape.schedule,
                                 shape.v, recompute=ids, assume_batch=self.assume, shares=shape.shares,
                                 bucket_mb=shape.bucket_mb)
             self._derived[key] = d
@@ -219,7 +249,7 @@ class PipelineSearch:
         return self._derived[key]
 
     def _weight_guess(self, shape: Shape) -> float:
-        return shape.m * shape.R * 1.1
+        return shape.n_microbatches * shape.R * 1.1
 
     def judge(self, plan: Plan, seq: LayerSequence) -> Trial | None:
         try:
@@ -279,9 +309,27 @@ class PipelineSearch:
                     break
         return best, count
 
+    def nothing_to_judge(self) -> str:
+        """Why the model left no plan to judge, in one line: the parameters
+        that contradict each other or the graph (no shape at all), or
+        memory (every shape puts a stage over its device's memory)."""
+        where = f"graph '{self.graph.name}' on cluster '{self.cluster.name}'"
+        if not self.shape_count:
+            first = min((rank for rank, _ in self.why), default=0)
+            lines = [line for rank, line in self.why if rank == first]
+            return f"pipeline: no plan of {where} keeps the parameters: {'; '.join(lines[:2])}"
+        most = max(d.memory for d in self.cluster.devices) / 2**30
+        how = ("without recomputation (-p recompute=off); allow it (-p recompute=auto) or use more devices"
+               if self.fixed.recompute == "off" else "even with activation recomputation; use more devices or "
+               "devices with more memory")
+        return (f"pipeline: no plan of {where} fits memory: in each of the {self.shape_count} shapes tried a stage "
+                f"needs more than its device's memory (at most {most:.3g} GiB) {how}")
+
     def run(self) -> Outcome:
         self.budget.charge(MODEL_COST)
         ranked = self.ranked()
+        if not ranked:
+            raise InvalidInput(self.nothing_to_judge())
         if self.beat_s > 0:
             fits = [plan.time_s for plan, _ in ranked if plan.fits]
             if not fits or min(fits) > self.beat_s * (1 + BEAT_MARGIN):
@@ -307,8 +355,8 @@ class PipelineSearch:
 def shape_fields(shape: Shape, cluster: Cluster, rc: list[bool] | None = None) -> dict:
     """The estimate fields of a plan of *shape*
     (:data:`~celeritas_cli.sim.describe.PIPELINE_FIELDS`)."""
-    out = {"schedule": shape.schedule, "stages": shape.S, "pipeline_devices": shape.p,
-           "virtual_stages": shape.v, "replicas": [len(g) for g in shape.groups], "microbatches": shape.m,
+    out = {"schedule": shape.schedule.name, "stages": shape.S, "pipeline_devices": shape.p,
+           "virtual_stages": shape.v, "replicas": [len(g) for g in shape.groups], "microbatches": shape.n_microbatches,
            "stage_devices": [[cluster.ids[x] for x in g] for g in shape.groups],
            "recomputed_stages": [j for j, r in enumerate(rc or []) if r]}
     if shape.shares is not None:
@@ -322,7 +370,7 @@ def describe_shape(shape: Shape, cluster: Cluster, rc: list[bool] | None = None)
     """A plan of *shape* in words (:func:`~celeritas_cli.sim.describe.pipeline_words`).
 
     >>> from celeritas_cli.model.cluster import uniform
-    >>> describe_shape(Shape(((0,), (1,)), 8, "1f1b"), uniform(2), [False, False])
+    >>> describe_shape(Shape(((0,), (1,)), 8, ONE_F_ONE_B), uniform(2), [False, False])
     '2-stage 1F1B, 8 micro-batches, stages 2xV100, recompute off'
     """
     return pipeline_words(shape_fields(shape, cluster, rc), lambda d: cluster.devices[cluster.index[d]].type) or ""
