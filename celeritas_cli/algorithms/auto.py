@@ -41,6 +41,7 @@ from ..optimize.search import DEFAULT_TIME_LIMIT, Search
 from ..registry import Param, congestion_param, register, time_limit_param
 from ..registry import names as registered
 from ..sim.describe import PIPELINE_FIELDS, describe_placement
+from .ranking import Ranking
 from .sharding.data_parallel import ASSUME_BATCH
 
 
@@ -155,7 +156,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         runner = measured.runner_for(graph, cluster, log=warn if chatty() and not quiet else None)
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
                     congestion=congestion, algos=names, log=warn if chatty() and not quiet else None, notice=warn,
-                    deadline=deadline, assume_batch=assume_batch or None)
+                    deadline=deadline, assume_batch=assume_batch or None,
+                    ranking=Ranking(graph, cluster, costs, assume_batch or None))
     out = _run(search, chatty() and not quiet)
     spent = _spent(search)
     if out.clock_cut:
