@@ -4,7 +4,11 @@ No single placement algorithm wins everywhere (issue 13: on real profiled
 graphs the best of Celeritas, Moirai, FastT, Baechi, HEFT and METIS changed
 from graph to graph), so ``auto`` runs the fast ones as a portfolio - on the
 graph and on ``cpd`` coarse graphs of several granularities - and then
-refines the best candidates with the simulator in the loop: colocation units
+refines the best candidates with the simulator in the loop (before any
+member is built, the members that plan the whole step - data parallelism,
+fsdp, the pipeline planner - are ranked by a cheap estimate,
+:mod:`~celeritas_cli.algorithms.ranking`, and each one near the best is
+judged at least once, whatever its share of the budget): colocation units
 are moved and swapped between devices along the realised critical path,
 coarse units first and then their members, multilevel as in METIS'
 uncoarsening refinement but with the simulated makespan of the original

@@ -11,19 +11,21 @@ faster).  :class:`Ranking` predicts each one's step time from the models
 placer already has, without building anything:
 
 * ``data-parallel`` (equal or speed-proportional shares, 25 MiB buckets):
-  the pipeline model (:class:`~.pipelines.model.Model`) of its single-stage
-  shape - ``k`` replicas of the whole graph, one micro-batch: the
-  replica's forward and backward at its share of the batch, the
-  once-per-step work (optimizer updates) in full, and the ring all-reduce
-  of the gradients ``2 (k - 1) / k`` of the bytes over the ring's slowest
-  link, only the part after the backward exposed;
+  one replica's forward and backward at its share of the batch on its
+  device (the pipeline model's single-stage shape,
+  :class:`~.pipelines.model.Model`; its memory, the layer sequence's, on
+  each device at its share), the ring all-reduce of the gradients - ``2 (k - 1)`` steps of
+  ``1/k`` of the bytes over the ring's slowest link, a latency per step and
+  bucket - beyond what the backward hides (at least the last bucket's),
+  then the once-per-step work (optimizer updates) in full;
 * ``fsdp`` (ZeRO stage 3): the same replica's forward and backward, the
   once-per-step work on a ``1/k`` shard, and the collectives of its units
   (:func:`~celeritas_cli.transform.fsdp_units.fsdp_plan`): each unit's
   parameters all-gathered before its forward and again before its backward
   and its gradients reduce-scattered, each ``k - 1`` ring steps of
   ``1/k`` of the bytes (ZeRO 7.2: ``3 Psi`` per device against data
-  parallelism's ``2 Psi``); FSDP's prefetch overlaps them with the compute
+  parallelism's ``2 Psi``; the gradients all-reduced are the same units'
+  gradient tensors in both); FSDP's prefetch overlaps them with the compute
   (FSDP 3.4), so the step is ``max(compute, communication)`` plus the
   first unit's gather and the last unit's reduce-scatter, which nothing
   overlaps;
@@ -32,15 +34,18 @@ placer already has, without building anything:
   replicas, the micro-batches of the search nearest ``4 p`` the batch
   allows, at least ``4 p`` where it can: Megatron-LM's bubble ``(p - 1) /
   m`` under 25 %), and of data parallelism with gradient accumulation
-  (``p = 1``, 2 micro-batches where the batch allows) -
+  (``p = 1``, 4 micro-batches where the batch allows) -
   the plans only the planner makes; its ``p = 1, m = 1`` plan is
-  ``data-parallel``'s.
+  ``data-parallel``'s.  Every depth then has ``4 k`` micro-batches in all,
+  so the node times are computed at one batch fraction (the costly part).
 
 A plan the model says does not fit memory is estimated ``inf``.  The
-estimates are optimistic by 5-15 % on the zoo (the simulator sees the
-rings' and gathers' contention with the compute they overlap), so
+estimates are 0.83-1.00 of the simulated step on the zoo (the simulator
+sees the rings' and gathers' contention with the compute they overlap) and
+0.97-1.10 on synthetic layered graphs, and
 :data:`~celeritas_cli.optimize.portfolio.RANK_MARGIN` decides who is near
-the best.  Building the layer sequence and the node times costs about
+the best.  No estimate includes a cluster's per-transfer or per-ring-step
+costs (``send_s``, ``collective_step_s``; zero in the bundled clusters).  Building the layer sequence and the node times costs about
 :data:`~celeritas_cli.optimize.portfolio.RANK_COST` simulations of the
 input graph, which ``auto`` charges to its budget.
 """
@@ -180,9 +185,10 @@ class Ranking:
         in 25 MiB buckets) beyond what the backward hides (at least the last
         bucket's), then the optimizer update in full."""
         fw, bw, once, shape = self._replica(proportional)
-        plan = self.model.evaluate(shape, [0], [False])
-        if not fits(plan):
-            return math.inf
+        seq, k = self.model.seq, self.cluster.k
+        shares = shape.shares or (1.0 / k,) * k
+        if any(seq.memory(0, seq.n, x, 1) > self.cluster.devices[d].memory for d, x in enumerate(shares)):
+            return math.inf  # a replica over its device's memory at its share of the batch
         grads = [b for u in self._units() for b in self._grad_sizes(u)]
         total = sum(grads)
         buckets = max(1, min(len(grads), math.ceil(total / (DEFAULT_BUCKET_MB * 2**20))))
@@ -214,7 +220,7 @@ class Ranking:
             allowed = [m for m in MICROBATCHES if m * R <= batch and not (R > 1 and batch % m) and (p > 1 or m > 1)]
             if not allowed:
                 continue
-            wanted = 2 if p == 1 else MICRO_PER_RANK * p
+            wanted = MICRO_PER_RANK * p  # R m = 4 k micro-batches in all: one batch fraction for every depth
             m = min(allowed, key=lambda m: (m < wanted, abs(m - wanted)))
             groups = tuple(tuple(ranked[s * R:(s + 1) * R]) for s in range(p))
             plan = model.cut(Shape(groups, m, "1f1b", "auto", None, DEFAULT_BUCKET_MB if p == 1 else 0.0))

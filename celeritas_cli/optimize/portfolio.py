@@ -58,6 +58,15 @@ Which members run is decided from the graph's size and the time limit alone
   ``time_limit`` of their own (``milp``, ``hierarchical``) run after the
   others with a share of the time left (:data:`TIMED`).
 
+Ranking (issue 33.3): before anything is built, ``auto`` estimates the
+members that plan the whole step (``data-parallel``, ``fsdp``,
+``pipeline``: :mod:`celeritas_cli.algorithms.ranking`, charged
+:data:`RANK_COST`); the :func:`contenders` - within :data:`RANK_MARGIN` of
+the best estimate - are planned first, best estimate first, each whatever
+its share, while the whole budget pays for it (the refinement's share
+included), so a member the fixed order would leave out over its share is
+judged when it may be the answer.  The other members follow as above.
+
 Every left-out member is reported with its reason (``skipped``), and
 :func:`run_portfolio` also skips, and reports, a member whose estimated
 time (its cost in simulations at the measured speed of simulations) does
@@ -148,7 +157,8 @@ REFINE_SHARE = 0.4
 #: truly ahead is estimated at most about 10 % behind the best estimate; the margin is that spread with room
 RANK_MARGIN = 0.15
 #: the estimates' cost (a layer sequence, node times at a few batch fractions, a handful of pipeline cuts), in
-#: simulations of the input graph: measured 8-63 on the zoo (most on small graphs, whose simulations are short).
+#: simulations of the input graph: measured 6-31 on the zoo over the three clusters (most on small graphs, whose
+#: simulations are short).
 #: Like a member, the ranking runs only when MEMBER_SHARE of the budget pays for it (else: the fixed order)
 RANK_COST = 30.0
 #: the reason plan() gives for a contender the whole budget cannot pay for

@@ -237,8 +237,9 @@ class Search:
         runner = Runner(self.graph, self.cluster, self.costs, self.seed, self.assume_batch)
         notes: list[tuple[str, str]] = []
         split = batch_split_refusal(self.graph, self.cluster, self.assume_batch) is None
-        rank = self.ranking is not None and self.algos is None and split and self.cluster.k > 1 and \
-            RANK_COST + 1 <= MEMBER_SHARE * self.budget.limit  # the estimates are a member's worth of work
+        # the estimates are a member's worth of work, sized like one (a member's share of the count, the time left)
+        rank = (self.ranking is not None and self.algos is None and split and self.cluster.k > 1 and
+                RANK_COST + 1 <= MEMBER_SHARE * self.budget.limit and self.budget.affordable(RANK_COST))
         if rank:  # counted before the members are planned
             self.budget.charge(RANK_COST)
         specs = plan(self.graph, self.cluster, self.budget.limit, self.algos, notes, split_batch=split,
