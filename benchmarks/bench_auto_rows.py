@@ -24,7 +24,6 @@ Prints Markdown to stdout (``benchmarks/run.py`` appends it to BENCHMARKS.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -34,11 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from timing import fmt_makespan, run_cell  # noqa: E402
+from timing import case_arguments, fmt_makespan, ok, run_cell, zoo_case  # noqa: E402
 
 from celeritas_cli import registry  # noqa: E402
-from celeritas_cli.model.costs import cost_model  # noqa: E402
-from celeritas_cli.model.io import load_cluster, load_graph  # noqa: E402
 
 ZOO = ("inception_v3", "nmt", "resnet50", "tensor_holography", "transformer", "gpt_1.3b", "gpt_6.7b")
 CLUSTERS = ("4xV100-pcie", "moirai-intra-server", "8xA100-nvswitch")
@@ -61,10 +58,7 @@ def row_algo(row: str) -> tuple[str, dict]:
 
 
 def run_case(gname: str, cname: str, rows: list[str], cache: dict) -> dict:
-    g = load_graph(str(ROOT / "sample_graphs" / "zoo" / f"{gname}.json.gz"))
-    c = load_cluster(cname)
-    costs = cost_model(g, c)
-    mixed = len({(d.type, d.speed) for d in c.devices}) > 1
+    g, c, costs, mixed = zoo_case(gname, cname)
     out = {}
     for row in ["auto", *rows]:
         algo, params = row_algo(row)
@@ -76,10 +70,6 @@ def run_case(gname: str, cname: str, rows: list[str], cache: dict) -> dict:
             cache[key] = run_cell(g, c, costs, algo, {**params, **({"quiet": True} if algo == "auto" else {})})
         out[row] = cache[key]
     return out
-
-
-def ok(r: dict | None) -> bool:
-    return r is not None and r["status"] == "OK"
 
 
 def best_placer(res: dict) -> dict | None:
@@ -119,12 +109,8 @@ def table(results: dict) -> tuple[list[str], int, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default="", help="graph@cluster list (default: the whole zoo on the three clusters)")
-    ap.add_argument("--rows", default="", help="rows besides auto (default: all, and the operator placers)")
-    ap.add_argument("--cache", default="", help="JSON file of finished cells to reuse and extend")
-    args = ap.parse_args()
-    cache = json.loads(Path(args.cache).read_text()) if args.cache and Path(args.cache).exists() else {}
+    args, cache = case_arguments(__doc__, "graph@cluster list (default: the whole zoo on the three clusters)",
+                                 "rows besides auto (default: all, and the operator placers)")
     rows = [r for r in args.rows.split(",") if r] or [*ROWS, *PLACERS]
     wanted = [x for x in args.cases.split(",") if x]
     cases = [(g, c) for c in CLUSTERS for g in ZOO if not wanted or f"{g}@{c}" in wanted]
