@@ -246,7 +246,9 @@ class Search:
                      estimate=self.ranking if rank else None, near=self.near,
                      spent_before=RANK_COST if rank else 0.0)
         if self.near:
-            self._say_ranking(specs)
+            self._hold_for_refinement(specs)
+            self.log(f"auto: near the best cheap estimate (within {100 * RANK_MARGIN:g} %), planned first: " +
+                     ", ".join(f"{spec.name} {x:.4g} s" for spec, x in sorted(self.near.items(), key=lambda kv: kv[1])))
         over = [name for name, why in notes if why.startswith(OVER_SHARE)]
         for name, why in notes:
             self._skip(name, why, say=not why.startswith(OVER_SHARE))
@@ -261,14 +263,13 @@ class Search:
                       on_skip=lambda s, why: self._skip(s.name, why), resize=self._resize)
         self._timed(runner, failed)
 
-    def _say_ranking(self, specs: list[tuple[Spec, float]]) -> None:
-        """Say the contenders, and hold for the refinement what they leave of the budget."""
-        last = max(i for i, (spec, _) in enumerate(specs) if spec in self.near) if \
-            any(spec in self.near for spec, _ in specs) else -1
+    def _hold_for_refinement(self, specs: list[tuple[Spec, float]]) -> None:
+        """Hold for the refinement what the planned contenders leave of the
+        budget: its share, less what they were planned beyond the
+        portfolio's part (the members after them keep within the part)."""
+        last = max((i for i, (spec, _) in enumerate(specs) if spec in self.near), default=-1)
         planned = RANK_COST + sum(charge + 1 for _, charge in specs[:last + 1])
         self.budget.held = max(0.0, self.budget.limit - max((1 - REFINE_SHARE) * self.budget.limit, planned))
-        self.log(f"auto: near the best cheap estimate (within {100 * RANK_MARGIN:g} %), judged first: " +
-                 ", ".join(f"{spec.name} {x:.4g} s" for spec, x in sorted(self.near.items(), key=lambda kv: kv[1])))
 
     def _params(self, spec: Spec) -> dict:
         """A planner's parameters (:func:`~.planners.planner_params`): its
