@@ -59,13 +59,17 @@ def ok(r: dict | None) -> bool:
     return r is not None and r["status"] == "OK"
 
 
-def case_arguments(doc: str, cases_help: str, rows_help: str) -> tuple[argparse.Namespace, dict]:
+def case_arguments(doc: str, cases_help: str, rows_help: str,
+                   flags: dict[str, str] | None = None) -> tuple[argparse.Namespace, dict]:
     """The options of the zoo-table scripts (``--cases``, ``--rows``,
-    ``--cache``) parsed, and the cache of finished cells they name."""
+    ``--cache``, and the script's own on/off *flags*: name -> help) parsed,
+    and the cache of finished cells they name."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--cases", default="", help=cases_help)
     ap.add_argument("--rows", default="", help=rows_help)
     ap.add_argument("--cache", default="", help="JSON file of finished cells to reuse and extend")
+    for name, text in (flags or {}).items():
+        ap.add_argument(name, action="store_true", help=text)
     args = ap.parse_args()
     cache = json.loads(Path(args.cache).read_text()) if args.cache and Path(args.cache).exists() else {}
     return args, cache
