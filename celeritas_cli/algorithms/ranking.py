@@ -13,11 +13,12 @@ placer already has, without building anything:
 * ``data-parallel`` (equal or speed-proportional shares, 25 MiB buckets):
   one replica's forward and backward at its share of the batch on its
   device (the pipeline model's single-stage shape,
-  :class:`~.pipelines.model.Model`; its memory, the layer sequence's, on
-  each device at its share), the ring all-reduce of the gradients - ``2 (k - 1)`` steps of
-  ``1/k`` of the bytes over the ring's slowest link, a latency per step and
-  bucket - beyond what the backward hides (at least the last bucket's),
-  then the once-per-step work (optimizer updates) in full;
+  :class:`~.pipelines.model.Model`), the ring all-reduce of the gradients
+  - ``2 (k - 1)`` steps of ``1/k`` of the bytes over the ring's slowest
+  link, a latency per step and bucket - beyond what the backward hides (at
+  least the last bucket's), then the once-per-step work (optimizer
+  updates) in full; ``inf`` when a replica's memory at its share (the
+  layer sequence's) is over its device's;
 * ``fsdp`` (ZeRO stage 3): the same replica's forward and backward, the
   once-per-step work on a ``1/k`` shard, and the collectives of its units
   (:func:`~celeritas_cli.transform.fsdp_units.fsdp_plan`): each unit's
@@ -40,14 +41,16 @@ placer already has, without building anything:
   so the node times are computed at one batch fraction (the costly part).
 
 A plan the model says does not fit memory is estimated ``inf``.  The
-estimates are 0.83-1.00 of the simulated step on the zoo (the simulator
+estimates are 0.82-1.00 of the simulated step on the zoo (the simulator
 sees the rings' and gathers' contention with the compute they overlap) and
 0.97-1.10 on synthetic layered graphs, and
 :data:`~celeritas_cli.optimize.portfolio.RANK_MARGIN` decides who is near
 the best.  No estimate includes a cluster's per-transfer or per-ring-step
-costs (``send_s``, ``collective_step_s``; zero in the bundled clusters).  Building the layer sequence and the node times costs about
-:data:`~celeritas_cli.optimize.portfolio.RANK_COST` simulations of the
-input graph, which ``auto`` charges to its budget.
+costs (``send_s``, ``collective_step_s``; zero in the bundled clusters).
+
+Building the layer sequence and the node times costs about
+:data:`~celeritas_cli.optimize.portfolio.RANK_COST` evaluations, which
+``auto`` charges to its budget.
 """
 
 from __future__ import annotations

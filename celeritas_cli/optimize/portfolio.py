@@ -151,14 +151,14 @@ DP_SHARE = 0.3
 REFINE_SHARE = 0.4
 #: a member whose cheap estimate (``auto``'s ranking, :mod:`celeritas_cli.algorithms.ranking`) is within this
 #: share of the best estimate is a contender: planned first, best estimate first, and judged at least once
-#: whatever its share (while the whole budget pays for it).  The estimates are 0.83-1.00 of the simulated step on
+#: whatever its share (while the whole budget pays for it).  The estimates are 0.82-1.00 of the simulated step on
 #: the zoo over 4xV100-pcie, moirai-intra-server and 8xA100-nvswitch, and two members' ratios on one problem
 #: differed by at most 9.6 % (tensor_holography on 8xA100-nvswitch: data-parallel 1.000, fsdp 0.912), so a member
 #: truly ahead is estimated at most about 10 % behind the best estimate; the margin is that spread with room
 RANK_MARGIN = 0.15
-#: the estimates' cost (a layer sequence, node times at a few batch fractions, a handful of pipeline cuts), in
-#: simulations of the input graph: measured 6-31 on the zoo over the three clusters (most on small graphs, whose
-#: simulations are short).
+#: the estimates' cost (a layer sequence, node times at two batch fractions, a handful of pipeline cuts), in
+#: evaluations: their wall time on the zoo over 8xA100-nvswitch was 18-40 evaluations' worth at the rate the
+#: budget is derived from (search.EVAL_RATE; 0.13 s on tensor_holography to 0.6 s on GPT 6.7B, load 7-9).
 #: Like a member, the ranking runs only when MEMBER_SHARE of the budget pays for it (else: the fixed order)
 RANK_COST = 30.0
 #: the reason plan() gives for a contender the whole budget cannot pay for
