@@ -45,6 +45,7 @@ from ..optimize.search import DEFAULT_TIME_LIMIT, Search
 from ..registry import Param, congestion_param, register, time_limit_param
 from ..registry import names as registered
 from ..sim.describe import PIPELINE_FIELDS, describe_placement
+from ..sim.mfu import mfu
 from .ranking import Ranking
 from .sharding.data_parallel import ASSUME_BATCH
 
@@ -117,7 +118,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     -------
     Placement
         ``estimate`` records the judge, the winner and what refinement gained
-        (``makespan_s`` is the simulator's on the graph given), the budget's
+        (``makespan_s`` is the simulator's on the graph given; ``mfu`` its
+        model FLOPs utilisation, :mod:`~celeritas_cli.sim.mfu`), the budget's
         account (``evaluations``: simulations made; ``evaluations_spent``:
         those plus the members' estimated work, of ``evaluation_budget``),
         every candidate, and ``skipped``: each member left out, with why.
@@ -179,6 +181,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         "congestion": congestion,
         "lower_bound_s": out.lower_bound,
         "makespan_over_lb": finite_or_none(out.score.makespan / out.lower_bound) if out.lower_bound > 0 else None,
+        "mfu": mfu(graph, cluster, out.score.makespan),  # as the fsdp and pipeline rows say it (None without flops)
         "winner": winner,
         "refined": out.refined_from is not None,
         "start_makespan_s": start,
