@@ -31,7 +31,6 @@ expensive cases apart); the ratios are still computed from one table.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -41,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from timing import fmt_makespan, run_cell  # noqa: E402
+from timing import case_arguments, fmt_makespan, ok, run_cell, zoo_case  # noqa: E402
 
 from celeritas_cli import registry  # noqa: E402
 from celeritas_cli.compare.tasks import algorithm_params  # noqa: E402
@@ -94,10 +93,7 @@ def cell(graph, cluster, costs, row: str) -> dict:
 
 
 def run_case(gname: str, cname: str, rows: list[str], cache: dict) -> dict:
-    g = load_graph(str(ROOT / "sample_graphs" / "zoo" / f"{gname}.json.gz"))
-    c = load_cluster(cname)
-    costs = cost_model(g, c)
-    mixed = len({(d.type, d.speed) for d in c.devices}) > 1
+    g, c, costs, mixed = zoo_case(gname, cname)
     out = {}
     for row in rows:
         if row in PROPORTIONAL and not mixed:
@@ -110,10 +106,6 @@ def run_case(gname: str, cname: str, rows: list[str], cache: dict) -> dict:
             cache[key] = cell(g, c, costs, row)
         out[row] = cache[key]
     return out
-
-
-def ok(r: dict | None) -> bool:
-    return r is not None and r["status"] == "OK"
 
 
 def zoo_table(results: dict) -> list[str]:
@@ -168,12 +160,7 @@ def gpt_table(res: dict) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", default="", help="graph@cluster list, or 'gpt' (default: all)")
-    ap.add_argument("--rows", default="", help="rows to run (default: all)")
-    ap.add_argument("--cache", default="", help="JSON file of finished cells to reuse and extend")
-    args = ap.parse_args()
-    cache = json.loads(Path(args.cache).read_text()) if args.cache and Path(args.cache).exists() else {}
+    args, cache = case_arguments(__doc__, "graph@cluster list, or 'gpt' (default: all)", "rows to run (default: all)")
     rows = [r for r in args.rows.split(",") if r] or [*ROWS, "auto", NO_CLOCK]
     wanted = [x for x in args.cases.split(",") if x]
     cases = [(g, c) for c in CLUSTERS for g in ZOO if not wanted or f"{g}@{c}" in wanted]

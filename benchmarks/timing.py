@@ -3,7 +3,10 @@ timing, and one place-then-simulate cell with its table formatting."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
+from pathlib import Path
 
 from celeritas_cli import registry
 from celeritas_cli.log import quiet
@@ -49,3 +52,35 @@ def fmt_makespan(r: dict | None) -> str:
     if r["status"] == "error":
         return "error"
     return f"{r['makespan_s']:.4g}" + ("" if r["status"] == "OK" else f" ({r['status']})")
+
+
+def ok(r: dict | None) -> bool:
+    """A cell that ran and fits memory."""
+    return r is not None and r["status"] == "OK"
+
+
+def case_arguments(doc: str, cases_help: str, rows_help: str,
+                   flags: dict[str, str] | None = None) -> tuple[argparse.Namespace, dict]:
+    """The options of the zoo-table scripts (``--cases``, ``--rows``,
+    ``--cache``, and the script's own on/off *flags*: name -> help) parsed,
+    and the cache of finished cells they name."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--cases", default="", help=cases_help)
+    ap.add_argument("--rows", default="", help=rows_help)
+    ap.add_argument("--cache", default="", help="JSON file of finished cells to reuse and extend")
+    for name, text in (flags or {}).items():
+        ap.add_argument(name, action="store_true", help=text)
+    args = ap.parse_args()
+    cache = json.loads(Path(args.cache).read_text()) if args.cache and Path(args.cache).exists() else {}
+    return args, cache
+
+
+def zoo_case(gname: str, cname: str):
+    """``(graph, cluster, cost model, mixed)`` of zoo graph *gname* on
+    cluster *cname*; *mixed*: its devices differ in type or speed."""
+    from celeritas_cli.model.costs import cost_model
+    from celeritas_cli.model.io import load_cluster, load_graph
+
+    g = load_graph(str(Path(__file__).resolve().parent.parent / "sample_graphs" / "zoo" / f"{gname}.json.gz"))
+    c = load_cluster(cname)
+    return g, c, cost_model(g, c), len({(d.type, d.speed) for d in c.devices}) > 1

@@ -4,7 +4,11 @@ No single placement algorithm wins everywhere (issue 13: on real profiled
 graphs the best of Celeritas, Moirai, FastT, Baechi, HEFT and METIS changed
 from graph to graph), so ``auto`` runs the fast ones as a portfolio - on the
 graph and on ``cpd`` coarse graphs of several granularities - and then
-refines the best candidates with the simulator in the loop: colocation units
+refines the best candidates with the simulator in the loop (before any
+member is built, the members that plan the whole step - data parallelism,
+fsdp, the pipeline planner - are ranked by a cheap estimate,
+:mod:`~celeritas_cli.algorithms.ranking`, and each one near the best is
+judged at least once, whatever its share of the budget): colocation units
 are moved and swapped between devices along the realised critical path,
 coarse units first and then their members, multilevel as in METIS'
 uncoarsening refinement but with the simulated makespan of the original
@@ -41,6 +45,8 @@ from ..optimize.search import DEFAULT_TIME_LIMIT, Search
 from ..registry import Param, congestion_param, register, time_limit_param
 from ..registry import names as registered
 from ..sim.describe import PIPELINE_FIELDS, describe_placement
+from ..sim.mfu import mfu
+from .ranking import Ranking
 from .sharding.data_parallel import ASSUME_BATCH
 
 
@@ -112,7 +118,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     -------
     Placement
         ``estimate`` records the judge, the winner and what refinement gained
-        (``makespan_s`` is the simulator's on the graph given), the budget's
+        (``makespan_s`` is the simulator's on the graph given; ``mfu`` its
+        model FLOPs utilisation, :mod:`~celeritas_cli.sim.mfu`), the budget's
         account (``evaluations``: simulations made; ``evaluations_spent``:
         those plus the members' estimated work, of ``evaluation_budget``),
         every candidate, and ``skipped``: each member left out, with why.
@@ -155,7 +162,8 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         runner = measured.runner_for(graph, cluster, log=warn if chatty() and not quiet else None)
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
                     congestion=congestion, algos=names, log=warn if chatty() and not quiet else None, notice=warn,
-                    deadline=deadline, assume_batch=assume_batch or None)
+                    deadline=deadline, assume_batch=assume_batch or None,
+                    ranking=Ranking(graph, cluster, costs, assume_batch or None))
     out = _run(search, chatty() and not quiet)
     spent = _spent(search)
     if out.clock_cut:
@@ -173,6 +181,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         "congestion": congestion,
         "lower_bound_s": out.lower_bound,
         "makespan_over_lb": finite_or_none(out.score.makespan / out.lower_bound) if out.lower_bound > 0 else None,
+        "mfu": mfu(graph, cluster, out.score.makespan),  # as the fsdp and pipeline rows say it (None without flops)
         "winner": winner,
         "refined": out.refined_from is not None,
         "start_makespan_s": start,

@@ -58,6 +58,15 @@ Which members run is decided from the graph's size and the time limit alone
   ``time_limit`` of their own (``milp``, ``hierarchical``) run after the
   others with a share of the time left (:data:`TIMED`).
 
+Ranking (issue 33.3): before anything is built, ``auto`` estimates the
+members that plan the whole step (``data-parallel``, ``fsdp``,
+``pipeline``: :mod:`celeritas_cli.algorithms.ranking`, charged
+:data:`RANK_COST`); the :func:`contenders` - within :data:`RANK_MARGIN` of
+the best estimate - are planned first, best estimate first, each whatever
+its share, while the whole budget pays for it (the refinement's share
+included), so a member the fixed order would leave out over its share is
+judged when it may be the answer.  The other members follow as above.
+
 Every left-out member is reported with its reason (``skipped``), and
 :func:`run_portfolio` also skips, and reports, a member whose estimated
 time (its cost in simulations at the measured speed of simulations) does
@@ -96,17 +105,19 @@ FD-DPS operation splitting, data parallelism) is judged on that graph, as
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from .. import registry
 from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.residency import resident_list
 from ..transform.split_cost import batch_profile
-from .planners import PLANNERS, fsdp_charge, planner_charge
+from .planners import PLANNERS, fsdp_charge, planner_charge, planner_need
 from .runner import Candidate, Runner, Spec, available, run_portfolio
 
-__all__ = ["OVER_SHARE", "REFINE_SHARE", "Candidate", "Runner", "Spec", "available", "dp_misfit", "member_cost", "plan",
-           "replica_memory", "run_portfolio", "wants_milp"]
+__all__ = ["OVER_BUDGET", "OVER_SHARE", "RANK_COST", "RANK_MARGIN", "REFINE_SHARE", "Candidate", "Runner", "Spec",
+           "available", "contenders", "dp_misfit", "member_cost", "plan", "replica_memory", "run_portfolio",
+           "wants_milp"]
 
 #: rough cost of a member in simulations of the graph it runs on (measured on one core)
 COST = {"metis": 1.5, "scotch": 2.0, "m-topo": 0.3, "single-device": 0.2, "data-parallel": 2.0, "heft": 5.0,
@@ -138,6 +149,20 @@ DP_SHARE = 0.3
 #: PLAN_SHARE on top it kept as little as 0.1, and the refinement is where auto gains over its best start (on the
 #: zoo 0.05-4 %, converging in 430-960 evaluations of the default 891-1,618 on inception_v3 and resnet50)
 REFINE_SHARE = 0.4
+#: a member whose cheap estimate (``auto``'s ranking, :mod:`celeritas_cli.algorithms.ranking`) is within this
+#: share of the best estimate is a contender: planned first, best estimate first, and judged at least once
+#: whatever its share (while the whole budget pays for it).  The estimates are 0.82-1.00 of the simulated step on
+#: the zoo over 4xV100-pcie, moirai-intra-server and 8xA100-nvswitch, and two members' ratios on one problem
+#: differed by at most 9.6 % (tensor_holography on 8xA100-nvswitch: data-parallel 1.000, fsdp 0.912), so a member
+#: truly ahead is estimated at most about 10 % behind the best estimate; the margin is that spread with room
+RANK_MARGIN = 0.15
+#: the estimates' cost (a layer sequence, node times at two batch fractions, a handful of pipeline cuts), in
+#: evaluations: their wall time on the zoo over 8xA100-nvswitch was 18-40 evaluations' worth at the rate the
+#: budget is derived from (search.EVAL_RATE; 0.13 s on tensor_holography to 0.6 s on GPT 6.7B, load 7-9).
+#: Like a member, the ranking runs only when MEMBER_SHARE of the budget pays for it (else: the fixed order)
+RANK_COST = 30.0
+#: the reason plan() gives for a contender the whole budget cannot pay for
+OVER_BUDGET = "near the best estimate, but over what is left of the whole budget"
 #: the members that run right after metis when one data-parallel replica cannot fit the smallest device
 TIGHT_FIRST = ("fsdp", "pipeline")
 #: the members that split the batch (replicas, micro-batches, shards): left out where it cannot be split
@@ -374,8 +399,31 @@ def _named_offers(graph: Graph, cluster: Cluster, names: list[str], offers: list
     return out
 
 
+def contenders(offers: list[list[tuple[Spec, float]]], estimate: Callable[[Spec], float | None]) -> dict[Spec, float]:
+    """The offered members near the best cheap estimate: ``{spec:
+    estimate}`` for each member *estimate* knows (finite: the model says it
+    fits) within :data:`RANK_MARGIN` of the best one.
+
+    >>> offers = [[(Spec("metis"), 1.5)], [(Spec("data-parallel"), 24.0)], [(Spec("fsdp"), 24.0)],
+    ...           [(Spec("pipeline"), 20.0)]]
+    >>> near = contenders(offers, {Spec("data-parallel"): 1.1, Spec("fsdp"): 1.0, Spec("pipeline"): 1.2}.get)
+    >>> sorted(spec.name for spec in near)  # within 15 % of fsdp's 1.0 s
+    ['data-parallel', 'fsdp']
+    """
+    est = {}
+    for group in offers:
+        for spec, _ in group:
+            x = estimate(spec) if spec.R is None and spec.on is None else None
+            if x is not None and math.isfinite(x):
+                est[spec] = x
+    best = min(est.values(), default=math.inf)
+    return {spec: x for spec, x in est.items() if x <= (1 + RANK_MARGIN) * best}
+
+
 def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None = None,
-         skipped: list[tuple[str, str]] | None = None, *, split_batch: bool = True) -> list[tuple[Spec, float]]:
+         skipped: list[tuple[str, str]] | None = None, *, split_batch: bool = True,
+         estimate: Callable[[Spec], float | None] | None = None, near: dict[Spec, float] | None = None,
+         spent_before: float = 0.0) -> list[tuple[Spec, float]]:
     """The portfolio for *graph* and an evaluation *budget* (module
     docstring): ``(spec, charge)`` pairs in the order they run, *charge* the
     member's estimated cost in simulations of the input graph (its own
@@ -393,13 +441,30 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
     at most its share (:data:`TIMED` members are run by the search, not
     planned here).  *skipped* collects ``(member, reason)`` for every member
     left out.  ``split_batch=False`` leaves out the members that split the
-    batch (:func:`batch_split_refusal`; ``auto`` says why in one line)."""
+    batch (:func:`batch_split_refusal`; ``auto`` says why in one line).
+
+    *estimate* (``auto``'s :class:`~celeritas_cli.algorithms.ranking.Ranking`)
+    ranks the members it has a model for; the :func:`contenders` - within
+    :data:`RANK_MARGIN` of the best estimate - are planned first, best
+    estimate first, each whatever its share, as long as the members before
+    it leave enough of the whole *budget* (the refinement's share included;
+    a planner: at least what its model and one plan need), and written to
+    *near*; the other members follow in :data:`PRIORITY` order under the
+    shares.  Not with *names* (every named member runs anyway).
+    *spent_before*: evaluations already spent (the estimates), counted in
+    the portfolio's part."""
     k = cluster.k
     notes: list[tuple[str, str]] = skipped if skipped is not None else []
     say = lambda name, why: notes.append((name, why))  # noqa: E731
     offers = _offers(graph, cluster, split_batch)
     if names:
         offers = _named_offers(graph, cluster, names, offers, say)
+    ranked = contenders(offers, estimate) if estimate is not None and not names else {}
+    if near is not None:
+        near.update(ranked)
+    if ranked:  # the contenders first, best estimate first (ties in PRIORITY order: the sort is stable)
+        offers = sorted((g for g in offers if g[0][0] in ranked), key=lambda g: ranked[g[0][0]]) + \
+            [g for g in offers if g[0][0] not in ranked]
     tight = not names and COST["metis"] + 1 > MEMBER_SHARE * budget
     if tight:  # a huge graph: the cheap, usually feasible partitioners first
         offers.sort(key=lambda group: group[0][0].algo not in ANCHORS or group[0][0].R is not None)
@@ -418,17 +483,29 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
                 continue  # its base graph is built by that member, which must run first
             if spec.R is not None and not built:
                 charge += CPD_COST
+            used = spent_before + spent + dp_spent + plan_spent
             if spec.algo in PLANNERS:  # a budget of its own, out of what the members before it leave of the part
-                charge, why = planner_charge(spec, budget, k, part - spent - dp_spent - plan_spent)
+                room = part - used
+                if spec in ranked:  # a contender: at least its model and one plan, while the whole budget pays
+                    room = max(room, min(budget - used, planner_need(k) + 1))
+                charge, why = planner_charge(spec, budget, k, room)
                 if why is None or names:
                     plan_spent += charge + 1
                     out.append((spec, charge))
                 else:
-                    say(spec.name, why)
+                    say(spec.name, f"{OVER_BUDGET} ({max(0.0, budget - used):.3g} of {budget:.0f} evaluations "
+                                   f"left; its model and one plan need about {planner_need(k) + 1:.3g})"
+                        if spec in ranked else why)
                 continue
             dp = spec.algo in ("data-parallel", "fsdp") or spec.on == "data-parallel"
             anchor = tight and spec.algo in ANCHORS and spec.R is None
-            if dp:
+            if spec in ranked:  # a contender: whatever its share, while the whole budget pays for it
+                share = 1.0
+                if spec.algo == "fsdp":
+                    scale = fsdp_charge(graph, k, 1.0) if scale is None else scale
+                    charge *= scale
+                over = used + charge + 1 > budget
+            elif dp:
                 share = DP_SHARE
                 over = dp_spent + charge + 1 > DP_SHARE * budget
                 if spec.algo == "fsdp" and not over:  # counting walks the graph: only for a member that may run
@@ -442,10 +519,12 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
             else:
                 share = MEMBER_SHARE
                 over = charge + 1 > MEMBER_SHARE * budget or spent + charge + 1 > PORTFOLIO_SHARE * budget
-            if not anchor:  # the refinement's share (the anchors' graph is too large for refinement's levels anyway)
-                over = over or spent + dp_spent + plan_spent + charge + 1 > part
+            if not anchor and spec not in ranked:  # the refinement's share (the anchors' graph is too large for
+                over = over or used + charge + 1 > part  # refinement's levels anyway; a contender may take it)
             if over and not names:
-                say(spec.name, f"{OVER_SHARE} (costs about {charge + 1:.3g} of the {budget:.0f} evaluations)")
+                say(spec.name, f"{OVER_BUDGET} (costs about {charge + 1:.3g}; {max(0.0, budget - used):.3g} of "
+                               f"{budget:.0f} evaluations left)" if spec in ranked else
+                    f"{OVER_SHARE} (costs about {charge + 1:.3g} of the {budget:.0f} evaluations)")
                 continue
             if over:  # named: runs whatever its cost, charged at most its share (so it can still be judged)
                 charge = min(charge, max(0.0, share * budget - 1))

@@ -54,8 +54,11 @@ from .planners import PLANNERS, planner_need, planner_params
 from .portfolio import (
     ANCHORS,
     DP_GATE,
+    MEMBER_SHARE,
     MILP_NAMED_MAX_NODES,
     OVER_SHARE,
+    RANK_COST,
+    RANK_MARGIN,
     REFINE_SHARE,
     TIMED,
     TIMED_SHARE,
@@ -156,7 +159,7 @@ class Search:
                  time_limit: float = DEFAULT_TIME_LIMIT, evaluations: int = 0, congestion: str = DEFAULT_CONGESTION,
                  algos: list[str] | None = None, log: Callable[[str], None] | None = None,
                  notice: Callable[[str], None] | None = None, deadline: float | None = None,
-                 assume_batch: int | None = None):
+                 assume_batch: int | None = None, ranking: Callable[[Spec], float | None] | None = None):
         self.t0 = time.perf_counter()
         self.graph, self.cluster, self.seed = graph, cluster, seed
         self.costs = cost_model(graph, cluster, costs)
@@ -176,6 +179,8 @@ class Search:
         self.candidates: list[Candidate] = []
         self.skipped: list[dict] = []
         self._charges: dict[Spec, float] = {}
+        self.ranking = ranking  # cheap estimates of the members (plan's contenders), or None: the fixed order
+        self.near: dict[Spec, float] = {}
         self._last_log = self.t0
 
     # ------------------------------------------------------------ helpers
@@ -220,7 +225,8 @@ class Search:
     # ------------------------------------------------------------- phases
     def portfolio(self) -> None:
         """Plan and run the members (module :mod:`.portfolio`) with the
-        refinement's share of the budget held (:data:`~.portfolio.REFINE_SHARE`)."""
+        refinement's share of the budget held (:data:`~.portfolio.REFINE_SHARE`;
+        less what the contenders planned beyond the portfolio's part take)."""
         self.budget.held = REFINE_SHARE * self.budget.limit
         try:
             self._portfolio()
@@ -230,8 +236,19 @@ class Search:
     def _portfolio(self) -> None:
         runner = Runner(self.graph, self.cluster, self.costs, self.seed, self.assume_batch)
         notes: list[tuple[str, str]] = []
-        specs = plan(self.graph, self.cluster, self.budget.limit, self.algos, notes,
-                     split_batch=batch_split_refusal(self.graph, self.cluster, self.assume_batch) is None)
+        split = batch_split_refusal(self.graph, self.cluster, self.assume_batch) is None
+        # the estimates are a member's worth of work, sized like one (a member's share of the count, the time left)
+        rank = (self.ranking is not None and self.algos is None and split and self.cluster.k > 1 and
+                RANK_COST + 1 <= MEMBER_SHARE * self.budget.limit and self.budget.affordable(RANK_COST))
+        if rank:  # counted before the members are planned
+            self.budget.charge(RANK_COST)
+        specs = plan(self.graph, self.cluster, self.budget.limit, self.algos, notes, split_batch=split,
+                     estimate=self.ranking if rank else None, near=self.near,
+                     spent_before=RANK_COST if rank else 0.0)
+        if self.near:
+            self._hold_for_refinement(specs)
+            self.log(f"auto: near the best cheap estimate (within {100 * RANK_MARGIN:g} %), planned first: " +
+                     ", ".join(f"{spec.name} {x:.4g} s" for spec, x in sorted(self.near.items(), key=lambda kv: kv[1])))
         over = [name for name, why in notes if why.startswith(OVER_SHARE)]
         for name, why in notes:
             self._skip(name, why, say=not why.startswith(OVER_SHARE))
@@ -246,6 +263,14 @@ class Search:
                       on_skip=lambda s, why: self._skip(s.name, why), resize=self._resize)
         self._timed(runner, failed)
 
+    def _hold_for_refinement(self, specs: list[tuple[Spec, float]]) -> None:
+        """Hold for the refinement what the planned contenders leave of the
+        budget: its share, less what they were planned beyond the
+        portfolio's part (the members after them keep within the part)."""
+        last = max((i for i, (spec, _) in enumerate(specs) if spec in self.near), default=-1)
+        planned = RANK_COST + sum(charge + 1 for _, charge in specs[:last + 1])
+        self.budget.held = max(0.0, self.budget.limit - max((1 - REFINE_SHARE) * self.budget.limit, planned))
+
     def _params(self, spec: Spec) -> dict:
         """A planner's parameters (:func:`~.planners.planner_params`): its
         evaluations, the time left, and the best feasible makespan so far
@@ -254,6 +279,8 @@ class Search:
         if spec not in self._charges:
             return {}
         best = min((c.score.makespan for c in self.candidates if c.score.feasible), default=0.0)
+        if spec in self.near:  # a contender judges its first plan, whatever its model says of the best so far
+            best = 0.0
         params = planner_params(spec, self._charges[spec], self.budget.remaining_time(), best)
         self.log(f"auto: {spec.name} searches with {params['evaluations']} of the {self.budget.limit:.0f} evaluations")
         return params

@@ -16,7 +16,11 @@ devices (gpu0 410, ...)``).
 Each transform says itself in one function registered in
 :data:`DESCRIBERS` (:func:`describer`), given the consecutive recipe steps
 of that transform and the :class:`Context`; a new transform (FSDP) adds one
-function here.  A transform without one is named as it is.  A pipeline's
+function here.  The words follow the placement, not only its recipe: a
+placement of the data-parallel graph whose replicas do not each run whole
+on a device of their own (``dpos`` on the replicas, as ``auto`` may
+answer) is ``operator placement over a data-parallel graph of 8 replicas
+of ...`` with how it spreads them (:func:`replica_devices`).  A transform without one is named as it is.  A pipeline's
 stages and schedule are not in its recipe (they are its orders): the
 ``pipeline`` family writes them in its estimate and :func:`pipeline_words`
 says them - ``"4-stage 1F1B, 16 micro-batches, stages 2xV100 | 2xP100,
@@ -25,6 +29,7 @@ recompute off"``.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -44,6 +49,31 @@ class Context:
     nodes: int
     devices: int | None = None
     per_device: dict[str, int] = field(default_factory=dict)
+    #: replica index -> the devices its nodes run on (a replicated graph's placement; empty: not known)
+    replicas: dict[int, set[str]] = field(default_factory=dict)
+
+    def replicas_spread(self) -> str | None:
+        """None when every replica runs whole on a device of its own (data
+        parallelism, as the recipe says) or that is not known; else how the
+        placement spreads them (an operator placement over the replicated
+        graph, e.g. DPOS on the data-parallel graph).
+
+        >>> Context("m", 10, 2, {"a": 12, "b": 12}, {0: {"a"}, 1: {"b"}}).replicas_spread() is None
+        True
+        >>> Context("m", 10, 2, {"a": 15, "b": 9}, {0: {"a", "b"}, 1: {"b"}}).replicas_spread()
+        '1 of the 2 replicas spread over several devices, 9-15 nodes per device'
+        """
+        if not self.replicas:
+            return None
+        split = sum(1 for devs in self.replicas.values() if len(devs) > 1)
+        homes = Counter(next(iter(devs)) for devs in self.replicas.values() if len(devs) == 1)
+        shared = sum(n for n in homes.values() if n > 1)
+        if not split and not shared:
+            return None
+        counts = sorted(self.per_device.values())
+        what = [f"{split} of the {len(self.replicas)} replicas spread over several devices"] if split else []
+        what += [f"{shared} whole replicas sharing devices"] if shared else []
+        return ", ".join(what + ([f"{counts[0]:,}-{counts[-1]:,} nodes per device"] if counts else []))
 
 
 #: transform name -> function(steps of that transform, context) -> words
@@ -73,7 +103,10 @@ def _data_parallel(steps: list[dict], ctx: Context) -> str:
         rings = sum(ctx.per_device.values()) - r * ctx.nodes if isinstance(r, int) and r > 0 else 0
         if rings > 0 and len(steps) == 1:
             ring += f" ({rings // r:,} all-reduce nodes per replica)"
-        out.append(f"data parallelism: {r} replicas of {ctx.name}, {ctx.nodes:,} nodes each, {batch} + {ring}")
+        spread = ctx.replicas_spread()
+        head = "data parallelism: " if spread is None else "operator placement over a data-parallel graph of "
+        words = f"{head}{r} replicas of {ctx.name}, {ctx.nodes:,} nodes each, {batch} + {ring}"
+        out.append(words if spread is None else f"{words}; {spread}")
     return "; ".join(out)
 
 
@@ -245,5 +278,34 @@ def describe_placement(placement, graph, cluster=None) -> str:
     base = (placement.derivation or {}).get("base") if isinstance(placement.derivation, dict) else None
     nodes = len(base["members"]) if isinstance(base, dict) and isinstance(base.get("members"), list) else graph.n
     ctx = Context(graph.original_name if hasattr(graph, "original_name") else graph.name, nodes,
-                  cluster.k if cluster is not None else None, dict(Counter(placement.assignment.values())))
+                  cluster.k if cluster is not None else None, dict(Counter(placement.assignment.values())),
+                  replica_devices(placement))
     return describe(placement.derivation, ctx)
+
+
+_REPLICA_ID = re.compile(r"/rep(\d+)$")
+
+
+def replica_devices(placement) -> dict[int, set[str]]:
+    """Replica index -> the devices its nodes (and its ring steps) run on,
+    for a placement of a replicated graph (a ``data-parallel`` step in its
+    recipe): read from the derived graph's nodes (``replica``) when the
+    placement carries it, else from the node ids (``<id>/rep<r>``,
+    :mod:`~celeritas_cli.transform.replicate`); empty for any other plan."""
+    steps = (placement.derivation or {}).get("steps") if isinstance(placement.derivation, dict) else None
+    if not any(isinstance(s, dict) and s.get("transform") == "data-parallel" for s in steps or []):
+        return {}
+    derived = getattr(placement, "derived", None)
+    out: dict[int, set[str]] = {}
+    if derived is not None and derived.node_extra:
+        for v in range(derived.n):
+            r = (derived.node_extra[v] or {}).get("replica")
+            dev = placement.assignment.get(derived.ids[v])
+            if isinstance(r, int) and dev is not None:
+                out.setdefault(r, set()).add(dev)
+        return out
+    for node, dev in placement.assignment.items():
+        found = _REPLICA_ID.search(node)
+        if found:
+            out.setdefault(int(found.group(1)), set()).add(dev)
+    return out

@@ -4,6 +4,8 @@ without being told the answer is data parallelism (issue 24)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import orjson
 from click.testing import CliRunner
 
@@ -87,3 +89,29 @@ def test_the_pipeline_steps_read_as_their_builders_write_them():
     assert describe({"steps": steps}, Context("m", 7)) == (
         "3 micro-batches of 3-4 samples (global batch 10) of m, gradients accumulated; "
         "recomputation: 2 forward nodes run again in the backward pass instead of kept")
+
+
+def test_dpos_on_the_data_parallel_graph_is_not_called_data_parallelism():
+    """auto's dpos@data-parallel member places the replicas' operators across devices; its words said
+    "data parallelism: 8 replicas" (issue 33.3).  The words follow the assignment: replicas spread over
+    several devices, counted here from the derived graph's own replica field."""
+    from celeritas_cli.model.costs import cost_model
+    from celeritas_cli.optimize.runner import Runner, Spec
+
+    g, c = layered(80, seed=1), uniform(4, memory=2**40)
+    p = Runner(g, c, cost_model(g, c)).run(Spec("dpos", on="data-parallel")).placement
+    text = describe_placement(p, g, c)
+    assert not text.startswith("data parallelism") and "data parallelism:" not in text
+    assert text.startswith(f"operator placement over a data-parallel graph of 4 replicas of {g.name}, 80 nodes each")
+    d = p.derived
+    homes: dict[int, set[str]] = {}
+    for v in range(d.n):
+        homes.setdefault(d.node_extra[v]["replica"], set()).add(p.assignment[d.ids[v]])
+    split = sum(1 for devs in homes.values() if len(devs) > 1)
+    assert split > 0 and f"{split} of the 4 replicas spread over several devices" in text
+    counts = sorted(Counter(p.assignment.values()).values())
+    assert text.endswith(f"{counts[0]:,}-{counts[-1]:,} nodes per device")
+    p.derived = None  # a placement read back from a file: the node ids say the replicas, the same words
+    assert describe_placement(p, g, c) == text
+    # the data-parallel row itself: every replica whole on a device of its own
+    assert describe_placement(registry.place(g, c, "data-parallel"), g, c).startswith("data parallelism: 4 replicas")

@@ -1,0 +1,133 @@
+"""auto ranks its whole-step members by a cheap estimate before spending
+(issue 33.3): a member estimated near the best is judged at least once,
+whatever its share of the counted budget.  On GPT 1.3B over 8xA100-nvswitch
+the fixed order spent the data-parallel share on data-parallel and left
+fsdp out "over its share of the budget", 10 % slower than fsdp alone.
+Counted evaluations only, never the clock (``time_limit=0``)."""
+
+from __future__ import annotations
+
+import math
+
+from celeritas_cli import registry
+from celeritas_cli.algorithms.ranking import Ranking
+from celeritas_cli.model.cluster import uniform
+from celeritas_cli.model.generate import layered
+from celeritas_cli.optimize.portfolio import (
+    DP_SHARE,
+    OVER_BUDGET,
+    OVER_SHARE,
+    RANK_COST,
+    RANK_MARGIN,
+    REFINE_SHARE,
+    Spec,
+    contenders,
+    plan,
+)
+from celeritas_cli.optimize.search import Search
+
+FSDP, DP, PIPE = Spec("fsdp"), Spec("data-parallel"), Spec("pipeline")
+
+
+def problem():
+    """60 layers over 8 roomy devices: fsdp's sharded graph (per-layer units) is about 4x the replicas', so
+    fsdp costs about 395 evaluations against data-parallel's 97 - over DP_SHARE of a 600-evaluation budget."""
+    return layered(60, seed=1), uniform(8, memory=2**40)
+
+
+def fsdp_first(spec: Spec) -> float | None:
+    """A stand-in ranking: fsdp estimated best, data-parallel and the pipeline far behind."""
+    return {FSDP: 1.0, DP: 1.5, PIPE: 1.6}.get(spec)
+
+
+def test_the_old_rule_leaves_the_member_out_over_its_share():
+    g, c = problem()
+    notes: list[tuple[str, str]] = []
+    specs = plan(g, c, 600, skipped=notes)
+    assert FSDP not in [s for s, _ in specs]
+    assert any(name == "fsdp" and why.startswith(OVER_SHARE) for name, why in notes)
+
+
+def test_a_member_near_the_best_estimate_is_planned_first_whatever_its_share():
+    g, c = problem()
+    near: dict[Spec, float] = {}
+    specs = plan(g, c, 600, estimate=fsdp_first, near=near, spent_before=RANK_COST)
+    assert near == {FSDP: 1.0}
+    spec, charge = specs[0]
+    assert spec == FSDP and charge + 1 > DP_SHARE * 600  # over the share the old rule held it to
+    # the members far from the best follow under the shares, within what the contender leaves of the part
+    rest = sum(ch + 1 for s, ch in specs[1:])
+    assert RANK_COST + charge + 1 + rest <= 600
+
+
+def test_contenders_run_best_estimate_first_and_the_margin_decides():
+    g, c = problem()
+    inside = 1 + 0.9 * RANK_MARGIN
+    est = {FSDP: 1.0, DP: inside, PIPE: 1 + 1.1 * RANK_MARGIN}.get
+    offers = [[(s, 1.0)] for s in (Spec("metis"), DP, FSDP, PIPE)]
+    assert contenders(offers, est) == {FSDP: 1.0, DP: inside}
+    specs = plan(g, c, 4000, estimate=est)
+    assert [s for s, _ in specs[:2]] == [FSDP, DP]
+    # a member the model says cannot fit (inf) is never near; nothing known: the fixed order
+    assert contenders(offers, {FSDP: math.inf, DP: 2.0}.get) == {DP: 2.0}
+    assert contenders(offers, lambda s: None) == {}
+
+
+def test_a_contender_the_whole_budget_cannot_pay_for_is_said():
+    g, c = problem()
+    notes: list[tuple[str, str]] = []
+    specs = plan(g, c, 300, skipped=notes, estimate=fsdp_first, spent_before=RANK_COST)
+    assert FSDP not in [s for s, _ in specs]
+    assert any(name == "fsdp" and why.startswith(OVER_BUDGET) for name, why in notes)
+
+
+def test_the_contender_is_judged_and_the_budget_holds():
+    """End to end with a counted budget: the contender fsdp is judged (a candidate with a score) where
+    the fixed order skipped it, and the search spends at most its budget."""
+    g, c = problem()
+    old = Search(g, c, evaluations=600, time_limit=0.0)
+    old.run()
+    assert "fsdp" not in [x.spec.name for x in old.candidates]
+    s = Search(g, c, evaluations=600, time_limit=0.0, ranking=fsdp_first)
+    out = s.run()
+    judged = {x.spec.name: x.score for x in s.candidates}
+    assert "fsdp" in judged and judged["fsdp"].makespan > 0
+    assert s.budget.spent <= 600 + 1e-9 and not out.clock_cut
+    # fsdp's charge is beyond the portfolio's part: the refinement's share shrank to what the contender left
+    assert s.candidates[0].spec == FSDP
+    assert out.refine_spent <= REFINE_SHARE * 600
+
+
+def test_no_ranking_on_a_budget_too_small_to_pay_for_it():
+    g, c = problem()
+    s = Search(g, c, evaluations=150, time_limit=0.0, ranking=fsdp_first)  # RANK_COST is over 0.1 of 150
+    s.run()
+    assert s.near == {} and s.budget.spent <= 150 + 1e-9
+
+
+def test_the_estimates_are_near_the_simulated_steps():
+    """The cheap models against the judge on a graph they were not tuned on: optimistic or close (they
+    leave out contention), never far; both within the margin's reasoning (issue 33.3)."""
+    g, c = layered(200, seed=3), uniform(4, memory=2**40)
+    r = Ranking(g, c)
+    for spec in (DP, FSDP):
+        est = r(spec)
+        sim = registry.place(g, c, spec.algo).estimate["makespan_s"]
+        assert 0.7 * sim <= est <= 1.05 * sim, (spec.name, est, sim)
+    assert r(Spec("metis")) is None and r(Spec("data-parallel", (("bucket_mb", 0.0),))) is None
+    assert r(PIPE) > 0
+
+
+def test_the_ranking_is_counted_and_repeatable():
+    """The real estimates (no stand-in): charged RANK_COST, and two runs with the same budget and no wall
+    clock rank, plan and answer the same (the clock only caps)."""
+    g, c = layered(60, seed=1), uniform(4, memory=2**40)
+    runs = []
+    for _ in range(2):
+        s = Search(g, c, evaluations=400, time_limit=0.0, ranking=Ranking(g, c))
+        out = s.run()
+        runs.append((dict(s.near), [x.spec.name for x in s.candidates], out.device_of, out.score))
+        assert s.budget.spent <= 400 + 1e-9
+    assert runs[0] == runs[1]
+    near, names = runs[0][0], runs[0][1]
+    assert near and all(spec.name in names[:len(near)] for spec in near)  # every contender judged, first
