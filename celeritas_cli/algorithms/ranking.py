@@ -66,7 +66,9 @@ from ..pipelining.layers import LayerSequence
 from ..transform.batch import declared_batch, whole_samples
 from ..transform.fsdp_units import fsdp_plan
 from .pipelines.model import Model, Plan, Shape
-from .pipelines.search import MICROBATCHES, device_rank
+from ..pipelining.params import SEARCHED_MICROBATCHES
+from ..pipelining.schedules import ONE_F_ONE_B
+from .pipelines.search import device_rank
 from .sharding.data_parallel import DEFAULT_BUCKET_MB, proportional_shares
 
 #: FSDP's stage inside auto (the fsdp row's default, FULL_SHARD)
@@ -151,7 +153,7 @@ class Ranking:
 
     def _dp_shape(self, proportional: bool) -> Shape:
         devs = list(range(self.cluster.k))
-        return Shape((tuple(devs),), 1, "1f1b", "off", self._shares(proportional, devs), DEFAULT_BUCKET_MB)
+        return Shape((tuple(devs),), 1, ONE_F_ONE_B, "off", self._shares(proportional, devs), DEFAULT_BUCKET_MB)
 
     def _ring(self, devs: list[int]) -> tuple[float, float]:
         """The ring over *devs*: its slowest link's bandwidth and its largest latency."""
@@ -220,13 +222,13 @@ class Ranking:
             if k % p:
                 continue
             R = k // p
-            allowed = [m for m in MICROBATCHES if m * R <= batch and not (R > 1 and batch % m) and (p > 1 or m > 1)]
+            allowed = [m for m in SEARCHED_MICROBATCHES if m * R <= batch and not (R > 1 and batch % m) and (p > 1 or m > 1)]
             if not allowed:
                 continue
             wanted = MICRO_PER_RANK * p  # R m = 4 k micro-batches in all: one batch fraction for every depth
             m = min(allowed, key=lambda m: (m < wanted, abs(m - wanted)))
             groups = tuple(tuple(ranked[s * R:(s + 1) * R]) for s in range(p))
-            plan = model.cut(Shape(groups, m, "1f1b", "auto", None, DEFAULT_BUCKET_MB if p == 1 else 0.0))
+            plan = model.cut(Shape(groups, m, ONE_F_ONE_B, "auto", None, DEFAULT_BUCKET_MB if p == 1 else 0.0))
             if plan is not None and fits(plan):
                 best = min(best, plan.time_s)
         return best
