@@ -310,35 +310,6 @@ def dp_rank_main(rank: int, job: dict) -> dict:
     return out
 
 
-def replica_reference(pre: DPPrepared, threads: int, say):
-    """The yardstick of replicated plans (module docstring): the unplaced step on every shard at
-    *threads* torch threads, the gradients averaged, then Adam; ``(Reference, generator states per
-    shard)``."""
-    import torch
-
-    from .executor import ADAM
-    from .reference import Reference, adam_reference, reference_grads
-
-    ref_dev = pre.tdev[pre.devices[0]]
-    say(f"running the unplaced step on each of the {pre.k} shards of {pre.replica_batch} on {ref_dev}")
-    losses, grads, states = [], {}, []
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)          # the replicas' threads: same kernels, same rounding
-    try:
-        for inputs, target in pre.shards:
-            loss, g, st = reference_grads(pre.step, ref_dev, seed=pre.step.seed, inputs=inputs, target=target)
-            losses.append(loss)
-            states.append(st)
-            for p, t in g.items():
-                grads[p] = t if p not in grads else grads[p] + t
-    finally:
-        torch.set_num_threads(saved)
-    ref = Reference(loss=(sum(losses[1:], losses[0]) / pre.k).cpu(),
-                    params=adam_reference(pre.step, {p: t / pre.k for p, t in grads.items()}, ADAM),
-                    rng_states={}, device=ref_dev)
-    return ref, states
-
-
 def replica_job(pre: DPPrepared, states: list, *, steps: int, warmup: int, threads: int, timeout: float,
                 node_times: bool = False) -> dict:
     """What every replica's rank needs (:func:`dp_rank_main`, :func:`.fsdp_run.fsdp_rank_main`)."""
@@ -388,6 +359,7 @@ def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmu
     import torch
 
     from ..profile.launch import launch
+    from .reference import replica_reference
     from .report import compare
 
     say = progress or (lambda msg: None)

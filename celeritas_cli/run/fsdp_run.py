@@ -30,7 +30,7 @@ chunks; rank ``q`` holds chunk ``q`` and its two Adam moments (FSDP section
   elementwise, so one call on the chunk equals ``torch.optim.Adam`` per
   parameter) updates chunk ``q`` only.
 
-The yardstick is data parallelism's (:func:`~.data_parallel.replica_reference`:
+The yardstick is data parallelism's (:func:`~.reference.replica_reference`:
 the unplaced step on each shard, gradients averaged, Adam); the updated
 parameters are assembled from the ranks' chunks.  Stages 1-3 compute the
 same step; they differ in what each rank holds.
@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidInput
-from .data_parallel import DPPrepared, prepare_dp, replica_job, replica_program, replica_reference, replica_report
+from .data_parallel import DPPrepared, prepare_dp, replica_job, replica_program, replica_report
 from .executor import Runner
 
 #: what each stage shards besides the batch (ZeRO section 5)
@@ -431,6 +431,7 @@ def run_fsdp(pre: FSDPPrepared, placement, cluster, *, label: str, steps: int, w
     """Reference, the sharded replicas (:func:`fsdp_rank_main`), the ``placer.run/v1`` report with an
     ``fsdp`` section."""
     from ..profile.launch import launch
+    from .reference import replica_reference
 
     say = progress or (lambda msg: None)
     ref, states = replica_reference(pre, threads, say)

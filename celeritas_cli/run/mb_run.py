@@ -3,9 +3,9 @@ placement (:mod:`.mb_plan`): the references, the run (one process, or one
 per device with ``--backend gloo``), and the ``placer.run/v1`` report.
 
 The numerics check: the placed step against the unplaced step on the whole
-batch (:func:`~.mb_reference.whole_reference`), within the run's
+batch (:func:`~.reference.whole_reference`), within the run's
 tolerance, when the model has no BatchNorm; against the unplaced
-micro-batched step (:func:`~.mb_reference.microbatch_reference`, GPipe's
+micro-batched step (:func:`~.reference.microbatch_reference`, GPipe's
 semantics: BatchNorm statistics per micro-batch) when it has.  Both
 comparisons are in the report (``microbatch.whole_batch`` and
 ``microbatch.per_microbatch``); the second is exact (0) for a correct run,
@@ -149,7 +149,7 @@ def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, ste
     import torch
 
     from .mb_program import MBProgram
-    from .mb_reference import has_batchnorm, microbatch_reference, whole_reference
+    from .reference import has_batchnorm, microbatch_reference, whole_reference
     from .report import build_report, compare
 
     say = progress or (lambda msg: None)

@@ -44,7 +44,7 @@ RNG_LOCK = threading.Lock()
 
 def scaled(t, w: float):
     """*t* times *w* (the tensor itself for ``w == 1``): the weighting of a
-    micro-batch's gradient, shared with :mod:`.mb_reference` so both round alike."""
+    micro-batch's gradient, shared with :mod:`.reference` so both round alike."""
     return t if w == 1.0 else t * w
 
 
