@@ -7,7 +7,6 @@ the ``placer.run/v1`` report (:mod:`.report`).
 from __future__ import annotations
 
 import os
-import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -231,31 +230,28 @@ def _execute(pre: Prepared, cluster: Cluster, *, backend: str, steps: int, warmu
              timeout: float, say: Callable[[str], None], node_times: bool = False, launcher=None):
     """Run the unplaced reference step, then the placed step (one process, or one per device);
     returns ``(reference, measured, dist_backend or None)``.  torch's thread count is restored after."""
-    import torch
-
+    from .executor import LocalChannel, Runner, measure_local, torch_threads
     from .reference import reference_step
 
     prog, tdev, used = pre.prog, pre.tdev, pre.prog.devices
     ref_dev = tdev[used[0]]
-    saved_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         say(f"running the unplaced step on {ref_dev} ({threads} thread(s))")
         ref = reference_step(pre.step, ref_dev, seed=seed)
         where = ", ".join(f"{cluster.ids[d]}={tdev[d]}" for d in used)
         if backend == "local":
             say(f"running {len(prog.sequence)} nodes on {where} in one process: 1 checked step, "
                 f"{warmup - 1} more warm-up, {steps} timed")
-            return ref, _run_local(prog, tdev, ref.rng_states, steps, warmup, node_times), None
-        from .dist import run_processes
+            channel = LocalChannel(tdev)
+            runner = Runner(prog, tdev, prog.devices, channel, rng_states=ref.rng_states, node_times=node_times)
+            return ref, measure_local(runner, channel, steps=steps, warmup=warmup, node_times=node_times), None
+        from .dist import merge_ranks, run_processes
 
         job = dist_job(pre, ref.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout,
                        node_times=node_times)
         say(f"starting {len(used)} processes ({job['dist_backend']}: {where}; {threads} thread(s) each): "
             f"1 checked step, {warmup - 1} more warm-up, {steps} timed")
-        return ref, _merge_ranks(run_processes(job, timeout=timeout, launcher=launcher)), job["dist_backend"]
-    finally:
-        torch.set_num_threads(saved_threads)
+        return ref, merge_ranks(run_processes(job, timeout=timeout, launcher=launcher)), job["dist_backend"]
 
 
 def _run_data_parallel(pre, placement, cluster, *, label, backend, steps, warmup, threads, timeout, rtol, atol,
@@ -316,57 +312,3 @@ def dist_job(pre: Prepared, rng_states: dict, *, steps: int, warmup: int, thread
             "device_of": prog.device_of, "sequence": prog.sequence, "ranks": used, "torch_devices": tdev,
             "dist_backend": backend, "rng_states": rng_states, "steps": steps, "warmup": warmup, "threads": threads,
             "timeout": timeout, "node_times": node_times}
-
-
-def _run_local(prog, tdev: dict[int, str], rng_states: dict, steps: int, warmup: int,
-               node_times: bool = False) -> dict:
-    from .executor import LocalChannel, Runner
-    from .timing import host, record
-
-    channel = LocalChannel(tdev)
-    runner = Runner(prog, tdev, prog.devices, channel, rng_states=rng_states, node_times=node_times)
-    timing: list[dict] = []
-    first = runner.step()
-    params = {p: t.detach().cpu() for p, t in runner.params().items()}
-    link = {k: list(v) for k, v in channel.link.items()}
-    walls, busy, cpu = [], {d: [] for d in prog.devices}, {d: [] for d in prog.devices}
-    link_s: dict[tuple[int, int], list] = {}
-    for i in range(warmup - 1 + steps):
-        channel.link = {}
-        res = runner.step()
-        if i >= warmup - 1:
-            walls.append(res["wall_s"])
-            for d, b in res["busy"].items():
-                busy[d].append(b)
-                cpu[d].append(res["cpu"][d])
-            for k, row in channel.link.items():
-                link_s.setdefault(k, []).append(row[2])
-            if node_times:
-                timing.append(record(res))
-    for k, row in link.items():
-        secs = link_s.get(k)
-        row[2] = statistics.median(secs) if secs and all(s is not None for s in secs) else None
-    return {"loss": first["loss"].detach().cpu(), "params": params, "walls": walls,
-            "busy": {d: statistics.median(b) for d, b in busy.items()}, "cpu": {d: _median(c) for d, c in cpu.items()},
-            "link": link, "timing": [{"device": None, "host": host(), "timing": timing}]}
-
-
-def _median(values: list) -> float | None:
-    return None if not values or any(v is None for v in values) else statistics.median(values)
-
-
-def _merge_ranks(results: list[dict]) -> dict:
-    """One measurement from the ranks: step time = the slowest rank's, per step."""
-    loss = next((r["loss"] for r in results if r["loss"] is not None), None)
-    params: dict = {}
-    link: dict = {}
-    for r in results:
-        params.update(r["params"])
-        for k, row in r["link"].items():
-            link[k] = [row[0], row[1], None]
-    walls = [max(ws) for ws in zip(*(r["walls"] for r in results))]
-    busy = {r["device"]: statistics.median(r["busy"]) for r in results}
-    cpu = {r["device"]: _median(r["cpu"]) for r in results}
-    return {"loss": loss, "params": params, "walls": walls, "busy": busy, "cpu": cpu, "link": link,
-            "rank_walls": {r["device"]: r["walls"] for r in results},
-            "timing": [{"device": r["device"], "host": r.get("host"), "timing": r.get("timing", [])} for r in results]}

@@ -26,6 +26,7 @@ step) has.
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Callable
 
@@ -240,6 +241,30 @@ def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
                            "link": {k: list(v) for k, v in channel.link.items()}}
     out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=(peers or Peers()).barrier))
     return out
+
+
+def merge_ranks(results: list[dict]) -> dict:
+    """One measurement from the ranks' results: the step time is the slowest rank's, per step; the
+    loss the one rank's that computes it (a plain program) or every instance's (a derived one)."""
+    from .executor import median
+
+    losses = [r["loss"] for r in results if r["loss"] is not None]
+    if losses and isinstance(losses[0], dict):
+        loss: Any = {i: v for lo in losses for i, v in lo.items()}
+    else:
+        loss = losses[0] if losses else None
+    params: dict = {}
+    link: dict = {}
+    for r in results:
+        params.update(r["params"])
+        for k, row in r["link"].items():
+            link[k] = [row[0], row[1], None]
+    walls = [max(ws) for ws in zip(*(r["walls"] for r in results))]
+    busy = {r["device"]: statistics.median(r["busy"]) for r in results}
+    cpu = {r["device"]: median(r["cpu"]) for r in results}
+    return {"loss": loss, "params": params, "walls": walls, "busy": busy, "cpu": cpu, "link": link,
+            "rank_walls": {r["device"]: r["walls"] for r in results},
+            "timing": [{"device": r["device"], "host": r.get("host"), "timing": r.get("timing", [])} for r in results]}
 
 
 def run_processes(job: dict, *, timeout: float, launcher=None) -> list[dict]:

@@ -322,8 +322,6 @@ class ShardedRunner(Runner):
                 self._reduce_scatter(u, d)
 
     def run_node(self, v: int, d: int) -> None:
-        from ..profile.optim import adam_update
-
         p = self.sm.opt_param.get(v)
         if p not in self.unit_of:
             return super().run_node(v, d)
@@ -336,9 +334,7 @@ class ShardedRunner(Runner):
         work.wait()
         grad = grad.to(self.shard[u].device).div_(self.k)
         self.count[u] += 1
-        a = self.adam
-        new = adam_update(self.shard[u], grad, *self.moms[u], self.count[u], lr=a["lr"], betas=a["betas"],
-                          eps=a["eps"])
+        new = self.adam_update(self.shard[u], grad, self.moms[u], self.count[u])
         self.new_shard[u] = new
         if self.stage < 3:                      # ZeRO 1-2: every rank gets the whole updated parameters
             self.pending.update(self._all_gather(u, new))

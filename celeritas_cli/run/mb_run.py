@@ -21,7 +21,6 @@ that, the whole batch's loss agrees to ``~1e-7`` relative.
 
 from __future__ import annotations
 
-import statistics
 from typing import Any, Callable
 
 from ..errors import InvalidInput
@@ -86,51 +85,6 @@ def mb_rank_main(rank: int, job: dict, *, prog=None, peers=None) -> dict:
     return out
 
 
-def run_local(prog, tdev: dict, rng_states: dict, inputs: dict, steps: int, warmup: int) -> dict:
-    """Every device in this process (:class:`~.executor.LocalChannel`); the measurement."""
-    from .executor import LocalChannel
-    from .mb_runner import MBRunner
-
-    channel = LocalChannel(tdev)
-    runner = MBRunner(prog, tdev, prog.devices, channel, rng_states, inputs)
-    first = runner.step()
-    params = {k: t.detach().cpu() for k, t in runner.params().items()}
-    link = {k: list(v) for k, v in channel.link.items()}
-    walls, busy, cpu = [], {d: [] for d in prog.devices}, {d: [] for d in prog.devices}
-    for i in range(warmup - 1 + steps):
-        res = runner.step()
-        if i >= warmup - 1:
-            walls.append(res["wall_s"])
-            for d in prog.devices:
-                busy[d].append(res["busy"][d])
-                cpu[d].append(res["cpu"][d])
-    for row in link.values():
-        row[2] = None
-    return {"loss": {i: v.cpu() for i, v in first["loss"].items()}, "params": params, "walls": walls,
-            "busy": {d: statistics.median(b) for d, b in busy.items()},
-            "cpu": {d: _median(c) for d, c in cpu.items()}, "link": link}
-
-
-def _median(values: list) -> float | None:
-    return None if not values or any(v is None for v in values) else statistics.median(values)
-
-
-def merge_ranks(results: list[dict]) -> dict:
-    """One measurement from the ranks (step time: the slowest rank's, per step)."""
-    loss: dict = {}
-    params: dict = {}
-    link: dict = {}
-    for r in results:
-        loss.update(r["loss"])
-        params.update(r["params"])
-        for k, row in r["link"].items():
-            link[k] = [row[0], row[1], None]
-    return {"loss": loss, "params": params, "link": link,
-            "walls": [max(ws) for ws in zip(*(r["walls"] for r in results))],
-            "busy": {r["device"]: statistics.median(r["busy"]) for r in results},
-            "cpu": {r["device"]: _median(r["cpu"]) for r in results}}
-
-
 def placed_result(prog, measured: dict):
     """``(loss, params of replica 0, largest difference between replicas)`` of a run."""
     import torch
@@ -146,9 +100,9 @@ def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, ste
            threads: int, timeout: float, rtol: float, atol: float, congestion: str, load, seed: int = 0,
            progress: Callable[[str], None] | None = None) -> dict:
     """References, the run, the report (module docstring)."""
-    import torch
-
+    from .executor import LocalChannel, measure_local, torch_threads
     from .mb_program import MBProgram
+    from .mb_runner import MBRunner
     from .reference import has_batchnorm, microbatch_reference, whole_reference
     from .report import build_report, compare
 
@@ -156,9 +110,7 @@ def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, ste
     prog = MBProgram(pre)
     used = prog.devices
     ref_dev = pre.tdev[used[0]]
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         say(f"running the unplaced step on the batch of {pre.layout.total} and on each of the "
             f"{len(pre.layout.sizes)} micro-batches on {ref_dev} ({threads} thread(s))")
         whole, random_values = whole_reference(prog, ref_dev, seed=seed)
@@ -167,11 +119,14 @@ def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, ste
         if backend == "local":
             say(f"running {pre.graph.n} derived nodes on {where} in one process: 1 checked step, {warmup - 1} more "
                 f"warm-up, {steps} timed")
-            measured, dist_backend = run_local(prog, pre.tdev, whole.rng_states, pre.inputs, steps, warmup), None
+            channel = LocalChannel(pre.tdev)
+            runner = MBRunner(prog, pre.tdev, prog.devices, channel, whole.rng_states, pre.inputs)
+            measured = measure_local(runner, channel, steps=steps, warmup=warmup, link_seconds=False)
+            dist_backend = None
         else:
             from ..profile.launch import launch
-
             from .checks import dist_backend as which
+            from .dist import merge_ranks
 
             dist_backend = which(pre.tdev, used)
             job = mb_job(pre, whole.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout,
@@ -180,8 +135,6 @@ def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, ste
                 f"step, {warmup - 1} more warm-up, {steps} timed")
             measured = merge_ranks(launch("celeritas_cli.run.mb_run", job, len(used), timeout=timeout,
                                           what="placer run"))
-    finally:
-        torch.set_num_threads(saved)
     loss, params, spread = placed_result(prog, measured)
     bn = has_batchnorm(pre.whole)
     c_whole = compare(loss, params, whole, rtol=rtol, atol=atol)

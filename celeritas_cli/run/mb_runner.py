@@ -32,11 +32,9 @@ sequence, so by induction on the sequence every wait ends (:mod:`.dist`).
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
-from ..profile.optim import adam_update
-from .executor import ADAM, Timer, set_rng_state, stand_in, synchronize
+from .executor import Executor, bind, set_rng_state, stand_in
 
 #: held while a random op replays a generator state (ranks run as threads in the tests share the generator)
 RNG_LOCK = threading.Lock()
@@ -79,7 +77,7 @@ class _Ctx:
         self.memo: dict = {}
 
 
-class MBRunner:
+class MBRunner(Executor):
     """Runs the derived nodes of devices *mine* of *prog*, one step at a time.
 
     Parameters
@@ -97,22 +95,14 @@ class MBRunner:
                  adam: dict | None = None):
         import torch
 
-        self.prog, self.channel = prog, channel
-        self.devs = {d: torch.device(torch_devices[d]) for d in mine}
-        self.mine = set(mine)
-        self.seq = [x for x in prog.sequence if prog.device_of[x] in self.mine]
-        self.free = prog.free_after(self.mine)
-        self.rng_states = rng_states or {}
+        super().__init__(prog, torch_devices, mine, channel, rng_states, adam)
         self.inputs = inputs
-        self.adam = dict(ADAM, **(adam or {}))
         self.whole = prog.views[prog.layout.total]
         initial = self.whole.step.state
         self.state: dict[tuple[int, int], Any] = {}
         for (r, s), h in prog.homes.items():
             if prog.device_of[h] in self.mine:
                 self.state[(r, s)] = initial[s].to(self.devs[prog.device_of[h]], copy=True)
-        self.moments: dict[tuple[int, int], tuple] = {}
-        self.steps_done: dict[tuple[int, int], int] = {}
         for x in self.seq:
             act = prog.actions[x]
             if act.kind == "update":
@@ -121,10 +111,7 @@ class MBRunner:
                 self.moments[key] = (torch.zeros_like(initial[key[1]], device=dev),
                                      torch.zeros_like(initial[key[1]], device=dev))
                 self.steps_done[key] = 0
-        self.env: dict[int, dict] = {d: {} for d in self.mine}
         self.consts: dict[tuple, Any] = {}
-        self.unowned: dict[tuple, Any] = {}
-        self.pending: dict[tuple[int, int], Any] = {}
 
     # ------------------------------------------------------------ values
     def get(self, key: tuple, d: int):
@@ -168,8 +155,6 @@ class MBRunner:
 
     def call(self, fxn, ctx: _Ctx, shape_only: bool | None = None):
         """Run fx call *fxn* in *ctx* (a factory op gets stand-ins of its real inputs)."""
-        from torch.fx.node import map_arg
-
         view, dev = ctx.view, self.devs[ctx.d]
         if shape_only is None:
             shape_only = view.role.get(fxn, ("none",))[0] == "factory"
@@ -179,10 +164,7 @@ class MBRunner:
                 return stand_in(n.meta["val"], dev)
             return self.fx_value(n, ctx)
 
-        args = map_arg(fxn.args, arg)
-        kwargs = map_arg(fxn.kwargs, arg)
-        if "device" in kwargs:
-            kwargs = dict(kwargs, device=dev)
+        args, kwargs = bind(fxn, arg, dev)
         if fxn.name in self.rng_states and fxn in view.random:
             with RNG_LOCK:
                 set_rng_state(dev, self.rng_states[fxn.name])
@@ -230,12 +212,7 @@ class MBRunner:
             else:
                 p = view.sm.opt_param[act.v]
                 key = (act.inst[0], p)
-                grad = self.fx_value(view.sm.grad_fx[act.v], ctx)
-                self.steps_done[key] += 1
-                m, m2 = self.moments[key]
-                a = self.adam
-                self.pending[key] = adam_update(self.state[key], grad, m, m2, self.steps_done[key], lr=a["lr"],
-                                                betas=a["betas"], eps=a["eps"])
+                self.update(key, self.state[key], self.fx_value(view.sm.grad_fx[act.v], ctx))
             return
         if kind == "accum":
             for out, prev, pw, part, w in act.parts:
@@ -272,39 +249,16 @@ class MBRunner:
         ctx = _Ctx(x, d, view, inst, {role: (key, 1.0)} if role[0] == "out" else {})
         return self.fx_value(view.sm.loss, ctx)
 
-    # -------------------------------------------------------------- step
-    def step(self) -> dict:
-        """Run one step: ``{"loss": {instance: loss}, "busy", "cpu", "wall_s"}``
-        (losses of the instances whose loss this process computes)."""
-        prog = self.prog
-        timer = Timer(self.devs)
-        t_start = time.perf_counter()
-        self.channel.begin()
-        for x in self.seq:
-            d = prog.device_of[x]
-            for ti in prog.needs[x]:
-                t = prog.transfers[ti]
-                if t.key not in self.env[d]:
-                    self.env[d][t.key] = self.channel.fetch(t)
-            mark = timer.start(d)
-            self.run_node(x, d)
-            timer.stop(d, mark)
-            for ti in prog.sends[x]:
-                t = prog.transfers[ti]
-                self.channel.send(t, self.get(t.key, t.src))
-            for dd, key in self.free.get(prog.position[x], ()):
-                self.env[dd].pop(key, None)
-        losses = {inst: self.loss_value(inst).detach() for inst, (d, _, _) in prog.loss_keys.items()
-                  if d in self.mine}
-        self.channel.end()
-        synchronize(self.devs.values())
-        wall = time.perf_counter() - t_start
-        self.state.update(self.pending)
-        self.pending = {}
-        for d in self.mine:
-            self.env[d].clear()
+    def send_value(self, t):
+        return self.get(t.key, t.src)
+
+    def losses(self) -> dict:
+        """The losses of the instances whose loss this process computes (the step's ``"loss"``)."""
+        return {inst: self.loss_value(inst).detach() for inst, (d, _, _) in self.prog.loss_keys.items()
+                if d in self.mine}
+
+    def end_step(self) -> None:
         self.consts = {}
-        return {"loss": losses, "busy": timer.totals(), "cpu": dict(timer.cpu), "wall_s": wall}
 
     def params(self) -> dict[tuple[int, int], Any]:
         """``(replica, parameter) -> value`` of the parameters updated here."""

@@ -148,22 +148,18 @@ def replica_reference(pre, threads: int, say):
     :class:`~.data_parallel.DPPrepared`): the unplaced step on every shard at
     *threads* torch threads, the gradients averaged, then Adam;
     ``(Reference, generator states per shard)``."""
-    import torch
+    from .executor import torch_threads
 
     ref_dev = pre.tdev[pre.devices[0]]
     say(f"running the unplaced step on each of the {pre.k} shards of {pre.replica_batch} on {ref_dev}")
     losses, grads, states = [], {}, []
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)          # the replicas' threads: same kernels, same rounding
-    try:
+    with torch_threads(threads):            # the replicas' threads: same kernels, same rounding
         for inputs, target in pre.shards:
             loss, g, st = reference_grads(pre.step, ref_dev, seed=pre.step.seed, inputs=inputs, target=target)
             losses.append(loss)
             states.append(st)
             for p, t in g.items():
                 grads[p] = t if p not in grads else grads[p] + t
-    finally:
-        torch.set_num_threads(saved)
     ref = Reference(loss=(sum(losses[1:], losses[0]) / pre.k).cpu(),
                     params=adam_reference(pre.step, {p: t / pre.k for p, t in grads.items()}, ADAM),
                     rng_states={}, device=ref_dev)

@@ -57,7 +57,8 @@ from celeritas_cli.model.jsonio import validate, write_json  # noqa: E402
 from celeritas_cli.run import api  # noqa: E402
 from celeritas_cli.run.mb_program import MBProgram  # noqa: E402
 from celeritas_cli.run.reference import microbatch_reference, whole_reference  # noqa: E402
-from celeritas_cli.run.mb_run import mb_job, mb_rank_main, merge_ranks, placed_result  # noqa: E402
+from celeritas_cli.run.dist import merge_ranks  # noqa: E402
+from celeritas_cli.run.mb_run import mb_job, mb_rank_main, placed_result  # noqa: E402
 from celeritas_cli.run.report import compare  # noqa: E402
 from celeritas_cli.run.step import capture_real  # noqa: E402
 from celeritas_cli.pipelining.cuts import (  # noqa: E402
