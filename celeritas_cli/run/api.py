@@ -15,7 +15,7 @@ from ..model.cluster import Cluster
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.graph import Graph
 from ..model.placement import Placement
-from .checks import check_graph_file, check_same_graph, default_device_map, dist_backend
+from .checks import check_graph_file, check_same_graph, default_device_map
 
 __all__ = ["BACKENDS", "Prepared", "check_graph_file", "check_same_graph", "default_device_map", "default_threads",
            "dist_job", "prepare", "run_placement"]
@@ -305,10 +305,10 @@ def dist_job(pre: Prepared, rng_states: dict, *, steps: int, warmup: int, thread
     """What every rank of ``--backend gloo`` needs (:func:`celeritas_cli.run.dist.rank_main`): the
     model to capture, the placement as device and sequence lists, the torch device of each rank,
     the generator states to replay.  NCCL when every device is a distinct GPU, else gloo."""
-    step, prog, tdev = pre.step, pre.prog, pre.tdev
-    used = prog.devices
-    backend = dist_backend(tdev, used)
-    return {"spec": step.spec, "batch": step.batch, "config": step.config, "seed": step.seed, "ids": step.sm.ids,
-            "device_of": prog.device_of, "sequence": prog.sequence, "ranks": used, "torch_devices": tdev,
-            "dist_backend": backend, "rng_states": rng_states, "steps": steps, "warmup": warmup, "threads": threads,
-            "timeout": timeout, "node_times": node_times}
+    from .checks import job_core
+
+    prog = pre.prog
+    job = job_core(pre.step, prog.devices, pre.tdev, rng_states, steps=steps, warmup=warmup, threads=threads,
+                   timeout=timeout)
+    job.update(batch=pre.step.batch, device_of=prog.device_of, sequence=prog.sequence, node_times=node_times)
+    return job

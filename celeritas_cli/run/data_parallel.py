@@ -277,13 +277,9 @@ def replica_program(rank: int, job: dict, step=None):
     import torch
 
     from .program import Program
-    from .step import capture_real
+    from .step import worker_capture
 
-    if step is None:
-        step = capture_real(job["spec"], job["batch"], config=job["config"], seed=job["seed"])
-    if step.sm.ids != job["ids"]:
-        raise InvalidInput("the model captured in a worker process differs from the parent's capture")
-    step = dataclasses.replace(step, inputs=job["shards"][rank][0], target=job["shards"][rank][1])
+    step = dataclasses.replace(worker_capture(job, job["batch"], step), inputs=job["shards"][rank][0], target=job["shards"][rank][1])
     me = job["ranks"][rank]
     return Program(step, [me] * len(step.sm.ids), job["sequence"]), me, torch.device(job["torch_devices"][me])
 
@@ -313,12 +309,13 @@ def dp_rank_main(rank: int, job: dict) -> dict:
 def replica_job(pre: DPPrepared, states: list, *, steps: int, warmup: int, threads: int, timeout: float,
                 node_times: bool = False) -> dict:
     """What every replica's rank needs (:func:`dp_rank_main`, :func:`.fsdp_run.fsdp_rank_main`)."""
-    ranks = pre.devices
-    return {"spec": pre.step.spec, "batch": pre.replica_batch, "config": pre.step.config, "seed": pre.step.seed,
-            "ids": pre.step.sm.ids, "sequence": pre.sequence, "ranks": ranks, "torch_devices": pre.tdev,
-            "rank_devices": {r: pre.tdev[d] for r, d in enumerate(ranks)}, "dist_backend": dist_backend(pre.tdev, ranks),
-            "rng_states": states, "shards": pre.shards, "steps": steps, "warmup": warmup, "threads": threads,
-            "timeout": timeout, "node_times": node_times, "buckets": pre.buckets}
+    from .checks import job_core
+
+    job = job_core(pre.step, pre.devices, pre.tdev, states, steps=steps, warmup=warmup, threads=threads,
+                   timeout=timeout)
+    job.update(batch=pre.replica_batch, sequence=pre.sequence, shards=pre.shards, node_times=node_times,
+               buckets=pre.buckets)
+    return job
 
 
 def replica_report(pre: DPPrepared, placement, cluster, results: list[dict], numerics: dict, notes: list[str], *,

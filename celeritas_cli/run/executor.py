@@ -427,6 +427,13 @@ class LocalChannel:
         self.copies = {}
 
 
+def cpu_loss(loss):
+    """A step's ``"loss"`` on the CPU: one tensor, ``{instance: tensor}`` (a derived program) or ``None``."""
+    if loss is None:
+        return None
+    return {i: v.detach().cpu() for i, v in loss.items()} if isinstance(loss, dict) else loss.detach().cpu()
+
+
 def measure_local(runner, channel: LocalChannel, *, steps: int, warmup: int, node_times: bool = False,
                   link_seconds: bool = True) -> dict:
     """Every device in this process: the checked step (its loss and parameters, CPU), ``warmup - 1``
@@ -438,8 +445,7 @@ def measure_local(runner, channel: LocalChannel, *, steps: int, warmup: int, nod
     devices = sorted(runner.mine)
     timing: list[dict] = []
     first = runner.step()
-    loss = first["loss"]
-    loss = {i: v.detach().cpu() for i, v in loss.items()} if isinstance(loss, dict) else loss.detach().cpu()
+    loss = cpu_loss(first["loss"])
     params = {p: t.detach().cpu() for p, t in runner.params().items()}
     link = {k: list(v) for k, v in channel.link.items()}
     walls, busy, cpu = [], {d: [] for d in devices}, {d: [] for d in devices}

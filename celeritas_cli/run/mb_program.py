@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
-from .mb_plan import MBPrepared, state_homes
+from .mb_plan import MBPrepared, batch_layout, node_infos, state_homes
 from .program import Program, Transfer
 
 GRADIENT_READERS = ("accum", "update", "reduce-scatter", "bucket")
@@ -433,3 +433,35 @@ class MBProgram:
             row[0] += t.nbytes
             row[1] += 1
         return out
+
+
+def mb_job(pre: MBPrepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float,
+           dist_backend: str | None = None) -> dict:
+    """What every rank of a derived program needs (:func:`~.dist.rank_main`) to rebuild it
+    (:func:`program_from_job`) and run its device; *dist_backend* overrides the process group's."""
+    from .checks import job_core
+
+    job = job_core(pre.whole, pre.devices, pre.tdev, rng_states, steps=steps, warmup=warmup, threads=threads,
+                   timeout=timeout)
+    job.update(batch=pre.batch, recipe=pre.recipe, sizes=sorted(pre.steps_by_size), device_of=pre.device_of,
+               sequence=pre.sequence, inputs=pre.inputs)
+    if dist_backend is not None:
+        job["dist_backend"] = dist_backend
+    return job
+
+
+def program_from_job(job: dict) -> MBProgram:
+    """The :class:`MBProgram` of a rank: the same captures (same seed:
+    bit-identical values), the derived graph rebuilt from the recipe, the
+    parent's devices and sequence."""
+    from ..model.graph import Graph
+    from .step import worker_capture
+
+    steps = {n: worker_capture(job, n) for n in job["sizes"]}
+    base = steps[job["batch"]]
+    derived, infos = node_infos(Graph.from_dict(base.doc, base.doc["name"]), job["recipe"])
+    layout = batch_layout(job["recipe"], job["batch"])
+    pre = MBPrepared(batch=job["batch"], steps_by_size=steps, whole=steps[layout.total], recipe=job["recipe"],
+                     layout=layout, graph=derived, infos=infos, device_of=job["device_of"], sequence=job["sequence"],
+                     inputs=job["inputs"], sim={}, sim_graph=None, tdev=job["torch_devices"], graph_from_file=False)
+    return MBProgram(pre)

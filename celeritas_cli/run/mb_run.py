@@ -21,68 +21,9 @@ that, the whole batch's loss agrees to ``~1e-7`` relative.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
-from ..errors import InvalidInput
-from .mb_plan import MBPrepared, batch_layout, node_infos
-
-
-def mb_job(pre: MBPrepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float,
-           dist_backend: str) -> dict:
-    """What every rank needs to rebuild the program (:func:`program_from_job`) and run its device."""
-    whole = pre.whole
-    used = pre.devices
-    return {"spec": whole.spec, "config": whole.config, "seed": whole.seed, "batch": pre.batch,
-            "recipe": pre.recipe, "sizes": sorted(pre.steps_by_size), "ids": whole.sm.ids,
-            "device_of": pre.device_of, "sequence": pre.sequence, "ranks": used, "torch_devices": pre.tdev,
-            "rank_devices": {r: pre.tdev[d] for r, d in enumerate(used)}, "dist_backend": dist_backend,
-            "rng_states": rng_states, "inputs": pre.inputs, "steps": steps, "warmup": warmup, "threads": threads,
-            "timeout": timeout}
-
-
-def program_from_job(job: dict):
-    """The :class:`~.mb_program.MBProgram` of a rank: the same captures (same
-    seed: bit-identical values), the derived graph rebuilt from the recipe,
-    the parent's devices and sequence."""
-    from ..model.graph import Graph
-    from .mb_program import MBProgram
-    from .step import capture_real
-
-    steps = {n: capture_real(job["spec"], n, config=job["config"], seed=job["seed"]) for n in job["sizes"]}
-    if any(s.sm.ids != job["ids"] for s in steps.values()):
-        raise InvalidInput("the model captured in a worker process differs from the parent's capture")
-    base = steps[job["batch"]]
-    derived, infos = node_infos(Graph.from_dict(base.doc, base.doc["name"]), job["recipe"])
-    layout = batch_layout(job["recipe"], job["batch"])
-    pre = MBPrepared(batch=job["batch"], steps_by_size=steps, whole=steps[layout.total], recipe=job["recipe"],
-                     layout=layout,
-                     graph=derived, infos=infos, device_of=job["device_of"], sequence=job["sequence"],
-                     inputs=job["inputs"], sim={}, sim_graph=None, tdev=job["torch_devices"], graph_from_file=False)
-    return MBProgram(pre)
-
-
-def mb_rank_main(rank: int, job: dict, *, prog=None, peers=None) -> dict:
-    """One rank: build the program (unless *prog* is given), run the checked
-    step, ``warmup - 1`` more, then the timed ones, each after a barrier."""
-    import torch
-
-    from .dist import DistChannel, Peers, timed_steps
-    from .mb_runner import MBRunner
-
-    prog = prog or program_from_job(job)
-    me = job["ranks"][rank]
-    dev = torch.device(job["torch_devices"][me])
-    peers = peers or Peers()
-    rank_of = {d: r for r, d in enumerate(job["ranks"])}
-    channel = DistChannel(prog, peers, rank_of, me, dev, prepost=job["dist_backend"] == "gloo",
-                          stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda")
-    runner = MBRunner(prog, {me: dev}, [me], channel, job["rng_states"], job["inputs"])
-    first = runner.step()
-    out: dict[str, Any] = {"rank": rank, "device": me, "loss": {i: v.cpu() for i, v in first["loss"].items()},
-                           "params": {k: t.detach().cpu() for k, t in runner.params().items()},
-                           "link": {k: list(v) for k, v in channel.link.items()}}
-    out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=peers.barrier))
-    return out
+from .mb_plan import MBPrepared
 
 
 def placed_result(prog, measured: dict):
@@ -101,7 +42,7 @@ def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, ste
            progress: Callable[[str], None] | None = None) -> dict:
     """References, the run, the report (module docstring)."""
     from .executor import LocalChannel, measure_local, torch_threads
-    from .mb_program import MBProgram
+    from .mb_program import MBProgram, mb_job
     from .mb_runner import MBRunner
     from .reference import has_batchnorm, microbatch_reference, whole_reference
     from .report import build_report, compare
@@ -124,17 +65,13 @@ def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, ste
             measured = measure_local(runner, channel, steps=steps, warmup=warmup, link_seconds=False)
             dist_backend = None
         else:
-            from ..profile.launch import launch
-            from .checks import dist_backend as which
-            from .dist import merge_ranks
+            from .dist import merge_ranks, run_processes
 
-            dist_backend = which(pre.tdev, used)
-            job = mb_job(pre, whole.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout,
-                         dist_backend=dist_backend)
+            job = mb_job(pre, whole.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout)
+            dist_backend = job["dist_backend"]
             say(f"starting {len(used)} processes ({dist_backend}: {where}; {threads} thread(s) each): 1 checked "
                 f"step, {warmup - 1} more warm-up, {steps} timed")
-            measured = merge_ranks(launch("celeritas_cli.run.mb_run", job, len(used), timeout=timeout,
-                                          what="placer run"))
+            measured = merge_ranks(run_processes(job, timeout=timeout))
     loss, params, spread = placed_result(prog, measured)
     bn = has_batchnorm(pre.whole)
     c_whole = compare(loss, params, whole, rtol=rtol, atol=atol)
@@ -188,9 +125,3 @@ def _notes(pre, prog, bn: bool, spread: float) -> list[str]:
                      f"(the simulator chunks bytes: ring links may differ by a few bytes); replicas' parameters "
                      f"differ by at most {spread:.3g}")
     return notes
-
-
-if __name__ == "__main__":
-    from ..profile.launch import worker_main
-
-    worker_main(mb_rank_main)

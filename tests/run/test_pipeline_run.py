@@ -58,7 +58,9 @@ from celeritas_cli.run import api  # noqa: E402
 from celeritas_cli.run.mb_program import MBProgram  # noqa: E402
 from celeritas_cli.run.reference import microbatch_reference, whole_reference  # noqa: E402
 from celeritas_cli.run.dist import merge_ranks  # noqa: E402
-from celeritas_cli.run.mb_run import mb_job, mb_rank_main, placed_result  # noqa: E402
+from celeritas_cli.run.dist import rank_main as mb_rank_main  # noqa: E402
+from celeritas_cli.run.mb_program import mb_job  # noqa: E402
+from celeritas_cli.run.mb_run import placed_result  # noqa: E402
 from celeritas_cli.run.report import compare  # noqa: E402
 from celeritas_cli.run.step import capture_real  # noqa: E402
 from celeritas_cli.pipelining.cuts import (  # noqa: E402
