@@ -20,10 +20,10 @@ its share of the batch with a :class:`.executor.Runner` whose ``grad_hook``
 all-reduces each gradient before its update.  A placement whose recipe
 micro-batches or recomputes (pipelines, GPipe / 1F1B / interleaved orders,
 optionally with data parallelism: hybrids) runs node by node of its derived
-graph (:mod:`.mb_plan`, :mod:`.mb_program`, :mod:`.mb_runner`,
-:mod:`.mb_run`) and is exported as a
+graph (:mod:`.plan`, :mod:`.derived_program`, :mod:`.derived_executor`,
+:mod:`.derived_run`) and is exported as a
 ``torch.distributed.pipelining`` program where it can be (:mod:`.pipe_export`),
-else as placer's own code (:mod:`.mb_export`).  Other placements that
+else as placer's own code (:mod:`.derived_export`).  Other placements that
 transform the graph (operation splitting, a coarse ``base``) are refused
 with one line.
 

@@ -79,43 +79,37 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
     InvalidInput
         Placement or graph made for another graph, an invalid placement, a bad device map.
     """
-    from ..sim.simulator import simulate
-    from .data_parallel import dp_recipe, prepare_dp
+    from .plan import plan_of, simulated
     from .program import Program
     from .step import capture_real
 
-    from .mb_plan import executed_recipe, prepare_mb
-
     say = progress or (lambda msg: None)
-    steps = executed_recipe(placement, label)
-    if steps is not None:  # micro-batches, pipelines, recomputation (+ data parallelism): run/mb_*.py
-        return prepare_mb(spec, batch, placement, cluster, steps, label=label, config=config, graph=graph,
-                          graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
-                          progress=progress, step=step)
-    from .fsdp_run import fsdp_recipe, prepare_fsdp
+    kind, recipe = plan_of(placement, label)
+    if kind != "plain":
+        kw = dict(label=label, config=config, graph=graph, graph_label=graph_label, device_map=device_map, seed=seed,
+                  congestion=congestion, progress=progress, step=step)
+        if kind == "derived":       # micro-batches, pipelines, recomputation (+ data parallelism)
+            from .plan import prepare_mb
 
-    recipe = fsdp_recipe(placement, label)
-    if recipe is not None:  # sharded data parallelism: run/fsdp_run.py
-        return prepare_fsdp(spec, batch, placement, cluster, recipe, label=label, config=config, graph=graph,
-                            graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
-                            progress=progress, step=step)
-    recipe = dp_recipe(placement, label)
-    if recipe is not None:
-        return prepare_dp(spec, batch, placement, cluster, recipe, label=label, config=config, graph=graph,
-                          graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
-                          progress=progress, step=step)
+            return prepare_mb(spec, batch, placement, cluster, recipe, **kw)
+        if kind == "fsdp":          # sharded data parallelism
+            from .fsdp_run import prepare_fsdp
+
+            return prepare_fsdp(spec, batch, placement, cluster, recipe, **kw)
+        from .data_parallel import prepare_dp
+
+        return prepare_dp(spec, batch, placement, cluster, recipe, **kw)
     if step is None:
         say(f"capturing {spec} at batch {batch} with real parameters (seed {seed})")
         step = capture_real(spec, batch, config=config, seed=seed)
-    check_same_graph(step.doc, placement, label, graph, graph_label)
-    sim_graph = graph if graph is not None else Graph.from_dict(step.doc, step.doc["name"])
-    scheds: list = []
-    sim = simulate(sim_graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
+    check_same_graph(step.doc, placement, label)
+    sim, sim_graph, sched = simulated(step, placement, cluster, label=label, graph=graph, graph_label=graph_label,
+                                      congestion=congestion)
     device_of = [cluster.index[placement.assignment[nid]] for nid in step.sm.ids]
-    prog = Program(step, device_of, _sequence(step, sim_graph, scheds[0]))
+    prog = Program(step, device_of, _sequence(step, sim_graph, sched))
     tdev = default_device_map(cluster, prog.devices, device_map)
     return Prepared(step=step, prog=prog, sim=sim, sim_graph=sim_graph, tdev=tdev, graph_from_file=graph is not None,
-                    sched=scheds[0])
+                    sched=sched)
 
 
 def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster, *, label: str = "placement",
@@ -175,10 +169,10 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
     pre = prepared or prepare(spec, batch, placement, cluster, label=label, config=config, graph=graph,
                               graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
                               progress=progress)
-    from .mb_plan import MBPrepared
+    from .plan import MBPrepared
 
     if isinstance(pre, MBPrepared):
-        from .mb_run import run_mb
+        from .derived_run import run_mb
 
         if launcher is not None:
             raise InvalidInput(f"{label}: under torchrun placer run executes plain and data-parallel placements; "

@@ -208,7 +208,7 @@ def timed_steps(runner, me: int, *, warmup: int, steps: int, barrier: Callable[[
 def rank_main(rank: int, job: dict, *, step=None, prog=None, peers=None) -> dict:
     """Everything one rank of a placed program does: build the program (unless *prog* is given: a
     plain :class:`~.program.Program` of the capture, or *step*; a derived program,
-    :func:`~.mb_program.program_from_job`, when the job has a ``recipe``), run
+    :func:`~.derived_program.program_from_job`, when the job has a ``recipe``), run
     ``1 + warmup + steps`` steps, return its results.
 
     The first step starts from the initial values and is the one whose loss
@@ -221,8 +221,8 @@ def rank_main(rank: int, job: dict, *, step=None, prog=None, peers=None) -> dict
     dev = torch.device(job["torch_devices"][me])
     peers = peers or Peers()
     if "recipe" in job:
-        from .mb_program import program_from_job
-        from .mb_runner import MBRunner
+        from .derived_program import program_from_job
+        from .derived_executor import MBRunner
 
         prog = prog or program_from_job(job)
 

@@ -67,31 +67,6 @@ SHARDED = {1: ["optimizer state"], 2: ["optimizer state", "gradients"],
            3: ["optimizer state", "gradients", "parameters"]}
 
 
-def fsdp_recipe(placement, label: str) -> dict | None:
-    """The ``fsdp`` step of *placement*'s recipe; ``None`` when it has none.
-
-    Raises
-    ------
-    InvalidInput
-        An ``fsdp`` step with other steps or a coarse base graph.
-
-    >>> from types import SimpleNamespace as NS
-    >>> fsdp_recipe(NS(derivation={"steps": [{"transform": "fsdp", "replicas": 2}]}), "p")["replicas"]
-    2
-    >>> fsdp_recipe(NS(derivation=None), "p") is None
-    True
-    """
-    d = placement.derivation or {}
-    steps = d.get("steps") or []
-    kinds = [s.get("transform") for s in steps]
-    if "fsdp" not in kinds:
-        return None
-    if len(steps) != 1 or d.get("base"):
-        what = " + ".join(str(k) for k in kinds) + (" of a coarse graph" if d.get("base") else "")
-        raise InvalidInput(f"{label}: the recipe is {what}; placer run executes an fsdp step alone")
-    return steps[0]
-
-
 @dataclass
 class FSDPPrepared(DPPrepared):
     """A sharded data-parallel placement applied to a captured step (:func:`prepare_fsdp`):

@@ -16,7 +16,7 @@
   unplaced micro-batched step (:func:`microbatch_reference`): the traced
   step at each instance's size run whole on one device on the instance's
   rows, its random constants the rows of the whole batch's
-  (:func:`~.mb_runner.narrow_rows`), the gradients weighted by the
+  (:func:`~.derived_executor.narrow_rows`), the gradients weighted by the
   instances' shares and summed in the plan's order (micro-batches of a
   replica in order, then the ring all-reduce's order of replicas, chunk by
   chunk), then ``torch.optim.Adam``.  It is what GPipe computes (BatchNorm
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .executor import ADAM, is_random, rng_state, set_rng_state
-from .mb_runner import narrow_rows, scaled
+from .derived_executor import narrow_rows, scaled
 
 
 @dataclass
@@ -186,10 +186,10 @@ def whole_reference(prog, device: str = "cpu", *, seed: int = 0):
 def microbatch_reference(prog, inputs: dict, random_values: dict, rng_states: dict, device: str = "cpu", *,
                          seed: int = 0, adam: dict | None = None) -> Reference:
     """The unplaced micro-batched step (module docstring) of the plan *prog*
-    (an :class:`~.mb_program.MBProgram`) on the instances' rows *inputs*."""
+    (an :class:`~.derived_program.MBProgram`) on the instances' rows *inputs*."""
     import torch
 
-    from .mb_program import chunk_ranges
+    from .derived_program import chunk_ranges
 
     lay = prog.layout
     sm = prog.sm

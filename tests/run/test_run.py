@@ -385,7 +385,7 @@ def test_data_parallel_placement_is_prepared_as_replicas_with_shards():
 
 
 def test_placements_that_split_operations_are_refused():
-    from celeritas_cli.run.data_parallel import dp_recipe
+    from celeritas_cli.run.plan import dp_recipe
 
     p = mlp_split()
     p.derivation = {"steps": [{"transform": "split", "node": "addmm", "dim": "batch", "n": 2}]}

@@ -1,4 +1,4 @@
-"""Execute an :class:`~.mb_program.MBProgram`: every derived node on its
+"""Execute an :class:`~.derived_program.MBProgram`: every derived node on its
 device in the program's sequence, values between devices through a channel
 of :mod:`.executor` (one process) or :mod:`.dist` (one process per device,
 torch.distributed point-to-point).
@@ -22,7 +22,7 @@ torch.distributed point-to-point).
   its statistics over the micro-batch (GPipe, Huang et al. 2019, 2.2).
 
 No deadlock for any valid schedule: every rank follows one global sequence
-(:func:`~.mb_plan.merged_sequence`: a topological order of the derived
+(:func:`~.plan.merged_sequence`: a topological order of the derived
 graph that keeps every device's order, GPipe, 1F1B or interleaved alike),
 sends never block, receives are posted in the order senders post them, and
 a rank waits only for a value whose producer comes earlier in the
@@ -82,7 +82,7 @@ class MBRunner(Executor):
 
     Parameters
     ----------
-    prog : the :class:`~.mb_program.MBProgram`.
+    prog : the :class:`~.derived_program.MBProgram`.
     torch_devices : cluster device -> torch device (for *mine*).
     mine : cluster devices this process runs.
     channel : :class:`~.executor.LocalChannel` or :class:`~.dist.DistChannel`.

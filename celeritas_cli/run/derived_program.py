@@ -1,5 +1,5 @@
 """A derived placement as a program: for every node of the derived graph
-(:mod:`.mb_plan`), the action it runs, the values it reads and where they
+(:mod:`.plan`), the action it runs, the values it reads and where they
 come from, and the transfers between devices.
 
 Values are named by *keys*:
@@ -8,7 +8,7 @@ Values are named by *keys*:
   ``y`` computed it (a micro-batch copy, a recompute clone, an
   accumulation, a ring result);
 * ``("s", r, s)``: parameter or buffer ``s`` of replica ``r``, held by the
-  owner's ``weights`` node (:func:`~.mb_plan.state_homes`);
+  owner's ``weights`` node (:func:`~.plan.state_homes`);
 * ``("f", y)``: the flat gradient bucket of a ring ``bucket`` node;
   ``("r", y)``: the chunk a reduce-scatter or all-gather node holds;
 * ``("chunk", key, a, b)``: elements ``a:b`` of the flattened value *key*
@@ -19,7 +19,7 @@ carries tensor ``"<u>:<k>"`` (the graph's tensor names survive every
 rewrite), so a backward copy reads a recomputed activation from the clone
 and a forward copy from the original, as the recipe says.  Gradient
 accumulations, ring steps and updates read a micro-batch copy's gradient
-weighted by its instance's share of the batch (:meth:`.mb_plan.Layout.weight`).
+weighted by its instance's share of the batch (:meth:`.plan.Layout.weight`).
 
 A value crosses to another device once per (key, destination), sent when
 its producer finishes, received just before its first reader; transfers are
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
-from .mb_plan import MBPrepared, batch_layout, node_infos, state_homes
+from .plan import MBPrepared, batch_layout, node_infos, state_homes
 from .program import Program, Transfer
 
 GRADIENT_READERS = ("accum", "update", "reduce-scatter", "bucket")
@@ -58,7 +58,7 @@ class TraceView:
     """One captured trace (the step at one batch size) as a one-device
     :class:`~.program.Program`: roles, what every node reads, and which
     constants depend on a random op (dropout masks: replayed from the whole
-    batch's, :mod:`.mb_runner`)."""
+    batch's, :mod:`.derived_executor`)."""
 
     def __init__(self, step):
         from .executor import is_random
@@ -104,7 +104,7 @@ class Action:
 
 
 class MBProgram:
-    """The program of an :class:`~.mb_plan.MBPrepared` (module docstring).
+    """The program of an :class:`~.plan.MBPrepared` (module docstring).
 
     Attributes
     ----------

@@ -1,5 +1,5 @@
 """``placer export`` of a micro-batched, pipelined, recomputed or hybrid
-placement as placer's own code: the :class:`~.mb_program.MBProgram`
+placement as placer's own code: the :class:`~.derived_program.MBProgram`
 re-emitted as one :class:`torch.fx.Graph` in its global sequence (what
 ``placer run --backend local`` executes), torch.fx generating the source,
 when ``torch.distributed.pipelining`` cannot express it (:mod:`.pipe_export`).
@@ -125,7 +125,7 @@ _ALL_HELPERS = {**_HELPERS, _rows_marker: "_rows"}
 
 
 class _MBEmitter:
-    """Re-emits an :class:`~.mb_program.MBProgram` as an fx graph (mirrors :class:`~.mb_runner.MBRunner`)."""
+    """Re-emits an :class:`~.derived_program.MBProgram` as an fx graph (mirrors :class:`~.derived_executor.MBRunner`)."""
 
     def __init__(self, prog, cluster_ids: list[str]):
         import torch
@@ -332,11 +332,11 @@ def mb_export_source(prog, cluster_ids: list[str], tdev: dict[int, str], *, grap
 
 
 def export_derived(pre, cluster, *, label: str, algorithm: str) -> tuple[str, str]:
-    """Source of a derived placement (:class:`~.mb_plan.MBPrepared`) and one
+    """Source of a derived placement (:class:`~.plan.MBPrepared`) and one
     line saying what it is: a ``torch.distributed.pipelining`` program where
     :func:`~.pipe_export.why_not` finds no reason against it, else placer's
     own code (:func:`mb_export_source`) and why."""
-    from .mb_program import MBProgram
+    from .derived_program import MBProgram
     from .pipe_export import module_kinds, pipelining_source, why_not
 
     prog = MBProgram(pre)

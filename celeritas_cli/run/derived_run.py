@@ -1,5 +1,5 @@
 """``placer run`` on a micro-batched, pipelined, recomputed or hybrid
-placement (:mod:`.mb_plan`): the references, the run (one process, or one
+placement (:mod:`.plan`): the references, the run (one process, or one
 per device with ``--backend gloo``), and the ``placer.run/v1`` report.
 
 The numerics check: the placed step against the unplaced step on the whole
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .mb_plan import MBPrepared
+from .plan import MBPrepared
 
 
 def placed_result(prog, measured: dict):
@@ -42,8 +42,8 @@ def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, ste
            progress: Callable[[str], None] | None = None) -> dict:
     """References, the run, the report (module docstring)."""
     from .executor import LocalChannel, measure_local, torch_threads
-    from .mb_program import MBProgram, mb_job
-    from .mb_runner import MBRunner
+    from .derived_program import MBProgram, mb_job
+    from .derived_executor import MBRunner
     from .reference import has_batchnorm, microbatch_reference, whole_reference
     from .report import build_report, compare
 
