@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import InvalidInput
 from .plan import MBPrepared, batch_layout, node_infos, state_homes
-from .program import Program, Transfer
+from .program import Program, TransferPlan
 
 GRADIENT_READERS = ("accum", "update", "reduce-scatter", "bucket")
 
@@ -103,7 +103,7 @@ class Action:
     ring: dict | None = None                # ring nodes: own / recv / chunks / keys
 
 
-class MBProgram:
+class MBProgram(TransferPlan):
     """The program of an :class:`~.plan.MBPrepared` (module docstring).
 
     Attributes
@@ -356,32 +356,28 @@ class MBProgram:
         return self.views[size].out_meta(key[2], key[3])
 
     def _transfers(self) -> None:
-        index: dict[tuple, int] = {}
+        seen: set[tuple] = set()
         pending = []
         for x in self.sequence:
             d = self.device_of[x]
             for key in self.reads[x]:
                 h = self.home(key)
-                if h in (-1, d) or (key, d) in index:
+                if h in (-1, d) or (key, d) in seen:
                     continue
                 p = self.producer(key)
                 if self.position[p] >= self.position[x]:
                     raise InvalidInput(f"placer run: '{self.graph.ids[x]}' reads a value of '{self.graph.ids[p]}', "
                                        f"which runs after it in the placement's order")
-                index[(key, d)] = -1
+                seen.add((key, d))
                 pending.append((self.position[p], key, d))
-        pending.sort(key=lambda t: (t[0], t[2]))
-        self.transfers: list[Transfer] = []
+        self.transfers = []
         self.sends: dict[int, list[int]] = {x: [] for x in range(self.graph.n)}
-        for _, key, d in pending:
+
+        def made(key):
             meta = self._meta(key)
-            p = self.producer(key)
-            t = Transfer(index=len(self.transfers), key=key, producer=p, src=self.home(key), dst=d,
-                         nbytes=int(meta.numel()) * meta.element_size(), meta=meta)
-            index[(key, d)] = t.index
-            self.transfers.append(t)
-            self.sends[p].append(t.index)
-        self.transfer_of = {(t.key, t.dst): t.index for t in self.transfers}
+            return self.producer(key), self.home(key), int(meta.numel()) * meta.element_size(), meta
+
+        self.post(pending, made)
         self.needs = {x: [self.transfer_of[(k, self.device_of[x])] for k in dict.fromkeys(self.reads[x])
                           if (k, self.device_of[x]) in self.transfer_of] for x in self.sequence}
 
@@ -424,15 +420,6 @@ class MBProgram:
         if act.kind == "result":
             return [("v", x, u, k) for u, k in act.ring["keys"]]
         return []
-
-    def link_bytes(self) -> dict[tuple[int, int], list[int]]:
-        """``(src, dst) -> [bytes, transfers]`` of the planned transfers."""
-        out: dict[tuple[int, int], list[int]] = {}
-        for t in self.transfers:
-            row = out.setdefault((t.src, t.dst), [0, 0])
-            row[0] += t.nbytes
-            row[1] += 1
-        return out
 
 
 def mb_job(pre: MBPrepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float,
