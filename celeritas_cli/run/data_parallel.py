@@ -254,7 +254,8 @@ def replica_program(rank: int, job: dict, step=None):
     from .program import Program
     from .step import worker_capture
 
-    step = dataclasses.replace(worker_capture(job, job["batch"], step), inputs=job["shards"][rank][0], target=job["shards"][rank][1])
+    step = dataclasses.replace(worker_capture(job, job["batch"], step), inputs=job["shards"][rank][0],
+                               target=job["shards"][rank][1])
     me = job["ranks"][rank]
     return Program(step, [me] * len(step.sm.ids), job["sequence"]), me, torch.device(job["torch_devices"][me])
 

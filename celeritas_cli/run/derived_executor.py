@@ -159,12 +159,8 @@ class MBRunner(Executor):
         if shape_only is None:
             shape_only = view.role.get(fxn, ("none",))[0] == "factory"
 
-        def arg(n):
-            if shape_only and view.sm.src.get(n, ("const",))[0] != "const":
-                return stand_in(n.meta["val"], dev)
-            return self.fx_value(n, ctx)
-
-        args, kwargs = bind(fxn, arg, dev)
+        args, kwargs = bind(fxn, lambda n: self.fx_value(n, ctx), dev, shape_only=shape_only, src=view.sm.src,
+                            make=lambda m: stand_in(m, dev))
         if fxn.name in self.rng_states and fxn in view.random:
             with RNG_LOCK:
                 set_rng_state(dev, self.rng_states[fxn.name])

@@ -140,10 +140,17 @@ def synchronize(devices) -> None:
             torch.cuda.synchronize(dev)
 
 
-def bind(fxn, arg, device):
-    """``(args, kwargs)`` of fx call *fxn* with every input node mapped by *arg* and a ``device``
-    keyword set to *device* (what the runners execute and the exporters emit)."""
+def bind(fxn, value, device, *, shape_only: bool = False, src: dict | None = None, make=None):
+    """``(args, kwargs)`` of fx call *fxn*: every input node ``n`` mapped to ``value(n)``, a
+    ``device`` keyword set to *device* (what the runners execute and the exporters emit).  With
+    *shape_only* (a factory op such as ``empty_like(x)``: ``x`` lends only its shape, strides and
+    dtype), an input that is not a constant (*src*: the step map's) is ``make(traced value)``."""
     from torch.fx.node import map_arg
+
+    def arg(n):
+        if shape_only and src.get(n, ("const",))[0] != "const":
+            return make(n.meta["val"])
+        return value(n)
 
     args = map_arg(fxn.args, arg)
     kwargs = map_arg(fxn.kwargs, arg)
@@ -342,12 +349,9 @@ class Runner(Executor):
         """Run fx call *fxn* on device *d* (its inputs resolved there).  With
         *shape_only* (a factory op), inputs that are not constants are
         stand-ins of their traced shape, strides and dtype."""
-        def arg(n):
-            if shape_only and self.sm.src.get(n, ("const",))[0] != "const":
-                return stand_in(n.meta["val"], self.devs[d])
-            return self.value(n, d)
-
-        args, kwargs = bind(fxn, arg, self.devs[d])
+        dev = self.devs[d]
+        args, kwargs = bind(fxn, lambda n: self.value(n, d), dev, shape_only=shape_only, src=self.sm.src,
+                            make=lambda m: stand_in(m, dev))
         if fxn.name in self.rng_states:
             set_rng_state(self.devs[d], self.rng_states[fxn.name])
         return fxn.target(*args, **kwargs)
