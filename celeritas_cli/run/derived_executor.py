@@ -31,6 +31,7 @@ sequence, so by induction on the sequence every wait ends (:mod:`.dist`).
 
 from __future__ import annotations
 
+import operator
 import threading
 from typing import Any
 
@@ -77,7 +78,79 @@ class _Ctx:
         self.memo: dict = {}
 
 
-class MBRunner(Executor):
+class KeyedValues:
+    """What the runner (:class:`MBRunner`) and the exporter (:class:`~.derived_export._MBEmitter`)
+    of a derived program share: reading a value by its key on a device (:meth:`get`), and what a
+    gradient node computes (:meth:`gradient_values`), each op applied by :meth:`apply` - a torch
+    call, or an fx node that the exporter emits.  Subclasses set ``prog``, ``env`` and define
+    :meth:`apply` and :meth:`state_value`."""
+
+    #: what :meth:`get` says of a value read before it is there
+    missing = "value {key} is read on device {d} before it arrived (order bug)"
+
+    def apply(self, op, *args):
+        raise NotImplementedError
+
+    def state_value(self, r: int, s: int, d: int, home: int):
+        """Replica *r*'s parameter or buffer *s* on device *d* (*home*: its holder's device, -1 if none)."""
+        raise NotImplementedError
+
+    def scaled(self, v, w: float):
+        """*v* times *w* (*v* itself for ``w == 1``: :func:`scaled`)."""
+        return v if w == 1.0 else self.apply(operator.mul, v, w)
+
+    def get(self, key: tuple, d: int):
+        """The value *key* on device *d* (local, or received before)."""
+        import torch
+
+        env = self.env[d]
+        if key in env:
+            return env[key]
+        home = self.prog.home(key)
+        if key[0] == "chunk" and home == d:
+            flat = self.apply(torch.reshape, self.get(key[1], d), (-1,))
+            return self.apply(torch.narrow, flat, 0, key[2], key[3] - key[2])
+        if key[0] == "s" and home in (d, -1):
+            return self.state_value(key[1], key[2], d, home)
+        if key[0] == "v" and (key[1], None) in env:     # an output of a multi-output op kept whole
+            env[key] = self.apply(operator.getitem, env[(key[1], None)], key[3])
+            return env[key]
+        raise RuntimeError(self.missing.format(key=key, d=d))
+
+    def gradient_values(self, x: int, d: int) -> dict:
+        """The values gradient node *x* (an accumulation or a ring step, on device *d*) makes:
+        ``running + w * partial``; a bucket's flattened gradients; a reduce-scatter step's received
+        partial sum plus its own chunk; an all-gather step's received chunk; the result's chunks
+        concatenated and cut back into the gradients."""
+        import torch
+
+        act = self.prog.actions[x]
+        get, scaled, apply = (lambda k: self.get(k, d)), self.scaled, self.apply
+        if act.kind == "accum":
+            return {out: apply(operator.add, scaled(get(prev), pw), scaled(get(part), w))
+                    for out, prev, pw, part, w in act.parts}
+        spec = act.ring
+        if act.kind == "bucket":
+            return {("f", x): apply(torch.cat, [apply(torch.reshape, scaled(get(k), w), (-1,))
+                                                for k, w in spec["grads"]])}
+        if act.kind == "reduce-scatter":
+            (rk, rw), (ok, ow) = spec["recv"], spec["own"]
+            return {("r", x): apply(operator.add, scaled(get(rk), rw), scaled(get(ok), ow))}
+        if act.kind == "all-gather":
+            return {("r", x): get(spec["recv"][0])}
+        flat = apply(torch.cat, [get(k) for k, _ in sorted(spec["chunks"], key=lambda c: c[1][0])])
+        out, at = {}, 0
+        for (u, k), shape in zip(spec["keys"], spec["shapes"]):
+            n = 1
+            for s in shape:
+                n *= int(s)
+            part = apply(torch.narrow, flat, 0, at, n)
+            out[("v", x, u, k)] = apply(torch.reshape, part, tuple(int(s) for s in shape))
+            at += n
+        return out
+
+
+class MBRunner(KeyedValues, Executor):
     """Runs the derived nodes of devices *mine* of *prog*, one step at a time.
 
     Parameters
@@ -114,22 +187,15 @@ class MBRunner(Executor):
         self.consts: dict[tuple, Any] = {}
 
     # ------------------------------------------------------------ values
-    def get(self, key: tuple, d: int):
-        """The value *key* on device *d* (local, or received before)."""
-        prog = self.prog
-        env = self.env[d]
-        if key in env:
-            return env[key]
-        home = prog.home(key)
-        if key[0] == "chunk" and home == d:
-            return self.get(key[1], d).reshape(-1)[key[2]:key[3]]
-        if key[0] == "s" and home == d:
-            return self.state[(key[1], key[2])]
-        if key[0] == "s" and home == -1:
-            if (key, d) not in self.unowned:
-                self.unowned[(key, d)] = self.whole.step.state[key[2]].to(self.devs[d], copy=True)
-            return self.unowned[(key, d)]
-        raise RuntimeError(f"value {key} is read on device {d} before it arrived (order bug)")
+    def apply(self, op, *args):
+        return op(*args)
+
+    def state_value(self, r: int, s: int, d: int, home: int):
+        if home == d:
+            return self.state[(r, s)]
+        if ((r, s), d) not in self.unowned:
+            self.unowned[((r, s), d)] = self.whole.step.state[s].to(self.devs[d], copy=True)
+        return self.unowned[((r, s), d)]
 
     def fx_value(self, a, ctx: _Ctx):
         """The value of fx node *a* (of ``ctx.view``'s trace) for ``ctx``."""
@@ -210,33 +276,7 @@ class MBRunner(Executor):
                 key = (act.inst[0], p)
                 self.update(key, self.state[key], self.fx_value(view.sm.grad_fx[act.v], ctx))
             return
-        if kind == "accum":
-            for out, prev, pw, part, w in act.parts:
-                env[out] = scaled(self.get(prev, d), pw) + scaled(self.get(part, d), w)
-            return
-        spec = act.ring
-        if kind == "bucket":
-            import torch
-
-            env[("f", x)] = torch.cat([scaled(self.get(k, d), w).reshape(-1) for k, w in spec["grads"]])
-        elif kind == "reduce-scatter":
-            (rk, rw), (ok, ow) = spec["recv"], spec["own"]
-            env[("r", x)] = scaled(self.get(rk, d), rw) + scaled(self.get(ok, d), ow)
-        elif kind == "all-gather":
-            env[("r", x)] = self.get(spec["recv"][0], d)
-        else:  # result: the reduced chunks, reassembled into the gradients
-            import torch
-
-            flat = torch.empty(spec["numel"], dtype=spec["dtype"], device=self.devs[d])
-            for key, (a, b) in spec["chunks"]:
-                flat[a:b] = self.get(key, d)
-            at = 0
-            for (u, k), shape in zip(spec["keys"], spec["shapes"]):
-                n = 1
-                for s in shape:
-                    n *= int(s)
-                env[("v", x, u, k)] = flat[at:at + n].view(tuple(shape))
-                at += n
+        env.update(self.gradient_values(x, d))      # accumulations and ring steps
 
     def loss_value(self, inst):
         d, key, x = self.prog.loss_keys[inst]

@@ -19,6 +19,7 @@ import operator
 import re
 
 from .export import _HELPERS, FxEmitter, _adam_marker, _to_marker, _wrap, preamble, python_source
+from .derived_executor import KeyedValues
 from .executor import ADAM
 
 _DOC = '''"""Placed training step of {graph} on cluster {cluster}: placement {label} ({algorithm}).
@@ -104,9 +105,11 @@ def _rows_marker(*args):
 _ALL_HELPERS = {**_HELPERS, _rows_marker: "_rows"}
 
 
-class _MBEmitter(FxEmitter):
+class _MBEmitter(KeyedValues, FxEmitter):
     """Re-emits an :class:`~.derived_program.MBProgram` as an fx graph (mirrors
     :class:`~.derived_executor.MBRunner`)."""
+
+    missing = "export: value {key} is read on device {d} before it is made"
 
     def __init__(self, prog, cluster_ids: list[str]):
         super().__init__(prog, cluster_ids)
@@ -121,26 +124,11 @@ class _MBEmitter(FxEmitter):
             self.state_node[(r, s)] = self.fn(operator.getitem, self.fn(operator.getitem, self.ph[src], r), i)
         return self.state_node[(r, s)]
 
-    def get(self, key: tuple, d: int):
-        prog = self.prog
-        env = self.env[d]
-        if key in env:
-            return env[key]
-        home = prog.home(key)
-        if key[0] == "chunk" and home == d:
-            import torch
+    def apply(self, op, *args):
+        return self.fn(op, *args)
 
-            flat = self.fn(torch.reshape, self.get(key[1], d), (-1,))
-            return self.fn(torch.narrow, flat, 0, key[2], key[3] - key[2])
-        if key[0] == "s" and home in (d, -1):
-            return self.state(key[1], key[2])
-        if key[0] == "v" and (key[1], None) in env:
-            env[key] = self.fn(operator.getitem, env[(key[1], None)], key[3])
-            return env[key]
-        raise RuntimeError(f"export: value {key} is read on device {d} before it is made")
-
-    def scaled(self, node, w: float):
-        return node if w == 1.0 else self.fn(operator.mul, node, w)
+    def state_value(self, r: int, s: int, d: int, home: int):
+        return self.state(r, s)
 
     def fx_value(self, a, x, d, view, inst, res, memo):
         role = view.role.get(a, ("none",))
@@ -172,8 +160,6 @@ class _MBEmitter(FxEmitter):
                               shape_only=view.role.get(fxn, ("none",))[0] == "factory", name=name)
 
     def node(self, x: int) -> None:
-        import torch
-
         prog = self.prog
         act = prog.actions[x]
         d = prog.device_of[x]
@@ -207,30 +193,7 @@ class _MBEmitter(FxEmitter):
                                                           ph["beta1"], ph["beta2"], ph["eps"]), name=gid)
                 self.updates.append((r, p, new))
             return
-        if act.kind == "accum":
-            for out, prev, pw, part, w in act.parts:
-                env[out] = self.fn(operator.add, self.scaled(self.get(prev, d), pw), self.scaled(self.get(part, d), w))
-            return
-        spec = act.ring
-        if act.kind == "bucket":
-            env[("f", x)] = self.fn(torch.cat, [self.fn(torch.reshape, self.scaled(self.get(k, d), w), (-1,))
-                                                for k, w in spec["grads"]])
-        elif act.kind == "reduce-scatter":
-            (rk, rw), (ok, ow) = spec["recv"], spec["own"]
-            env[("r", x)] = self.fn(operator.add, self.scaled(self.get(rk, d), rw), self.scaled(self.get(ok, d), ow))
-        elif act.kind == "all-gather":
-            env[("r", x)] = self.get(spec["recv"][0], d)
-        else:
-            chunks = [self.get(k, d) for k, _ in sorted(spec["chunks"], key=lambda c: c[1][0])]
-            flat = self.fn(torch.cat, chunks)
-            at = 0
-            for (u, k), shape in zip(spec["keys"], spec["shapes"]):
-                n = 1
-                for s in shape:
-                    n *= int(s)
-                part = self.fn(torch.narrow, flat, 0, at, n)
-                env[("v", x, u, k)] = self.fn(torch.reshape, part, tuple(int(s) for s in shape))
-                at += n
+        env.update(self.gradient_values(x, d))      # accumulations and ring steps
 
     def emit(self):
         prog = self.prog

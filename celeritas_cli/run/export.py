@@ -305,7 +305,8 @@ def export_source(prog, cluster_ids: list[str], tdev: dict[int, str], *, graph: 
     config = f" with config {step.config}" if step.config else ""
     fields = dict(graph=graph, cluster=cluster, label=label, algorithm=algorithm, spec=step.spec, batch=step.batch,
                   config=config, devices=repr({cluster_ids[d]: tdev[d] for d in prog.devices}), params=_wrap(params),
-                  buffers=_wrap(buffers), inputs=repr(inputs), target=repr(target), updated=repr([p for p, _ in em.updates]),
+                  buffers=_wrap(buffers), inputs=repr(inputs), target=repr(target),
+                  updated=repr([p for p, _ in em.updates]),
                   lr=ADAM["lr"], betas=ADAM["betas"], eps=ADAM["eps"])
     head = preamble(_DOC, _TABLES).format(**fields)
     return head + src + _CLASS
