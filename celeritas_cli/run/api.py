@@ -89,9 +89,9 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
         kw = dict(label=label, config=config, graph=graph, graph_label=graph_label, device_map=device_map, seed=seed,
                   congestion=congestion, progress=progress, step=step)
         if kind == "derived":       # micro-batches, pipelines, recomputation (+ data parallelism)
-            from .plan import prepare_mb
+            from .plan import prepare_derived
 
-            return prepare_mb(spec, batch, placement, cluster, recipe, **kw)
+            return prepare_derived(spec, batch, placement, cluster, recipe, **kw)
         if kind == "fsdp":          # sharded data parallelism
             from .fsdp_run import prepare_fsdp
 
@@ -169,16 +169,16 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
     pre = prepared or prepare(spec, batch, placement, cluster, label=label, config=config, graph=graph,
                               graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
                               progress=progress)
-    from .plan import MBPrepared
+    from .plan import DerivedPrepared
 
-    if isinstance(pre, MBPrepared):
-        from .derived_run import run_mb
+    if isinstance(pre, DerivedPrepared):
+        from .derived_run import run_derived
 
         if launcher is not None:
             raise InvalidInput(f"{label}: under torchrun placer run executes plain and data-parallel placements; "
                                f"run a micro-batched or pipelined plan with --backend gloo")
         n_threads = default_threads(backend, len(pre.devices), threads, pre.sim_graph, cluster)
-        report = run_mb(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
+        report = run_derived(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
                         threads=n_threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
                         load=load_average(), seed=seed, progress=progress)
         if node_times:

@@ -1,4 +1,4 @@
-"""Execute an :class:`~.derived_program.MBProgram`: every derived node on its
+"""Execute an :class:`~.derived_program.DerivedProgram`: every derived node on its
 device in the program's sequence, values between devices through a channel
 of :mod:`.executor` (one process) or :mod:`.dist` (one process per device,
 torch.distributed point-to-point).
@@ -79,7 +79,7 @@ class _Ctx:
 
 
 class KeyedValues:
-    """What the runner (:class:`MBRunner`) and the exporter (:class:`~.derived_export._MBEmitter`)
+    """What the runner (:class:`DerivedRunner`) and the exporter (:class:`~.derived_export._DerivedEmitter`)
     of a derived program share: reading a value by its key on a device (:meth:`get`), and what a
     gradient node computes (:meth:`gradient_values`), each op applied by :meth:`apply` - a torch
     call, or an fx node that the exporter emits.  Subclasses set ``prog``, ``env`` and define
@@ -150,12 +150,12 @@ class KeyedValues:
         return out
 
 
-class MBRunner(KeyedValues, Executor):
+class DerivedRunner(KeyedValues, Executor):
     """Runs the derived nodes of devices *mine* of *prog*, one step at a time.
 
     Parameters
     ----------
-    prog : the :class:`~.derived_program.MBProgram`.
+    prog : the :class:`~.derived_program.DerivedProgram`.
     torch_devices : cluster device -> torch device (for *mine*).
     mine : cluster devices this process runs.
     channel : :class:`~.executor.LocalChannel` or :class:`~.dist.DistChannel`.

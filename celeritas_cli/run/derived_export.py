@@ -1,5 +1,5 @@
 """``placer export`` of a micro-batched, pipelined, recomputed or hybrid
-placement as placer's own code: the :class:`~.derived_program.MBProgram`
+placement as placer's own code: the :class:`~.derived_program.DerivedProgram`
 re-emitted as one :class:`torch.fx.Graph` in its global sequence (what
 ``placer run --backend local`` executes), torch.fx generating the source,
 when ``torch.distributed.pipelining`` cannot express it (:mod:`.pipe_export`).
@@ -105,9 +105,9 @@ def _rows_marker(*args):
 _ALL_HELPERS = {**_HELPERS, _rows_marker: "_rows"}
 
 
-class _MBEmitter(KeyedValues, FxEmitter):
-    """Re-emits an :class:`~.derived_program.MBProgram` as an fx graph (mirrors
-    :class:`~.derived_executor.MBRunner`)."""
+class _DerivedEmitter(KeyedValues, FxEmitter):
+    """Re-emits an :class:`~.derived_program.DerivedProgram` as an fx graph (mirrors
+    :class:`~.derived_executor.DerivedRunner`)."""
 
     missing = "export: value {key} is read on device {d} before it is made"
 
@@ -214,11 +214,11 @@ class _MBEmitter(KeyedValues, FxEmitter):
         return self.g
 
 
-def mb_export_source(prog, cluster_ids: list[str], tdev: dict[int, str], *, graph: str, cluster: str, label: str,
+def derived_source(prog, cluster_ids: list[str], tdev: dict[int, str], *, graph: str, cluster: str, label: str,
                      algorithm: str, why: str) -> str:
     """Python source of the derived placement *prog* as placer's own code
     (module docstring); *why*: why it is not a pipelining schedule."""
-    em = _MBEmitter(prog, cluster_ids)
+    em = _DerivedEmitter(prog, cluster_ids)
     src = python_source(em.emit(), _ALL_HELPERS)
     sm, lay = prog.sm, prog.layout
     whole = prog.pre.whole
@@ -242,14 +242,14 @@ def mb_export_source(prog, cluster_ids: list[str], tdev: dict[int, str], *, grap
 
 
 def export_derived(pre, cluster, *, label: str, algorithm: str) -> tuple[str, str]:
-    """Source of a derived placement (:class:`~.plan.MBPrepared`) and one
+    """Source of a derived placement (:class:`~.plan.DerivedPrepared`) and one
     line saying what it is: a ``torch.distributed.pipelining`` program where
     :func:`~.pipe_export.why_not` finds no reason against it, else placer's
-    own code (:func:`mb_export_source`) and why."""
-    from .derived_program import MBProgram
+    own code (:func:`derived_source`) and why."""
+    from .derived_program import DerivedProgram
     from .pipe_export import module_kinds, pipelining_source, why_not
 
-    prog = MBProgram(pre)
+    prog = DerivedProgram(pre)
     whole = pre.whole
     plan, why = why_not(prog, module_kinds(whole.spec, whole.config))
     name = pre.sim_graph.name
@@ -259,7 +259,7 @@ def export_derived(pre, cluster, *, label: str, algorithm: str) -> tuple[str, st
         return src, (f"a torch.distributed.pipelining program ({plan.schedule}, {len(plan.stage_devices)} stages "
                      f"split at {', '.join(plan.split_points)}, {plan.m} micro-batches; run it with torchrun "
                      f"--nproc-per-node {plan.p})")
-    src = mb_export_source(prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
+    src = derived_source(prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
                            algorithm=algorithm, why=why)
     return src, (f"placer's own code (torch.fx, one process: {prog.graph.n} derived nodes on {len(prog.devices)} "
                  f"device(s), {len(prog.transfers)} copies), not a pipelining schedule: {why}")

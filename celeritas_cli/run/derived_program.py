@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
-from .plan import MBPrepared, batch_layout, node_infos, state_homes
+from .plan import DerivedPrepared, batch_layout, node_infos, state_homes
 from .program import Program, TransferPlan
 
 GRADIENT_READERS = ("accum", "update", "reduce-scatter", "bucket")
@@ -103,8 +103,8 @@ class Action:
     ring: dict | None = None                # ring nodes: own / recv / chunks / keys
 
 
-class MBProgram(TransferPlan):
-    """The program of an :class:`~.plan.MBPrepared` (module docstring).
+class DerivedProgram(TransferPlan):
+    """The program of an :class:`~.plan.DerivedPrepared` (module docstring).
 
     Attributes
     ----------
@@ -114,7 +114,7 @@ class MBProgram(TransferPlan):
     loss_keys : instance -> (device, key of the loss's base value, the node that made it).
     """
 
-    def __init__(self, pre: MBPrepared):
+    def __init__(self, pre: DerivedPrepared):
         self.pre = pre
         self.graph, self.infos, self.layout = pre.graph, pre.infos, pre.layout
         self.device_of = list(pre.device_of)
@@ -422,7 +422,7 @@ class MBProgram(TransferPlan):
         return []
 
 
-def mb_job(pre: MBPrepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float,
+def derived_job(pre: DerivedPrepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float,
            dist_backend: str | None = None) -> dict:
     """What every rank of a derived program needs (:func:`~.dist.rank_main`) to rebuild it
     (:func:`program_from_job`) and run its device; *dist_backend* overrides the process group's."""
@@ -437,8 +437,8 @@ def mb_job(pre: MBPrepared, rng_states: dict, *, steps: int, warmup: int, thread
     return job
 
 
-def program_from_job(job: dict) -> MBProgram:
-    """The :class:`MBProgram` of a rank: the same captures (same seed:
+def program_from_job(job: dict) -> DerivedProgram:
+    """The :class:`DerivedProgram` of a rank: the same captures (same seed:
     bit-identical values), the derived graph rebuilt from the recipe, the
     parent's devices and sequence."""
     from ..model.graph import Graph
@@ -448,7 +448,7 @@ def program_from_job(job: dict) -> MBProgram:
     base = steps[job["batch"]]
     derived, infos = node_infos(Graph.from_dict(base.doc, base.doc["name"]), job["recipe"])
     layout = batch_layout(job["recipe"], job["batch"])
-    pre = MBPrepared(batch=job["batch"], steps_by_size=steps, whole=steps[layout.total], recipe=job["recipe"],
+    pre = DerivedPrepared(batch=job["batch"], steps_by_size=steps, whole=steps[layout.total], recipe=job["recipe"],
                      layout=layout, graph=derived, infos=infos, device_of=job["device_of"], sequence=job["sequence"],
                      inputs=job["inputs"], sim={}, sim_graph=None, tdev=job["torch_devices"], graph_from_file=False)
-    return MBProgram(pre)
+    return DerivedProgram(pre)

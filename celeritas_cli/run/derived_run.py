@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .plan import MBPrepared
+from .plan import DerivedPrepared
 
 
 def placed_result(prog, measured: dict):
@@ -37,18 +37,18 @@ def placed_result(prog, measured: dict):
     return torch.tensor(loss), params, spread
 
 
-def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, steps: int, warmup: int,
+def run_derived(pre: DerivedPrepared, placement, cluster, *, label: str, backend: str, steps: int, warmup: int,
            threads: int, timeout: float, rtol: float, atol: float, congestion: str, load, seed: int = 0,
            progress: Callable[[str], None] | None = None) -> dict:
     """References, the run, the report (module docstring)."""
     from .executor import LocalChannel, measure_local, torch_threads
-    from .derived_program import MBProgram, mb_job
-    from .derived_executor import MBRunner
+    from .derived_program import DerivedProgram, derived_job
+    from .derived_executor import DerivedRunner
     from .reference import has_batchnorm, microbatch_reference, whole_reference
     from .report import build_report, compare
 
     say = progress or (lambda msg: None)
-    prog = MBProgram(pre)
+    prog = DerivedProgram(pre)
     used = prog.devices
     ref_dev = pre.tdev[used[0]]
     with torch_threads(threads):
@@ -61,13 +61,13 @@ def run_mb(pre: MBPrepared, placement, cluster, *, label: str, backend: str, ste
             say(f"running {pre.graph.n} derived nodes on {where} in one process: 1 checked step, {warmup - 1} more "
                 f"warm-up, {steps} timed")
             channel = LocalChannel(pre.tdev)
-            runner = MBRunner(prog, pre.tdev, prog.devices, channel, whole.rng_states, pre.inputs)
+            runner = DerivedRunner(prog, pre.tdev, prog.devices, channel, whole.rng_states, pre.inputs)
             measured = measure_local(runner, channel, steps=steps, warmup=warmup, link_seconds=False)
             dist_backend = None
         else:
             from .dist import merge_ranks, run_processes
 
-            job = mb_job(pre, whole.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout)
+            job = derived_job(pre, whole.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout)
             dist_backend = job["dist_backend"]
             say(f"starting {len(used)} processes ({dist_backend}: {where}; {threads} thread(s) each): 1 checked "
                 f"step, {warmup - 1} more warm-up, {steps} timed")

@@ -222,12 +222,12 @@ def rank_main(rank: int, job: dict, *, step=None, prog=None, peers=None) -> dict
     peers = peers or Peers()
     if "recipe" in job:
         from .derived_program import program_from_job
-        from .derived_executor import MBRunner
+        from .derived_executor import DerivedRunner
 
         prog = prog or program_from_job(job)
 
         def runner_of(channel):
-            return MBRunner(prog, {me: dev}, [me], channel, job["rng_states"], job["inputs"])
+            return DerivedRunner(prog, {me: dev}, [me], channel, job["rng_states"], job["inputs"])
     else:
         from .executor import Runner
         from .program import Program

@@ -178,7 +178,7 @@ def median(values: list) -> float | None:
 
 
 class Executor:
-    """The step loop every runner shares (:class:`Runner`, :class:`~.derived_executor.MBRunner`, the
+    """The step loop every runner shares (:class:`Runner`, :class:`~.derived_executor.DerivedRunner`, the
     fsdp rank's :class:`~.fsdp_run.ShardedRunner`): the nodes of the devices *mine* of *prog* in
     its sequence, each node's received values fetched from the channel just before it, its sends
     posted when it finishes, values freed after their last reader, the updates committed when the

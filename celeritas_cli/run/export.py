@@ -146,7 +146,7 @@ PLACEHOLDERS = ("params", "buffers", "inputs", "target", "exp_avg", "exp_avg_sq"
 
 
 class FxEmitter:
-    """What both emitters share (:class:`_Emitter`, :class:`~.derived_export._MBEmitter`): the fx
+    """What both emitters share (:class:`_Emitter`, :class:`~.derived_export._DerivedEmitter`): the fx
     graph with ``placed_step``'s placeholders, one ``_dev`` node per device, the values per device,
     and the emission of a captured aten call on a device (:meth:`emit_call`)."""
 

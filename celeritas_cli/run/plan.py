@@ -349,8 +349,8 @@ def simulated(step, placement, cluster, *, label: str, graph=None, graph_label: 
 
 
 @dataclass
-class MBPrepared:
-    """A derived placement applied to the captured step (:func:`prepare_mb`)."""
+class DerivedPrepared:
+    """A derived placement applied to the captured step (:func:`prepare_derived`)."""
 
     batch: int                             # the graph's batch (the placement's graph was captured at it)
     steps_by_size: dict[int, Any]          # RealStep per instance size (and the global batch)
@@ -373,10 +373,10 @@ class MBPrepared:
         return sorted(set(self.device_of))
 
 
-def prepare_mb(spec: str, batch: int, placement, cluster, recipe: list[dict], *, label: str, config: dict | None,
+def prepare_derived(spec: str, batch: int, placement, cluster, recipe: list[dict], *, label: str, config: dict | None,
                graph=None, graph_label: str = "graph", device_map=None, seed: int = 0,
                congestion: str = DEFAULT_CONGESTION,
-               progress=None, step=None) -> MBPrepared:
+               progress=None, step=None) -> DerivedPrepared:
     """Capture the step at the graph's batch (to check and simulate the
     placement), rebuild the derived graph, capture the step again at every
     distinct instance size, and cut the global batch into the instances' rows.
@@ -425,7 +425,7 @@ def prepare_mb(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
     _check_updates(derived, infos, device_of, step, cluster, label)
     sequence = merged_sequence(derived, device_of, sched.device_order, sched.start)
     tdev = default_device_map(cluster, sorted(set(device_of)), device_map)
-    return MBPrepared(batch=batch, steps_by_size=steps_by_size, whole=whole, recipe=recipe, layout=layout,
+    return DerivedPrepared(batch=batch, steps_by_size=steps_by_size, whole=whole, recipe=recipe, layout=layout,
                       graph=derived, infos=infos, device_of=device_of, sequence=sequence, inputs=rows, sim=sim,
                       sim_graph=sim_graph, tdev=tdev, graph_from_file=graph is not None)
 

@@ -49,7 +49,7 @@ class Transfer:
 
 class TransferPlan:
     """The cross-device transfers of a placed program (:class:`Program`, and the derived
-    :class:`~.derived_program.MBProgram`): ``transfers`` in the order senders post them, ``sends``
+    :class:`~.derived_program.DerivedProgram`): ``transfers`` in the order senders post them, ``sends``
     (producer -> transfer indices it sends when it finishes) and ``transfer_of`` ((key, dst) -> index)."""
 
     transfers: list

@@ -186,7 +186,7 @@ def whole_reference(prog, device: str = "cpu", *, seed: int = 0):
 def microbatch_reference(prog, inputs: dict, random_values: dict, rng_states: dict, device: str = "cpu", *,
                          seed: int = 0, adam: dict | None = None) -> Reference:
     """The unplaced micro-batched step (module docstring) of the plan *prog*
-    (an :class:`~.derived_program.MBProgram`) on the instances' rows *inputs*."""
+    (an :class:`~.derived_program.DerivedProgram`) on the instances' rows *inputs*."""
     import torch
 
     from .derived_program import chunk_ranges

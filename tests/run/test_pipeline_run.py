@@ -55,11 +55,11 @@ from celeritas_cli.model.cluster import uniform  # noqa: E402
 from celeritas_cli.model.graph import Graph  # noqa: E402
 from celeritas_cli.model.jsonio import validate, write_json  # noqa: E402
 from celeritas_cli.run import api  # noqa: E402
-from celeritas_cli.run.derived_program import MBProgram  # noqa: E402
+from celeritas_cli.run.derived_program import DerivedProgram as MBProgram  # noqa: E402
 from celeritas_cli.run.reference import microbatch_reference, whole_reference  # noqa: E402
 from celeritas_cli.run.dist import merge_ranks  # noqa: E402
 from celeritas_cli.run.dist import rank_main as mb_rank_main  # noqa: E402
-from celeritas_cli.run.derived_program import mb_job  # noqa: E402
+from celeritas_cli.run.derived_program import derived_job as mb_job  # noqa: E402
 from celeritas_cli.run.derived_run import placed_result  # noqa: E402
 from celeritas_cli.run.report import compare  # noqa: E402
 from celeritas_cli.run.step import capture_real  # noqa: E402
@@ -215,12 +215,12 @@ def test_uneven_microbatches_are_captured_at_each_size():
 
 
 def test_recomputed_nodes_really_run_again(monkeypatch):
-    from celeritas_cli.run import derived_executor
+    from celeritas_cli.run.derived_executor import DerivedRunner as MBRunner
 
     p, c = plan(MLP, 8, 2, "1f1b", recompute=True)
     ran: list[int] = []
-    real = derived_executor.MBRunner.run_node
-    monkeypatch.setattr(derived_executor.MBRunner, "run_node", lambda self, x, d: (ran.append(x), real(self, x, d))[1])
+    real = MBRunner.run_node
+    monkeypatch.setattr(MBRunner, "run_node", lambda self, x, d: (ran.append(x), real(self, x, d))[1])
     pre = api.prepare(MLP, 8, p, c, step=step_of(MLP, 8))
     rep = api.run_placement(MLP, 8, p, c, prepared=pre, steps=1, warmup=1)
     clones = [x for x, info in enumerate(pre.infos) if info.kind == "recompute"]
