@@ -44,16 +44,12 @@ Edit DEVICES to run the cluster devices on other torch devices.
 """
 '''
 
-_TABLES = '''DEVICES = {devices}
-REPLICAS = {replicas}
+_TABLES = '''REPLICAS = {replicas}
 #: per replica: (name, cluster device) of every parameter, then of every buffer.
 PARAMETERS = {params}
 BUFFERS = {buffers}
 #: (replica, index in PARAMETERS) of the parameters placed_step updates, in the order it returns them.
 UPDATED = {updated}
-LR, BETAS, EPS = {lr!r}, {betas!r}, {eps!r}
-
-
 '''
 
 _ROWS = '''def _rows(x, start, n):

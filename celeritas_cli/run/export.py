@@ -41,8 +41,7 @@ Edit DEVICES to run the cluster devices on other torch devices.
 """
 '''
 
-_TABLES = '''DEVICES = {devices}
-#: (name, cluster device) of every parameter, in the order placed_step takes them.
+_TABLES = '''#: (name, cluster device) of every parameter, in the order placed_step takes them.
 PARAMETERS = {params}
 #: (name, cluster device) of every buffer.
 BUFFERS = {buffers}
@@ -51,9 +50,6 @@ INPUTS = {inputs}
 TARGET = {target}
 #: indices (in PARAMETERS) of the parameters placed_step updates, in the order it returns them.
 UPDATED = {updated}
-LR, BETAS, EPS = {lr!r}, {betas!r}, {eps!r}
-
-
 '''
 
 _IMPORTS = '''
@@ -88,9 +84,12 @@ _ADAM = '''def _adam(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, e
 
 
 def preamble(doc: str, tables: str, *helpers: str) -> str:
-    """The generated module up to ``placed_step``: *doc* (its docstring), the imports, *tables*,
-    then ``_dev``, ``_to``, *helpers* and ``_adam`` (format templates)."""
-    return doc + _IMPORTS + tables + _DEV_TO + "".join(helpers) + _ADAM
+    """The generated module up to ``placed_step``: *doc* (its docstring), the imports, the
+    ``DEVICES`` table, *tables*, Adam's hyper-parameters, then ``_dev``, ``_to``, *helpers* and
+    ``_adam`` (format templates)."""
+    return (doc + _IMPORTS + "DEVICES = {devices}\n" + tables + "LR, BETAS, EPS = {lr!r}, {betas!r}, {eps!r}\n\n\n"
+            + _DEV_TO + "".join(helpers) + _ADAM)
+
 
 _CLASS = '''
 
