@@ -134,14 +134,14 @@ def prepare_step(command: str, model, batch_size, config, placement_path, graph_
 def check_exportable(pre, label: str) -> None:
     """Export writes one process's placed step, or a pipeline; a plain data-parallel placement is neither."""
     from ..run.api import Prepared
-    from ..run.mb_plan import MBPrepared
+    from ..run.plan import DerivedPrepared
 
     from ..run.fsdp_run import FSDPPrepared
 
     if isinstance(pre, FSDPPrepared):
         raise InvalidInput(f"{label}: an fsdp placement is not exported (each process holds a shard of the model: "
                            f"use torch FullyShardedDataParallel); run it with placer run --backend gloo")
-    if not isinstance(pre, (Prepared, MBPrepared)):
+    if not isinstance(pre, (Prepared, DerivedPrepared)):
         raise InvalidInput(f"{label}: a data-parallel placement is not exported (it is one model per process: use "
                            f"torch DistributedDataParallel); run it with placer run --backend gloo")
 
@@ -149,11 +149,11 @@ def check_exportable(pre, label: str) -> None:
 def write_source(pre, inp: Inputs, path: str, say: Callable[[str], None] | None = None) -> None:
     """Write the placed step *pre* as Python source to *path* (``-``: stdout) and say what it wrote:
     placer's own code (:mod:`celeritas_cli.run.export`), or for a micro-batched or pipelined placement
-    a ``torch.distributed.pipelining`` program where it can be (:mod:`celeritas_cli.run.mb_export`)."""
-    from ..run.mb_plan import MBPrepared
+    a ``torch.distributed.pipelining`` program where it can be (:mod:`celeritas_cli.run.derived_export`)."""
+    from ..run.plan import DerivedPrepared
 
-    if isinstance(pre, MBPrepared):
-        from ..run.mb_export import export_derived
+    if isinstance(pre, DerivedPrepared):
+        from ..run.derived_export import export_derived
 
         src, what = export_derived(pre, inp.cluster, label=inp.label, algorithm=inp.placement.algorithm)
     else:

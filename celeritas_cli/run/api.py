@@ -7,7 +7,6 @@ the ``placer.run/v1`` report (:mod:`.report`).
 from __future__ import annotations
 
 import os
-import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,7 +15,7 @@ from ..model.cluster import Cluster
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.graph import Graph
 from ..model.placement import Placement
-from .checks import check_graph_file, check_same_graph, default_device_map, dist_backend
+from .checks import check_graph_file, check_same_graph, default_device_map
 
 __all__ = ["BACKENDS", "Prepared", "check_graph_file", "check_same_graph", "default_device_map", "default_threads",
            "dist_job", "prepare", "run_placement"]
@@ -80,43 +79,37 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
     InvalidInput
         Placement or graph made for another graph, an invalid placement, a bad device map.
     """
-    from ..sim.simulator import simulate
-    from .data_parallel import dp_recipe, prepare_dp
+    from .plan import plan_of, simulated
     from .program import Program
     from .step import capture_real
 
-    from .mb_plan import executed_recipe, prepare_mb
-
     say = progress or (lambda msg: None)
-    steps = executed_recipe(placement, label)
-    if steps is not None:  # micro-batches, pipelines, recomputation (+ data parallelism): run/mb_*.py
-        return prepare_mb(spec, batch, placement, cluster, steps, label=label, config=config, graph=graph,
-                          graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
-                          progress=progress, step=step)
-    from .fsdp_run import fsdp_recipe, prepare_fsdp
+    kind, recipe = plan_of(placement, label)
+    if kind != "plain":
+        kw = dict(label=label, config=config, graph=graph, graph_label=graph_label, device_map=device_map, seed=seed,
+                  congestion=congestion, progress=progress, step=step)
+        if kind == "derived":       # micro-batches, pipelines, recomputation (+ data parallelism)
+            from .plan import prepare_derived
 
-    recipe = fsdp_recipe(placement, label)
-    if recipe is not None:  # sharded data parallelism: run/fsdp_run.py
-        return prepare_fsdp(spec, batch, placement, cluster, recipe, label=label, config=config, graph=graph,
-                            graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
-                            progress=progress, step=step)
-    recipe = dp_recipe(placement, label)
-    if recipe is not None:
-        return prepare_dp(spec, batch, placement, cluster, recipe, label=label, config=config, graph=graph,
-                          graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
-                          progress=progress, step=step)
+            return prepare_derived(spec, batch, placement, cluster, recipe, **kw)
+        if kind == "fsdp":          # sharded data parallelism
+            from .fsdp_run import prepare_fsdp
+
+            return prepare_fsdp(spec, batch, placement, cluster, recipe, **kw)
+        from .data_parallel import prepare_dp
+
+        return prepare_dp(spec, batch, placement, cluster, recipe, **kw)
     if step is None:
         say(f"capturing {spec} at batch {batch} with real parameters (seed {seed})")
         step = capture_real(spec, batch, config=config, seed=seed)
-    check_same_graph(step.doc, placement, label, graph, graph_label)
-    sim_graph = graph if graph is not None else Graph.from_dict(step.doc, step.doc["name"])
-    scheds: list = []
-    sim = simulate(sim_graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
+    check_same_graph(step.doc, placement, label)
+    sim, sim_graph, sched = simulated(step, placement, cluster, label=label, graph=graph, graph_label=graph_label,
+                                      congestion=congestion)
     device_of = [cluster.index[placement.assignment[nid]] for nid in step.sm.ids]
-    prog = Program(step, device_of, _sequence(step, sim_graph, scheds[0]))
+    prog = Program(step, device_of, _sequence(step, sim_graph, sched))
     tdev = default_device_map(cluster, prog.devices, device_map)
     return Prepared(step=step, prog=prog, sim=sim, sim_graph=sim_graph, tdev=tdev, graph_from_file=graph is not None,
-                    sched=scheds[0])
+                    sched=sched)
 
 
 def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster, *, label: str = "placement",
@@ -176,16 +169,16 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
     pre = prepared or prepare(spec, batch, placement, cluster, label=label, config=config, graph=graph,
                               graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
                               progress=progress)
-    from .mb_plan import MBPrepared
+    from .plan import DerivedPrepared
 
-    if isinstance(pre, MBPrepared):
-        from .mb_run import run_mb
+    if isinstance(pre, DerivedPrepared):
+        from .derived_run import run_derived
 
         if launcher is not None:
             raise InvalidInput(f"{label}: under torchrun placer run executes plain and data-parallel placements; "
                                f"run a micro-batched or pipelined plan with --backend gloo")
         n_threads = default_threads(backend, len(pre.devices), threads, pre.sim_graph, cluster)
-        report = run_mb(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
+        report = run_derived(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
                         threads=n_threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
                         load=load_average(), seed=seed, progress=progress)
         if node_times:
@@ -231,31 +224,28 @@ def _execute(pre: Prepared, cluster: Cluster, *, backend: str, steps: int, warmu
              timeout: float, say: Callable[[str], None], node_times: bool = False, launcher=None):
     """Run the unplaced reference step, then the placed step (one process, or one per device);
     returns ``(reference, measured, dist_backend or None)``.  torch's thread count is restored after."""
-    import torch
-
+    from .executor import LocalChannel, Runner, measure_local, torch_threads
     from .reference import reference_step
 
     prog, tdev, used = pre.prog, pre.tdev, pre.prog.devices
     ref_dev = tdev[used[0]]
-    saved_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         say(f"running the unplaced step on {ref_dev} ({threads} thread(s))")
         ref = reference_step(pre.step, ref_dev, seed=seed)
         where = ", ".join(f"{cluster.ids[d]}={tdev[d]}" for d in used)
         if backend == "local":
             say(f"running {len(prog.sequence)} nodes on {where} in one process: 1 checked step, "
                 f"{warmup - 1} more warm-up, {steps} timed")
-            return ref, _run_local(prog, tdev, ref.rng_states, steps, warmup, node_times), None
-        from .dist import run_processes
+            channel = LocalChannel(tdev)
+            runner = Runner(prog, tdev, prog.devices, channel, rng_states=ref.rng_states, node_times=node_times)
+            return ref, measure_local(runner, channel, steps=steps, warmup=warmup, node_times=node_times), None
+        from .dist import merge_ranks, run_processes
 
         job = dist_job(pre, ref.rng_states, steps=steps, warmup=warmup, threads=threads, timeout=timeout,
                        node_times=node_times)
         say(f"starting {len(used)} processes ({job['dist_backend']}: {where}; {threads} thread(s) each): "
             f"1 checked step, {warmup - 1} more warm-up, {steps} timed")
-        return ref, _merge_ranks(run_processes(job, timeout=timeout, launcher=launcher)), job["dist_backend"]
-    finally:
-        torch.set_num_threads(saved_threads)
+        return ref, merge_ranks(run_processes(job, timeout=timeout, launcher=launcher)), job["dist_backend"]
 
 
 def _run_data_parallel(pre, placement, cluster, *, label, backend, steps, warmup, threads, timeout, rtol, atol,
@@ -309,64 +299,10 @@ def dist_job(pre: Prepared, rng_states: dict, *, steps: int, warmup: int, thread
     """What every rank of ``--backend gloo`` needs (:func:`celeritas_cli.run.dist.rank_main`): the
     model to capture, the placement as device and sequence lists, the torch device of each rank,
     the generator states to replay.  NCCL when every device is a distinct GPU, else gloo."""
-    step, prog, tdev = pre.step, pre.prog, pre.tdev
-    used = prog.devices
-    backend = dist_backend(tdev, used)
-    return {"spec": step.spec, "batch": step.batch, "config": step.config, "seed": step.seed, "ids": step.sm.ids,
-            "device_of": prog.device_of, "sequence": prog.sequence, "ranks": used, "torch_devices": tdev,
-            "dist_backend": backend, "rng_states": rng_states, "steps": steps, "warmup": warmup, "threads": threads,
-            "timeout": timeout, "node_times": node_times}
+    from .checks import job_core
 
-
-def _run_local(prog, tdev: dict[int, str], rng_states: dict, steps: int, warmup: int,
-               node_times: bool = False) -> dict:
-    from .executor import LocalChannel, Runner
-    from .timing import host, record
-
-    channel = LocalChannel(tdev)
-    runner = Runner(prog, tdev, prog.devices, channel, rng_states=rng_states, node_times=node_times)
-    timing: list[dict] = []
-    first = runner.step()
-    params = {p: t.detach().cpu() for p, t in runner.params().items()}
-    link = {k: list(v) for k, v in channel.link.items()}
-    walls, busy, cpu = [], {d: [] for d in prog.devices}, {d: [] for d in prog.devices}
-    link_s: dict[tuple[int, int], list] = {}
-    for i in range(warmup - 1 + steps):
-        channel.link = {}
-        res = runner.step()
-        if i >= warmup - 1:
-            walls.append(res["wall_s"])
-            for d, b in res["busy"].items():
-                busy[d].append(b)
-                cpu[d].append(res["cpu"][d])
-            for k, row in channel.link.items():
-                link_s.setdefault(k, []).append(row[2])
-            if node_times:
-                timing.append(record(res))
-    for k, row in link.items():
-        secs = link_s.get(k)
-        row[2] = statistics.median(secs) if secs and all(s is not None for s in secs) else None
-    return {"loss": first["loss"].detach().cpu(), "params": params, "walls": walls,
-            "busy": {d: statistics.median(b) for d, b in busy.items()}, "cpu": {d: _median(c) for d, c in cpu.items()},
-            "link": link, "timing": [{"device": None, "host": host(), "timing": timing}]}
-
-
-def _median(values: list) -> float | None:
-    return None if not values or any(v is None for v in values) else statistics.median(values)
-
-
-def _merge_ranks(results: list[dict]) -> dict:
-    """One measurement from the ranks: step time = the slowest rank's, per step."""
-    loss = next((r["loss"] for r in results if r["loss"] is not None), None)
-    params: dict = {}
-    link: dict = {}
-    for r in results:
-        params.update(r["params"])
-        for k, row in r["link"].items():
-            link[k] = [row[0], row[1], None]
-    walls = [max(ws) for ws in zip(*(r["walls"] for r in results))]
-    busy = {r["device"]: statistics.median(r["busy"]) for r in results}
-    cpu = {r["device"]: _median(r["cpu"]) for r in results}
-    return {"loss": loss, "params": params, "walls": walls, "busy": busy, "cpu": cpu, "link": link,
-            "rank_walls": {r["device"]: r["walls"] for r in results},
-            "timing": [{"device": r["device"], "host": r.get("host"), "timing": r.get("timing", [])} for r in results]}
+    prog = pre.prog
+    job = job_core(pre.step, prog.devices, pre.tdev, rng_states, steps=steps, warmup=warmup, threads=threads,
+                   timeout=timeout)
+    job.update(batch=pre.step.batch, device_of=prog.device_of, sequence=prog.sequence, node_times=node_times)
+    return job

@@ -1,7 +1,8 @@
 """What a placement is checked against before it runs, and where it runs:
 the captured graph (:func:`check_same_graph`, :func:`check_graph_file`), the
 torch device of each cluster device (:func:`default_device_map`) and the
-torch.distributed backend of a set of ranks (:func:`dist_backend`).
+torch.distributed backend of a set of ranks (:func:`dist_backend`), and what
+every rank of every plan is told of them (:func:`job_core`).
 
 Shared by the one-process-per-device runs (:mod:`.api`, :mod:`.dist`) and
 data parallelism (:mod:`.data_parallel`), which import it instead of each
@@ -126,3 +127,14 @@ def dist_backend(tdev: dict[int, str], ranks: list[int]) -> str:
     """
     cuda = [tdev[d] for d in ranks if tdev[d].startswith("cuda")]
     return "nccl" if len(cuda) == len(ranks) and len(set(cuda)) == len(cuda) else "gloo"
+
+
+def job_core(step, ranks: list[int], tdev: dict[int, str], rng_states, *, steps: int, warmup: int, threads: int,
+             timeout: float) -> dict:
+    """What every rank of every plan needs: the model to capture again (*step*'s), the ranks'
+    cluster and torch devices, the process group's backend (:func:`dist_backend`), the
+    generator states to replay, the step counts."""
+    return {"spec": step.spec, "config": step.config, "seed": step.seed, "ids": step.sm.ids, "ranks": ranks,
+            "torch_devices": tdev, "rank_devices": {r: tdev[d] for r, d in enumerate(ranks)},
+            "dist_backend": dist_backend(tdev, ranks), "rng_states": rng_states, "steps": steps, "warmup": warmup,
+            "threads": threads, "timeout": timeout}

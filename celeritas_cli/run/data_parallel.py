@@ -39,28 +39,7 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..model.congestion import DEFAULT_CONGESTION
-from .checks import check_graph_file, default_device_map, dist_backend
-
-
-def dp_recipe(placement, label: str) -> dict | None:
-    """The data-parallel step of *placement*'s derivation; ``None`` for a plain placement.
-
-    Raises
-    ------
-    InvalidInput
-        Another derivation (operation splitting, a coarse base): not executable.
-    """
-    d = placement.derivation
-    if d is None and placement.split_graph is None:
-        return None
-    steps = (d or {}).get("steps") or []
-    if len(steps) == 1 and steps[0].get("transform") == "data-parallel" and not (d or {}).get("base"):
-        return steps[0]
-    what = ", ".join(str(s.get("transform")) for s in steps) or "a derived graph"
-    if (d or {}).get("base"):
-        what += " of a coarse graph"
-    raise InvalidInput(f"{label}: the placement transforms the graph ({what}); placer run executes placements "
-                       f"of the captured graph, plain data parallelism and micro-batched / recomputed plans")
+from .checks import default_device_map, dist_backend
 
 
 @dataclass
@@ -90,8 +69,7 @@ def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label
     replica batch (to run), cut the global batch into shards, and find each replica's device.
     *recipe*: the ``data-parallel`` step, or the ``fsdp`` step (:mod:`.fsdp_run`: same replicas
     and shards, strong scaling)."""
-    from ..model.graph import Graph
-    from ..sim.simulator import simulate
+    from .plan import simulated
     from .step import capture_real, example_batch
 
     say = progress or (lambda msg: None)
@@ -107,11 +85,8 @@ def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label
     if step is None:
         say(f"capturing {spec} at batch {batch} (the graph's)")
         step = capture_real(spec, batch, config=config, seed=seed)
-    if graph is not None:
-        check_graph_file(step.doc, graph, graph_label)
-    sim_graph = graph if graph is not None else Graph.from_dict(step.doc, step.doc["name"])
-    scheds: list = []
-    sim = simulate(sim_graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
+    sim, sim_graph, sched = simulated(step, placement, cluster, label=label, graph=graph, graph_label=graph_label,
+                                      congestion=congestion)
     if scaling == "strong" and batch % k:
         raise InvalidInput(f"{label}: {k} replicas cannot share a batch of {batch} evenly; use a batch size "
                            f"divisible by {k}")
@@ -124,15 +99,15 @@ def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label
     inputs, target = example_batch(spec, total, config=config, seed=seed, with_target=rstep.target is not None)
     shards = [(_rows(inputs, r, b, total, spec), None if target is None else _rows([target], r, b, total, spec)[0])
               for r in range(k)]
-    dgraph = scheds[0].graph
+    dgraph = sched.graph
     idx = {nid: v for v, nid in enumerate(step.sm.ids)}
     devices, order = [-1] * k, []
-    for v in sorted(range(dgraph.n), key=lambda v: (scheds[0].start[v], v)):
+    for v in sorted(range(dgraph.n), key=lambda v: (sched.start[v], v)):
         extra = dgraph.node_extra[v] or {}
         if "allreduce" in extra or "fsdp" in extra or "origin" not in extra:
             continue
         r = int(extra["replica"])
-        devices[r] = scheds[0].device_of[v]
+        devices[r] = sched.device_of[v]
         if r == 0:
             order.append(idx[extra["origin"]])
     if len(set(devices)) != k:
@@ -140,7 +115,7 @@ def prepare_dp(spec: str, batch: int, placement, cluster, recipe: dict, *, label
     tdev = default_device_map(cluster, sorted(devices), device_map)
     return DPPrepared(step=rstep, k=k, scaling=scaling, replica_batch=b, global_batch=total, shards=shards,
                       devices=devices, sequence=order, sim=sim, sim_graph=sim_graph, tdev=tdev,
-                      graph_from_file=graph is not None, sched=scheds[0], buckets=dp_buckets(dgraph))
+                      graph_from_file=graph is not None, sched=sched, buckets=dp_buckets(dgraph))
 
 
 def dp_buckets(dgraph) -> list[list[str]]:
@@ -277,13 +252,10 @@ def replica_program(rank: int, job: dict, step=None):
     import torch
 
     from .program import Program
-    from .step import capture_real
+    from .step import worker_capture
 
-    if step is None:
-        step = capture_real(job["spec"], job["batch"], config=job["config"], seed=job["seed"])
-    if step.sm.ids != job["ids"]:
-        raise InvalidInput("the model captured in a worker process differs from the parent's capture")
-    step = dataclasses.replace(step, inputs=job["shards"][rank][0], target=job["shards"][rank][1])
+    step = dataclasses.replace(worker_capture(job, job["batch"], step), inputs=job["shards"][rank][0],
+                               target=job["shards"][rank][1])
     me = job["ranks"][rank]
     return Program(step, [me] * len(step.sm.ids), job["sequence"]), me, torch.device(job["torch_devices"][me])
 
@@ -310,44 +282,16 @@ def dp_rank_main(rank: int, job: dict) -> dict:
     return out
 
 
-def replica_reference(pre: DPPrepared, threads: int, say):
-    """The yardstick of replicated plans (module docstring): the unplaced step on every shard at
-    *threads* torch threads, the gradients averaged, then Adam; ``(Reference, generator states per
-    shard)``."""
-    import torch
-
-    from .executor import ADAM
-    from .reference import Reference, adam_reference, reference_grads
-
-    ref_dev = pre.tdev[pre.devices[0]]
-    say(f"running the unplaced step on each of the {pre.k} shards of {pre.replica_batch} on {ref_dev}")
-    losses, grads, states = [], {}, []
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)          # the replicas' threads: same kernels, same rounding
-    try:
-        for inputs, target in pre.shards:
-            loss, g, st = reference_grads(pre.step, ref_dev, seed=pre.step.seed, inputs=inputs, target=target)
-            losses.append(loss)
-            states.append(st)
-            for p, t in g.items():
-                grads[p] = t if p not in grads else grads[p] + t
-    finally:
-        torch.set_num_threads(saved)
-    ref = Reference(loss=(sum(losses[1:], losses[0]) / pre.k).cpu(),
-                    params=adam_reference(pre.step, {p: t / pre.k for p, t in grads.items()}, ADAM),
-                    rng_states={}, device=ref_dev)
-    return ref, states
-
-
 def replica_job(pre: DPPrepared, states: list, *, steps: int, warmup: int, threads: int, timeout: float,
                 node_times: bool = False) -> dict:
     """What every replica's rank needs (:func:`dp_rank_main`, :func:`.fsdp_run.fsdp_rank_main`)."""
-    ranks = pre.devices
-    return {"spec": pre.step.spec, "batch": pre.replica_batch, "config": pre.step.config, "seed": pre.step.seed,
-            "ids": pre.step.sm.ids, "sequence": pre.sequence, "ranks": ranks, "torch_devices": pre.tdev,
-            "rank_devices": {r: pre.tdev[d] for r, d in enumerate(ranks)}, "dist_backend": dist_backend(pre.tdev, ranks),
-            "rng_states": states, "shards": pre.shards, "steps": steps, "warmup": warmup, "threads": threads,
-            "timeout": timeout, "node_times": node_times, "buckets": pre.buckets}
+    from .checks import job_core
+
+    job = job_core(pre.step, pre.devices, pre.tdev, states, steps=steps, warmup=warmup, threads=threads,
+                   timeout=timeout)
+    job.update(batch=pre.replica_batch, sequence=pre.sequence, shards=pre.shards, node_times=node_times,
+               buckets=pre.buckets)
+    return job
 
 
 def replica_report(pre: DPPrepared, placement, cluster, results: list[dict], numerics: dict, notes: list[str], *,
@@ -388,6 +332,7 @@ def run_dp(pre: DPPrepared, placement, cluster, *, label: str, steps: int, warmu
     import torch
 
     from ..profile.launch import launch
+    from .reference import replica_reference
     from .report import compare
 
     say = progress or (lambda msg: None)

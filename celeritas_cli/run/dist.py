@@ -26,10 +26,10 @@ step) has.
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Callable
 
-from ..errors import InvalidInput
 from ..profile.launch import launch, worker_main
 
 
@@ -205,9 +205,11 @@ def timed_steps(runner, me: int, *, warmup: int, steps: int, barrier: Callable[[
     return out
 
 
-def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
-    """Everything one rank does: capture (unless *step* is given), build the
-    program, run ``1 + warmup + steps`` steps, return its results.
+def rank_main(rank: int, job: dict, *, step=None, prog=None, peers=None) -> dict:
+    """Everything one rank of a placed program does: build the program (unless *prog* is given: a
+    plain :class:`~.program.Program` of the capture, or *step*; a derived program,
+    :func:`~.derived_program.program_from_job`, when the job has a ``recipe``), run
+    ``1 + warmup + steps`` steps, return its results.
 
     The first step starts from the initial values and is the one whose loss
     and parameters are checked; the timed steps follow the warm-up, each
@@ -215,31 +217,63 @@ def rank_main(rank: int, job: dict, *, step=None, peers=None) -> dict:
     """
     import torch
 
-    from .executor import Runner
-    from .program import Program
-
-    if step is None:
-        from .step import capture_real
-
-        step = capture_real(job["spec"], job["batch"], config=job["config"], seed=job["seed"])
-    if step.sm.ids != job["ids"]:
-        raise InvalidInput("the model captured in a worker process differs from the parent's capture")
-    prog = Program(step, job["device_of"], job["sequence"])
     me = job["ranks"][rank]
     dev = torch.device(job["torch_devices"][me])
+    peers = peers or Peers()
+    if "recipe" in job:
+        from .derived_program import program_from_job
+        from .derived_executor import DerivedRunner
+
+        prog = prog or program_from_job(job)
+
+        def runner_of(channel):
+            return DerivedRunner(prog, {me: dev}, [me], channel, job["rng_states"], job["inputs"])
+    else:
+        from .executor import Runner
+        from .program import Program
+        from .step import worker_capture
+
+        prog = prog or Program(worker_capture(job, job["batch"], step), job["device_of"], job["sequence"])
+
+        def runner_of(channel):
+            return Runner(prog, {me: dev}, [me], channel, rng_states=job["rng_states"], adam=job.get("adam"),
+                          node_times=bool(job.get("node_times")))
+    from .executor import cpu_loss
+
     rank_of = {d: r for r, d in enumerate(job["ranks"])}
-    channel = DistChannel(prog, peers or Peers(), rank_of, me, dev, prepost=job["dist_backend"] == "gloo",
+    channel = DistChannel(prog, peers, rank_of, me, dev, prepost=job["dist_backend"] == "gloo",
                           stage_cpu=job["dist_backend"] == "gloo" and dev.type == "cuda")
-    runner = Runner(prog, {me: dev}, [me], channel, rng_states=job["rng_states"], adam=job.get("adam"),
-                    node_times=bool(job.get("node_times")))
+    runner = runner_of(channel)
     first = runner.step()
-    loss = first["loss"]
-    out: dict[str, Any] = {"rank": rank, "device": me,
-                           "loss": None if loss is None else loss.detach().cpu(),
+    out: dict[str, Any] = {"rank": rank, "device": me, "loss": cpu_loss(first["loss"]),
                            "params": {p: t.detach().cpu() for p, t in runner.params().items()},
                            "link": {k: list(v) for k, v in channel.link.items()}}
-    out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=(peers or Peers()).barrier))
+    out.update(timed_steps(runner, me, warmup=job["warmup"], steps=job["steps"], barrier=peers.barrier))
     return out
+
+
+def merge_ranks(results: list[dict]) -> dict:
+    """One measurement from the ranks' results: the step time is the slowest rank's, per step; the
+    loss the one rank's that computes it (a plain program) or every instance's (a derived one)."""
+    from .executor import median
+
+    losses = [r["loss"] for r in results if r["loss"] is not None]
+    if losses and isinstance(losses[0], dict):
+        loss: Any = {i: v for lo in losses for i, v in lo.items()}
+    else:
+        loss = losses[0] if losses else None
+    params: dict = {}
+    link: dict = {}
+    for r in results:
+        params.update(r["params"])
+        for k, row in r["link"].items():
+            link[k] = [row[0], row[1], None]
+    walls = [max(ws) for ws in zip(*(r["walls"] for r in results))]
+    busy = {r["device"]: statistics.median(r["busy"]) for r in results}
+    cpu = {r["device"]: median(r["cpu"]) for r in results}
+    return {"loss": loss, "params": params, "walls": walls, "busy": busy, "cpu": cpu, "link": link,
+            "rank_walls": {r["device"]: r["walls"] for r in results},
+            "timing": [{"device": r["device"], "host": r.get("host"), "timing": r.get("timing", [])} for r in results]}
 
 
 def run_processes(job: dict, *, timeout: float, launcher=None) -> list[dict]:

@@ -22,7 +22,9 @@ it owns, in the program's sequence, and asks its channel for remote values.
 
 from __future__ import annotations
 
+import statistics
 import time
+from contextlib import contextmanager
 from typing import Any
 
 from ..profile.optim import adam_update
@@ -138,7 +140,130 @@ def synchronize(devices) -> None:
             torch.cuda.synchronize(dev)
 
 
-class Runner:
+def bind(fxn, value, device, *, shape_only: bool = False, src: dict | None = None, make=None):
+    """``(args, kwargs)`` of fx call *fxn*: every input node ``n`` mapped to ``value(n)``, a
+    ``device`` keyword set to *device* (what the runners execute and the exporters emit).  With
+    *shape_only* (a factory op such as ``empty_like(x)``: ``x`` lends only its shape, strides and
+    dtype), an input that is not a constant (*src*: the step map's) is ``make(traced value)``."""
+    from torch.fx.node import map_arg
+
+    def arg(n):
+        if shape_only and src.get(n, ("const",))[0] != "const":
+            return make(n.meta["val"])
+        return value(n)
+
+    args = map_arg(fxn.args, arg)
+    kwargs = map_arg(fxn.kwargs, arg)
+    if "device" in kwargs:
+        kwargs = dict(kwargs, device=device)
+    return args, kwargs
+
+
+@contextmanager
+def torch_threads(n: int):
+    """torch's intra-op thread count set to *n* inside the block, restored after."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def median(values: list) -> float | None:
+    """The median of *values*; ``None`` when there are none or one is ``None`` (a GPU's CPU time)."""
+    return None if not values or any(v is None for v in values) else statistics.median(values)
+
+
+class Executor:
+    """The step loop every runner shares (:class:`Runner`, :class:`~.derived_executor.DerivedRunner`, the
+    fsdp rank's :class:`~.fsdp_run.ShardedRunner`): the nodes of the devices *mine* of *prog* in
+    its sequence, each node's received values fetched from the channel just before it, its sends
+    posted when it finishes, values freed after their last reader, the updates committed when the
+    step ends.
+
+    A subclass sets ``state`` (the values the updates replace) and defines ``run_node(x, d)``,
+    ``send_value(t)`` (the value transfer *t* carries, on its source device) and ``losses()``.
+    """
+
+    node_hook = None
+    node_times = False
+
+    def __init__(self, prog, torch_devices: dict[int, Any], mine, channel, rng_states: dict | None = None,
+                 adam: dict | None = None):
+        import torch
+
+        self.prog, self.channel = prog, channel
+        self.devs = {d: torch.device(torch_devices[d]) for d in mine}
+        self.mine = set(mine)
+        self.seq = [v for v in prog.sequence if prog.device_of[v] in self.mine]
+        self.free = prog.free_after(self.mine)
+        self.rng_states = rng_states or {}
+        self.adam = dict(ADAM, **(adam or {}))
+        self.moments: dict[Any, tuple] = {}               # update key -> Adam's two moments
+        self.steps_done: dict[Any, int] = {}
+        self.unowned: dict[tuple, Any] = {}
+        self.env: dict[int, dict] = {d: {} for d in self.mine}
+        self.pending: dict[Any, Any] = {}
+
+    def adam_update(self, param, grad, moments: tuple, count: int):
+        """``torch.optim.Adam``'s arithmetic (:func:`~celeritas_cli.profile.optim.adam_update`) at step *count*."""
+        a = self.adam
+        return adam_update(param, grad, *moments, count, lr=a["lr"], betas=a["betas"], eps=a["eps"])
+
+    def update(self, key, param, grad) -> None:
+        """The update of *key* (a parameter, or a replica's parameter): out of place, committed at the step's end."""
+        self.steps_done[key] += 1
+        self.pending[key] = self.adam_update(param, grad, self.moments[key], self.steps_done[key])
+
+    def end_step(self) -> None:
+        """What a subclass drops when a step ends (after the values and the updates)."""
+
+    def step(self) -> dict:
+        """Run one step; return ``{"loss", "busy", "cpu", "wall_s"}`` (busy and CPU
+        seconds per device; loss: :meth:`losses`); with ``node_times`` also ``"t_start"``
+        (perf_counter), ``"cpu_step"`` (this thread's CPU time in the step), ``"nodes"``
+        (:meth:`Timer.node_rows`) and ``"events"`` (the channel's transfer events, :mod:`.timing`)."""
+        prog = self.prog
+        timer = Timer(self.devs, per_node=self.node_times)
+        t_start = time.perf_counter()
+        c_start = time.thread_time()
+        self.channel.begin()
+        for v in self.seq:
+            d = prog.device_of[v]
+            for ti in prog.needs[v]:
+                t = prog.transfers[ti]
+                if t.key not in self.env[d]:
+                    self.env[d][t.key] = self.channel.fetch(t)
+            mark = timer.start(d)
+            self.run_node(v, d)
+            timer.stop(d, mark, v)
+            for ti in prog.sends[v]:
+                t = prog.transfers[ti]
+                self.channel.send(t, self.send_value(t))
+            if self.node_hook is not None:
+                self.node_hook(v, d, self)
+            for dd, key in self.free.get(prog.position[v], ()):
+                self.env[dd].pop(key, None)
+        loss = self.losses()
+        self.channel.end()
+        synchronize(self.devs.values())
+        wall = time.perf_counter() - t_start
+        self.state.update(self.pending)
+        self.pending = {}
+        for d in self.mine:
+            self.env[d].clear()
+        self.end_step()
+        out = {"loss": loss, "busy": timer.totals(), "cpu": dict(timer.cpu), "wall_s": wall}
+        if self.node_times:
+            out.update(t_start=t_start, cpu_step=time.thread_time() - c_start, nodes=timer.node_rows(t_start),
+                       events=list(getattr(self.channel, "events", ())))
+        return out
+
+
+class Runner(Executor):
     """Runs the nodes of the devices *mine* of a program, one step at a time.
 
     Parameters
@@ -161,13 +286,8 @@ class Runner:
                  adam: dict | None = None, grad_hook=None, node_hook=None, node_times: bool = False):
         import torch
 
-        self.prog, self.sm, self.channel = prog, prog.sm, channel
-        self.devs = {d: torch.device(torch_devices[d]) for d in mine}
-        self.mine = set(mine)
-        self.seq = [v for v in prog.sequence if prog.device_of[v] in self.mine]
-        self.free = prog.free_after(self.mine)
-        self.rng_states = rng_states or {}
-        self.adam = dict(ADAM, **(adam or {}))
+        super().__init__(prog, torch_devices, mine, channel, rng_states, adam)
+        self.sm = prog.sm
         self.grad_hook = grad_hook
         self.node_hook = node_hook
         self.node_times = node_times
@@ -178,23 +298,18 @@ class Runner:
             home = prog.home(("state", s))
             if home in self.mine:
                 self.state[s] = step.state[s].to(self.devs[home], copy=True)
-        self.unowned: dict[tuple[int, int], Any] = {}
         self.inputs: dict[int, Any] = {}
         for v, fx in enumerate(self.sm.fx_of):
             if fx is not None and fx.op == "placeholder" and prog.device_of[v] in self.mine:
                 j = self.sm.ids[v]
                 val = step.target if j == "target" else step.inputs[int(j.split("_")[1])]
                 self.inputs[v] = val.to(self.devs[prog.device_of[v]], copy=True)
-        self.moments: dict[int, tuple] = {}
-        self.steps_done: dict[int, int] = {}
         for v, p in self.sm.opt_param.items():
             if prog.device_of[v] in self.mine:
                 dev = self.devs[prog.device_of[v]]
                 self.moments[p] = (torch.zeros_like(step.state[p], device=dev),
                                    torch.zeros_like(step.state[p], device=dev))
                 self.steps_done[p] = 0
-        self.env: dict[int, dict] = {d: {} for d in self.mine}
-        self.pending: dict[int, Any] = {}
 
     # ------------------------------------------------------------ values
     def value(self, a, d: int):
@@ -234,17 +349,9 @@ class Runner:
         """Run fx call *fxn* on device *d* (its inputs resolved there).  With
         *shape_only* (a factory op), inputs that are not constants are
         stand-ins of their traced shape, strides and dtype."""
-        from torch.fx.node import map_arg
-
-        def arg(n):
-            if shape_only and self.sm.src.get(n, ("const",))[0] != "const":
-                return stand_in(n.meta["val"], self.devs[d])
-            return self.value(n, d)
-
-        args = map_arg(fxn.args, arg)
-        kwargs = map_arg(fxn.kwargs, arg)
-        if "device" in kwargs:
-            kwargs = dict(kwargs, device=self.devs[d])
+        dev = self.devs[d]
+        args, kwargs = bind(fxn, lambda n: self.value(n, d), dev, shape_only=shape_only, src=self.sm.src,
+                            make=lambda m: stand_in(m, dev))
         if fxn.name in self.rng_states:
             set_rng_state(self.devs[d], self.rng_states[fxn.name])
         return fxn.target(*args, **kwargs)
@@ -257,12 +364,7 @@ class Runner:
             grad = self.value(sm.grad_fx[v], d)
             if self.grad_hook is not None:
                 grad = self.grad_hook(p, grad)
-            param = self.value(self.prog.placeholder_of_state[p], d)
-            self.steps_done[p] += 1
-            m, m2 = self.moments[p]
-            a = self.adam
-            self.pending[p] = adam_update(param, grad, m, m2, self.steps_done[p], lr=a["lr"], betas=a["betas"],
-                                          eps=a["eps"])
+            self.update(p, self.value(self.prog.placeholder_of_state[p], d), grad)
             return
         fx = sm.fx_of[v]
         out = self.inputs[v] if fx.op == "placeholder" else self.call(fx, d)
@@ -278,48 +380,10 @@ class Runner:
             return self.state[t.key[1]]
         return self.env[t.src][t.key]
 
-    # -------------------------------------------------------------- step
-    def step(self) -> dict:
-        """Run one step; return ``{"loss", "busy", "cpu", "wall_s"}`` (busy and CPU
-        seconds per device; loss ``None`` when the loss node is on another process); with
-        ``node_times`` also ``"t_start"`` (perf_counter), ``"cpu_step"`` (this thread's CPU time in the
-        step), ``"nodes"`` (:meth:`Timer.node_rows`) and ``"events"`` (the channel's transfer events,
-        :mod:`.timing`)."""
+    def losses(self):
+        """The loss, ``None`` when the loss node is on another process."""
         prog = self.prog
-        timer = Timer(self.devs, per_node=self.node_times)
-        t_start = time.perf_counter()
-        c_start = time.thread_time()
-        self.channel.begin()
-        for v in self.seq:
-            d = prog.device_of[v]
-            for ti in prog.needs[v]:
-                t = prog.transfers[ti]
-                if t.key not in self.env[d]:
-                    self.env[d][t.key] = self.channel.fetch(t)
-            mark = timer.start(d)
-            self.run_node(v, d)
-            timer.stop(d, mark, v)
-            for ti in prog.sends[v]:
-                t = prog.transfers[ti]
-                self.channel.send(t, self.send_value(t))
-            if self.node_hook is not None:
-                self.node_hook(v, d, self)
-            for dd, key in self.free.get(prog.position[v], ()):
-                self.env[dd].pop(key, None)
-        loss = self.value(self.sm.loss, prog.loss_device) if prog.loss_device in self.mine else None
-        self.channel.end()
-        synchronize(self.devs.values())
-        wall = time.perf_counter() - t_start
-        for p, new in self.pending.items():
-            self.state[p] = new
-        self.pending = {}
-        for d in self.mine:
-            self.env[d].clear()
-        out = {"loss": loss, "busy": timer.totals(), "cpu": dict(timer.cpu), "wall_s": wall}
-        if self.node_times:
-            out.update(t_start=t_start, cpu_step=time.thread_time() - c_start, nodes=timer.node_rows(t_start),
-                       events=list(getattr(self.channel, "events", ())))
-        return out
+        return self.value(self.sm.loss, prog.loss_device) if prog.loss_device in self.mine else None
 
     def params(self) -> dict[int, Any]:
         """Current value of every parameter updated on this process's devices."""
@@ -365,3 +429,45 @@ class LocalChannel:
 
     def end(self) -> None:
         self.copies = {}
+
+
+def cpu_loss(loss):
+    """A step's ``"loss"`` on the CPU: one tensor, ``{instance: tensor}`` (a derived program) or ``None``."""
+    if loss is None:
+        return None
+    return {i: v.detach().cpu() for i, v in loss.items()} if isinstance(loss, dict) else loss.detach().cpu()
+
+
+def measure_local(runner, channel: LocalChannel, *, steps: int, warmup: int, node_times: bool = False,
+                  link_seconds: bool = True) -> dict:
+    """Every device in this process: the checked step (its loss and parameters, CPU), ``warmup - 1``
+    more warm-up steps, then *steps* timed ones: walls, median busy and CPU seconds per device, the
+    first step's bytes per link (with the timed steps' median copy seconds when *link_seconds*),
+    and with *node_times* one :func:`.timing.record` per timed step."""
+    from .timing import host, record
+
+    devices = sorted(runner.mine)
+    timing: list[dict] = []
+    first = runner.step()
+    loss = cpu_loss(first["loss"])
+    params = {p: t.detach().cpu() for p, t in runner.params().items()}
+    link = {k: list(v) for k, v in channel.link.items()}
+    walls, busy, cpu = [], {d: [] for d in devices}, {d: [] for d in devices}
+    link_s: dict[tuple[int, int], list] = {}
+    for i in range(warmup - 1 + steps):
+        channel.link = {}
+        res = runner.step()
+        if i >= warmup - 1:
+            walls.append(res["wall_s"])
+            for d, b in res["busy"].items():
+                busy[d].append(b)
+                cpu[d].append(res["cpu"][d])
+            for k, row in channel.link.items():
+                link_s.setdefault(k, []).append(row[2])
+            if node_times:
+                timing.append(record(res))
+    for k, row in link.items():
+        row[2] = median(link_s.get(k)) if link_seconds else None
+    return {"loss": loss, "params": params, "walls": walls,
+            "busy": {d: statistics.median(b) for d, b in busy.items()}, "cpu": {d: median(c) for d, c in cpu.items()},
+            "link": link, "timing": [{"device": None, "host": host(), "timing": timing}]}

@@ -30,7 +30,7 @@ chunks; rank ``q`` holds chunk ``q`` and its two Adam moments (FSDP section
   elementwise, so one call on the chunk equals ``torch.optim.Adam`` per
   parameter) updates chunk ``q`` only.
 
-The yardstick is data parallelism's (:func:`~.data_parallel.replica_reference`:
+The yardstick is data parallelism's (:func:`~.reference.replica_reference`:
 the unplaced step on each shard, gradients averaged, Adam); the updated
 parameters are assembled from the ranks' chunks.  Stages 1-3 compute the
 same step; they differ in what each rank holds.
@@ -59,37 +59,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidInput
-from .data_parallel import DPPrepared, prepare_dp, replica_job, replica_program, replica_reference, replica_report
+from .data_parallel import DPPrepared, prepare_dp, replica_job, replica_program, replica_report
 from .executor import Runner
 
 #: what each stage shards besides the batch (ZeRO section 5)
 SHARDED = {1: ["optimizer state"], 2: ["optimizer state", "gradients"],
            3: ["optimizer state", "gradients", "parameters"]}
-
-
-def fsdp_recipe(placement, label: str) -> dict | None:
-    """The ``fsdp`` step of *placement*'s recipe; ``None`` when it has none.
-
-    Raises
-    ------
-    InvalidInput
-        An ``fsdp`` step with other steps or a coarse base graph.
-
-    >>> from types import SimpleNamespace as NS
-    >>> fsdp_recipe(NS(derivation={"steps": [{"transform": "fsdp", "replicas": 2}]}), "p")["replicas"]
-    2
-    >>> fsdp_recipe(NS(derivation=None), "p") is None
-    True
-    """
-    d = placement.derivation or {}
-    steps = d.get("steps") or []
-    kinds = [s.get("transform") for s in steps]
-    if "fsdp" not in kinds:
-        return None
-    if len(steps) != 1 or d.get("base"):
-        what = " + ".join(str(k) for k in kinds) + (" of a coarse graph" if d.get("base") else "")
-        raise InvalidInput(f"{label}: the recipe is {what}; placer run executes an fsdp step alone")
-    return steps[0]
 
 
 @dataclass
@@ -322,8 +297,6 @@ class ShardedRunner(Runner):
                 self._reduce_scatter(u, d)
 
     def run_node(self, v: int, d: int) -> None:
-        from ..profile.optim import adam_update
-
         p = self.sm.opt_param.get(v)
         if p not in self.unit_of:
             return super().run_node(v, d)
@@ -336,9 +309,7 @@ class ShardedRunner(Runner):
         work.wait()
         grad = grad.to(self.shard[u].device).div_(self.k)
         self.count[u] += 1
-        a = self.adam
-        new = adam_update(self.shard[u], grad, *self.moms[u], self.count[u], lr=a["lr"], betas=a["betas"],
-                          eps=a["eps"])
+        new = self.adam_update(self.shard[u], grad, self.moms[u], self.count[u])
         self.new_shard[u] = new
         if self.stage < 3:                      # ZeRO 1-2: every rank gets the whole updated parameters
             self.pending.update(self._all_gather(u, new))
@@ -431,6 +402,7 @@ def run_fsdp(pre: FSDPPrepared, placement, cluster, *, label: str, steps: int, w
     """Reference, the sharded replicas (:func:`fsdp_rank_main`), the ``placer.run/v1`` report with an
     ``fsdp`` section."""
     from ..profile.launch import launch
+    from .reference import replica_reference
 
     say = progress or (lambda msg: None)
     ref, states = replica_reference(pre, threads, say)

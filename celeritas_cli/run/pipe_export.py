@@ -13,7 +13,7 @@ blocks of micro-batches, must be the rank's steps
 :func:`pipelining_plan` says whether ``torch.distributed.pipelining`` can run
 the plan as it is, exactly when all of these hold (else :func:`why_not`
 names the first that fails and ``placer export`` writes placer's own code,
-:mod:`.mb_export`):
+:mod:`.derived_export`):
 
 1. the recipe is one ``microbatch`` step (recomputation and data
    parallelism are not expressed by a pipelining schedule);

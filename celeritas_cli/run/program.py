@@ -47,7 +47,37 @@ class Transfer:
     meta: Any
 
 
-class Program:
+class TransferPlan:
+    """The cross-device transfers of a placed program (:class:`Program`, and the derived
+    :class:`~.derived_program.DerivedProgram`): ``transfers`` in the order senders post them, ``sends``
+    (producer -> transfer indices it sends when it finishes) and ``transfer_of`` ((key, dst) -> index)."""
+
+    transfers: list
+    sends: Any
+
+    def post(self, pending: list[tuple[int, tuple, int]], made) -> None:
+        """Number the transfers *pending* (``(position of the producer, key, destination device)``)
+        in the order their senders post them: by producer position, then destination device (the
+        tags :mod:`.dist` matches receives by).  ``made(key) -> (producer, source device, bytes, meta)``."""
+        for _, key, d in sorted(pending, key=lambda x: (x[0], x[2])):
+            producer, src, nbytes, meta = made(key)
+            t = Transfer(index=len(self.transfers), key=key, producer=producer, src=src, dst=d, nbytes=nbytes,
+                         meta=meta)
+            self.transfers.append(t)
+            self.sends[producer].append(t.index)
+        self.transfer_of = {(t.key, t.dst): t.index for t in self.transfers}
+
+    def link_bytes(self) -> dict[tuple[int, int], list[int]]:
+        """``(src, dst) -> [bytes, transfers]`` of the planned transfers."""
+        out: dict[tuple[int, int], list[int]] = {}
+        for t in self.transfers:
+            row = out.setdefault((t.src, t.dst), [0, 0])
+            row[0] += t.nbytes
+            row[1] += 1
+        return out
+
+
+class Program(TransferPlan):
     """The placed step.
 
     Parameters
@@ -143,7 +173,7 @@ class Program:
 
     def _plan(self) -> None:
         sm = self.sm
-        index: dict[tuple, int] = {}
+        seen: set[tuple] = set()
         pending: list[tuple[int, tuple, int]] = []      # (position of producer, key, dst)
         for v in self.sequence:
             d = self.device_of[v]
@@ -161,38 +191,29 @@ class Program:
                 if key[0] == "out" and key[2] is None:
                     raise InvalidInput(f"node '{sm.ids[v]}' reads the whole multi-output value of "
                                        f"'{sm.ids[key[1]]}' across devices, which cannot be sent")
-                if (key, d) not in index:
-                    index[(key, d)] = -1
+                if (key, d) not in seen:
+                    seen.add((key, d))
                     pending.append((self.position[producer], key, d))
-        # tags in the order senders post them: by producer position, then destination device
-        pending.sort(key=lambda x: (x[0], x[2]))
-        for _, key, d in pending:
-            producer = key[1] if key[0] == "out" else sm.owner[key[1]]
-            meta, nbytes = self._meta(key)
-            t = Transfer(index=len(self.transfers), key=key, producer=producer, src=self.device_of[producer],
-                         dst=d, nbytes=nbytes, meta=meta)
-            index[(key, d)] = t.index
-            self.transfers.append(t)
-            self.sends[producer].append(t.index)
+        self.post(pending, self._made)
         for v in self.sequence:
             d = self.device_of[v]
-            self.needs[v] = [index[(key, d)] for key in self.reads[v] if (key, d) in index]
-        self.transfer_of = {(t.key, t.dst): t.index for t in self.transfers}
+            self.needs[v] = [self.transfer_of[(key, d)] for key in self.reads[v] if (key, d) in self.transfer_of]
         src = sm.src.get(sm.loss, ("const",))
         #: the loss's base value and its device (the loss may be a view of it)
         self.loss_key = ("out", src[1], src[2]) if src[0] == "node" else None
         self.loss_device = self.device_of[src[1]] if src[0] == "node" else None
 
-    def _meta(self, key: tuple) -> tuple[Any, int]:
+    def _made(self, key: tuple) -> tuple[int, int, int, Any]:
+        """``(producer, its device, bytes, traced value)`` of the value *key* (:meth:`TransferPlan.post`)."""
         from ..profile.stepmap import nbytes, outputs
 
         sm = self.sm
         if key[0] == "state":
+            producer = sm.owner[key[1]]
             val = self.placeholder_of_state[key[1]].meta.get("val")
-            return val, nbytes(val)
+            return producer, self.device_of[producer], nbytes(val), val
         v, k = key[1], key[2]
-        val = outputs(sm.fx_of[v].meta.get("val"))[k]
-        return val, sm.out_bytes[v][k]
+        return v, self.device_of[v], sm.out_bytes[v][k], outputs(sm.fx_of[v].meta.get("val"))[k]
 
     def free_after(self, devices) -> dict[int, list[tuple[int, Any]]]:
         """Position -> ``(device, key)`` pairs last read there, for the devices
@@ -218,15 +239,6 @@ class Program:
             if key == keep or (isinstance(key, tuple) and key[0] == "state" and self.home(key) == d):
                 continue
             out.setdefault(pos, []).append((d, key))
-        return out
-
-    def link_bytes(self) -> dict[tuple[int, int], list[int]]:
-        """``(src, dst) -> [bytes, transfers]`` of the planned transfers."""
-        out: dict[tuple[int, int], list[int]] = {}
-        for t in self.transfers:
-            row = out.setdefault((t.src, t.dst), [0, 0])
-            row[0] += t.nbytes
-            row[1] += 1
         return out
 
     def tensor_name(self, t: Transfer) -> str:

@@ -161,7 +161,7 @@ def render_table(report: dict, console=None) -> None:
                   f"(|diff| {report['loss_max_abs_diff']:.3g}); {report['params_compared']} parameters, max |diff| "
                   f"{report['params_max_abs_diff']:.3g}")
     mb = report.get("microbatch")
-    if mb:  # a micro-batched / pipelined / hybrid run (run/mb_run.py)
+    if mb:  # a micro-batched / pipelined / hybrid run (run/derived_run.py)
         exact = "exact" if mb["per_microbatch"]["params_max_abs_diff"] == 0 else "not exact"
         console.print(f"plan: {' + '.join(mb['recipe'])}, schedule {mb['schedule'] or 'from the orders'}, "
                       f"{mb['replicas']} replica(s) x {mb['micro_batches']} micro-batch(es) of "

@@ -121,3 +121,20 @@ def example_batch(spec: str, batch: int, *, config: dict | None = None, seed: in
     model = build_meta(factory)
     with torch.device("cpu"):
         return _example(model, batch, seed, with_target)
+
+
+def worker_capture(job: dict, batch: int, step: RealStep | None = None) -> RealStep:
+    """A worker process's capture of the parent's model (*job*: ``spec``, ``config``, ``seed``,
+    ``ids``) at *batch*, or *step* when the caller has it: the same seed gives bit-identical
+    values; a capture with other graph nodes than the parent's is refused.
+
+    Raises
+    ------
+    InvalidInput
+        The worker traced another graph than the parent.
+    """
+    if step is None:
+        step = capture_real(job["spec"], batch, config=job["config"], seed=job["seed"])
+    if step.sm.ids != job["ids"]:
+        raise InvalidInput("the model captured in a worker process differs from the parent's capture")
+    return step

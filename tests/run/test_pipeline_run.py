@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from celeritas_cli.errors import InvalidInput
-from celeritas_cli.run.mb_plan import batch_layout, merged_sequence
+from celeritas_cli.run.plan import batch_layout, merged_sequence
 
 MLP = "tests.profile.test_profile_torch:TinyMLP"
 MICRO = {"transform": "microbatch", "m": 2, "global_batch": 8, "micro_batches": [4, 4], "overhead_s": 0.0}
@@ -55,9 +55,12 @@ from celeritas_cli.model.cluster import uniform  # noqa: E402
 from celeritas_cli.model.graph import Graph  # noqa: E402
 from celeritas_cli.model.jsonio import validate, write_json  # noqa: E402
 from celeritas_cli.run import api  # noqa: E402
-from celeritas_cli.run.mb_program import MBProgram  # noqa: E402
-from celeritas_cli.run.mb_reference import microbatch_reference, whole_reference  # noqa: E402
-from celeritas_cli.run.mb_run import mb_job, mb_rank_main, merge_ranks, placed_result  # noqa: E402
+from celeritas_cli.run.derived_program import DerivedProgram as MBProgram  # noqa: E402
+from celeritas_cli.run.reference import microbatch_reference, whole_reference  # noqa: E402
+from celeritas_cli.run.dist import merge_ranks  # noqa: E402
+from celeritas_cli.run.dist import rank_main as mb_rank_main  # noqa: E402
+from celeritas_cli.run.derived_program import derived_job as mb_job  # noqa: E402
+from celeritas_cli.run.derived_run import placed_result  # noqa: E402
 from celeritas_cli.run.report import compare  # noqa: E402
 from celeritas_cli.run.step import capture_real  # noqa: E402
 from celeritas_cli.pipelining.cuts import (  # noqa: E402
@@ -212,12 +215,12 @@ def test_uneven_microbatches_are_captured_at_each_size():
 
 
 def test_recomputed_nodes_really_run_again(monkeypatch):
-    from celeritas_cli.run import mb_runner
+    from celeritas_cli.run.derived_executor import DerivedRunner as MBRunner
 
     p, c = plan(MLP, 8, 2, "1f1b", recompute=True)
     ran: list[int] = []
-    real = mb_runner.MBRunner.run_node
-    monkeypatch.setattr(mb_runner.MBRunner, "run_node", lambda self, x, d: (ran.append(x), real(self, x, d))[1])
+    real = MBRunner.run_node
+    monkeypatch.setattr(MBRunner, "run_node", lambda self, x, d: (ran.append(x), real(self, x, d))[1])
     pre = api.prepare(MLP, 8, p, c, step=step_of(MLP, 8))
     rep = api.run_placement(MLP, 8, p, c, prepared=pre, steps=1, warmup=1)
     clones = [x for x, info in enumerate(pre.infos) if info.kind == "recompute"]
@@ -390,7 +393,7 @@ def _load(path, name):
 
 
 def test_export_writes_a_pipelining_program_when_stages_are_module_segments(tmp_path):
-    from celeritas_cli.run.mb_export import export_derived
+    from celeritas_cli.run.derived_export import export_derived
 
     p, c = plan(MLP, 8, 4, "1f1b")
     pre = api.prepare(MLP, 8, p, c, step=step_of(MLP, 8))
@@ -411,7 +414,7 @@ def test_export_writes_a_pipelining_program_when_stages_are_module_segments(tmp_
 
 @pytest.mark.parametrize("what", ["recompute", "hybrid", "split"])
 def test_export_falls_back_to_placers_own_code_which_trains_like_the_unplaced_step(tmp_path, what):
-    from celeritas_cli.run.mb_export import export_derived
+    from celeritas_cli.run.derived_export import export_derived
     from celeritas_cli.run.reference import reference_step
 
     g = graph_of(MLP, 8)
@@ -482,7 +485,7 @@ def test_gloo_processes_hybrid_plan_matches():
 
 @pytest.mark.slow
 def test_exported_pipelining_program_trains_like_the_unplaced_step_under_torchrun(tmp_path):
-    from celeritas_cli.run.mb_export import export_derived
+    from celeritas_cli.run.derived_export import export_derived
     from celeritas_cli.run.reference import reference_step
 
     p, c = plan(MLP, 8, 4, "1f1b")

@@ -25,7 +25,7 @@ from celeritas_cli.model.jsonio import validate, write_json  # noqa: E402
 from celeritas_cli.model.placement import Placement  # noqa: E402
 from celeritas_cli.profile.zoo import ZOO  # noqa: E402
 from celeritas_cli.run import api  # noqa: E402
-from celeritas_cli.run.dist import rank_main, wire_buffer, wire_view  # noqa: E402
+from celeritas_cli.run.dist import merge_ranks, rank_main, wire_buffer, wire_view  # noqa: E402
 from celeritas_cli.run.export import export_source  # noqa: E402
 from celeritas_cli.run.reference import reference_step  # noqa: E402
 from celeritas_cli.run.report import compare  # noqa: E402
@@ -250,7 +250,7 @@ def run_ranks_in_threads(pre, ref, steps=1, **job_kw):
         t.join(120)
     assert not errors, errors
     assert all(t is not None for t in out), "a rank did not finish (deadlock?)"
-    return api._merge_ranks(out)
+    return merge_ranks(out)
 
 
 def test_gloo_ranks_exact_on_tiny_mlp():
@@ -385,7 +385,7 @@ def test_data_parallel_placement_is_prepared_as_replicas_with_shards():
 
 
 def test_placements_that_split_operations_are_refused():
-    from celeritas_cli.run.data_parallel import dp_recipe
+    from celeritas_cli.run.plan import dp_recipe
 
     p = mlp_split()
     p.derivation = {"steps": [{"transform": "split", "node": "addmm", "dim": "batch", "n": 2}]}

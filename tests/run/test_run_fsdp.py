@@ -24,7 +24,7 @@ from celeritas_cli.model.graph import Graph  # noqa: E402
 from celeritas_cli.model.jsonio import validate  # noqa: E402
 from celeritas_cli.model.placement import Placement  # noqa: E402
 from celeritas_cli.run import api  # noqa: E402
-from celeritas_cli.run.data_parallel import replica_reference  # noqa: E402
+from celeritas_cli.run.reference import replica_reference  # noqa: E402
 from celeritas_cli.run import fsdp_run  # noqa: E402
 from celeritas_cli.run.fsdp_run import FSDPPrepared, check_results, fsdp_job, fsdp_rank_main  # noqa: E402
 

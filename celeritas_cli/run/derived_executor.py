@@ -1,4 +1,4 @@
-"""Execute an :class:`~.mb_program.MBProgram`: every derived node on its
+"""Execute an :class:`~.derived_program.DerivedProgram`: every derived node on its
 device in the program's sequence, values between devices through a channel
 of :mod:`.executor` (one process) or :mod:`.dist` (one process per device,
 torch.distributed point-to-point).
@@ -22,7 +22,7 @@ torch.distributed point-to-point).
   its statistics over the micro-batch (GPipe, Huang et al. 2019, 2.2).
 
 No deadlock for any valid schedule: every rank follows one global sequence
-(:func:`~.mb_plan.merged_sequence`: a topological order of the derived
+(:func:`~.plan.merged_sequence`: a topological order of the derived
 graph that keeps every device's order, GPipe, 1F1B or interleaved alike),
 sends never block, receives are posted in the order senders post them, and
 a rank waits only for a value whose producer comes earlier in the
@@ -31,12 +31,11 @@ sequence, so by induction on the sequence every wait ends (:mod:`.dist`).
 
 from __future__ import annotations
 
+import operator
 import threading
-import time
 from typing import Any
 
-from ..profile.optim import adam_update
-from .executor import ADAM, Timer, set_rng_state, stand_in, synchronize
+from .executor import Executor, bind, set_rng_state, stand_in
 
 #: held while a random op replays a generator state (ranks run as threads in the tests share the generator)
 RNG_LOCK = threading.Lock()
@@ -44,7 +43,7 @@ RNG_LOCK = threading.Lock()
 
 def scaled(t, w: float):
     """*t* times *w* (the tensor itself for ``w == 1``): the weighting of a
-    micro-batch's gradient, shared with :mod:`.mb_reference` so both round alike."""
+    micro-batch's gradient, shared with :mod:`.reference` so both round alike."""
     return t if w == 1.0 else t * w
 
 
@@ -79,12 +78,84 @@ class _Ctx:
         self.memo: dict = {}
 
 
-class MBRunner:
+class KeyedValues:
+    """What the runner (:class:`DerivedRunner`) and the exporter (:class:`~.derived_export._DerivedEmitter`)
+    of a derived program share: reading a value by its key on a device (:meth:`get`), and what a
+    gradient node computes (:meth:`gradient_values`), each op applied by :meth:`apply` - a torch
+    call, or an fx node that the exporter emits.  Subclasses set ``prog``, ``env`` and define
+    :meth:`apply` and :meth:`state_value`."""
+
+    #: what :meth:`get` says of a value read before it is there
+    missing = "value {key} is read on device {d} before it arrived (order bug)"
+
+    def apply(self, op, *args):
+        raise NotImplementedError
+
+    def state_value(self, r: int, s: int, d: int, home: int):
+        """Replica *r*'s parameter or buffer *s* on device *d* (*home*: its holder's device, -1 if none)."""
+        raise NotImplementedError
+
+    def scaled(self, v, w: float):
+        """*v* times *w* (*v* itself for ``w == 1``: :func:`scaled`)."""
+        return v if w == 1.0 else self.apply(operator.mul, v, w)
+
+    def get(self, key: tuple, d: int):
+        """The value *key* on device *d* (local, or received before)."""
+        import torch
+
+        env = self.env[d]
+        if key in env:
+            return env[key]
+        home = self.prog.home(key)
+        if key[0] == "chunk" and home == d:
+            flat = self.apply(torch.reshape, self.get(key[1], d), (-1,))
+            return self.apply(torch.narrow, flat, 0, key[2], key[3] - key[2])
+        if key[0] == "s" and home in (d, -1):
+            return self.state_value(key[1], key[2], d, home)
+        if key[0] == "v" and (key[1], None) in env:     # an output of a multi-output op kept whole
+            env[key] = self.apply(operator.getitem, env[(key[1], None)], key[3])
+            return env[key]
+        raise RuntimeError(self.missing.format(key=key, d=d))
+
+    def gradient_values(self, x: int, d: int) -> dict:
+        """The values gradient node *x* (an accumulation or a ring step, on device *d*) makes:
+        ``running + w * partial``; a bucket's flattened gradients; a reduce-scatter step's received
+        partial sum plus its own chunk; an all-gather step's received chunk; the result's chunks
+        concatenated and cut back into the gradients."""
+        import torch
+
+        act = self.prog.actions[x]
+        get, scaled, apply = (lambda k: self.get(k, d)), self.scaled, self.apply
+        if act.kind == "accum":
+            return {out: apply(operator.add, scaled(get(prev), pw), scaled(get(part), w))
+                    for out, prev, pw, part, w in act.parts}
+        spec = act.ring
+        if act.kind == "bucket":
+            return {("f", x): apply(torch.cat, [apply(torch.reshape, scaled(get(k), w), (-1,))
+                                                for k, w in spec["grads"]])}
+        if act.kind == "reduce-scatter":
+            (rk, rw), (ok, ow) = spec["recv"], spec["own"]
+            return {("r", x): apply(operator.add, scaled(get(rk), rw), scaled(get(ok), ow))}
+        if act.kind == "all-gather":
+            return {("r", x): get(spec["recv"][0])}
+        flat = apply(torch.cat, [get(k) for k, _ in sorted(spec["chunks"], key=lambda c: c[1][0])])
+        out, at = {}, 0
+        for (u, k), shape in zip(spec["keys"], spec["shapes"]):
+            n = 1
+            for s in shape:
+                n *= int(s)
+            part = apply(torch.narrow, flat, 0, at, n)
+            out[("v", x, u, k)] = apply(torch.reshape, part, tuple(int(s) for s in shape))
+            at += n
+        return out
+
+
+class DerivedRunner(KeyedValues, Executor):
     """Runs the derived nodes of devices *mine* of *prog*, one step at a time.
 
     Parameters
     ----------
-    prog : the :class:`~.mb_program.MBProgram`.
+    prog : the :class:`~.derived_program.DerivedProgram`.
     torch_devices : cluster device -> torch device (for *mine*).
     mine : cluster devices this process runs.
     channel : :class:`~.executor.LocalChannel` or :class:`~.dist.DistChannel`.
@@ -97,22 +168,14 @@ class MBRunner:
                  adam: dict | None = None):
         import torch
 
-        self.prog, self.channel = prog, channel
-        self.devs = {d: torch.device(torch_devices[d]) for d in mine}
-        self.mine = set(mine)
-        self.seq = [x for x in prog.sequence if prog.device_of[x] in self.mine]
-        self.free = prog.free_after(self.mine)
-        self.rng_states = rng_states or {}
+        super().__init__(prog, torch_devices, mine, channel, rng_states, adam)
         self.inputs = inputs
-        self.adam = dict(ADAM, **(adam or {}))
         self.whole = prog.views[prog.layout.total]
         initial = self.whole.step.state
         self.state: dict[tuple[int, int], Any] = {}
         for (r, s), h in prog.homes.items():
             if prog.device_of[h] in self.mine:
                 self.state[(r, s)] = initial[s].to(self.devs[prog.device_of[h]], copy=True)
-        self.moments: dict[tuple[int, int], tuple] = {}
-        self.steps_done: dict[tuple[int, int], int] = {}
         for x in self.seq:
             act = prog.actions[x]
             if act.kind == "update":
@@ -121,28 +184,18 @@ class MBRunner:
                 self.moments[key] = (torch.zeros_like(initial[key[1]], device=dev),
                                      torch.zeros_like(initial[key[1]], device=dev))
                 self.steps_done[key] = 0
-        self.env: dict[int, dict] = {d: {} for d in self.mine}
         self.consts: dict[tuple, Any] = {}
-        self.unowned: dict[tuple, Any] = {}
-        self.pending: dict[tuple[int, int], Any] = {}
 
     # ------------------------------------------------------------ values
-    def get(self, key: tuple, d: int):
-        """The value *key* on device *d* (local, or received before)."""
-        prog = self.prog
-        env = self.env[d]
-        if key in env:
-            return env[key]
-        home = prog.home(key)
-        if key[0] == "chunk" and home == d:
-            return self.get(key[1], d).reshape(-1)[key[2]:key[3]]
-        if key[0] == "s" and home == d:
-            return self.state[(key[1], key[2])]
-        if key[0] == "s" and home == -1:
-            if (key, d) not in self.unowned:
-                self.unowned[(key, d)] = self.whole.step.state[key[2]].to(self.devs[d], copy=True)
-            return self.unowned[(key, d)]
-        raise RuntimeError(f"value {key} is read on device {d} before it arrived (order bug)")
+    def apply(self, op, *args):
+        return op(*args)
+
+    def state_value(self, r: int, s: int, d: int, home: int):
+        if home == d:
+            return self.state[(r, s)]
+        if ((r, s), d) not in self.unowned:
+            self.unowned[((r, s), d)] = self.whole.step.state[s].to(self.devs[d], copy=True)
+        return self.unowned[((r, s), d)]
 
     def fx_value(self, a, ctx: _Ctx):
         """The value of fx node *a* (of ``ctx.view``'s trace) for ``ctx``."""
@@ -168,21 +221,12 @@ class MBRunner:
 
     def call(self, fxn, ctx: _Ctx, shape_only: bool | None = None):
         """Run fx call *fxn* in *ctx* (a factory op gets stand-ins of its real inputs)."""
-        from torch.fx.node import map_arg
-
         view, dev = ctx.view, self.devs[ctx.d]
         if shape_only is None:
             shape_only = view.role.get(fxn, ("none",))[0] == "factory"
 
-        def arg(n):
-            if shape_only and view.sm.src.get(n, ("const",))[0] != "const":
-                return stand_in(n.meta["val"], dev)
-            return self.fx_value(n, ctx)
-
-        args = map_arg(fxn.args, arg)
-        kwargs = map_arg(fxn.kwargs, arg)
-        if "device" in kwargs:
-            kwargs = dict(kwargs, device=dev)
+        args, kwargs = bind(fxn, lambda n: self.fx_value(n, ctx), dev, shape_only=shape_only, src=view.sm.src,
+                            make=lambda m: stand_in(m, dev))
         if fxn.name in self.rng_states and fxn in view.random:
             with RNG_LOCK:
                 set_rng_state(dev, self.rng_states[fxn.name])
@@ -230,40 +274,9 @@ class MBRunner:
             else:
                 p = view.sm.opt_param[act.v]
                 key = (act.inst[0], p)
-                grad = self.fx_value(view.sm.grad_fx[act.v], ctx)
-                self.steps_done[key] += 1
-                m, m2 = self.moments[key]
-                a = self.adam
-                self.pending[key] = adam_update(self.state[key], grad, m, m2, self.steps_done[key], lr=a["lr"],
-                                                betas=a["betas"], eps=a["eps"])
+                self.update(key, self.state[key], self.fx_value(view.sm.grad_fx[act.v], ctx))
             return
-        if kind == "accum":
-            for out, prev, pw, part, w in act.parts:
-                env[out] = scaled(self.get(prev, d), pw) + scaled(self.get(part, d), w)
-            return
-        spec = act.ring
-        if kind == "bucket":
-            import torch
-
-            env[("f", x)] = torch.cat([scaled(self.get(k, d), w).reshape(-1) for k, w in spec["grads"]])
-        elif kind == "reduce-scatter":
-            (rk, rw), (ok, ow) = spec["recv"], spec["own"]
-            env[("r", x)] = scaled(self.get(rk, d), rw) + scaled(self.get(ok, d), ow)
-        elif kind == "all-gather":
-            env[("r", x)] = self.get(spec["recv"][0], d)
-        else:  # result: the reduced chunks, reassembled into the gradients
-            import torch
-
-            flat = torch.empty(spec["numel"], dtype=spec["dtype"], device=self.devs[d])
-            for key, (a, b) in spec["chunks"]:
-                flat[a:b] = self.get(key, d)
-            at = 0
-            for (u, k), shape in zip(spec["keys"], spec["shapes"]):
-                n = 1
-                for s in shape:
-                    n *= int(s)
-                env[("v", x, u, k)] = flat[at:at + n].view(tuple(shape))
-                at += n
+        env.update(self.gradient_values(x, d))      # accumulations and ring steps
 
     def loss_value(self, inst):
         d, key, x = self.prog.loss_keys[inst]
@@ -272,39 +285,16 @@ class MBRunner:
         ctx = _Ctx(x, d, view, inst, {role: (key, 1.0)} if role[0] == "out" else {})
         return self.fx_value(view.sm.loss, ctx)
 
-    # -------------------------------------------------------------- step
-    def step(self) -> dict:
-        """Run one step: ``{"loss": {instance: loss}, "busy", "cpu", "wall_s"}``
-        (losses of the instances whose loss this process computes)."""
-        prog = self.prog
-        timer = Timer(self.devs)
-        t_start = time.perf_counter()
-        self.channel.begin()
-        for x in self.seq:
-            d = prog.device_of[x]
-            for ti in prog.needs[x]:
-                t = prog.transfers[ti]
-                if t.key not in self.env[d]:
-                    self.env[d][t.key] = self.channel.fetch(t)
-            mark = timer.start(d)
-            self.run_node(x, d)
-            timer.stop(d, mark)
-            for ti in prog.sends[x]:
-                t = prog.transfers[ti]
-                self.channel.send(t, self.get(t.key, t.src))
-            for dd, key in self.free.get(prog.position[x], ()):
-                self.env[dd].pop(key, None)
-        losses = {inst: self.loss_value(inst).detach() for inst, (d, _, _) in prog.loss_keys.items()
-                  if d in self.mine}
-        self.channel.end()
-        synchronize(self.devs.values())
-        wall = time.perf_counter() - t_start
-        self.state.update(self.pending)
-        self.pending = {}
-        for d in self.mine:
-            self.env[d].clear()
+    def send_value(self, t):
+        return self.get(t.key, t.src)
+
+    def losses(self) -> dict:
+        """The losses of the instances whose loss this process computes (the step's ``"loss"``)."""
+        return {inst: self.loss_value(inst).detach() for inst, (d, _, _) in self.prog.loss_keys.items()
+                if d in self.mine}
+
+    def end_step(self) -> None:
         self.consts = {}
-        return {"loss": losses, "busy": timer.totals(), "cpu": dict(timer.cpu), "wall_s": wall}
 
     def params(self) -> dict[tuple[int, int], Any]:
         """``(replica, parameter) -> value`` of the parameters updated here."""

@@ -1,13 +1,20 @@
-"""``placer run`` on a derived placement: micro-batches, pipelines,
-recomputation and data parallelism combined (issue 23 item 5).
+"""What a placement asks ``placer run`` to execute, and the derived plans.
 
-A placement whose recipe (``placement.derivation.steps``) has a
-``microbatch`` or ``recompute`` step, optionally with one
-``data-parallel`` step before or after it, is a placement of the *derived*
-graph (:mod:`celeritas_cli.transform.derivation`).  This module reads what
-every derived node stands for in the captured step, and how the recipe cuts
-the global batch into *instances*: replica ``r``'s micro-batch ``i`` (GPipe,
-Huang et al. 2019, 2.2; replicated pipelines, Narayanan et al. SC'21, 3.1).
+:func:`plan_of` reads the placement's recipe (``placement.derivation``):
+a placement of the captured graph (``plain``), one ``data-parallel`` step
+(:mod:`.data_parallel`), one ``fsdp`` step (:mod:`.fsdp_run`), or a
+*derived* plan: micro-batches, pipelines, recomputation and data
+parallelism combined (issue 23 item 5).  Other recipes (operation
+splitting, a coarse base graph) are refused with one line.  Every plan is
+simulated the same way (:func:`simulated`).
+
+A derived placement's recipe has a ``microbatch`` or ``recompute`` step,
+optionally with one ``data-parallel`` step before or after it: it is a
+placement of the *derived* graph (:mod:`celeritas_cli.transform.derivation`).
+This module reads what every derived node stands for in the captured step,
+and how the recipe cuts the global batch into *instances*: replica ``r``'s
+micro-batch ``i`` (GPipe, Huang et al. 2019, 2.2; replicated pipelines,
+Narayanan et al. SC'21, 3.1).
 
 What a derived node runs (:class:`NodeInfo`, read through the recipe's
 steps, each one's documented fields)
@@ -42,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidInput
+from ..model.congestion import DEFAULT_CONGESTION
 from ..transform.batch import whole_samples
 
 KINDS = ("node", "recompute", "weights", "accum", "ring")
@@ -84,6 +92,78 @@ class Layout:
     def weight(self, inst: tuple[int, int]) -> float:
         """The instance's share of the global batch (its gradients' weight)."""
         return self.sizes[inst] / self.total
+
+
+def plan_of(placement, label: str) -> tuple[str, Any]:
+    """What *placement* asks ``placer run`` to execute: ``("derived", steps)``
+    (:func:`executed_recipe`), ``("fsdp", step)`` (:func:`fsdp_recipe`),
+    ``("data-parallel", step)`` (:func:`dp_recipe`) or ``("plain", None)``.
+
+    Raises
+    ------
+    InvalidInput
+        A recipe ``placer run`` does not execute (one line naming it).
+
+    >>> from types import SimpleNamespace as NS
+    >>> plan_of(NS(derivation=None, split_graph=None), "p")
+    ('plain', None)
+    >>> plan_of(NS(derivation={"steps": [{"transform": "data-parallel", "replicas": 2}]}, split_graph=None), "p")[0]
+    'data-parallel'
+    """
+    steps = executed_recipe(placement, label)
+    if steps is not None:
+        return "derived", steps
+    recipe = fsdp_recipe(placement, label)
+    if recipe is not None:
+        return "fsdp", recipe
+    recipe = dp_recipe(placement, label)
+    return ("data-parallel", recipe) if recipe is not None else ("plain", None)
+
+
+def dp_recipe(placement, label: str) -> dict | None:
+    """The data-parallel step of *placement*'s derivation; ``None`` for a plain placement.
+
+    Raises
+    ------
+    InvalidInput
+        Another derivation (operation splitting, a coarse base): not executable.
+    """
+    d = placement.derivation
+    if d is None and placement.split_graph is None:
+        return None
+    steps = (d or {}).get("steps") or []
+    if len(steps) == 1 and steps[0].get("transform") == "data-parallel" and not (d or {}).get("base"):
+        return steps[0]
+    what = ", ".join(str(s.get("transform")) for s in steps) or "a derived graph"
+    if (d or {}).get("base"):
+        what += " of a coarse graph"
+    raise InvalidInput(f"{label}: the placement transforms the graph ({what}); placer run executes placements "
+                       f"of the captured graph, plain data parallelism and micro-batched / recomputed plans")
+
+
+def fsdp_recipe(placement, label: str) -> dict | None:
+    """The ``fsdp`` step of *placement*'s recipe; ``None`` when it has none.
+
+    Raises
+    ------
+    InvalidInput
+        An ``fsdp`` step with other steps or a coarse base graph.
+
+    >>> from types import SimpleNamespace as NS
+    >>> fsdp_recipe(NS(derivation={"steps": [{"transform": "fsdp", "replicas": 2}]}), "p")["replicas"]
+    2
+    >>> fsdp_recipe(NS(derivation=None), "p") is None
+    True
+    """
+    d = placement.derivation or {}
+    steps = d.get("steps") or []
+    kinds = [s.get("transform") for s in steps]
+    if "fsdp" not in kinds:
+        return None
+    if len(steps) != 1 or d.get("base"):
+        what = " + ".join(str(k) for k in kinds) + (" of a coarse graph" if d.get("base") else "")
+        raise InvalidInput(f"{label}: the recipe is {what}; placer run executes an fsdp step alone")
+    return steps[0]
 
 
 def executed_recipe(placement, label: str) -> list[dict] | None:
@@ -251,9 +331,26 @@ def merged_sequence(graph, device_of: list[int], device_order: list[list[int]], 
     return out
 
 
+def simulated(step, placement, cluster, *, label: str, graph=None, graph_label: str = "graph",
+              congestion: str = DEFAULT_CONGESTION) -> tuple[dict, Any, Any]:
+    """*placement* simulated on the graph file *graph* (refused when it is not the captured
+    *step*'s graph, :func:`~.checks.check_graph_file`) or on the captured graph:
+    ``(simulation, simulated graph, the simulator's Schedule)``."""
+    from ..model.graph import Graph
+    from ..sim.simulator import simulate
+    from .checks import check_graph_file
+
+    if graph is not None:
+        check_graph_file(step.doc, graph, graph_label)
+    sim_graph = graph if graph is not None else Graph.from_dict(step.doc, step.doc["name"])
+    scheds: list = []
+    sim = simulate(sim_graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
+    return sim, sim_graph, scheds[0]
+
+
 @dataclass
-class MBPrepared:
-    """A derived placement applied to the captured step (:func:`prepare_mb`)."""
+class DerivedPrepared:
+    """A derived placement applied to the captured step (:func:`prepare_derived`)."""
 
     batch: int                             # the graph's batch (the placement's graph was captured at it)
     steps_by_size: dict[int, Any]          # RealStep per instance size (and the global batch)
@@ -276,9 +373,10 @@ class MBPrepared:
         return sorted(set(self.device_of))
 
 
-def prepare_mb(spec: str, batch: int, placement, cluster, recipe: list[dict], *, label: str, config: dict | None,
-               graph=None, graph_label: str = "graph", device_map=None, seed: int = 0, congestion: str = "channel",
-               progress=None, step=None) -> MBPrepared:
+def prepare_derived(spec: str, batch: int, placement, cluster, recipe: list[dict], *, label: str, config: dict | None,
+               graph=None, graph_label: str = "graph", device_map=None, seed: int = 0,
+               congestion: str = DEFAULT_CONGESTION,
+               progress=None, step=None) -> DerivedPrepared:
     """Capture the step at the graph's batch (to check and simulate the
     placement), rebuild the derived graph, capture the step again at every
     distinct instance size, and cut the global batch into the instances' rows.
@@ -291,20 +389,15 @@ def prepare_mb(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
         instance's size, an update placed away from its parameter.
     """
     from ..model.graph import Graph
-    from ..sim.simulator import simulate
-    from .checks import check_graph_file, default_device_map
+    from .checks import default_device_map
     from .step import capture_real, example_batch
 
     say = progress or (lambda msg: None)
     if step is None:
         say(f"capturing {spec} at batch {batch} (the graph's) with real parameters (seed {seed})")
         step = capture_real(spec, batch, config=config, seed=seed)
-    if graph is not None:
-        check_graph_file(step.doc, graph, graph_label)
-    sim_graph = graph if graph is not None else Graph.from_dict(step.doc, step.doc["name"])
-    scheds: list = []
-    sim = simulate(sim_graph, cluster, placement, congestion=congestion, label=label, schedule_out=scheds)
-    sched = scheds[0]
+    sim, sim_graph, sched = simulated(step, placement, cluster, label=label, graph=graph, graph_label=graph_label,
+                                      congestion=congestion)
     derived, infos = node_infos(Graph.from_dict(step.doc, step.doc["name"]), recipe, label)
     if derived.ids != sched.graph.ids:
         raise InvalidInput(f"{label}: the derived graph rebuilt from the capture differs from the simulated one; "
@@ -332,7 +425,7 @@ def prepare_mb(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
     _check_updates(derived, infos, device_of, step, cluster, label)
     sequence = merged_sequence(derived, device_of, sched.device_order, sched.start)
     tdev = default_device_map(cluster, sorted(set(device_of)), device_map)
-    return MBPrepared(batch=batch, steps_by_size=steps_by_size, whole=whole, recipe=recipe, layout=layout,
+    return DerivedPrepared(batch=batch, steps_by_size=steps_by_size, whole=whole, recipe=recipe, layout=layout,
                       graph=derived, infos=infos, device_of=device_of, sequence=sequence, inputs=rows, sim=sim,
                       sim_graph=sim_graph, tdev=tdev, graph_from_file=graph is not None)
 

@@ -1,5 +1,5 @@
 """A derived placement as a program: for every node of the derived graph
-(:mod:`.mb_plan`), the action it runs, the values it reads and where they
+(:mod:`.plan`), the action it runs, the values it reads and where they
 come from, and the transfers between devices.
 
 Values are named by *keys*:
@@ -8,7 +8,7 @@ Values are named by *keys*:
   ``y`` computed it (a micro-batch copy, a recompute clone, an
   accumulation, a ring result);
 * ``("s", r, s)``: parameter or buffer ``s`` of replica ``r``, held by the
-  owner's ``weights`` node (:func:`~.mb_plan.state_homes`);
+  owner's ``weights`` node (:func:`~.plan.state_homes`);
 * ``("f", y)``: the flat gradient bucket of a ring ``bucket`` node;
   ``("r", y)``: the chunk a reduce-scatter or all-gather node holds;
 * ``("chunk", key, a, b)``: elements ``a:b`` of the flattened value *key*
@@ -19,7 +19,7 @@ carries tensor ``"<u>:<k>"`` (the graph's tensor names survive every
 rewrite), so a backward copy reads a recomputed activation from the clone
 and a forward copy from the original, as the recipe says.  Gradient
 accumulations, ring steps and updates read a micro-batch copy's gradient
-weighted by its instance's share of the batch (:meth:`.mb_plan.Layout.weight`).
+weighted by its instance's share of the batch (:meth:`.plan.Layout.weight`).
 
 A value crosses to another device once per (key, destination), sent when
 its producer finishes, received just before its first reader; transfers are
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidInput
-from .mb_plan import MBPrepared, state_homes
-from .program import Program, Transfer
+from .plan import DerivedPrepared, batch_layout, node_infos, state_homes
+from .program import Program, TransferPlan
 
 GRADIENT_READERS = ("accum", "update", "reduce-scatter", "bucket")
 
@@ -58,7 +58,7 @@ class TraceView:
     """One captured trace (the step at one batch size) as a one-device
     :class:`~.program.Program`: roles, what every node reads, and which
     constants depend on a random op (dropout masks: replayed from the whole
-    batch's, :mod:`.mb_runner`)."""
+    batch's, :mod:`.derived_executor`)."""
 
     def __init__(self, step):
         from .executor import is_random
@@ -103,8 +103,8 @@ class Action:
     ring: dict | None = None                # ring nodes: own / recv / chunks / keys
 
 
-class MBProgram:
-    """The program of an :class:`~.mb_plan.MBPrepared` (module docstring).
+class DerivedProgram(TransferPlan):
+    """The program of an :class:`~.plan.DerivedPrepared` (module docstring).
 
     Attributes
     ----------
@@ -114,7 +114,7 @@ class MBProgram:
     loss_keys : instance -> (device, key of the loss's base value, the node that made it).
     """
 
-    def __init__(self, pre: MBPrepared):
+    def __init__(self, pre: DerivedPrepared):
         self.pre = pre
         self.graph, self.infos, self.layout = pre.graph, pre.infos, pre.layout
         self.device_of = list(pre.device_of)
@@ -356,32 +356,28 @@ class MBProgram:
         return self.views[size].out_meta(key[2], key[3])
 
     def _transfers(self) -> None:
-        index: dict[tuple, int] = {}
+        seen: set[tuple] = set()
         pending = []
         for x in self.sequence:
             d = self.device_of[x]
             for key in self.reads[x]:
                 h = self.home(key)
-                if h in (-1, d) or (key, d) in index:
+                if h in (-1, d) or (key, d) in seen:
                     continue
                 p = self.producer(key)
                 if self.position[p] >= self.position[x]:
                     raise InvalidInput(f"placer run: '{self.graph.ids[x]}' reads a value of '{self.graph.ids[p]}', "
                                        f"which runs after it in the placement's order")
-                index[(key, d)] = -1
+                seen.add((key, d))
                 pending.append((self.position[p], key, d))
-        pending.sort(key=lambda t: (t[0], t[2]))
-        self.transfers: list[Transfer] = []
+        self.transfers = []
         self.sends: dict[int, list[int]] = {x: [] for x in range(self.graph.n)}
-        for _, key, d in pending:
+
+        def made(key):
             meta = self._meta(key)
-            p = self.producer(key)
-            t = Transfer(index=len(self.transfers), key=key, producer=p, src=self.home(key), dst=d,
-                         nbytes=int(meta.numel()) * meta.element_size(), meta=meta)
-            index[(key, d)] = t.index
-            self.transfers.append(t)
-            self.sends[p].append(t.index)
-        self.transfer_of = {(t.key, t.dst): t.index for t in self.transfers}
+            return self.producer(key), self.home(key), int(meta.numel()) * meta.element_size(), meta
+
+        self.post(pending, made)
         self.needs = {x: [self.transfer_of[(k, self.device_of[x])] for k in dict.fromkeys(self.reads[x])
                           if (k, self.device_of[x]) in self.transfer_of] for x in self.sequence}
 
@@ -425,11 +421,34 @@ class MBProgram:
             return [("v", x, u, k) for u, k in act.ring["keys"]]
         return []
 
-    def link_bytes(self) -> dict[tuple[int, int], list[int]]:
-        """``(src, dst) -> [bytes, transfers]`` of the planned transfers."""
-        out: dict[tuple[int, int], list[int]] = {}
-        for t in self.transfers:
-            row = out.setdefault((t.src, t.dst), [0, 0])
-            row[0] += t.nbytes
-            row[1] += 1
-        return out
+
+def derived_job(pre: DerivedPrepared, rng_states: dict, *, steps: int, warmup: int, threads: int, timeout: float,
+           dist_backend: str | None = None) -> dict:
+    """What every rank of a derived program needs (:func:`~.dist.rank_main`) to rebuild it
+    (:func:`program_from_job`) and run its device; *dist_backend* overrides the process group's."""
+    from .checks import job_core
+
+    job = job_core(pre.whole, pre.devices, pre.tdev, rng_states, steps=steps, warmup=warmup, threads=threads,
+                   timeout=timeout)
+    job.update(batch=pre.batch, recipe=pre.recipe, sizes=sorted(pre.steps_by_size), device_of=pre.device_of,
+               sequence=pre.sequence, inputs=pre.inputs)
+    if dist_backend is not None:
+        job["dist_backend"] = dist_backend
+    return job
+
+
+def program_from_job(job: dict) -> DerivedProgram:
+    """The :class:`DerivedProgram` of a rank: the same captures (same seed:
+    bit-identical values), the derived graph rebuilt from the recipe, the
+    parent's devices and sequence."""
+    from ..model.graph import Graph
+    from .step import worker_capture
+
+    steps = {n: worker_capture(job, n) for n in job["sizes"]}
+    base = steps[job["batch"]]
+    derived, infos = node_infos(Graph.from_dict(base.doc, base.doc["name"]), job["recipe"])
+    layout = batch_layout(job["recipe"], job["batch"])
+    pre = DerivedPrepared(batch=job["batch"], steps_by_size=steps, whole=steps[layout.total], recipe=job["recipe"],
+                     layout=layout, graph=derived, infos=infos, device_of=job["device_of"], sequence=job["sequence"],
+                     inputs=job["inputs"], sim={}, sim_graph=None, tdev=job["torch_devices"], graph_from_file=False)
+    return DerivedProgram(pre)
