@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import pytest
+
 from celeritas_cli import registry
 from celeritas_cli.model.graph import Graph
 from celeritas_cli.model.io import load_cluster, load_graph
@@ -20,6 +22,19 @@ from celeritas_cli.sim.simulator import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_graphs"
+
+
+#: quick runs of several CPU seconds each whose checks the same algorithm's runs on layered_60 (on the
+#: default and the moirai-inter-server cluster), the coarse graph and tensor_holography make in the default
+#: suite: marked slow (``make test-all`` runs them) in both files that judge them
+SLOW_RUNS = {("auto", "layered_300", "4xV100-pcie"), ("pipeline", "layered_300", "4xV100-pcie"),
+             ("gpipe", "layered_300", "4xV100-pcie"), ("auto", "layered_60", "moirai-intra-server"),
+             ("pipeline", "layered_60", "moirai-intra-server")}
+
+
+def marks(algo: str, name: str, cluster_name: str) -> list:
+    """The pytest marks of the case judging the quick run of *algo* on graph *name* and the cluster."""
+    return [pytest.mark.slow] if (algo, name, cluster_name) in SLOW_RUNS else []
 
 
 @functools.lru_cache(maxsize=None)

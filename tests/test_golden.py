@@ -110,7 +110,8 @@ def _skip_reason(algo: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("algo,gname,cname", placement_cases(), ids=lambda x: x)
+@pytest.mark.parametrize("algo,gname,cname", [pytest.param(*c, marks=quick_runs.marks(*c)) for c in placement_cases()],
+                         ids=lambda x: x)
 def test_golden_placement(algo, gname, cname, tmp_path):
     reason = _skip_reason(algo)
     if reason:

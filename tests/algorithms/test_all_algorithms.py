@@ -19,6 +19,8 @@ machine the two Moirai clusters are crossed with ``layered_60`` and the
 coarse graph only (``layered_300`` runs on the default 4xV100 cluster),
 and algorithms in :data:`SLOW` (a quick run of several seconds) are
 limited to ``layered_60`` and the coarse graph on the default cluster.
+The first run is shared with tests/test_golden.py (tests/quick_runs.py),
+and the slowest runs (``quick_runs.SLOW_RUNS``) are marked slow.
 Entries whose ``extra`` (e.g. ``torch``) is not importable are skipped.
 """
 
@@ -66,7 +68,7 @@ def _cases():
                 if cname != DEFAULT_CLUSTER and (gname not in SMALL or entry.name in SLOW):
                     continue
                 cases.append(pytest.param(entry.name, gname, cname, id=f"{entry.name}-{gname}-{cname}",
-                                          marks=marks))
+                                          marks=marks + quick_runs.marks(entry.name, gname, cname)))
     return cases
 
 
