@@ -5,7 +5,9 @@ set of sample graphs and clusters, and every coarsening method on a few
 graphs, is compared with ``tests/golden/placements.json``: the simulated
 makespan and status, and a digest of the assignment and order (placements)
 or of the coarse graph document (coarsening).  A refactor that changes any
-placement fails here.
+placement fails here.  The runs are made once per session by tests/quick_runs.py (which
+tests/algorithms/test_all_algorithms.py and tests/sim/test_honest_bounds.py judge too); the slowest
+(``quick_runs.SLOW_RUNS``) are marked slow.
 
 When a change of behaviour is intended (a bug fix, a new default), regenerate
 the file and say in the commit message which cases changed and why::
