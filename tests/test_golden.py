@@ -5,7 +5,9 @@ set of sample graphs and clusters, and every coarsening method on a few
 graphs, is compared with ``tests/golden/placements.json``: the simulated
 makespan and status, and a digest of the assignment and order (placements)
 or of the coarse graph document (coarsening).  A refactor that changes any
-placement fails here.
+placement fails here.  The runs are made once per session by tests/quick_runs.py (which
+tests/algorithms/test_all_algorithms.py and tests/sim/test_honest_bounds.py judge too); the slowest
+(``quick_runs.SLOW_RUNS``) are marked slow.
 
 When a change of behaviour is intended (a bug fix, a new default), regenerate
 the file and say in the commit message which cases changed and why::
@@ -19,7 +21,6 @@ Cases whose algorithm needs a missing extra (torch) are skipped.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import math
@@ -36,9 +37,9 @@ if __name__ == "__main__":  # run as a script: tests/ is sys.path[0], and tests/
 
 from celeritas_cli import registry  # noqa: E402
 from celeritas_cli.errors import InvalidInput  # noqa: E402
-from celeritas_cli.model.io import load_cluster, load_graph  # noqa: E402
 from celeritas_cli.model.jsonio import write_json  # noqa: E402
 from celeritas_cli.sim.simulator import simulate  # noqa: E402
+from tests import quick_runs  # noqa: E402
 
 SAMPLES = ROOT / "sample_graphs"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "placements.json"
@@ -50,24 +51,6 @@ GRAPHS = ("layered_60", "layered_300", "layered_1000@cpd", "zoo/tensor_holograph
 SLOW = {"milp", "hierarchical", "os-dpos", "fd-dps"}
 SMALL = ("layered_60", "layered_1000@cpd")
 COARSEN_GRAPHS = ("layered_300", "zoo/tensor_holography")
-
-
-@functools.lru_cache(maxsize=None)
-def _cluster(name: str):
-    return load_cluster(str(SAMPLES / "clusters" / f"{name}.json"))
-
-
-def _graph_file(name: str) -> str:
-    base = name.split("@")[0]
-    return str(SAMPLES / (f"{base}.json.gz" if base.startswith("zoo/") else f"{base}.json"))
-
-
-@functools.lru_cache(maxsize=None)
-def _graph(name: str, cluster_name: str):
-    graph = load_graph(_graph_file(name))
-    if "@" in name:
-        graph = registry.coarsen(graph, _cluster(cluster_name), name.split("@")[1])
-    return graph
 
 
 def placement_cases() -> list[tuple[str, str, str]]:
@@ -92,24 +75,25 @@ def _digest(obj) -> str:
 
 
 def place_record(algo: str, gname: str, cname: str, tmp_dir: Path) -> dict:
-    cluster = _cluster(cname)
-    graph = _graph(gname, cname)
+    cluster, graph = quick_runs.cluster(cname), quick_runs.graph(gname, cname)
     params = dict(registry.get(algo).quick_params)
     if algo == "given":
         path = tmp_dir / "given.json"
         write_json(registry.place(graph, cluster, "m-topo").to_dict(), path)
         params["file"] = str(path)
-    try:
-        p = registry.place(graph, cluster, algo, seed=0, params=params)
+    try:  # other than given, the quick run tests/algorithms/test_all_algorithms.py judges too, made once
+        p = (registry.place(graph, cluster, algo, seed=0, params=params) if algo == "given"
+             else quick_runs.placement(algo, gname, cname))
     except InvalidInput as exc:  # refused on purpose (data parallelism, sharded or not, of a coarse graph)
         return {"error": str(exc)}
-    report = simulate(load_graph(_graph_file(gname)), cluster, p)
+    report = (simulate(quick_runs.original(gname), cluster, p) if algo == "given"
+              else quick_runs.report(algo, gname, cname, on_original=True))
     return {"makespan_s": report["makespan_s"], "status": report["status"],
             "placement": _digest({"assignment": p.assignment, "order": p.order, "split": p.derived.to_dict() if p.derived is not None else None})}
 
 
 def coarsen_record(method: str, gname: str, cname: str) -> dict:
-    coarse = registry.coarsen(_graph(gname, cname), _cluster(cname), method)
+    coarse = registry.coarsen(quick_runs.graph(gname, cname), quick_runs.cluster(cname), method)
     return {"nodes": coarse.n, "graph": _digest(coarse.to_dict())}
 
 
@@ -128,7 +112,8 @@ def _skip_reason(algo: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("algo,gname,cname", placement_cases(), ids=lambda x: x)
+@pytest.mark.parametrize("algo,gname,cname", [pytest.param(*c, marks=quick_runs.marks(*c)) for c in placement_cases()],
+                         ids=lambda x: x)
 def test_golden_placement(algo, gname, cname, tmp_path):
     reason = _skip_reason(algo)
     if reason:

@@ -13,6 +13,7 @@ every subpackage has a test folder ``tests/<subpackage>/``.
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,13 +24,21 @@ PKG = ROOT / "celeritas_cli"
 TESTS = ROOT / "tests"
 
 
+@functools.lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """The module at *path*, parsed once per test session (every test here walks the same files)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def _unit(parts: list[str]) -> str:
     """Subpackage (or top-level module) a module path inside the package belongs to."""
     return parts[0].removesuffix(".py")
 
 
+@functools.lru_cache(maxsize=None)
 def import_graph(pkg: Path = PKG) -> nx.DiGraph:
-    """Edges ``a -> b``: a module of subpackage ``a`` imports one of ``b``."""
+    """Edges ``a -> b``: a module of subpackage ``a`` imports one of ``b`` (built once per session:
+    the tests read it and never change it)."""
     graph = nx.DiGraph()
     for path in sorted(pkg.rglob("*.py")):
         rel = list(path.relative_to(pkg).parts)
@@ -39,7 +48,7 @@ def import_graph(pkg: Path = PKG) -> nx.DiGraph:
         is_init = mod[-1] == "__init__"
         if is_init:
             mod = mod[:-1]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(path)):
             targets: list[list[str]] = []
             if isinstance(node, ast.ImportFrom):
                 if node.level:
@@ -87,6 +96,7 @@ def test_nothing_below_the_cli_imports_it():
 KNOWN_MODULE_CYCLES = [{"sim.bounds", "sim.simulator"}]
 
 
+@functools.lru_cache(maxsize=None)
 def module_import_graph(pkg: Path = PKG) -> nx.DiGraph:
     """Edges ``a -> b`` between modules (``run.api -> run.checks``), lazy
     imports included; package ``__init__`` modules are left out (they
@@ -100,7 +110,7 @@ def module_import_graph(pkg: Path = PKG) -> nx.DiGraph:
         if is_init:
             continue
         here = name.split(".")[:-1]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom) and node.level:
                 base = here[: len(here) - node.level + 1] + (node.module.split(".") if node.module else [])
                 names = [".".join(base)] + [".".join(base + [a.name]) for a in node.names]

@@ -19,13 +19,14 @@ machine the two Moirai clusters are crossed with ``layered_60`` and the
 coarse graph only (``layered_300`` runs on the default 4xV100 cluster),
 and algorithms in :data:`SLOW` (a quick run of several seconds) are
 limited to ``layered_60`` and the coarse graph on the default cluster.
+The first run is shared with tests/test_golden.py (tests/quick_runs.py),
+and the slowest runs (``quick_runs.SLOW_RUNS``) are marked slow.
 Entries whose ``extra`` (e.g. ``torch``) is not importable are skipped.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 from pathlib import Path
 
@@ -34,10 +35,11 @@ import pytest
 from celeritas_cli import registry
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.graph import Graph
-from celeritas_cli.model.io import load_cluster, load_graph
 from celeritas_cli.model.jsonio import write_json
 from celeritas_cli.model.placement import Placement
 from celeritas_cli.sim.simulator import simulate
+
+from .. import quick_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_graphs"
@@ -47,24 +49,6 @@ GRAPHS = ["layered_60", "layered_300", "layered_1000@cpd"]
 SMALL = {"layered_60", "layered_1000@cpd"}
 #: algorithms whose quick run is too slow for layered_300 in this suite
 SLOW = {"milp", "hierarchical", "os-dpos", "fd-dps"}
-
-
-@functools.lru_cache(maxsize=None)
-def _cluster(name: str):
-    return load_cluster(str(SAMPLES / "clusters" / f"{name}.json"))
-
-
-@functools.lru_cache(maxsize=None)
-def _graph(name: str, cluster_name: str) -> Graph:
-    if name.endswith("@cpd"):
-        base = load_graph(str(SAMPLES / f"{name.split('@')[0]}.json"))
-        return registry.coarsen(base, _cluster(cluster_name), "cpd")
-    return load_graph(str(SAMPLES / f"{name}.json"))
-
-
-@functools.lru_cache(maxsize=None)
-def _original(name: str) -> Graph:
-    return load_graph(str(SAMPLES / f"{name.split('@')[0]}.json"))
 
 
 def _cases():
@@ -84,7 +68,7 @@ def _cases():
                 if cname != DEFAULT_CLUSTER and (gname not in SMALL or entry.name in SLOW):
                     continue
                 cases.append(pytest.param(entry.name, gname, cname, id=f"{entry.name}-{gname}-{cname}",
-                                          marks=marks))
+                                          marks=marks + quick_runs.marks(entry.name, gname, cname)))
     return cases
 
 
@@ -123,8 +107,8 @@ def _run(name: str, graph: Graph, cluster, params: dict):
 
 @pytest.mark.parametrize("algo,gname,cname", _cases())
 def test_algorithm_through_simulator(algo, gname, cname, tmp_path):
-    cluster = _cluster(cname)
-    graph = _graph(gname, cname)
+    cluster = quick_runs.cluster(cname)
+    graph = quick_runs.graph(gname, cname)
     entry = registry.get(algo)
     params = dict(entry.quick_params)
     if algo == "given":
@@ -137,7 +121,8 @@ def test_algorithm_through_simulator(algo, gname, cname, tmp_path):
             _run(algo, graph, cluster, params)
         return
 
-    p1 = _run(algo, graph, cluster, params)
+    # the run the golden and bound tests judge too (made once per session), and a second, fresh one
+    p1 = _run(algo, graph, cluster, params) if algo == "given" else quick_runs.placement(algo, gname, cname)
     p2 = _run(algo, graph, cluster, params)
     assert isinstance(p1, Placement), "the protocol: an algorithm returns a Placement"
 
@@ -153,10 +138,10 @@ def test_algorithm_through_simulator(algo, gname, cname, tmp_path):
             assert all(p1.assignment[nid] == did for nid in seq), "order lists nodes on their device"
 
     # raises on split colocation groups, a deadlocking order, or a split graph that does not derive from the input
-    report = simulate(graph, cluster, p1)
+    report = simulate(graph, cluster, p1) if algo == "given" else quick_runs.report(algo, gname, cname)
     assert report["makespan_s"] > 0
     if p1.derived is None:
-        original = _original(gname)
+        original = quick_runs.original(gname)
         for group, members in original.colocation_groups().items():
             assert len({p1.assignment[original.ids[v]] for v in members}) == 1, f"group {group} split"
     if p1.estimate.get("status") in ("FEASIBLE", "OPTIMAL"):

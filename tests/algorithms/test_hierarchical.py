@@ -143,6 +143,7 @@ def test_oom_runtime_is_an_upper_bound_times_penalty(chain3, two_dev):
     assert H.oom_runtime(chain3, two_dev, costs, 2.0) == pytest.approx(16.0)
 
 
+@pytest.mark.slow  # 800 samples; test_learns_a_feasible_placement_under_memory_pressure shows the learning quickly
 def test_two_chains_finds_the_optimum_within_5_percent():
     # 2^32 placements; the best of 800 uniformly random ones (as many as the
     # samples trained on here) is 17.5 s, 9 % off the optimum of 16 s

@@ -27,7 +27,7 @@ def portfolio_spent(graph, cluster, evaluations: int) -> tuple[float, Search]:
     return s.budget.spent - out.refine_spent, s
 
 
-@pytest.mark.parametrize("n,evaluations", [(60, 300), (200, 400)])
+@pytest.mark.parametrize("n,evaluations", [pytest.param(60, 300, marks=pytest.mark.slow), (200, 400)])
 def test_refinement_keeps_its_share_when_the_planners_join(n, evaluations):
     # layered graphs on moirai-intra-server: the data-parallel members, the pipeline planner and the placers
     # together were planned up to 0.9 of the budget (247.5 of 300 and 284.4 of 400 evaluations before this rule)

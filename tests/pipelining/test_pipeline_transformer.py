@@ -19,6 +19,10 @@ from celeritas_cli.transform.split_cost import batch_profile
 from ..conftest import SAMPLES
 from .time_rule import peaks
 
+#: two pipelines of the zoo transformer (seconds); the same checks on small chains, in the default suite:
+#: test_pipeline_schedule.py (hand-computed makespans, hand count of activations, 1F1B holds less than GPipe)
+pytestmark = pytest.mark.slow
+
 DEVICES = ["A", "B", "C", "D"]  # stages 2xV100 | 2xP100
 M = 16
 

@@ -127,7 +127,8 @@ def test_guarded_hooks_trace_the_same_graph(model_dir):
 
 
 @pytest.mark.parametrize("name,hook,code", [("osexit.py", "building the model failed", 0),
-                                            ("hook_osexit.py", "example_inputs(2) failed", 7)])
+                                            pytest.param("hook_osexit.py", "example_inputs(2) failed", 7,
+                                                         marks=pytest.mark.slow)])  # the same guard, in a hook
 def test_os_exit_in_user_code_is_an_error_not_an_exit(model_dir, name, hook, code):
     """os._exit cannot be caught by an except: a real process shows that the guard turns it into the
     error line and exit 1 (it exited 0 with empty stdout before)."""

@@ -5,9 +5,7 @@ original graph's critical path."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -15,15 +13,13 @@ from celeritas_cli import registry
 from celeritas_cli.algorithms.auto import auto
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.graph import build
-from celeritas_cli.model.io import load_cluster, load_graph
 from celeritas_cli.transform.split_cost import DEFAULT_OVERHEAD_S
 from celeritas_cli.sim.bounds import work_bound
 from celeritas_cli.sim.simulator import lower_bound, simulate
 
+from .. import quick_runs
 from ..conftest import edge, node
 
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLES = ROOT / "sample_graphs"
 ZOO = ("tensor_holography", "inception_v3", "nmt", "resnet50", "transformer")
 #: quick runs too slow for a zoo graph in the default suite
 SLOW = {"milp", "hierarchical", "os-dpos", "fd-dps"}
@@ -99,11 +95,6 @@ def test_plain_placement_reports_are_unchanged():
     assert rep["lower_bound_s"] == 8.0 == rep["makespan_s"]
 
 
-@functools.lru_cache(maxsize=None)
-def _zoo(name: str):
-    return load_graph(str(SAMPLES / "zoo" / f"{name}.json.gz"))
-
-
 def _algorithms(slow: bool) -> list[str]:
     out = []
     for e in registry.entries():
@@ -117,11 +108,9 @@ def _algorithms(slow: bool) -> list[str]:
 
 
 def _check(gname: str, algo: str) -> None:
-    g = _zoo(gname)
-    c = load_cluster("4xV100-pcie")
-    params = dict(registry.get(algo).quick_params or {})
-    p = registry.place(g, c, algo, seed=0, params=params)
-    assert_true_bounds(simulate(g, c, p), p.estimate)
+    # the quick run tests/test_golden.py judges too, made once per session
+    args = (algo, f"zoo/{gname}", "4xV100-pcie")
+    assert_true_bounds(quick_runs.report(*args), quick_runs.placement(*args).estimate)
 
 
 @pytest.mark.parametrize("algo", _algorithms(slow=False))

@@ -233,6 +233,7 @@ def test_batch_splits_need_equal_whole_samples():
 
 
 # ---------------------------------------------------------------- N13: data parallelism of a coarse graph
+@pytest.mark.slow  # 8 replicas of the zoo transformer; tests/cli/test_derived_cases.py checks N13 in the default suite
 def test_data_parallel_of_a_coarse_transformer_is_refused_not_answered_without_an_all_reduce():
     """N13 (hand-checked): data-parallel on the cpd-coarse transformer gave 0.5113 s with 0 transfers
     (coarse nodes hid the optimizer updates, so no gradient was all-reduced); the honest answer is the
