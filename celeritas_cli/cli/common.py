@@ -129,8 +129,9 @@ def emit(doc: dict, output: str) -> None:
 FAST_EXIT = False
 
 
-def finish() -> None:
-    """End the ``placer`` process now: its result is written.
+def finish(status: int = 0) -> None:
+    """End the ``placer`` process now with exit *status*: its result (or
+    its error) is written.
 
     Called last by the commands that hold a whole graph (place, simulate,
     coarsen), so the interpreter does not free every node, edge and list of
@@ -154,7 +155,6 @@ def finish() -> None:
     if run_exitfuncs is None:
         return
     run_exitfuncs()
-    status = 0
     try:  # an atexit handler may have written more
         sys.stdout.flush()
         sys.stderr.flush()

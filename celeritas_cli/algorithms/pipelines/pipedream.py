@@ -56,12 +56,12 @@ from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...model.placement import Placement
-from ...registry import Param, register
+from ...registry import ASSUME_BATCH, Param, register
 from ...pipelining.cuts import stages_from_cuts
 from ...pipelining.builder import check_pipelinable
 from ...pipelining.layers import LayerSequence
 from ...transform.batch import declared_batch
-from .rows import ASSUME_BATCH, MICROBATCHES, realise, step_microbatches
+from .rows import MICROBATCHES, realise, step_microbatches
 
 LAYERS = Param(int, 64, "layers the operator sequence is grouped into for the planner's dynamic program", min=1,
                max=1024)

@@ -45,11 +45,13 @@ from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...model.limits import COUNT_MAX, TIME_MAX
 from ...model.placement import Placement
-from ...registry import Param, register, time_limit_param
+from ...model.params import DEFAULT_TIME_LIMIT
+from ...registry import ASSUME_BATCH, Param, evaluations_param, register, time_limit_param
 from ...pipelining.schedules import SCHEDULES
 from ...pipelining.builder import check_pipelinable
-from ...transform.batch import BATCH_MAX, declared_batch
+from ...transform.batch import declared_batch
 from ...transform.derivation import attach
+from .rows import microbatched_size
 from .search import Fixed, PipelineSearch, default_budget, estimate_of, fits_text, parse_groups, shape_fields
 
 RECOMPUTE = ("auto", "off", "on")
@@ -64,7 +66,7 @@ RECOMPUTE = ("auto", "off", "on")
                   "replicas": Param(int, 0, "replicas of the whole pipeline (data parallelism); 0 = search",
                                     min=0, max=1024),
                   "microbatches": Param(int, 0, "micro-batches per replica, whole samples each; 0 = search "
-                                                "(1..64)", min=0, max=COUNT_MAX),
+                                                "(1..64)", min=0, max=COUNT_MAX, size=microbatched_size),
                   "schedule": Param(str, "auto", "pipeline schedule", choices=("auto",) + SCHEDULES),
                   "recompute": Param(str, "auto", "activation recomputation: auto = only where a stage does "
                                                   "not fit otherwise", choices=RECOMPUTE),
@@ -72,11 +74,10 @@ RECOMPUTE = ("auto", "off", "on")
                                            "replicas by ,); empty = search"),
                   "order": Param(str, "auto", "forward order the stages are cut from",
                                  choices=("auto", "cpd", "alap", "topo")),
-                  "time_limit": time_limit_param(10.0, "wall-clock cap of the search"),
-                  "evaluations": Param(int, 0, "simulations of the input graph the search may make (0 = from "
-                                               "time_limit and the graph size, as auto)", min=0, max=COUNT_MAX),
-                  "assume_batch": Param(int, 0, "the batch the graph's costs hold for, when it declares none "
-                                                "(meta.batch_size); 0 = the graph's own", min=0, max=BATCH_MAX),
+                  "time_limit": time_limit_param(DEFAULT_TIME_LIMIT, "wall-clock cap of the search"),
+                  "evaluations": evaluations_param("simulations of the input graph the search may make (0 = from "
+                                                   "time_limit and the graph size, as auto)"),
+                  "assume_batch": ASSUME_BATCH,
                   "beat_s": Param(float, 0.0, "give up (before building anything) when the model predicts no plan "
                                               "within 5 % of this step time (s; auto passes its best so far); "
                                               "0 = never", min=0, max=TIME_MAX),
@@ -84,7 +85,7 @@ RECOMPUTE = ("auto", "off", "on")
           quick_params={"evaluations": 150})
 def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, stages: int = 0,
              replicas: int = 0, microbatches: int = 0, schedule: str = "auto", recompute: str = "auto",
-             groups: str = "", order: str = "auto", time_limit: float = 10.0, evaluations: int = 0,
+             groups: str = "", order: str = "auto", time_limit: float = DEFAULT_TIME_LIMIT, evaluations: int = 0,
              assume_batch: int = 0, beat_s: float = 0.0, quiet: bool = True,
              deadline: float | None = None) -> Placement:
     """Search for the best pipeline the simulator confirms (module docstring).

@@ -26,14 +26,22 @@ from ...optimize.evaluator import Evaluator
 from ...registry import Param
 from ...sim.describe import pipeline_words
 from ...pipelining.builder import derive_pipeline, layout, placement_of, plan_estimate, plan_shape
-from ...transform.batch import BATCH_MAX
+from ...transform.microbatch import microbatch_size
+from ...transform.size import Size
 
 #: GPipe, Huang et al. 2019, section 4: "the bubble overhead is negligible when M >= 4 x K"
 MICROBATCHES_PER_STAGE = 4
+
+
+def microbatched_size(graph, m: int) -> Size:
+    """The smallest derived graph *m* micro-batches make (the micro-batched
+    graph, before replicas): the micro-batch parameters' ``size``, so the
+    registry refuses ``-p microbatches=10000000`` before anything runs."""
+    return Size(*microbatch_size(graph, m))
+
+
 MICROBATCHES = Param(int, 0, "micro-batches of the step; 0 = 4 x devices (GPipe 4: M >= 4K), at most the batch",
-                     min=0, max=COUNT_MAX)
-ASSUME_BATCH = Param(int, 0, "the batch the graph's costs hold for, when it declares none (meta.batch_size); "
-                             "0 = the graph's own", min=0, max=BATCH_MAX)
+                     min=0, max=COUNT_MAX, size=microbatched_size)
 
 
 def step_microbatches(requested: int, batch: int, k: int) -> int:
