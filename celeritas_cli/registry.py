@@ -466,9 +466,9 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     except TimeUp as exc:
         if cap is None or exc.cap is not cap:
             raise  # an enclosing call's limit (auto's, over a member): that call answers
-        if cap.best is None:
+        result = cap.best() if cap.best is not None else None
+        if result is None:
             raise TimeLimit(cap.message()) from None
-        result = cap.best()
         warn(f"placer: {algo}: stopped at its time limit of {limit:g} s (+{100 * OVERRUN:g} % + {OVERRUN_S:g} s); "
              f"the answer is the best plan it had found, another run may differ")
     result.placement_time_s = time.perf_counter() - t0

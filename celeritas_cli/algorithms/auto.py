@@ -34,14 +34,13 @@ from ..model.cluster import Cluster
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
-from ..model.limits import COUNT_MAX
 from ..model.placement import Placement, finite_or_none
 from ..optimize.portfolio import batch_split_refusal
-from ..optimize.search import DEFAULT_TIME_LIMIT, Search
-from ..registry import Param, congestion_param, register, time_limit_param
+from ..model.params import DEFAULT_TIME_LIMIT
+from ..optimize.search import Search
+from ..registry import ASSUME_BATCH, Param, congestion_param, evaluations_param, register, time_limit_param
 from ..registry import names as registered
 from ..sim.describe import PIPELINE_FIELDS, describe_placement
-from .sharding.data_parallel import ASSUME_BATCH
 
 
 @register("auto", paper="placer", section="portfolio + simulator-in-the-loop multilevel refinement",
@@ -49,9 +48,9 @@ from .sharding.data_parallel import ASSUME_BATCH
                   "then critical-path moves and swaps of colocation units judged by the simulator; never worse "
                   "than its best start.",
           params={"time_limit": time_limit_param(DEFAULT_TIME_LIMIT, "wall-clock cap of the whole search"),
-                  "evaluations": Param(int, 0, "simulations the search may make (0 = from time_limit, or the "
-                                              "default 10 s when it is 0, and the graph size, so the clock "
-                                              "normally never decides)", min=0, max=COUNT_MAX),
+                  "evaluations": evaluations_param("simulations the search may make (0 = from time_limit, or the "
+                                                   f"default {DEFAULT_TIME_LIMIT:g} s when it is 0, and the graph "
+                                                   "size, so the clock normally never decides)"),
                   "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice); "
                                           "each named one runs, or stderr says why not"),
                   "congestion": congestion_param("congestion rule the simulator judges with"),

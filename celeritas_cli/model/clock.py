@@ -48,6 +48,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from .limits import WAIT_MAX
+
 
 #: the registry stops an algorithm this share of its limit after the limit ...
 OVERRUN = 0.05
@@ -136,9 +138,10 @@ def check_time() -> None:
 
 def keep_best(make: Callable[[], Any]) -> None:
     """Record how to make the best plan found so far (a function returning
-    the :class:`~celeritas_cli.model.placement.Placement`, called only if
-    the cap stops the algorithm): the registry answers with it instead of
-    an error.  Nothing without a cap in force."""
+    the :class:`~celeritas_cli.model.placement.Placement`, or None while
+    there is none; called only if the cap stops the algorithm): the
+    registry answers with it instead of an error.  Nothing without a cap in
+    force."""
     cap = _CAP.get()
     if cap is not None:
         cap.best = make
@@ -149,8 +152,8 @@ def _alarm(signum, frame) -> None:  # the SIGALRM handler
     if cap is None:
         return
     left = cap.at - now()
-    if left > 0:  # woken early (a nested cap ended): wait again
-        signal.setitimer(signal.ITIMER_REAL, left)
+    if left > 0:  # woken early (a timer is at most WAIT_MAX): wait again
+        _arm(cap)
         return
     signal.setitimer(signal.ITIMER_REAL, REPEAT_S)
     raise cap.stop()
@@ -160,7 +163,7 @@ def _arm(cap: Cap | None) -> None:
     if cap is None:
         signal.setitimer(signal.ITIMER_REAL, 0)
     else:
-        signal.setitimer(signal.ITIMER_REAL, max(1e-6, cap.at - now()))
+        signal.setitimer(signal.ITIMER_REAL, min(WAIT_MAX, max(1e-6, cap.at - now())))  # woken early: re-armed
 
 
 @contextmanager

@@ -47,6 +47,7 @@ from ..model.cluster import Cluster
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
+from ..model.params import DEFAULT_TIME_LIMIT  # auto's; with time limit 0 (no wall clock) the budget is this one's
 from ..sim.simulator import lower_bound
 from .evaluator import Budget, Evaluator, Score
 from .levels import Level, hierarchy
@@ -84,8 +85,6 @@ FINISH_COST = 1.0
 LEVELS_COST = 4.0
 #: a member with a time limit of its own (milp, hierarchical) is not started with less than this many seconds
 TIMED_MIN_S = 1.0
-#: auto's time limit in seconds; with time limit 0 (no wall clock) the budget is this one's
-DEFAULT_TIME_LIMIT = 10.0
 #: refinement starts this close to the best start (relative makespan) count as tied, and the one on the smallest
 #: graph is refined first: what refinement gains is of this order (on the zoo 0.05-4 %), so a tie is not decided
 #: by the start's score, and a graph w times smaller gets w times the simulations of the same evaluations

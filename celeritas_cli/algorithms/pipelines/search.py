@@ -40,6 +40,7 @@ from ...errors import InvalidInput, PlacerError
 from ...model.cluster import Cluster
 from ...model.costs import CostModel
 from ...model.graph import Graph
+from ...model.params import DEFAULT_BUCKET_MB  # single-stage (data-parallel) shapes' buckets, besides one ring each
 from ...optimize.evaluator import Budget, Evaluator, Score
 from ...pipelining.builder import Derived, derive_pipeline, layout
 from ...pipelining.cuts import stages_from_cuts
@@ -57,8 +58,6 @@ MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
 CHUNKS = (2, 4, 8)
 #: forward orders tried
 ORDERS = ("cpd", "alap")
-#: gradient buckets of single-stage (data-parallel) shapes besides one ring per gradient: PyTorch DDP's default
-DDP_BUCKET_MB = 25.0
 #: derived graphs kept for reuse (plans of one m and replication share one)
 KEEP_DERIVED = 3
 #: the model's phase (node times at every micro-batch size, every shape cut) costs about this many simulations
@@ -151,7 +150,7 @@ def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed) -> li
                     if schedule == "interleaved" and (p < 2 or m % p or p * v > seq.n):
                         continue
                     for shares in share_sets:
-                        for bucket in ((DDP_BUCKET_MB, 0.0) if p == 1 and R > 1 else (0.0,)):
+                        for bucket in ((DEFAULT_BUCKET_MB, 0.0) if p == 1 and R > 1 else (0.0,)):
                             out.append(Shape(tuple(groups) * v, m, schedule, fixed.recompute, shares, bucket))
     return out
 
