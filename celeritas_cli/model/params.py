@@ -109,12 +109,14 @@ CAP_TIME_LIMIT = 60.0
 def time_limit_param(default: float, help: str) -> Param:
     """The ``time_limit`` parameter of an algorithm that has one: seconds,
     ``0 <= value <= 1e12`` (:data:`~celeritas_cli.model.limits.TIME_MAX`),
-    0 = no wall-clock limit (:data:`TIME_LIMIT_RULE`).  Such an algorithm
-    also takes ``deadline`` (:class:`Algorithm`); the counted budget it
-    derives from the limit (iterations, evaluations, deterministic time) is
-    its own and said in *help*.
+    0 = no wall-clock limit (:data:`TIME_LIMIT_RULE`).  An algorithm whose
+    function takes it also takes ``deadline`` (the registry's
+    ``Algorithm``); the counted budget it derives from the limit
+    (iterations, evaluations, deterministic time) is its own and said in
+    *help*.  Whoever takes it, the registry stops the call past it
+    (:mod:`~celeritas_cli.model.clock`).
 
-    >>> time_limit_param(60.0, "cap of the whole call").range_text()
+    >>> time_limit_param(DEFAULT_TIME_LIMIT, "cap of the whole call").range_text()
     '0..1000000000000.0'
     """
     return Param(float, default, f"{help} (s; {TIME_LIMIT_RULE})", min=0, max=TIME_MAX)
