@@ -33,6 +33,7 @@ from ..log import Progress, chatty, warn
 from ..model.cluster import Cluster
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
+from ..model.clock import keep_best
 from ..model.graph import Graph
 from ..model.placement import Placement, finite_or_none
 from ..optimize.portfolio import batch_split_refusal
@@ -155,11 +156,38 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     search = Search(graph, cluster, costs=costs, seed=seed, time_limit=time_limit, evaluations=evaluations,
                     congestion=congestion, algos=names, log=warn if chatty() and not quiet else None, notice=warn,
                     deadline=deadline, assume_batch=assume_batch or None)
-    out = _run(search, chatty() and not quiet)
-    spent = _spent(search)
+    talk = chatty() and not quiet
+    # the registry's answer if its time cap stops the search: the best candidate judged so far
+    keep_best(lambda: _stopped(search, graph, cluster, seed, congestion, talk))
+    out = _run(search, talk)
     if out.clock_cut:
-        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({spent}), so another run may differ; "
+        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({_spent(search)}), so another run may differ; "
              f"raise --time-limit or lower -p evaluations for a repeatable result")
+    p = _answer(search, out, graph, cluster, seed, congestion, talk)
+    if runner is not None:
+        p = measured.choose_measured(p, (id(out.graph), tuple(out.device_of)), search, graph, cluster, verify,
+                                     run=runner, log=warn if talk else None)
+        if p.estimate.get("verified_choice") not in (None, "auto"):  # another candidate measured faster: its words
+            for key in PIPELINE_FIELDS:
+                p.estimate.details.pop(key, None)
+            p.estimate.details["plan"] = describe_placement(p, graph, cluster)
+    return p
+
+
+def _stopped(search: Search, graph: Graph, cluster: Cluster, seed: int, congestion: str,
+             talk: bool) -> Placement | None:
+    """The best candidate judged so far, when the registry's cap stopped the search (None: none yet)."""
+    out = search.outcome()
+    if out is None:
+        return None
+    out.clock_cut = True
+    return _answer(search, out, graph, cluster, seed, congestion, talk)
+
+
+def _answer(search: Search, out, graph: Graph, cluster: Cluster, seed: int, congestion: str,
+            talk: bool) -> Placement:
+    """The placement of the search's answer *out*, with its estimate."""
+    spent = _spent(search)
     winner = out.winner.spec.name if out.winner is not None else None
     start = out.start_score.makespan if out.start_score is not None else out.score.makespan
     estimate = {
@@ -192,17 +220,10 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         p.derivation, p.derived = out.winner.placement.derivation, out.graph
         p.graph = graph.original_name
     p.estimate.details["plan"] = describe_placement(p, graph, cluster)  # the winner's plan in words (issue 23.4)
-    if chatty() and not quiet:
+    if talk:
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
              f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), {spent}")
         warn(f"auto: the plan: {p.estimate['plan']}")
-    if runner is not None:
-        p = measured.choose_measured(p, (id(out.graph), tuple(out.device_of)), search, graph, cluster, verify,
-                                     run=runner, log=warn if chatty() and not quiet else None)
-        if p.estimate.get("verified_choice") not in (None, "auto"):  # another candidate measured faster: its words
-            for key in PIPELINE_FIELDS:
-                p.estimate.details.pop(key, None)
-            p.estimate.details["plan"] = describe_placement(p, graph, cluster)
     return p
 
 

@@ -11,9 +11,11 @@ algorithm does, the registry runs it under a :class:`Cap` at
 
 and stops it there, without its cooperation, in two ways:
 
-1. cooperatively, in the shared hot loops: the simulator's event loop and
-   every derived graph's build (:func:`check_time`, which raises
-   :class:`TimeUp` once the cap has passed);
+1. cooperatively, in the shared hot loops: the simulator's event loop (at
+   its start, then every :data:`CHECK_EVERY` events) and every derived
+   graph's build (:func:`~celeritas_cli.transform.size.check_size`, which
+   every rewrite calls first) call :func:`check_time`, which raises
+   :class:`TimeUp` once the cap has passed;
 2. in any other Python loop, by a ``SIGALRM`` timer armed for the cap
    (main thread only; POSIX), whose handler raises the same and re-arms
    itself every :data:`REPEAT_S` while the cap is over.

@@ -266,7 +266,7 @@ def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Ca
     now, done, steps = 0.0, 0, 0
     while True:
         steps += 1
-        if steps % CHECK_EVERY == 0:  # the registry's time cap (model/clock.py): a few ms of events apart
+        if steps % CHECK_EVERY == 1:  # the registry's time cap (model/clock.py): at the start, then a few ms apart
             check_time()
         for d in range(k):  # dispatch on every idle device
             if running[d] != -1 or not pending[d]:

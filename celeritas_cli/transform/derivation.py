@@ -79,7 +79,6 @@ import math
 from typing import Any
 
 from ..errors import InvalidInput
-from ..model.clock import check_time
 from ..model.graph import Graph
 from ..model.limits import TIME_MAX
 from .admit import DIMENSIONS, check_shares, data_parallel_size, replica_samples, split_refusal, split_size
@@ -330,7 +329,6 @@ def _apply(graph: Graph, i: int, step: dict, kind: StepKind, ctx: Context) -> Gr
             raise InvalidInput(f"{label}: field {where}.{name}: {why}" if name else
                                f"{label}: {where} ({step['transform']}): {why}")
     check_size(kind.size(graph, step), f"{label}: {where} ({step['transform']})", kind.hint, ctx.devices)
-    check_time()  # the registry's time cap (model/clock.py): no new graph is built past it
     try:
         return kind.build(graph, step)
     except InvalidInput as exc:

@@ -42,6 +42,7 @@ from ...errors import InvalidInput
 from ...log import chatty, warn
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
+from ...model.clock import keep_best
 from ...model.graph import Graph
 from ...model.limits import COUNT_MAX, TIME_MAX
 from ...model.placement import Placement
@@ -145,15 +146,30 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     _check(fixed, cluster, batch)
     budget = default_budget(graph, time_limit, evaluations, deadline)
     log = warn if chatty() and not quiet else None
-    out = PipelineSearch(graph, cluster, costs, batch, fixed, budget, assume, log, beat_s).run()
+    search = PipelineSearch(graph, cluster, costs, batch, fixed, budget, assume, log, beat_s)
+    keep_best(lambda: _stopped(graph, cluster, search, seed))  # the registry's answer if its cap stops the search
+    out = search.run()
     if out.best is None:
         raise InvalidInput(f"pipeline: no pipeline of graph '{graph.name}' on cluster '{cluster.name}' could be "
                            f"judged within the budget ({budget.limit:.0f} evaluations); raise -p evaluations or "
                            f"fix the plan with -p stages= microbatches=")
-    best = out.best
     if budget.clock_cut:
         warn(f"pipeline: the wall clock ({time_limit:g} s) cut the search, so another run may differ; raise "
              f"--time-limit or lower -p evaluations for a repeatable result")
+    return _answer(graph, cluster, out, budget, seed)
+
+
+def _stopped(graph: Graph, cluster: Cluster, search, seed: int) -> Placement | None:
+    """The best plan simulated so far, when the registry's cap stopped the search (None: none yet)."""
+    if search.best is None:
+        return None
+    search.budget.clock_cut = True
+    return _answer(graph, cluster, search.outcome(), search.budget, seed)
+
+
+def _answer(graph: Graph, cluster: Cluster, out, budget, seed: int) -> Placement:
+    """The placement of the search's best plan, with its estimate."""
+    best = out.best
     est = estimate_of(out, cluster, budget)
     est.update({"makespan_s": best.score.makespan, "makespan_by": "simulator", "status": fits_text(best.score),
                 "judge": "simulator"})

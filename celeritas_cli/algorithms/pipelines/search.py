@@ -67,6 +67,11 @@ MODEL_COST = 20.0
 BEAT_MARGIN = 0.05
 #: share of the budget the first simulations may take; the rest is for moving boundaries
 JUDGE_SHARE = 0.6
+#: share of ``time_limit`` the default budget is sized for: the search's evaluations (derived graphs built and
+#: simulated, the model's phase) run at about 0.75 of auto's rate (layered_300 on moirai-intra-server: 2,929
+#: charged in 12 s of CPU on a quiet 2-core machine), and a default run must end before the default limit with
+#: room for a loaded machine, or the clock cuts it and the output differs run to run (issue 33, D11)
+FIT_SHARE = 0.4
 
 
 @dataclass
@@ -167,6 +172,13 @@ class PipelineSearch:
         self.size = max(1, graph.n + graph.m)
         self._derived: dict[tuple, Derived] = {}
         self.tried: list[dict] = []
+        self.best: Trial | None = None  # the best simulated plan so far (the registry's answer at the cap)
+        self.moved = 0
+        self.shapes = 0
+
+    def outcome(self) -> Outcome:
+        """The search's state as its answer (also when the cap stops it)."""
+        return Outcome(self.best, self.tried, self.moved, self.shapes)
 
     # ------------------------------------------------------------- model
     def ranked(self) -> list[tuple[Plan, LayerSequence]]:
@@ -269,8 +281,10 @@ class PipelineSearch:
                                 return best, count
                             continue
                         count += 1
+                        self.moved = count
                         if trial.score.better(best.score):
-                            best, improved = trial, True
+                            best = self.best = trial
+                            improved = True
                             break
                     if improved:
                         break
@@ -281,6 +295,7 @@ class PipelineSearch:
     def run(self) -> Outcome:
         self.budget.charge(MODEL_COST)
         ranked = self.ranked()
+        self.shapes = len(ranked)
         if self.beat_s > 0:
             fits = [plan.time_s for plan, _ in ranked if plan.fits]
             if not fits or min(fits) > self.beat_s * (1 + BEAT_MARGIN):
@@ -296,11 +311,10 @@ class PipelineSearch:
                 continue
             trial = self.judge(plan, seq)
             if trial is not None and (best is None or trial.score.better(best.score)):
-                best = trial
-        moves = 0
+                best = self.best = trial
         if best is not None:
-            best, moves = self.moves(best)
-        return Outcome(best, self.tried, moves, len(ranked))
+            self.best, self.moved = self.moves(best)
+        return self.outcome()
 
 
 def shape_fields(shape: Shape, cluster: Cluster, rc: list[bool] | None = None) -> dict:
@@ -369,9 +383,13 @@ def estimate_of(out: Outcome, cluster: Cluster, budget: Budget) -> dict:
 
 
 def default_budget(graph: Graph, time_limit: float, evaluations: int, deadline: float | None) -> Budget:
+    """*evaluations*, or (0) what fits :data:`FIT_SHARE` of *time_limit*
+    (:func:`~celeritas_cli.optimize.search.default_evaluations`), so the
+    default run is not cut by the clock and its output is repeatable."""
     from ...optimize.search import DEFAULT_TIME_LIMIT, default_evaluations
 
-    limit = evaluations if evaluations > 0 else default_evaluations(graph, time_limit or DEFAULT_TIME_LIMIT)
+    limit = evaluations if evaluations > 0 else \
+        default_evaluations(graph, FIT_SHARE * (time_limit or DEFAULT_TIME_LIMIT))
     return Budget(limit, deadline)
 
 
