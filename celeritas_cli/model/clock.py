@@ -185,6 +185,8 @@ def time_cap(at: float | None, limit: float, what: str) -> Iterator[Cap | None]:
     token = _CAP.set(cap)
     alarm = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGALRM, _alarm) if alarm else None
+    foreign = signal.getitimer(signal.ITIMER_REAL) if alarm and outer is None else (0.0, 0.0)  # another's timer
+    armed = now()
     try:
         if alarm:
             _arm(cap)
@@ -200,3 +202,5 @@ def time_cap(at: float | None, limit: float, what: str) -> Iterator[Cap | None]:
         _CAP.reset(token)
         if alarm and outer is not None:
             _arm(outer)
+        elif alarm and foreign[0] > 0:  # give the timer that was running back, less the time the call took
+            signal.setitimer(signal.ITIMER_REAL, max(1e-6, foreign[0] - (now() - armed)), foreign[1])

@@ -265,3 +265,18 @@ def test_d3_d4_reproducers_refuse_in_one_line(algo, batch, m, nodes, tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith(f"Error: {algo}: -p microbatches={m} would build a derived graph of {nodes} nodes ") and \
         last.endswith("(--max-derived-nodes); lower -p microbatches"), last
+
+
+def test_a_timer_running_before_the_call_is_given_back():
+    """Another user of SIGALRM (a test harness's timeout) keeps its timer."""
+    import signal
+
+    previous = signal.signal(signal.SIGALRM, lambda *a: None)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1000.0)
+        registry.place(layered(10, seed=1), uniform(2), "heft", params={"time_limit": 5.0})
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 900.0 < left <= 1000.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
