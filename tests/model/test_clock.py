@@ -183,33 +183,42 @@ def test_an_enclosing_limit_passes_through_the_inner_call_and_its_except(dummies
     assert set(p.assignment.values()) == {"gpu0"}  # the recorded best, not the member's answer
 
 
-@pytest.mark.parametrize("name", ["pipeline", "auto"])
+@pytest.mark.parametrize("name", ["pipeline", "auto", "hierarchical"])
 def test_a_search_stopped_at_its_cap_answers_with_its_best_so_far(name, monkeypatch, capsys):
-    """pipeline and auto record their best plan (clock.keep_best): stopped
-    by the cap after their first judged plan, the registry answers with it,
-    marked as cut by the clock, and says so."""
+    """pipeline, auto and hierarchical record their best plan
+    (clock.keep_best): stopped by the cap after their first judged plan,
+    the registry answers with it, marked as cut by the clock, and says so."""
     from celeritas_cli.algorithms.pipelines import search as pipeline_search
+    from celeritas_cli.algorithms.placers.hierarchical import training
     from celeritas_cli.optimize import search as auto_search
 
+    if name == "hierarchical":
+        pytest.importorskip("torch")
     late = [False]
     monkeypatch.setattr(clock, "now", lambda: time.perf_counter() + (86400.0 if late[0] else 0.0))
     _no_alarm(monkeypatch)
-    cls, method = (pipeline_search.PipelineSearch, "judge") if name == "pipeline" else (auto_search.Search, "_judge")
+    cls, method = {"pipeline": (pipeline_search.PipelineSearch, "judge"), "auto": (auto_search.Search, "_judge"),
+                   "hierarchical": (training.Trainer, "consider")}[name]
     real = getattr(cls, method)
 
     def judged_then_late(self, *args, **kwargs):
         out = real(self, *args, **kwargs)
-        late[0] = late[0] or bool(out)  # the first plan judged: the cap has passed
+        late[0] = late[0] or bool(out) or name == "hierarchical"  # the first plan judged: the cap has passed
         return out
 
     monkeypatch.setattr(cls, method, judged_then_late)
     g = layered(60, seed=1)
     g.meta["batch_size"] = 32
-    params = {"time_limit": 30.0, "evaluations": 10**5, **({"quiet": True} if name == "auto" else {})}
+    params = {"time_limit": 30.0, **{"auto": {"quiet": True, "evaluations": 10**5},
+                                     "pipeline": {"evaluations": 10**5},
+                                     "hierarchical": {"iterations": 1000, "progress": False, "hidden": 8}}[name]}
     p = registry.place(g, uniform(4), name, params=params)
     assert late == [True] and p.algorithm == name
-    assert p.estimate["clock_cut"] is True and p.estimate["makespan_by"] == "simulator"
-    assert p.estimate["evaluations"] < 10**4  # stopped long before its count
+    if name == "hierarchical":
+        assert p.estimate["repeatable"] is False and p.estimate["iterations"] < 1000
+    else:
+        assert p.estimate["clock_cut"] is True and p.estimate["makespan_by"] == "simulator"
+        assert p.estimate["evaluations"] < 10**4  # stopped long before its count
     assert f"placer: {name}: stopped at its time limit of 30 s (+5 % + 0.5 s); the answer is the best plan" in \
         capsys.readouterr().err
 
