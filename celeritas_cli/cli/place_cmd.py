@@ -12,7 +12,7 @@ from ..log import quiet as quiet_output
 from ..log import warn
 from ..model.clock import process_start
 from ..model.congestion import DEFAULT_CONGESTION
-from ..model.params import CAP_TIME_LIMIT, DEFAULT_TIME_LIMIT
+from ..model.params import CAP_TIME_LIMIT, DEFAULT_TIME_LIMIT, SOLVER_TIME_LIMIT
 from ..model.costs import cost_model
 from ..model.io import load_graph
 from ..sim.judge import attach_origin
@@ -62,8 +62,8 @@ def _list_algorithms() -> None:
               help="Algorithm parameter, repeatable (see --list for each algorithm's).")
 @seed_option
 @time_limit_option(f"Time limit in seconds, counted from the start of the command, loading included; 0 = no "
-                   f"limit. Every algorithm holds it (auto and pipeline: {DEFAULT_TIME_LIMIT:g} s by default, the "
-                   f"others {CAP_TIME_LIMIT:g} s): stopped past it, it answers with the best plan it had or an "
+                   f"limit. Every algorithm holds it (by default auto and pipeline {DEFAULT_TIME_LIMIT:g} s, milp "
+                   f"and hierarchical {SOLVER_TIME_LIMIT:g} s, the others {CAP_TIME_LIMIT:g} s): stopped past it, it answers with the best plan it had or an "
                    f"error. An explicit -p time_limit=S wins.")
 @congestion_option("Link rule the algorithm plans with (and --simulate judges with), for algorithms that take "
                    "one (placer place --list); an explicit -p congestion=RULE wins. Default: the algorithm's "

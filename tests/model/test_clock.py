@@ -225,7 +225,7 @@ def test_a_search_stopped_at_its_cap_answers_with_its_best_so_far(name, monkeypa
 
 def test_the_registry_cap_is_not_recorded_unless_given():
     p = registry.place(layered(20, seed=1), uniform(2), "heft")
-    assert "time_limit" not in p.params and registry.get("heft").params["time_limit"].default == 60.0
+    assert "time_limit" not in p.params and registry.get("heft").params["time_limit"].default == 600.0
     q = registry.place(layered(20, seed=1), uniform(2), "heft", params={"time_limit": 30})
     assert q.params["time_limit"] == 30.0 and q.assignment == p.assignment
 

@@ -30,7 +30,8 @@ SOURCES = {str(p.relative_to(PKG)): p.read_text() for p in sorted(PKG.rglob("*.p
 #: file it may be in
 DECLARED = {
     "time_limit of the searches (10 s)": (r"\b\w*TIME_LIMIT\w*\s*=\s*10(\.0)?\b", "model/params.py"),
-    "time_limit of the cap and the long solvers (60 s)": (r"\b\w*TIME_LIMIT\w*\s*=\s*60(\.0)?\b", "model/params.py"),
+    "time_limit of the long solvers (60 s)": (r"\b\w*TIME_LIMIT\w*\s*=\s*60(\.0)?\b", "model/params.py"),
+    "time_limit of the registry's cap (600 s)": (r"\b\w*TIME_LIMIT\w*\s*=\s*600(\.0)?\b", "model/params.py"),
     "bucket_mb (25 MiB)": (r"\b\w*BUCKET_MB\s*=\s*25(\.0)?\b", "model/params.py"),
     "overhead_s (2e-6 s)": (r"\b\w*OVERHEAD_S\s*=\s*2(\.0)?e-0?6\b", "model/params.py"),
     "shares ('equal')": (r"\b\w*SHARES\s*=\s*\"equal\"", "model/params.py"),
@@ -80,6 +81,8 @@ def test_every_algorithm_takes_the_shared_declarations():
     assert sum("assume_batch" in e.params for e in entries) >= 8  # once declared, read by every batch splitter
     assert {e.name for e in entries if e.params["time_limit"].default == params.DEFAULT_TIME_LIMIT} == \
         {"auto", "pipeline"}
+    assert {e.name for e in entries if e.params["time_limit"].default == params.SOLVER_TIME_LIMIT} == \
+        {"milp", "hierarchical"}
 
 
 def test_the_cli_flags_read_the_declarations():

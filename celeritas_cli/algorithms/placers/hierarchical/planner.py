@@ -114,7 +114,7 @@ from ....model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from ....model.costs import CostModel, cost_model
 from ....model.clock import keep_best
 from ....model.graph import Graph
-from ....model.params import CAP_TIME_LIMIT
+from ....model.params import SOLVER_TIME_LIMIT
 from ....model.placement import Placement
 from ....registry import Param, congestion_param, register, time_limit_param
 from ....sim.simulator import lower_bound
@@ -162,7 +162,7 @@ def _caveat(done: int, samples: int) -> str | None:
                             max=MAX_ITERATIONS),
         "samples_per_iteration": Param(int, 8, "joint placements sampled (and simulated) per update", min=1,
                                        max=4096),
-        "time_limit": time_limit_param(CAP_TIME_LIMIT, "wall-clock cap on the whole call (0: the paper's 1000 "
+        "time_limit": time_limit_param(SOLVER_TIME_LIMIT, "wall-clock cap on the whole call (0: the paper's 1000 "
                                                        "iterations)"),
         "lr": Param(float, 0.05, "Adam learning rate", gt=0, max=10.0),
         "hidden": Param(int, 64, "hidden width of the Grouper and the Placer LSTMs", min=2, max=4096),
@@ -181,7 +181,7 @@ def _caveat(done: int, samples: int) -> str | None:
 )
 def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
                  groups: int = 0, iterations: int = 0,
-                 samples_per_iteration: int = 8, time_limit: float = CAP_TIME_LIMIT, lr: float = 0.05, hidden: int = 64,
+                 samples_per_iteration: int = 8, time_limit: float = SOLVER_TIME_LIMIT, lr: float = 0.05, hidden: int = 64,
                  oom_penalty: float = 2.0, oom_mode: str = "mask", congestion: str = DEFAULT_CONGESTION,
                  progress: bool = True, history: list | None = None, deadline: float | None = None) -> Placement:
     """Train the Hierarchical Planner's policy on *graph* and return the best

@@ -23,7 +23,7 @@ from ....model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from ....model.costs import CostModel, cost_model
 from ....model.graph import Graph
 from ....model.limits import WAIT_MAX
-from ....model.params import CAP_TIME_LIMIT
+from ....model.params import SOLVER_TIME_LIMIT
 from ....model.placement import Placement
 from ....sim.judge import original_makespan
 from ....sim.simulator import lower_bound
@@ -33,7 +33,7 @@ from .result import Call, WarmStart, give_up, solver_placement
 
 #: the MILP's time limit (s; the long solvers' default); with time_limit 0 (no wall clock) the counted budgets are
 #: this one's
-DEFAULT_TIME_LIMIT = CAP_TIME_LIMIT
+DEFAULT_TIME_LIMIT = SOLVER_TIME_LIMIT
 TOO_LARGE = 5000      # nodes: above this the model is not built (return the hint)
 LARGE = 1000          # nodes: above this warn that a proof is unlikely
 HINT_SHARE = 0.5
