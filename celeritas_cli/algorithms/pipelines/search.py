@@ -68,10 +68,11 @@ BEAT_MARGIN = 0.05
 #: share of the budget the first simulations may take; the rest is for moving boundaries
 JUDGE_SHARE = 0.6
 #: share of ``time_limit`` the default budget is sized for: the search's evaluations (derived graphs built and
-#: simulated, the model's phase) run at about 0.75 of auto's rate (layered_300 on moirai-intra-server: 2,929
-#: charged in 12 s of CPU on a quiet 2-core machine), and a default run must end before the default limit with
-#: room for a loaded machine, or the clock cuts it and the output differs run to run (issue 33, D11)
-FIT_SHARE = 0.4
+#: simulated, the model's phase) run at 0.2-0.75 of auto's rate (layered_300 on moirai-intra-server: 4-5.4 ms of
+#: CPU per evaluation on the shared 2-core machine at load 3.5, 9 ms at load 9), and a default run must end before
+#: the default limit with room for a loaded machine, or the clock cuts it and the output differs run to run
+#: (issue 33, D11: 1,291 evaluations took 9.6-10 s there at load 3.5)
+FIT_SHARE = 0.25
 
 
 @dataclass
