@@ -217,7 +217,7 @@ class PipelineSearch:
             self._derived[key] = self._derived.pop(key)  # most recently used last
         else:
             guess = self._weight_guess(shape)
-            first = not self.tried  # the first plan is built and judged whatever the clock says (an answer)
+            first = not self.tried  # the first plan is built whatever its clock says (the registry's cap holds)
             if self.budget.over_count(guess * (1 + BUILD_COST)) or \
                     (not first and not self.budget.affordable(BUILD_COST * guess)):
                 return None
