@@ -28,6 +28,11 @@ class Infeasible(PlacerError):
     """No placement satisfies the constraints (for example memory)."""
 
 
+class TimeLimit(PlacerError):
+    """An algorithm was stopped at its time limit before it had a plan
+    (:mod:`celeritas_cli.model.clock`)."""
+
+
 class SolverError(PlacerError):
     """An external solver failed or gave no usable answer."""
 

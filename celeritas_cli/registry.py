@@ -33,11 +33,26 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from .errors import InvalidInput
-from .log import stdout_to_stderr
-from .model.costs import cost_model
+from .errors import InvalidInput, TimeLimit
+from .log import stdout_to_stderr, warn
+from .model.clock import OVERRUN, OVERRUN_S, TimeUp, cap_at, check_time, time_cap
 from .model.params import (  # noqa: F401  (re-exported: the registry's public names)
-    INT_MAX, TIME_LIMIT_RULE, Param, congestion_param, deadline, time_limit_param)
+    ASSUME_BATCH,
+    DEVICES,
+    INT_MAX,
+    SEED,
+    TIME_LIMIT_CAP,
+    TIME_LIMIT_RULE,
+    Param,
+    congestion_param,
+    deadline,
+    evaluations_param,
+    overhead_param,
+    shares_param,
+    time_limit_param,
+)
+from .model.costs import cost_model
+from .transform.size import check_size
 
 if TYPE_CHECKING:
     from .model.cluster import Cluster
@@ -54,9 +69,13 @@ class Entry:
     optional dependency group it needs, e.g. ``"torch"``), ``kind``
     (``"placement"`` / ``"coarsening"``), ``quick_params`` (a quick run:
     tests, ``compare --quick``), ``uses_origin`` (judges candidates on a
-    coarse graph's original, so ``placer place`` loads it) and
+    coarse graph's original, so ``placer place`` loads it),
     ``takes_deadline`` (its function takes ``deadline``; :func:`place`
-    passes one, and every algorithm with a ``time_limit`` does).
+    passes one, and every algorithm whose function takes ``time_limit``
+    does) and ``takes_time_limit`` (its function takes ``time_limit``;
+    every placement algorithm declares one, :func:`register` adds
+    :data:`~.model.params.TIME_LIMIT_CAP` where it declares none, and
+    :func:`place` enforces it, :mod:`~.model.clock`).
     """
 
     name: str
@@ -70,12 +89,15 @@ class Entry:
     quick_params: dict[str, Any] = field(default_factory=dict)
     uses_origin: bool = False
     takes_deadline: bool = False
+    takes_time_limit: bool = False
 
     def __post_init__(self) -> None:
         try:
-            self.takes_deadline = "deadline" in inspect.signature(self.func).parameters
+            keywords = inspect.signature(self.func).parameters
         except (TypeError, ValueError):  # a builtin without a signature
-            self.takes_deadline = False
+            keywords = {}
+        self.takes_deadline = "deadline" in keywords
+        self.takes_time_limit = "time_limit" in keywords
 
     def coerce(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Validate and convert user parameters (strings from ``-p k=v``)
@@ -141,27 +163,47 @@ class Algorithm(Protocol):
                  **params: Any) -> Placement: ...
 
 
+#: the shared parameters (:mod:`~.model.params`): an algorithm that takes one of these names declares it with the
+#: shared declaration (its help may say what the algorithm does with it); ``time_limit`` by its default
+SHARED: dict[str, Callable[[Param], Param]] = {
+    "time_limit": lambda p: time_limit_param(p.default, ""),
+    "congestion": lambda p: congestion_param(""),
+    "assume_batch": lambda p: ASSUME_BATCH,
+    "devices": lambda p: DEVICES,
+    "evaluations": lambda p: evaluations_param(""),
+    "shares": lambda p: shares_param(""),
+    "overhead_s": lambda p: overhead_param(""),
+}
+
+
 def signature_problems(entry: Entry) -> list[str]:
     """What is wrong with *entry* against the :class:`Algorithm` protocol (a
     coarsener: ``(graph, cluster, *, costs=None, **params) -> Graph``): ``[]``
     when nothing.  Checks the positional ``(graph, cluster)``, the keywords
     ``seed`` / ``costs`` / ``deadline``, that every ``Param`` is a keyword
-    with the same default and every other keyword has a default, that
-    ``time_limit`` and ``congestion`` are the shared ones, that integer
-    parameters have a ``max`` and that the ``quick_params`` are valid.
+    with the same default (but the registry's ``time_limit`` cap,
+    :data:`~.model.params.TIME_LIMIT_CAP`, which the function need not
+    take) and every other keyword has a default, that a placement algorithm
+    has a ``time_limit``, that every parameter of :data:`SHARED` is the
+    shared declaration, that integer parameters have a ``max`` and that the
+    ``quick_params`` are valid.
 
-    >>> signature_problems(get("milp"))
-    []
+    >>> signature_problems(get("milp")), signature_problems(get("heft"))
+    ([], [])
     """
     sig = inspect.signature(entry.func)
     positional = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     kw = {p.name: p for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY}
-    base = {"seed": 0, "costs": None} if entry.kind == "placement" else {"costs": None}
-    if "time_limit" in entry.params:
+    base = {"seed": SEED.default, "costs": None} if entry.kind == "placement" else {"costs": None}
+    if "time_limit" in kw:
         base["deadline"] = None
     out = [] if positional == ["graph", "cluster"] else [f"positional parameters {positional}, not [graph, cluster]"]
     out += [f"keyword {k}={v!r} missing" for k, v in base.items() if k not in kw or kw[k].default != v]
+    if entry.kind == "placement" and "time_limit" not in entry.params:
+        out.append("declares no time_limit (registry.register adds the shared cap)")
     for name, prm in entry.params.items():
+        if name == "time_limit" and name not in kw and prm == TIME_LIMIT_CAP:
+            continue  # the registry's cap: enforced by place, never passed
         if name not in kw:
             out.append(f"parameter {name} is not a keyword-only parameter of the function")
         elif kw[name].default != prm.default or type(kw[name].default) is not type(prm.default):
@@ -170,12 +212,10 @@ def signature_problems(entry: Entry) -> list[str]:
             out.append(f"integer parameter {name} has no max")
     out += [f"keyword {k} is no Param and has no default" for k, p in kw.items()
             if k not in entry.params and k not in base and p.default is p.empty]
-    if "deadline" in kw and "time_limit" not in entry.params:
+    if "deadline" in kw and "time_limit" not in kw:
         out.append("takes deadline but declares no time_limit")
-    tl = entry.params.get("time_limit")
-    shared = {"time_limit": time_limit_param(tl.default if tl else 0.0, ""), "congestion": congestion_param()}
-    out += [f"parameter {k} is not the shared one (registry.{k}_param)" for k, p in shared.items()
-            if k in entry.params and dataclasses.replace(entry.params[k], help="") != dataclasses.replace(p, help="")]
+    out += [f"parameter {k} is not the shared one (model.params)" for k, shared in SHARED.items()
+            if k in entry.params and _no_help(entry.params[k]) != _no_help(shared(entry.params[k]))]
     try:
         entry.coerce(entry.quick_params)
     except InvalidInput as exc:
@@ -186,6 +226,10 @@ def signature_problems(entry: Entry) -> list[str]:
     return out
 
 
+def _no_help(p: Param) -> Param:
+    return dataclasses.replace(p, help="")
+
+
 def with_flags(entry: Entry, params: dict[str, Any], **flags: Any) -> tuple[dict[str, Any], list[str]]:
     """*params* plus each command-line flag (``congestion="port"``,
     ``time_limit=30.0``; ``None`` = not given) that *entry* declares and
@@ -193,8 +237,8 @@ def with_flags(entry: Entry, params: dict[str, Any], **flags: Any) -> tuple[dict
     and one line per given flag left out (for ``placer place`` to warn).
     Used by ``placer place`` and ``placer compare``.
 
-    >>> with_flags(get("dpos"), {"insertion": "false"}, congestion="port", time_limit=5.0)
-    ({'insertion': 'false', 'congestion': 'port'}, ["--time-limit ignored: 'dpos' takes no time_limit"])
+    >>> with_flags(get("heft"), {"insertion": "false"}, congestion="port", time_limit=5.0)
+    ({'insertion': 'false', 'time_limit': 5.0}, ["--congestion ignored: 'heft' takes no congestion"])
     >>> with_flags(get("dpos"), {"congestion": "none"}, congestion="port")
     ({'congestion': 'none'}, ['--congestion ignored: -p congestion=none wins'])
     """
@@ -224,6 +268,10 @@ def register(name: str, *, paper: str, section: str, summary: str,
              quick_params: dict[str, Any] | None = None, uses_origin: bool = False):
     """Decorator registering a placement algorithm under *name*.
 
+    An algorithm that declares no ``time_limit`` gets
+    :data:`~.model.params.TIME_LIMIT_CAP`: :func:`place` stops it there
+    (:mod:`~.model.clock`), its function never sees it.
+
     *extra* names the optional dependency group it needs (``"torch"``);
     *quick_params* are parameters for a quick run (tests, smoke compares),
     e.g. a short time limit for the MILP; *uses_origin* says that it judges
@@ -235,7 +283,9 @@ def register(name: str, *, paper: str, section: str, summary: str,
     def deco(func: Callable) -> Callable:
         if name in _ALGORITHMS and _ALGORITHMS[name].func is not func:
             raise RuntimeError(f"placement algorithm {name!r} registered twice")
-        _ALGORITHMS[name] = Entry(name, func, paper, section, summary, dict(params or {}), extra,
+        declared = dict(params or {})
+        declared.setdefault("time_limit", TIME_LIMIT_CAP)  # every algorithm has a limit: place enforces it
+        _ALGORITHMS[name] = Entry(name, func, paper, section, summary, declared, extra,
                                   quick_params=dict(quick_params or {}), uses_origin=uses_origin)
         return func
 
@@ -375,12 +425,20 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     *params* are checked and converted (:meth:`Entry.coerce`) before
     anything runs.  *costs* is the cost model to place under (default: the
     file's costs, :func:`celeritas_cli.model.costs.cost_model`); it is built
-    once here and passed to the algorithm as its ``costs`` keyword.  An
-    algorithm with a ``time_limit`` gets ``deadline``: the limit counted from
-    *started* (a :func:`time.perf_counter` reading; default: now), so
-    ``placer place`` passes the command's start and ``--time-limit`` bounds
-    the whole command, loading included (:func:`deadline`; the
-    :class:`Algorithm` protocol).
+    once here and passed to the algorithm as its ``costs`` keyword.
+
+    The limit: every algorithm has a ``time_limit``, counted from *started*
+    (a :func:`time.perf_counter` reading; default: now), so ``placer
+    place`` passes the command's start and ``--time-limit`` bounds the
+    whole command, loading included.  An algorithm whose function takes
+    ``time_limit`` also gets ``deadline`` (:func:`deadline`; the
+    :class:`Algorithm` protocol) and stops there by itself; whatever it
+    does, it is stopped at the cap (:mod:`~.model.clock`: the limit + 5 %
+    + 0.5 s), and answers with the best plan it recorded
+    (:func:`~.model.clock.keep_best`, said in a warning) or fails with a
+    one-line :class:`~.errors.TimeLimit` naming the limit.  A parameter
+    whose value makes a derived graph over the budget is refused before
+    the algorithm runs (:func:`refuse_derived_size`).
 
     Example
     -------
@@ -393,18 +451,55 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     entry = get(algo)
     kwargs = entry.coerce(params or {})
     t0 = time.perf_counter()
-    clock = {"deadline": deadline(kwargs.get("time_limit") or 0.0, t0 if started is None else started)} \
-        if entry.takes_deadline else {}
+    start = t0 if started is None else started
+    limit = kwargs.get("time_limit") or 0.0
+    call = {k: v for k, v in kwargs.items() if k != "time_limit" or entry.takes_time_limit}
+    clock = {"deadline": deadline(limit, start)} if entry.takes_deadline else {}
+    refuse_derived_size(entry, graph, cluster, kwargs)
     costs = cost_model(graph, cluster, costs)
-    with stdout_to_stderr():  # C libraries (METIS) print to fd 1; stdout is for the JSON document
-        result = entry.func(graph, cluster, seed=seed, costs=costs, **kwargs, **clock)
+    cap = None
+    try:
+        # C libraries (METIS) print to fd 1; stdout is for the JSON document
+        with stdout_to_stderr(), time_cap(cap_at(start, limit), limit, algo) as cap:
+            check_time()  # the limit counts from the command's start: loading may have spent it
+            result = entry.func(graph, cluster, seed=seed, costs=costs, **call, **clock)
+    except TimeUp as exc:
+        if cap is None or exc.cap is not cap:
+            raise  # an enclosing call's limit (auto's, over a member): that call answers
+        result = cap.best() if cap.best is not None else None
+        if result is None:
+            raise TimeLimit(cap.message()) from None
+        warn(f"placer: {algo}: stopped at its time limit of {limit:g} s (+{100 * OVERRUN:g} % + {OVERRUN_S:g} s); "
+             f"the answer is the best plan it had found, another run may differ")
     result.placement_time_s = time.perf_counter() - t0
     if result.derived is not None and result.estimate.graph != "split":
         result.estimate = result.estimate.with_graph("split", result.derived.n)
     result.algorithm = algo
-    result.params = {**kwargs, **result.params}
+    shown = call if "time_limit" in call or "time_limit" not in (params or {}) else kwargs
+    result.params = {**shown, **result.params}
     result.seed = seed
     return result
+
+
+def refuse_derived_size(entry: Entry, graph, cluster, kwargs: dict[str, Any]) -> None:
+    """Refuse, before *entry* runs, a parameter value whose derived graph
+    is over the budget (a :class:`Param` with ``size``,
+    :func:`~.transform.size.check_size`): ``-p microbatches=10000000``
+    answers at once instead of growing until the machine runs out of memory.
+
+    Raises
+    ------
+    InvalidInput
+        ``"<algo>: -p <key>=<value> would build a derived graph of N nodes
+        ... (--max-derived-nodes)"``.
+    """
+    for key, prm in entry.params.items():
+        value = kwargs.get(key, prm.default)
+        if prm.size is None or value == prm.default:
+            continue
+        size = prm.size(graph, value)
+        if size is not None:
+            check_size(size, f"{entry.name}: -p {key}={value}", f"lower -p {key}", getattr(cluster, "k", None))
 
 
 def coarsen(graph, cluster, method: str, *, params: dict[str, Any] | None = None, costs=None):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections import defaultdict
 from pathlib import Path
 
 import networkx as nx

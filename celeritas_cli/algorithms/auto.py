@@ -37,17 +37,17 @@ from ..log import Progress, chatty, warn
 from ..model.cluster import Cluster
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
+from ..model.clock import keep_best
 from ..model.graph import Graph
-from ..model.limits import COUNT_MAX
 from ..model.placement import Placement, finite_or_none
 from ..optimize.portfolio import batch_split_refusal
-from ..optimize.search import DEFAULT_TIME_LIMIT, Search
-from ..registry import Param, congestion_param, register, time_limit_param
+from ..model.params import DEFAULT_TIME_LIMIT
+from ..optimize.search import Search
+from ..registry import ASSUME_BATCH, Param, congestion_param, evaluations_param, register, time_limit_param
 from ..registry import names as registered
 from ..sim.describe import PIPELINE_FIELDS, describe_placement
 from ..sim.mfu import mfu
 from .ranking import Ranking
-from .sharding.data_parallel import ASSUME_BATCH
 
 
 @register("auto", paper="placer", section="portfolio + simulator-in-the-loop multilevel refinement",
@@ -55,9 +55,9 @@ from .sharding.data_parallel import ASSUME_BATCH
                   "then critical-path moves and swaps of colocation units judged by the simulator; never worse "
                   "than its best start.",
           params={"time_limit": time_limit_param(DEFAULT_TIME_LIMIT, "wall-clock cap of the whole search"),
-                  "evaluations": Param(int, 0, "simulations the search may make (0 = from time_limit, or the "
-                                              "default 10 s when it is 0, and the graph size, so the clock "
-                                              "normally never decides)", min=0, max=COUNT_MAX),
+                  "evaluations": evaluations_param("simulations the search may make (0 = from time_limit, or the "
+                                                   f"default {DEFAULT_TIME_LIMIT:g} s when it is 0, and the graph "
+                                                   "size, so the clock normally never decides)"),
                   "algos": Param(str, "", "comma-separated portfolio algorithms (default: the automatic choice); "
                                           "each named one runs, or stderr says why not"),
                   "congestion": congestion_param("congestion rule the simulator judges with"),
@@ -164,11 +164,38 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
                     congestion=congestion, algos=names, log=warn if chatty() and not quiet else None, notice=warn,
                     deadline=deadline, assume_batch=assume_batch or None,
                     ranking=Ranking(graph, cluster, costs, assume_batch or None))
-    out = _run(search, chatty() and not quiet)
-    spent = _spent(search)
+    talk = chatty() and not quiet
+    # the registry's answer if its time cap stops the search: the best candidate judged so far
+    keep_best(lambda: _stopped(search, graph, cluster, seed, congestion, talk))
+    out = _run(search, talk)
     if out.clock_cut:
-        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({spent}), so another run may differ; "
+        warn(f"auto: the wall clock ({time_limit:g} s) cut the search ({_spent(search)}), so another run may differ; "
              f"raise --time-limit or lower -p evaluations for a repeatable result")
+    p = _answer(search, out, graph, cluster, seed, congestion, talk)
+    if runner is not None:
+        p = measured.choose_measured(p, (id(out.graph), tuple(out.device_of)), search, graph, cluster, verify,
+                                     run=runner, log=warn if talk else None)
+        if p.estimate.get("verified_choice") not in (None, "auto"):  # another candidate measured faster: its words
+            for key in PIPELINE_FIELDS:
+                p.estimate.details.pop(key, None)
+            p.estimate.details["plan"] = describe_placement(p, graph, cluster)
+    return p
+
+
+def _stopped(search: Search, graph: Graph, cluster: Cluster, seed: int, congestion: str,
+             talk: bool) -> Placement | None:
+    """The best candidate judged so far, when the registry's cap stopped the search (None: none yet)."""
+    out = search.outcome()
+    if out is None:
+        return None
+    out.clock_cut = True
+    return _answer(search, out, graph, cluster, seed, congestion, talk)
+
+
+def _answer(search: Search, out, graph: Graph, cluster: Cluster, seed: int, congestion: str,
+            talk: bool) -> Placement:
+    """The placement of the search's answer *out*, with its estimate."""
+    spent = _spent(search)
     winner = out.winner.spec.name if out.winner is not None else None
     start = out.start_score.makespan if out.start_score is not None else out.score.makespan
     estimate = {
@@ -202,17 +229,10 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         p.derivation, p.derived = out.winner.placement.derivation, out.graph
         p.graph = graph.original_name
     p.estimate.details["plan"] = describe_placement(p, graph, cluster)  # the winner's plan in words (issue 23.4)
-    if chatty() and not quiet:
+    if talk:
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
              f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), {spent}")
         warn(f"auto: the plan: {p.estimate['plan']}")
-    if runner is not None:
-        p = measured.choose_measured(p, (id(out.graph), tuple(out.device_of)), search, graph, cluster, verify,
-                                     run=runner, log=warn if chatty() and not quiet else None)
-        if p.estimate.get("verified_choice") not in (None, "auto"):  # another candidate measured faster: its words
-            for key in PIPELINE_FIELDS:
-                p.estimate.details.pop(key, None)
-            p.estimate.details["plan"] = describe_placement(p, graph, cluster)
     return p
 
 

@@ -81,6 +81,13 @@ def main() -> None:
 def run() -> None:
     """The ``placer`` process (console script, ``python -m celeritas_cli``):
     :func:`main`, ending the process as soon as a large command's result is
-    written (:func:`~.common.finish`)."""
+    written (:func:`~.common.finish`), or its one-line error said: freeing
+    a large graph object by object on the way out would count against
+    ``--time-limit``."""
     common.FAST_EXIT = True
-    main()
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            common.finish(exc.code or 0)
+        raise

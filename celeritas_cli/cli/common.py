@@ -17,6 +17,7 @@ from ..model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from ..model.io import DEFAULT_CLUSTER, load_cluster
 from ..model.jsonio import write_json
 from ..model.limits import TIME_MAX
+from ..model.params import ASSUME_BATCH, SEED, TIME_LIMIT_CAP
 
 cluster_option = click.option(
     "--cluster", "-c", "cluster_path", metavar="FILE|NAME", default=None,
@@ -33,7 +34,7 @@ output_option = click.option(
     "-o", "--output", "output", metavar="FILE", default="-", show_default=True, callback=_nonempty_path,
     help="Where to write the JSON result, atomically (- = stdout).")
 
-seed_option = click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True,
+seed_option = click.option("--seed", type=click.IntRange(SEED.min, SEED.max), default=SEED.default, show_default=True,
                            help="Random seed (0 .. 2^63-1).")
 
 
@@ -49,7 +50,7 @@ def time_limit_seconds(ctx, param, value):
     limit - the rule of every algorithm's ``time_limit``
     (:func:`celeritas_cli.registry.time_limit_param`); ``nan``, ``inf`` and
     the rest are usage errors (exit 2) naming the option."""
-    if value is not None and not (math.isfinite(value) and 0 <= value <= TIME_MAX):
+    if value is not None and not (math.isfinite(value) and 0 <= value <= TIME_LIMIT_CAP.max):
         raise click.BadParameter(f"must be a number of seconds from 0 (no limit) to 1e12, got {value}")
     return value
 
@@ -129,8 +130,9 @@ def emit(doc: dict, output: str) -> None:
 FAST_EXIT = False
 
 
-def finish() -> None:
-    """End the ``placer`` process now: its result is written.
+def finish(status: int = 0) -> None:
+    """End the ``placer`` process now with exit *status*: its result (or
+    its error) is written.
 
     Called last by the commands that hold a whole graph (place, simulate,
     coarsen), so the interpreter does not free every node, edge and list of
@@ -154,7 +156,6 @@ def finish() -> None:
     if run_exitfuncs is None:
         return
     run_exitfuncs()
-    status = 0
     try:  # an atexit handler may have written more
         sys.stdout.flush()
         sys.stderr.flush()
@@ -172,7 +173,7 @@ def stdin_is_tty() -> bool:
 
 
 assume_batch_option = click.option(
-    "--assume-batch", "assume_batch", type=click.IntRange(1, 2**53 - 1), default=None, metavar="N",
+    "--assume-batch", "assume_batch", type=click.IntRange(1, ASSUME_BATCH.max), default=None, metavar="N",
     help="The batch the graph's costs hold for, when the graph does not say (meta.batch_size): lets the "
          "algorithms that split the batch (data-parallel, os-dpos, fd-dps -p split=true, auto) do so; "
          "recorded in the placement's recipe. Same as -p assume_batch=N.")

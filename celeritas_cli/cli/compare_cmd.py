@@ -87,7 +87,7 @@ def _algorithms(algos: str | None, exclude: str | None, quiet: bool = False) -> 
               help="Coarsening parameter, repeatable.")
 @seed_option
 @assume_batch_option
-@time_limit_option("Per-cell limit (0 = none): passed to algorithms taking time_limit; each phase of a cell "
+@time_limit_option("Per-cell limit (0 = none): every algorithm's time_limit; each phase of a cell "
                    "that runs longer than S + 2 s + 10% is killed and reported as timeout.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
               help="Cells run in parallel (worker processes, or Ray tasks in flight).")

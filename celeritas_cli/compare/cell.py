@@ -24,7 +24,7 @@ from typing import Any, Callable
 import orjson
 
 from .. import registry
-from ..errors import PlacerError
+from ..errors import PlacerError, TimeLimit
 from ..log import quiet
 from .rows import ROW_SCHEMA, graph_stem
 from .tasks import Task
@@ -143,6 +143,8 @@ def _run_cell(task: Task, row: dict, phase: Callable[[str], None], graph_bytes: 
         step[0] = "simulate"
         phase("simulate")
         _simulate(task, graph, cluster, placement, row)
+    except TimeLimit as exc:  # the registry stopped the algorithm at its limit (model/clock.py)
+        row.update(status="timeout", error=f"{step[0]}: {exc}")
     except PlacerError as exc:
         row.update(status="error", error=f"{step[0]}: {exc}")
     except MemoryError:

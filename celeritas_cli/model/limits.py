@@ -24,6 +24,8 @@ TIME_MAX = 1e12
 SPEED_MIN, SPEED_MAX = 1e-6, 1e6
 #: Link bandwidth range in bytes per second.
 BANDWIDTH_MIN, BANDWIDTH_MAX = 1.0, 1e18
+#: Largest batch accepted from a file or ``--assume-batch`` (exact in a double).
+BATCH_MAX = 2**53 - 1
 #: Most devices in one cluster (so per-step transfer totals stay below 2^63 bytes).
 DEVICES_MAX = 1024
 

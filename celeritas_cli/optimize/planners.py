@@ -41,6 +41,7 @@ import math
 
 from ..errors import PlacerError
 from ..model.graph import Graph
+from ..model.params import DEFAULT_BUCKET_MB  # data-parallel's: the graph fsdp's charge is compared with
 from ..transform.admit import data_parallel_size
 from ..transform.fsdp_units import fsdp_plan, fsdp_size
 from .runner import Spec
@@ -53,9 +54,6 @@ PLAN_SHARE = 0.3
 #: MODEL_COST simulations of the input graph (algorithms/pipelines/search.py)
 BUILD_COST = 3.0
 MODEL_COST = 20.0
-#: data-parallel's default gradient bucket (MiB; algorithms/sharding/data_parallel.py DEFAULT_BUCKET_MB, which this
-#: layer cannot import): the graph fsdp's charge is compared with
-DP_BUCKET_MB = 25.0
 #: fsdp's stage inside auto (FSDP's FULL_SHARD, the fsdp row's default)
 FSDP_STAGE = 3
 
@@ -81,7 +79,7 @@ def fsdp_charge(graph: Graph, k: int, dp_charge: float) -> float:
     """
     try:
         fs = fsdp_size(graph, fsdp_plan(graph, FSDP_STAGE), k)
-        dp = data_parallel_size(graph, k, DP_BUCKET_MB)
+        dp = data_parallel_size(graph, k, DEFAULT_BUCKET_MB)
     except PlacerError:
         return dp_charge
     return dp_charge * (fs[0] + fs[1]) / max(1, dp.nodes + dp.edges)

@@ -47,6 +47,7 @@ from ..model.cluster import Cluster
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
+from ..model.params import DEFAULT_TIME_LIMIT  # auto's; with time limit 0 (no wall clock) the budget is this one's
 from ..sim.simulator import lower_bound
 from .evaluator import Budget, Evaluator, Score
 from .levels import Level, hierarchy
@@ -87,8 +88,6 @@ FINISH_COST = 1.0
 LEVELS_COST = 4.0
 #: a member with a time limit of its own (milp, hierarchical) is not started with less than this many seconds
 TIMED_MIN_S = 1.0
-#: auto's time limit in seconds; with time limit 0 (no wall clock) the budget is this one's
-DEFAULT_TIME_LIMIT = 10.0
 #: refinement starts this close to the best start (relative makespan) count as tied, and the one on the smallest
 #: graph is refined first: what refinement gains is of this order (on the zoo 0.05-4 %), so a tie is not decided
 #: by the start's score, and a graph w times smaller gets w times the simulations of the same evaluations
@@ -178,6 +177,7 @@ class Search:
         self.derived: dict[int, _Problem] = {}
         self.candidates: list[Candidate] = []
         self.skipped: list[dict] = []
+        self.portfolio_spent: float | None = None  # evaluations spent when the portfolio ended
         self._charges: dict[Spec, float] = {}
         self.ranking = ranking  # cheap estimates of the members (plan's contenders), or None: the fixed order
         self.near: dict[Spec, float] = {}
@@ -450,7 +450,7 @@ class Search:
 
     def run(self) -> Outcome:
         self.portfolio()
-        spent = self.budget.spent
+        self.portfolio_spent = self.budget.spent
         if not self.candidates:  # nothing ran: a cheap placer, judged once, whatever the budget says
             fallback = next(a for a in (*ANCHORS, "m-topo") if available(a))
             if self.algos is not None:
@@ -460,10 +460,26 @@ class Search:
             run_portfolio(Runner(self.graph, self.cluster, self.costs, self.seed, self.assume_batch),
                           [(Spec(fallback), 0.0)],
                           self._judge, self.budget)
-        start = min(self.candidates, key=lambda c: (c.score.overflow, c.score.makespan))
+        start = self.best_candidate()
         self.log(f"auto: best start {start.spec.name}: {_fmt(start.score)}; refining "
                  f"({self.budget.limit - self.budget.spent:.0f} of {self.budget.limit:.0f} evaluations left)")
         ref_c, ref_s = self.refine_all()
+        out = self.outcome(ref_c, ref_s)
+        assert out is not None
+        return out
+
+    def best_candidate(self) -> Candidate:
+        """The best candidate judged (least memory overflow, then makespan)."""
+        return min(self.candidates, key=lambda c: (c.score.overflow, c.score.makespan))
+
+    def outcome(self, ref_c: Candidate | None = None, ref_s: State | None = None) -> Outcome | None:
+        """The answer: the best candidate judged so far, or the refinement's
+        best state of *ref_c* when better; None before any candidate.  Also
+        what ``auto`` answers when the registry's time cap stops the search
+        (:func:`~celeritas_cli.model.clock.keep_best`)."""
+        if not self.candidates:
+            return None
+        start = self.best_candidate()
         rows = [{"name": c.spec.name, "makespan_s": c.score.makespan,
                  "status": "FEASIBLE" if c.score.feasible else "OOM"} for c in self.candidates]
         out = Outcome(graph=start.graph, device_of=start.device_of, order=start.order, score=start.score,
@@ -474,7 +490,8 @@ class Search:
         # the bound of the graph the answer runs (a derived graph's parts beat the original's critical path)
         out.lower_bound = lower_bound(out.graph, self.cluster, self._problem(out.winner).ev.costs)
         out.evaluations = self.budget.used
-        out.refine_spent = self.budget.spent - spent
+        out.refine_spent = self.budget.spent - (self.portfolio_spent if self.portfolio_spent is not None else
+                                                self.budget.spent)
         # a member whose own search the wall clock ended (e.g. milp) makes the answer unrepeatable too
         unrepeatable = any(c.placement.estimate.get("repeatable") is False for c in self.candidates)
         out.clock_cut = self.budget.clock_cut or unrepeatable

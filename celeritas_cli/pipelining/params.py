@@ -22,6 +22,8 @@ from __future__ import annotations
 from ..errors import InvalidInput
 from ..model.limits import COUNT_MAX
 from ..model.params import Param
+from ..transform.microbatch import microbatch_size
+from ..transform.size import Size
 from .schedules import SCHEDULES
 
 #: GPipe 4 (M >= 4 K): the peers' micro-batches per device when ``microbatches`` is 0
@@ -33,10 +35,20 @@ RECOMPUTE_CHOICES = ("auto", "off", "on")
 #: the value of ``schedule`` and ``recompute`` that leaves the choice to the search
 AUTO = "auto"
 
+
+
+def microbatched_size(graph, n_microbatches: int) -> Size:
+    """The smallest derived graph *n_microbatches* micro-batches make (the
+    micro-batched graph, before replicas): the micro-batch parameter's
+    ``size``, so the registry refuses ``-p microbatches=10000000`` before
+    anything runs."""
+    return Size(*microbatch_size(graph, n_microbatches))
+
+
 N_MICROBATCHES = Param(int, 0, "micro-batches, whole samples each; 0 = the planner's rule (pipeline: searched, "
                                f"{SEARCHED_MICROBATCHES[0]}..{SEARCHED_MICROBATCHES[-1]} per replica; gpipe, "
                                f"pipedream, alpa-stages: {MICROBATCHES_PER_DEVICE} x devices for the step, GPipe's "
-                               "M >= 4K), at most the batch", min=0, max=COUNT_MAX)
+                               "M >= 4K), at most the batch", min=0, max=COUNT_MAX, size=microbatched_size)
 SCHEDULE = Param(str, AUTO, f"pipeline schedule ({', '.join(s.title for s in SCHEDULES.values())}); {AUTO} = "
                             "searched", choices=(AUTO, *SCHEDULES))
 RECOMPUTE = Param(str, AUTO, f"activation recomputation: {AUTO} = only where a stage does not fit otherwise",

@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from ..errors import ColocationError, InvalidInput
+from ..model.clock import CHECK_EVERY, check_time
 from ..model.cluster import Cluster
 from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
@@ -262,8 +263,11 @@ def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Ca
         if need[v] == 0:
             need[v] = 1
             make_ready(v, 0.0, -1)
-    now, done = 0.0, 0
+    now, done, steps = 0.0, 0, 0
     while True:
+        steps += 1
+        if steps % CHECK_EVERY == 1:  # the registry's time cap (model/clock.py): at the start, then a few ms apart
+            check_time()
         for d in range(k):  # dispatch on every idle device
             if running[d] != -1 or not pending[d]:
                 continue

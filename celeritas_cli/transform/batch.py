@@ -23,9 +23,7 @@ from typing import Any, Callable
 
 from ..errors import InvalidInput
 from ..model.graph import Graph
-
-#: largest batch accepted from a file or ``--assume-batch`` (exact in a double)
-BATCH_MAX = 2**53 - 1
+from ..model.limits import BATCH_MAX  # noqa: F401  (re-exported)
 
 
 def declared_batch(graph: Graph, assume: int | None = None, *, what: str = "splitting the batch") -> int:

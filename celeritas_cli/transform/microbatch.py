@@ -96,6 +96,7 @@ from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
 from .batch import declared_batch, whole_samples
 from .passes import declares_passes
+from .size import Size, check_size
 from .split_cost import COPY_BANDWIDTH_BPS, DEFAULT_OVERHEAD_S, batch_profile, part_times
 from .splitting import edge_dicts, fresh_namer
 
@@ -260,7 +261,8 @@ def microbatch_graph(graph: Graph, m: int, *, overhead_s: float = DEFAULT_OVERHE
     Raises
     ------
     InvalidInput
-        See :func:`microbatch_batches`.
+        See :func:`microbatch_batches`; a derived graph over the budget
+        (:func:`~.size.check_size`, before anything is built).
 
     Example
     -------
@@ -280,6 +282,8 @@ def microbatch_graph(graph: Graph, m: int, *, overhead_s: float = DEFAULT_OVERHE
     (4.0, 200, 100)
     """
     total, mbs = microbatch_batches(graph, m, assume_batch)
+    check_size(Size(*microbatch_size(graph, m)), f"micro-batching graph '{graph.name}' into {m}",
+               "fewer micro-batches (-p microbatches=)")
     unit = sum(mbs)
     return _Builder(graph, mbs, unit, overhead_s).build(total)
 

@@ -66,6 +66,7 @@ from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
 from .microbatch import declares_resident
 from .passes import node_passes
+from .size import Size, check_size
 from .split_cost import batch_profile
 from .splitting import edge_dicts, fresh_namer
 
@@ -149,6 +150,8 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
     ['db']
     """
     moved = _moved(graph, resolve_nodes(graph, nodes))
+    check_size(Size(*recompute_size(graph, nodes)), f"recomputing {len(nodes)} nodes of graph '{graph.name}'",
+               "fewer recomputed nodes")
     passes = node_passes(graph)
     prof = batch_profile(graph)
     fresh = fresh_namer(graph)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from ..errors import InvalidInput
+from ..model.clock import check_time
 
 #: the largest derived graph built by default (nodes); ``--max-derived-nodes`` changes it
 MAX_DERIVED_NODES = 1_000_000
@@ -103,7 +104,9 @@ def over_budget(size: Size, devices: int | None = None) -> bool:
 
 def check_size(size: Size, what: str, hint: str = "", devices: int | None = None) -> None:
     """Refuse to build a graph of *size* (placed on *devices* devices, when
-    known) over the budget.
+    known) over the budget.  Every rewrite calls it before it builds, so it
+    also checks the registry's time cap (:func:`~celeritas_cli.model.clock.check_time`):
+    no derived graph is built past it.
 
     Raises
     ------
@@ -112,6 +115,7 @@ def check_size(size: Size, what: str, hint: str = "", devices: int | None = None
         X GiB in placer), over the budget of B nodes and E edges
         (--max-derived-nodes)"`` plus *hint* (what to change).
     """
+    check_time()
     if not over_budget(size, devices):
         return
     gib = size.ram_bytes(devices or 1) / 2**30

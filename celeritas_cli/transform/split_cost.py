@@ -98,8 +98,8 @@ from dataclasses import dataclass
 
 from ..model.devices import DEVICES, REFERENCE
 from ..model.graph import Graph
+from ..model.params import DEFAULT_OVERHEAD_S  # noqa: F401  (re-exported: the rewrites' default)
 
-DEFAULT_OVERHEAD_S = 2.0e-6
 COPY_BANDWIDTH_BPS = 9.0e11
 
 _UPDATE_RE = re.compile(r"^_*(fused_|foreach_)?(adam|adamw|sgd|adagrad|adadelta|adamax|rmsprop|lamb|lion|"

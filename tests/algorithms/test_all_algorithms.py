@@ -93,8 +93,15 @@ def test_the_protocol_check_sees_a_wrong_default():
     wrong = dataclasses.replace(entry, params={**entry.params, "insertion": registry.Param(bool, False, "x")})
     assert registry.signature_problems(wrong) == ["parameter insertion: default False, the signature says True"]
     timed = dataclasses.replace(entry, params={**entry.params, "time_limit": registry.Param(float, 1.0, "s", gt=0)})
-    problems = registry.signature_problems(timed)
-    assert "keyword deadline=None missing" in problems and any("not the shared one" in p for p in problems)
+    problems = registry.signature_problems(timed)  # only the registry's cap may be a time_limit heft does not take
+    assert "parameter time_limit is not a keyword-only parameter of the function" in problems
+    assert "parameter time_limit is not the shared one (model.params)" in problems
+    milp = registry.get("milp")
+    untimed = dataclasses.replace(milp, params={k: p for k, p in milp.params.items() if k != "time_limit"})
+    assert "declares no time_limit (registry.register adds the shared cap)" in registry.signature_problems(untimed)
+    shares = dataclasses.replace(registry.get("fsdp"), params={**registry.get("fsdp").params,
+                                                               "shares": registry.Param(str, "equal", "x")})
+    assert registry.signature_problems(shares) == ["parameter shares is not the shared one (model.params)"]
 
 
 #: algorithms that split the batch (replicas, micro-batches) and so refuse a coarse graph

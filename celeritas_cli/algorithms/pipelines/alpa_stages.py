@@ -53,7 +53,7 @@ from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...model.placement import Placement
-from ...registry import Param, register
+from ...registry import ASSUME_BATCH, Param, register
 from ...pipelining.cuts import stages_from_cuts
 from ...pipelining.builder import check_pipelinable
 from ...pipelining.layers import LayerSequence
@@ -61,7 +61,7 @@ from ...transform.batch import declared_batch
 from .pipedream import mean_bandwidth
 from ...pipelining.params import N_MICROBATCHES, step_microbatches
 from ...pipelining.schedules import ONE_F_ONE_B
-from .rows import ASSUME_BATCH, realise
+from .rows import realise
 
 #: Algorithm 1's enumeration skips a t_max within this factor of the last one tried
 T_MAX_STEP = 1.005

@@ -50,14 +50,14 @@ from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...model.placement import Placement
-from ...registry import Param, register
+from ...registry import ASSUME_BATCH, Param, register
 from ...pipelining.cuts import stages_from_cuts
 from ...pipelining.builder import check_pipelinable
 from ...pipelining.layers import LayerSequence, block_partition
 from ...pipelining.params import N_MICROBATCHES, step_microbatches
 from ...pipelining.schedules import GPIPE
 from ...transform.batch import declared_batch
-from .rows import ASSUME_BATCH, realise
+from .rows import realise
 
 CHECKPOINTS = ("except_last", "always", "never")
 #: the registry's name of this row (the algorithm; its schedule is GPIPE's)

@@ -56,14 +56,14 @@ from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...model.placement import Placement
-from ...registry import Param, register
+from ...registry import ASSUME_BATCH, Param, register
 from ...pipelining.cuts import stages_from_cuts
 from ...pipelining.builder import check_pipelinable
 from ...pipelining.layers import LayerSequence
 from ...transform.batch import declared_batch
 from ...pipelining.params import N_MICROBATCHES, step_microbatches
 from ...pipelining.schedules import ONE_F_ONE_B
-from .rows import ASSUME_BATCH, realise
+from .rows import realise
 
 LAYERS = Param(int, 64, "layers the operator sequence is grouped into for the planner's dynamic program", min=1,
                max=1024)

@@ -42,14 +42,16 @@ from ...errors import InvalidInput
 from ...log import chatty, warn
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
+from ...model.clock import keep_best
 from ...model.graph import Graph
-from ...model.limits import COUNT_MAX, TIME_MAX
+from ...model.limits import TIME_MAX
 from ...model.placement import Placement
-from ...registry import Param, register, time_limit_param
+from ...model.params import DEFAULT_TIME_LIMIT
+from ...registry import ASSUME_BATCH, Param, evaluations_param, register, time_limit_param
 from ...pipelining.builder import check_pipelinable
 from ...pipelining.params import AUTO, N_MICROBATCHES, RECOMPUTE, SCHEDULE
 from ...pipelining.schedules import get_schedule
-from ...transform.batch import BATCH_MAX, declared_batch
+from ...transform.batch import declared_batch
 from ...transform.derivation import attach
 from .search import Fixed, PipelineSearch, default_budget, estimate_of, fits_text, parse_groups, shape_fields
 
@@ -69,11 +71,10 @@ from .search import Fixed, PipelineSearch, default_budget, estimate_of, fits_tex
                                            "replicas by ,); empty = search"),
                   "order": Param(str, "auto", "forward order the stages are cut from",
                                  choices=("auto", "cpd", "alap", "topo")),
-                  "time_limit": time_limit_param(10.0, "wall-clock cap of the search"),
-                  "evaluations": Param(int, 0, "simulations of the input graph the search may make (0 = from "
-                                               "time_limit and the graph size, as auto)", min=0, max=COUNT_MAX),
-                  "assume_batch": Param(int, 0, "the batch the graph's costs hold for, when it declares none "
-                                                "(meta.batch_size); 0 = the graph's own", min=0, max=BATCH_MAX),
+                  "time_limit": time_limit_param(DEFAULT_TIME_LIMIT, "wall-clock cap of the search"),
+                  "evaluations": evaluations_param("simulations of the input graph the search may make (0 = from "
+                                                   "time_limit and the graph size, as auto)"),
+                  "assume_batch": ASSUME_BATCH,
                   "beat_s": Param(float, 0.0, "give up (before building anything) when the model predicts no plan "
                                               "within 5 % of this step time (s; auto passes its best so far); "
                                               "0 = never", min=0, max=TIME_MAX),
@@ -82,7 +83,7 @@ from .search import Fixed, PipelineSearch, default_budget, estimate_of, fits_tex
 def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, stages: int = 0,
              replicas: int = 0, microbatches: int = N_MICROBATCHES.default, schedule: str = SCHEDULE.default,
              recompute: str = RECOMPUTE.default,
-             groups: str = "", order: str = "auto", time_limit: float = 10.0, evaluations: int = 0,
+             groups: str = "", order: str = "auto", time_limit: float = DEFAULT_TIME_LIMIT, evaluations: int = 0,
              assume_batch: int = 0, beat_s: float = 0.0, quiet: bool = True,
              deadline: float | None = None) -> Placement:
     """Search for the best pipeline the simulator confirms (module docstring).
@@ -142,15 +143,30 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     _check(fixed, cluster, batch)
     budget = default_budget(graph, time_limit, evaluations, deadline)
     log = warn if chatty() and not quiet else None
-    out = PipelineSearch(graph, cluster, costs, batch, fixed, budget, assume, log, beat_s).run()
+    search = PipelineSearch(graph, cluster, costs, batch, fixed, budget, assume, log, beat_s)
+    keep_best(lambda: _stopped(graph, cluster, search, seed))  # the registry's answer if its cap stops the search
+    out = search.run()
     if out.best is None:  # the model left plans, but none was judged (no shape at all, none fits: said in run)
         raise InvalidInput(f"pipeline: no pipeline of graph '{graph.name}' on cluster '{cluster.name}' could be "
                            f"judged within the budget ({budget.limit:.0f} evaluations); raise -p evaluations or "
                            f"fix the plan with -p stages= microbatches=")
-    best = out.best
     if budget.clock_cut:
         warn(f"pipeline: the wall clock ({time_limit:g} s) cut the search, so another run may differ; raise "
              f"--time-limit or lower -p evaluations for a repeatable result")
+    return _answer(graph, cluster, out, budget, seed)
+
+
+def _stopped(graph: Graph, cluster: Cluster, search, seed: int) -> Placement | None:
+    """The best plan simulated so far, when the registry's cap stopped the search (None: none yet)."""
+    if search.best is None:
+        return None
+    search.budget.clock_cut = True
+    return _answer(graph, cluster, search.outcome(), search.budget, seed)
+
+
+def _answer(graph: Graph, cluster: Cluster, out, budget, seed: int) -> Placement:
+    """The placement of the search's best plan, with its estimate."""
+    best = out.best
     est = estimate_of(out, cluster, budget)
     est.update({"makespan_s": best.score.makespan, "makespan_by": "simulator", "status": fits_text(best.score),
                 "judge": "simulator"})

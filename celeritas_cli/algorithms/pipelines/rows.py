@@ -22,14 +22,9 @@ from ...model.cluster import Cluster
 from ...model.costs import CostModel
 from ...model.placement import Placement
 from ...optimize.evaluator import Evaluator
-from ...registry import Param
 from ...sim.describe import pipeline_words
 from ...pipelining.builder import derive_pipeline, layout, placement_of, plan_estimate, plan_shape
 from ...pipelining.schedules import Schedule
-from ...transform.batch import BATCH_MAX
-
-ASSUME_BATCH = Param(int, 0, "the batch the graph's costs hold for, when it declares none (meta.batch_size); "
-                             "0 = the graph's own", min=0, max=BATCH_MAX)
 
 
 def replica_microbatches(n_microbatches: int, batch: int, R: int) -> int:

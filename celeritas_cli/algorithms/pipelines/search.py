@@ -44,6 +44,7 @@ from ...errors import InvalidInput, PlacerError
 from ...model.cluster import Cluster
 from ...model.costs import CostModel
 from ...model.graph import Graph
+from ...model.params import DEFAULT_BUCKET_MB  # single-stage (data-parallel) shapes' buckets, besides one ring each
 from ...optimize.evaluator import Budget, Evaluator, Score
 from ...pipelining.builder import Derived, derive_pipeline, layout
 from ...pipelining.cuts import stages_from_cuts
@@ -60,8 +61,6 @@ BUILD_COST = 3.0
 CHUNKS = (2, 4, 8)
 #: forward orders tried
 ORDERS = ("cpd", "alap")
-#: gradient buckets of single-stage (data-parallel) shapes besides one ring per gradient: PyTorch DDP's default
-DDP_BUCKET_MB = 25.0
 #: derived graphs kept for reuse (plans of one m and replication share one)
 KEEP_DERIVED = 3
 #: the model's phase (node times at every micro-batch size, every shape cut) costs about this many simulations
@@ -71,6 +70,12 @@ MODEL_COST = 20.0
 BEAT_MARGIN = 0.05
 #: share of the budget the first simulations may take; the rest is for moving boundaries
 JUDGE_SHARE = 0.6
+#: share of ``time_limit`` the default budget is sized for: the search's evaluations (derived graphs built and
+#: simulated, the model's phase) run at 0.2-0.75 of auto's rate (layered_300 on moirai-intra-server: 4-5.4 ms of
+#: CPU per evaluation on the shared 2-core machine at load 3.5, 9 ms at load 9), and a default run must end before
+#: the default limit with room for a loaded machine, or the clock cuts it and the output differs run to run
+#: (issue 33, D11: 1,291 evaluations took 9.6-10 s there at load 3.5)
+FIT_SHARE = 0.25
 
 
 @dataclass
@@ -176,7 +181,7 @@ def shapes(seq: LayerSequence, cluster: Cluster, batch: int, fixed: Fixed,
                         skip(refusal or f"{p * v} stages need at least as many forward layers; graph has {seq.n}")
                         continue
                     for shares in share_sets:
-                        for bucket in ((DDP_BUCKET_MB, 0.0) if p == 1 and R > 1 else (0.0,)):
+                        for bucket in ((DEFAULT_BUCKET_MB, 0.0) if p == 1 and R > 1 else (0.0,)):
                             out.append(Shape(tuple(groups) * v, m, schedule, fixed.recompute, shares, bucket))
     return out
 
@@ -195,6 +200,13 @@ class PipelineSearch:
         self.tried: list[dict] = []
         self.why: list[tuple[int, str]] = []  # why shapes were left out (:func:`shapes`)
         self.shape_count = 0
+        self.best: Trial | None = None  # the best simulated plan so far (the registry's answer at the cap)
+        self.moved = 0
+        self.shapes = 0
+
+    def outcome(self) -> Outcome:
+        """The search's state as its answer (also when the cap stops it)."""
+        return Outcome(self.best, self.tried, self.moved, self.shapes)
 
     # ------------------------------------------------------------- model
     def ranked(self) -> list[tuple[Plan, LayerSequence]]:
@@ -235,7 +247,7 @@ class PipelineSearch:
             self._derived[key] = self._derived.pop(key)  # most recently used last
         else:
             guess = self._weight_guess(shape)
-            first = not self.tried  # the first plan is built and judged whatever the clock says (an answer)
+            first = not self.tried  # the first plan is built whatever its clock says (the registry's cap holds)
             if self.budget.over_count(guess * (1 + BUILD_COST)) or \
                     (not first and not self.budget.affordable(BUILD_COST * guess)):
                 return None
@@ -300,8 +312,10 @@ class PipelineSearch:
                                 return best, count
                             continue
                         count += 1
+                        self.moved = count
                         if trial.score.better(best.score):
-                            best, improved = trial, True
+                            best = self.best = trial
+                            improved = True
                             break
                     if improved:
                         break
@@ -330,6 +344,7 @@ class PipelineSearch:
         ranked = self.ranked()
         if not ranked:
             raise InvalidInput(self.nothing_to_judge())
+        self.shapes = len(ranked)
         if self.beat_s > 0:
             fits = [plan.time_s for plan, _ in ranked if plan.fits]
             if not fits or min(fits) > self.beat_s * (1 + BEAT_MARGIN):
@@ -345,11 +360,10 @@ class PipelineSearch:
                 continue
             trial = self.judge(plan, seq)
             if trial is not None and (best is None or trial.score.better(best.score)):
-                best = trial
-        moves = 0
+                best = self.best = trial
         if best is not None:
-            best, moves = self.moves(best)
-        return Outcome(best, self.tried, moves, len(ranked))
+            self.best, self.moved = self.moves(best)
+        return self.outcome()
 
 
 def shape_fields(shape: Shape, cluster: Cluster, rc: list[bool] | None = None) -> dict:
@@ -418,9 +432,13 @@ def estimate_of(out: Outcome, cluster: Cluster, budget: Budget) -> dict:
 
 
 def default_budget(graph: Graph, time_limit: float, evaluations: int, deadline: float | None) -> Budget:
+    """*evaluations*, or (0) what fits :data:`FIT_SHARE` of *time_limit*
+    (:func:`~celeritas_cli.optimize.search.default_evaluations`), so the
+    default run is not cut by the clock and its output is repeatable."""
     from ...optimize.search import DEFAULT_TIME_LIMIT, default_evaluations
 
-    limit = evaluations if evaluations > 0 else default_evaluations(graph, time_limit or DEFAULT_TIME_LIMIT)
+    limit = evaluations if evaluations > 0 else \
+        default_evaluations(graph, FIT_SHARE * (time_limit or DEFAULT_TIME_LIMIT))
     return Budget(limit, deadline)
 
 

@@ -89,9 +89,9 @@ from ...model.cluster import Cluster
 from ...model.congestion import DEFAULT_CONGESTION
 from ...model.costs import CostModel, cost_model, downward_rank, upward_rank
 from ...model.graph import Graph
-from ...model.limits import COUNT_MAX, TIME_MAX
+from ...model.limits import COUNT_MAX
 from ...model.placement import Placement
-from ...registry import Param, congestion_param, register
+from ...registry import ASSUME_BATCH, Param, congestion_param, overhead_param, register
 from ...transform.admit import split_refusal
 from ...transform.derivation import attach, split_step
 from ...transform.recipe_check import MAX_STEPS
@@ -101,7 +101,6 @@ from ...transform.splitting import split_operation
 from ...scheduling.timeline import Timeline
 from ...sim.links import InputArrivals
 from ...sim.simulator import makespan_of
-from ..sharding.data_parallel import ASSUME_BATCH
 
 DEFAULT_EPS = 1.0e-9
 
@@ -349,8 +348,7 @@ def _split_critical(graph: Graph, cluster: Cluster, costs: CostModel, parts: int
                                        check=lambda v: "must be 0 or >= 2" if v == 1 else None),
                   "max_splits": Param(int, 8, "split at most this many operators (0 = all critical ones)", min=0,
                                        max=COUNT_MAX),
-                  "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)", min=0,
-                                      max=TIME_MAX),
+                  "overhead_s": overhead_param("extra time of each sub-operation (s)"),
                   "assume_batch": ASSUME_BATCH},
           quick_params={})
 def fd_dps(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, eps: float = DEFAULT_EPS,

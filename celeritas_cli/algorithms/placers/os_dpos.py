@@ -32,9 +32,9 @@ from ...model.congestion import DEFAULT_CONGESTION
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...errors import InvalidInput
-from ...model.limits import COUNT_MAX, TIME_MAX
+from ...model.limits import COUNT_MAX
 from ...model.placement import Placement
-from ...registry import Param, congestion_param, register
+from ...registry import ASSUME_BATCH, Param, congestion_param, overhead_param, register
 from ...transform.admit import dp_batch, dp_refusal, split_refusal
 from ...transform.derivation import attach, data_parallel_step, split_step
 from ...transform.recipe_check import MAX_STEPS
@@ -42,7 +42,7 @@ from ...transform.replicate import data_parallel_graph
 from ...transform.split_cost import DEFAULT_OVERHEAD_S, splittable_dims
 from ...transform.splitting import split_operation
 from ...sim.simulator import critical_path, run_schedule
-from ..sharding.data_parallel import ASSUME_BATCH, replica_devices
+from ..sharding.data_parallel import replica_devices
 from .dpos import dpos_schedule
 
 STARTS = ("auto", "dag", "data-parallel", "best")
@@ -96,8 +96,7 @@ def start_graph(graph: Graph, cluster: Cluster, start: str, overhead_s: float,
           summary="OS-DPOS: DPOS, then split critical-path operations (batch/channel, n=2..k) "
                   "while the simulated makespan improves.",
           params={"max_ops": Param(int, 8, "critical-path operations tried at most (0 = all)", min=0, max=COUNT_MAX),
-                  "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of each sub-operation (s)", min=0,
-                                      max=TIME_MAX),
+                  "overhead_s": overhead_param("extra time of each sub-operation (s)"),
                   "congestion": congestion_param("congestion rule of DPOS's link model and of the "
                                       "scoring simulation"),
                   "start": Param(str, "auto", "input graph: auto = the data-parallel graph when the model fits one "

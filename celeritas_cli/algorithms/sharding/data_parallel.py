@@ -32,23 +32,17 @@ from ...errors import InvalidInput
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
-from ...model.limits import TIME_MAX
 from ...model.placement import Placement, finite_or_none
-from ...registry import Param, register
+from ...model.params import DEFAULT_BUCKET_MB, DEFAULT_OVERHEAD_S, DEFAULT_SHARES
+from ...registry import ASSUME_BATCH, DEVICES, Param, overhead_param, register, shares_param
 from ...transform.admit import dp_batch
 from ...transform.allreduce import BUCKET_MB_MAX
-from ...transform.batch import BATCH_MAX, balance_samples, whole_samples
+from ...transform.batch import balance_samples, whole_samples
 from ...transform.derivation import attach, data_parallel_step
 from ...transform.replicate import SCALINGS, data_parallel_graph
-from ...transform.split_cost import DEFAULT_OVERHEAD_S, batch_profile, part_times
+from ...transform.split_cost import batch_profile, part_times
 from ...sim.simulator import lower_bound, run_schedule
 
-SHARES = ("equal", "proportional")
-#: the ``assume_batch`` parameter of the algorithms that split the batch (``--assume-batch``)
-ASSUME_BATCH = Param(int, 0, "the batch the graph's costs hold for, when it declares none (meta.batch_size); "
-                     "0 = the graph's own (--assume-batch)", min=0, max=BATCH_MAX)
-#: default ``bucket_mb``: PyTorch DDP's default ``bucket_cap_mb`` (see :func:`data_parallel` for the measurements)
-DEFAULT_BUCKET_MB = 25.0
 
 
 def choose_devices(cluster: Cluster, devices: str | int | None) -> list[int]:
@@ -186,13 +180,12 @@ def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
 @register("data-parallel", paper="FastT (Yi et al., CoNEXT 2020)", section="6.2 (DP baseline, Tables 1-2), 5.2",
           summary="Data parallelism: the model replicated on k devices, each on 1/k of the batch, gradients "
                   "reduced by a ring all-reduce on the links before each optimizer update.",
-          params={"devices": Param(str, "", "replica devices: empty = all, N = the first N, or ids like gpu0,gpu2"),
+          params={"devices": DEVICES,
                   "scaling": Param(str, "strong", "strong: the graph's batch is the global batch (each replica "
                                    "runs 1/k); weak: each replica runs the graph's batch", choices=SCALINGS),
-                  "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of a replica op whose time is "
-                                      "scaled linearly (s)", min=0, max=TIME_MAX),
-                  "shares": Param(str, "equal", "strong scaling: equal batch shares (FastT's DP), or proportional "
-                                  "to each device's speed on the graph (not in the paper)", choices=SHARES),
+                  "overhead_s": overhead_param("extra time of a replica op whose time is scaled linearly (s)"),
+                  "shares": shares_param("strong scaling: equal batch shares (FastT's DP), or proportional to each "
+                                         "device's speed on the graph (not in the paper)"),
                   "bucket_mb": Param(float, DEFAULT_BUCKET_MB, "gradients all-reduced in buckets of this many MiB "
                                      "in the order they become ready (PyTorch DDP's bucket_cap_mb, not in "
                                      "FastT); 0 = one ring all-reduce per gradient", min=0, max=BUCKET_MB_MAX),
@@ -200,7 +193,8 @@ def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
           quick_params={})
 def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
                   devices: str = "", scaling: str = "strong", overhead_s: float = DEFAULT_OVERHEAD_S,
-                  shares: str = "equal", bucket_mb: float = DEFAULT_BUCKET_MB, assume_batch: int = 0) -> Placement:
+                  shares: str = DEFAULT_SHARES, bucket_mb: float = DEFAULT_BUCKET_MB,
+                  assume_batch: int = 0) -> Placement:
     """Data-parallel placement of *graph* (FastT's DP baseline).
 
     Parameters

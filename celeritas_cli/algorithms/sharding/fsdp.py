@@ -29,17 +29,16 @@ from __future__ import annotations
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
-from ...model.limits import TIME_MAX
 from ...model.placement import Placement, finite_or_none
-from ...registry import Param, register
+from ...model.params import DEFAULT_OVERHEAD_S, DEFAULT_SHARES
+from ...registry import ASSUME_BATCH, DEVICES, Param, overhead_param, register, shares_param
 from ...sim.memory import peaks
 from ...sim.mfu import mfu
 from ...sim.simulator import lower_bound, run_schedule
 from ...transform.derivation import attach
 from ...transform.fsdp import check_fsdp, fsdp_graph, fsdp_step
 from ...transform.fsdp_units import UNIT_MB_MAX
-from ...transform.split_cost import DEFAULT_OVERHEAD_S
-from .data_parallel import ASSUME_BATCH, SHARES, choose_devices, replica_devices, speed_samples
+from .data_parallel import choose_devices, replica_devices, speed_samples
 
 
 @register("fsdp", paper="ZeRO (Rajbhandari et al., SC'20); PyTorch FSDP (Zhao et al., VLDB 2023)",
@@ -47,19 +46,18 @@ from .data_parallel import ASSUME_BATCH, SHARES, choose_devices, replica_devices
           summary="Sharded data parallelism: k replicas on shares of the batch, optimizer state (stage 1), "
                   "gradients (2) and parameters (3, FSDP) sharded; ring all-gathers per unit before forward and "
                   "backward, reduce-scatters of gradients, overlapped as FSDP's prefetch does.",
-          params={"devices": Param(str, "", "replica devices: empty = all, N = the first N, or ids like gpu0,gpu2"),
+          params={"devices": DEVICES,
                   "stage": Param(int, 3, "ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters (FSDP "
                                  "FULL_SHARD)", min=1, max=3),
                   "unit_mb": Param(float, 0.0, "FSDP units: 0 = one per module (transformer block or top-level "
                                    "child); else about this many MiB of parameters each", min=0, max=UNIT_MB_MAX),
-                  "overhead_s": Param(float, DEFAULT_OVERHEAD_S, "extra time of an op whose time is scaled "
-                                      "linearly (s)", min=0, max=TIME_MAX),
-                  "shares": Param(str, "equal", "equal batch shares, or whole samples in proportion to each "
-                                  "device's speed on the graph (mixed devices; not in the papers)", choices=SHARES),
+                  "overhead_s": overhead_param("extra time of an op whose time is scaled linearly (s)"),
+                  "shares": shares_param("equal batch shares, or whole samples in proportion to each device's "
+                                         "speed on the graph (mixed devices; not in the papers)"),
                   "assume_batch": ASSUME_BATCH},
           quick_params={})
 def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, devices: str = "",
-         stage: int = 3, unit_mb: float = 0.0, overhead_s: float = DEFAULT_OVERHEAD_S, shares: str = "equal",
+         stage: int = 3, unit_mb: float = 0.0, overhead_s: float = DEFAULT_OVERHEAD_S, shares: str = DEFAULT_SHARES,
          assume_batch: int = 0) -> Placement:
     """Sharded data-parallel placement of *graph* (module docstring).
 

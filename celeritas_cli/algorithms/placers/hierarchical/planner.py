@@ -112,7 +112,9 @@ from ....errors import InvalidInput, MissingDependency, SolverError
 from ....model.cluster import Cluster
 from ....model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from ....model.costs import CostModel, cost_model
+from ....model.clock import keep_best
 from ....model.graph import Graph
+from ....model.params import SOLVER_TIME_LIMIT
 from ....model.placement import Placement
 from ....registry import Param, congestion_param, register, time_limit_param
 from ....sim.simulator import lower_bound
@@ -160,8 +162,8 @@ def _caveat(done: int, samples: int) -> str | None:
                             max=MAX_ITERATIONS),
         "samples_per_iteration": Param(int, 8, "joint placements sampled (and simulated) per update", min=1,
                                        max=4096),
-        "time_limit": time_limit_param(60.0, "wall-clock cap on the whole call (0: the paper's 1000 "
-                                             "iterations)"),
+        "time_limit": time_limit_param(SOLVER_TIME_LIMIT, "wall-clock cap on the whole call (0: the paper's 1000 "
+                                                       "iterations)"),
         "lr": Param(float, 0.05, "Adam learning rate", gt=0, max=10.0),
         "hidden": Param(int, 64, "hidden width of the Grouper and the Placer LSTMs", min=2, max=4096),
         "oom_penalty": Param(float, 2.0, "OOM runtime as a multiple of an upper bound on any makespan",
@@ -179,7 +181,7 @@ def _caveat(done: int, samples: int) -> str | None:
 )
 def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
                  groups: int = 0, iterations: int = 0,
-                 samples_per_iteration: int = 8, time_limit: float = 60.0, lr: float = 0.05, hidden: int = 64,
+                 samples_per_iteration: int = 8, time_limit: float = SOLVER_TIME_LIMIT, lr: float = 0.05, hidden: int = 64,
                  oom_penalty: float = 2.0, oom_mode: str = "mask", congestion: str = DEFAULT_CONGESTION,
                  progress: bool = True, history: list | None = None, deadline: float | None = None) -> Placement:
     """Train the Hierarchical Planner's policy on *graph* and return the best
@@ -284,15 +286,22 @@ def hierarchical(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostMo
         return run.placement(dev_unit, env.makespan(dev_unit) if graph.n else 0.0, env.fits(dev_unit),
                              {"iterations": 0, "samples": 1, "best_iteration": 0, "repeatable": True})
     env.fail_r = oom_runtime(graph, cluster, costs, oom_penalty)
+    found: list[tuple] = []  # the best sample so far: the registry's answer if its time cap stops training
+    keep_best(lambda: _placement(run, found[-1], budget, samples_per_iteration, clock_cut=True) if found else None)
     best = _seeded_training(torch, hm, env, op_features(graph, costs), Training(M, hidden, lr, progress), seed,
-                            budget, history)
+                            budget, history, found.append)
     if budget.clock_cut:
         log.warn(f"hierarchical: the wall clock (--time-limit {time_limit:g} s) cut training to {budget.done} of "
                  f"{budget.iterations} iterations, so this result may differ between runs; raise --time-limit "
                  f"or set -p iterations=N for a repeatable one")
+    return _placement(run, best, budget, samples_per_iteration, budget.clock_cut)
+
+
+def _placement(run: "_Run", best: tuple, budget, samples_per_iteration: int, clock_cut: bool) -> Placement:
+    """The placement of the best sample ``((oom, makespan, iteration, sample), unit->device)``."""
     (oom, ms, it, _), dev_unit = best
     extra = {"iterations": budget.done, "samples": budget.n_samples, "best_iteration": it,
-             "repeatable": not budget.clock_cut}
+             "repeatable": not clock_cut}
     caveat = _caveat(budget.done, samples_per_iteration)
     if caveat:
         extra["caveat"] = caveat
@@ -344,7 +353,7 @@ def _budget(graph: Graph, k: int, M: int, iterations: int, samples: int, time_li
 
 
 def _seeded_training(torch, hm, env: RewardEnv, feats: dict, training: Training, seed: int,
-                     budget: TrainingBudget, history: list | None):
+                     budget: TrainingBudget, history: list | None, on_best=None):
     """:func:`~.training.train` on one CPU thread, parameters seeded inside
     a forked RNG (the caller's state untouched), sampling from a private
     generator; the thread count is restored afterwards."""
@@ -354,7 +363,7 @@ def _seeded_training(torch, hm, env: RewardEnv, feats: dict, training: Training,
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             gen = torch.Generator().manual_seed(seed)
-            return train(torch, hm, env, feats, training, gen, budget, history)
+            return train(torch, hm, env, feats, training, gen, budget, history, on_best)
     finally:
         torch.set_num_threads(prev_threads)
 

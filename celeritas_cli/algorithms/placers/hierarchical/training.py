@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from .... import log
 from .budget import TrainingBudget
@@ -132,8 +133,9 @@ class Trainer:
     best memory-feasible sample so far (else the fastest OOM one)."""
 
     def __init__(self, torch, policy: Policy, env: RewardEnv, training: Training, budget: TrainingBudget,
-                 history: list | None = None):
+                 history: list | None = None, on_best: Callable[[tuple], None] | None = None):
         self.torch, self.policy, self.env, self.budget, self.history = torch, policy, env, budget, history
+        self.on_best = on_best or (lambda best: None)
         self.params = policy.parameters()
         self.opt = torch.optim.Adam(self.params, lr=training.lr)
         self.T_ref = math.fsum(env.costs.mean_time) or 1.0
@@ -143,6 +145,7 @@ class Trainer:
     def consider(self, key: tuple, dev_unit: list[int]) -> None:
         if self.best is None or key < self.best[0]:
             self.best = (key, list(dev_unit))
+            self.on_best(self.best)
 
     def evaluate(self, it: int, samples: list[list[int]]) -> tuple[list[float], int, float]:
         """Simulate every sample, keep the best, return the rewards
@@ -222,9 +225,10 @@ class Trainer:
 
 
 def train(torch, hm, env: RewardEnv, feats: dict, training: Training, gen, budget: TrainingBudget,
-          history: list | None = None) -> tuple:
+          history: list | None = None, on_best: Callable[[tuple], None] | None = None) -> tuple:
     """Build the policy and train it (the caller seeds torch's RNG and
     *gen*); returns ``best = ((oom, makespan, iteration, sample),
-    unit->device list)`` and fills *budget*'s counters."""
+    unit->device list)`` and fills *budget*'s counters; *on_best* hears
+    each new best as it is found."""
     policy = Policy(torch, hm, env, feats, training, gen)
-    return Trainer(torch, policy, env, training, budget, history).run(training.progress)
+    return Trainer(torch, policy, env, training, budget, history, on_best).run(training.progress)

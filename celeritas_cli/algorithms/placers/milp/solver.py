@@ -23,6 +23,7 @@ from ....model.congestion import CONGESTION_RULES, DEFAULT_CONGESTION
 from ....model.costs import CostModel, cost_model
 from ....model.graph import Graph
 from ....model.limits import WAIT_MAX
+from ....model.params import SOLVER_TIME_LIMIT
 from ....model.placement import Placement
 from ....sim.judge import original_makespan
 from ....sim.simulator import lower_bound
@@ -30,7 +31,9 @@ from .data import choose_resolution, cp_module, model_size, stderr_console
 from .hints import heuristic_hint, hint_names, hinted_model
 from .result import Call, WarmStart, give_up, solver_placement
 
-DEFAULT_TIME_LIMIT = 60.0  # seconds; with time_limit 0 (no wall clock) the counted budgets are this one's
+#: the MILP's time limit (s; the long solvers' default); with time_limit 0 (no wall clock) the counted budgets are
+#: this one's
+DEFAULT_TIME_LIMIT = SOLVER_TIME_LIMIT
 TOO_LARGE = 5000      # nodes: above this the model is not built (return the hint)
 LARGE = 1000          # nodes: above this warn that a proof is unlikely
 HINT_SHARE = 0.5
@@ -226,7 +229,7 @@ def _outcome(cp_model, call: Call, model, mv, solver, status, search_est: dict) 
                             {**call.base_est, **search_est})
 
 
-def solve(graph: Graph, cluster: Cluster, *, time_limit: float = 60.0, workers: int = 8, seed: int = 0,
+def solve(graph: Graph, cluster: Cluster, *, time_limit: float = DEFAULT_TIME_LIMIT, workers: int = 8, seed: int = 0,
           resolution: float = 0.0, congestion: str = DEFAULT_CONGESTION, hint: str = "auto",
           quiet: bool = False, deterministic: bool = True, det_time: float = 0.0,
           costs: CostModel | None = None, deadline: float | None = None) -> Placement:
