@@ -36,8 +36,9 @@ DEFAULT_ALGO = "auto"
 
 
 def _list_algorithms() -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from ..log import console
 
     table = Table(title="placement algorithms (placer place --algo NAME)")
     for col in ("name", "paper", "section", "what it does", "parameters"):
@@ -47,7 +48,7 @@ def _list_algorithms() -> None:
                            for k, p in e.params.items()) or "-"
         summary = e.summary + (f" [needs extra: {e.extra}]" if e.extra else "")
         table.add_row(e.name, e.paper, e.section, summary, params)
-    Console(width=160).print(table)
+    console(width=160).print(table)
 
 
 @click.command(context_settings={"max_content_width": 100})
