@@ -36,17 +36,39 @@ def _stderr_is_terminal() -> bool:
         return False
 
 
+def console(*, stderr: bool = False, width: int | None = None, **kw):
+    """The rich console every table and line for people goes through.
+
+    Markup is off: a string is printed as it reads, so a graph name, device
+    id or file name such as ``"g[/x]"`` is text, never a rich tag (rich would
+    raise ``MarkupError`` on it, or swallow ``"[b]"`` as a style).  Styles
+    are given explicitly (``style=``, :class:`rich.text.Text`).  Highlighting
+    is off too (no colouring of numbers in names).  *kw* goes to
+    :class:`rich.console.Console` (``file=``, ``soft_wrap=`` ...).
+
+    Example
+    -------
+    >>> import io
+    >>> buf = io.StringIO()
+    >>> console(file=buf, width=40).print("graph g[/x] on [b]c0")
+    >>> buf.getvalue()
+    'graph g[/x] on [b]c0\\n'
+    """
+    from rich.console import Console
+
+    return Console(stderr=stderr, width=width, markup=False, highlight=False, **kw)
+
+
 def stderr_console():
-    """A rich console on stderr (progress bars, tables for people).
+    """A rich console on stderr (progress bars, tables for people), markup
+    off like every console of :func:`console`.
 
     On a terminal rich fits the terminal's width; otherwise (a log file, a
     pipe, CI) lines are never hard-wrapped, so ``grep`` finds whole messages.
     """
-    from rich.console import Console
-
     if _stderr_is_terminal():
-        return Console(stderr=True, highlight=False)
-    return Console(stderr=True, highlight=False, soft_wrap=True, width=200)
+        return console(stderr=True)
+    return console(stderr=True, soft_wrap=True, width=200)
 
 
 def chatty() -> bool:
@@ -119,7 +141,7 @@ class Progress:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as RichProgress
 
-        self._bar = RichProgress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+        self._bar = RichProgress(TextColumn("{task.description}", style="progress.description", markup=False), BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(), console=stderr_console(),
                                  auto_refresh=False, transient=False)
         self._bar.start()

@@ -26,6 +26,7 @@ the algorithm function, never at module import.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import inspect
 import pkgutil
@@ -367,27 +368,120 @@ def _load_one(name: str) -> None:
 #: algorithm names whose module is not the name with '-' -> '_'
 _MODULE_OF = {"random": "random_placement"}
 
+#: The names users know for what a registered algorithm does: alias -> (algorithm, the parameters the
+#: alias fixes).  PyTorch's DistributedDataParallel is ``data-parallel``; DeepSpeed's ZeRO stages 1-3
+#: (Rajbhandari et al. 2020, section 5) are ``fsdp`` with ``stage`` 1-3 (PyTorch FSDP is stage 3).
+#: Pipeline schedules (1F1B, interleaved) are not algorithms but ``-p schedule=`` of ``pipeline``.
+ALIASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "ddp": ("data-parallel", {}),
+    "zero": ("fsdp", {"stage": 3}),
+    "zero1": ("fsdp", {"stage": 1}),
+    "zero2": ("fsdp", {"stage": 2}),
+    "zero3": ("fsdp", {"stage": 3}),
+}
 
-def get(name: str) -> Entry:
-    """The :class:`Entry` of placement algorithm *name*, importing only its
-    module when that registers it (``placer place --algo heft`` does not
-    import torch or OR-Tools).
+
+def _key(name: str) -> str:
+    """How names compare: case, ``-``, ``_`` and spaces ignored (``ZeRO-3``, ``data_parallel``)."""
+    return "".join(ch for ch in name.lower() if ch not in "-_ ")
+
+
+def _canonical(name: str) -> tuple[str, dict[str, Any]] | None:
+    """The registered name *name* is, or an alias names, with the parameters
+    the alias fixes; None for an unknown name."""
+    _load_one(name)
+    if name not in _ALGORITHMS:
+        _load(_ALGORITHMS_PKG)
+    if name in _ALGORITHMS:
+        return name, {}
+    by_key = {_key(n): (n, {}) for n in _ALGORITHMS} | {_key(a): v for a, v in ALIASES.items()}
+    return by_key.get(_key(name))
+
+
+def _spelled(alias: str) -> str:
+    """``zero2`` -> ``fsdp -p stage=2``."""
+    name, fixed = ALIASES[alias]
+    return name + "".join(f" -p {k}={v}" for k, v in fixed.items())
+
+
+def alias_text() -> str:
+    """The aliases in words, for ``placer place --help``.
+
+    >>> alias_text()
+    'ddp = data-parallel; zero = fsdp -p stage=3; zero1 = fsdp -p stage=1; zero2 = fsdp -p stage=2; zero3 = fsdp -p stage=3'
+    """
+    return "; ".join(f"{a} = {_spelled(a)}" for a in ALIASES)
+
+
+def resolve(name: str, params: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    """The registered name *name* stands for and the parameters with what an
+    alias fixes (:data:`ALIASES`): ``("fsdp", {"stage": 3, ...})`` for
+    ``zero3``.  A registered name spelled in another case or with ``_`` for
+    ``-`` is that name.  *params* may repeat what the alias fixes, not
+    contradict it.
 
     Raises
     ------
     InvalidInput
-        An unknown name (the message lists the known ones).
+        An unknown name (:func:`get`'s message), or a parameter that
+        contradicts the alias.
+
+    >>> resolve("zero2", {"unit_mb": "8"})
+    ('fsdp', {'stage': 2, 'unit_mb': '8'})
+    >>> resolve("DDP"), resolve("Data_Parallel")
+    (('data-parallel', {}), ('data-parallel', {}))
+    """
+    params = dict(params or {})
+    found = _canonical(name)
+    if found is None:
+        get(name)  # raises the one message of an unknown name
+    canonical, fixed = found
+    for k, v in fixed.items():
+        if k in params and str(params[k]) != str(v):
+            raise InvalidInput(f"'{name}' is {canonical} with {k}={v}, but {k}={params[k]} was given; use "
+                               f"--algo {canonical} -p {k}={params[k]}")
+    return canonical, {**fixed, **params}
+
+
+def did_you_mean(name: str) -> str:
+    """``"; did you mean 'fsdp'?"`` when *name* is close to registered names
+    or aliases (:func:`difflib.get_close_matches`, at most three), else ``""``.
+
+    >>> did_you_mean("fsdb"), did_you_mean("hef"), did_you_mean("qqqqq")
+    ("; did you mean 'fsdp'?", "; did you mean 'heft'?", '')
+    >>> did_you_mean("zero4")
+    "; did you mean 'zero' (fsdp -p stage=3), 'zero3' (fsdp -p stage=3) or 'zero2' (fsdp -p stage=2)?"
+    """
+    _load(_ALGORITHMS_PKG)
+    close = difflib.get_close_matches(name.lower(), sorted(set(_ALGORITHMS) | set(ALIASES)), n=3, cutoff=0.6)
+    shown = [f"'{c}'" if c in _ALGORITHMS else f"'{c}' ({_spelled(c)})" for c in close]
+    if not shown:
+        return ""
+    return "; did you mean " + (shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " or " + shown[-1]) + "?"
+
+
+def get(name: str) -> Entry:
+    """The :class:`Entry` of placement algorithm *name* (or of the one an
+    alias names, :func:`resolve`), importing only its module when that
+    registers it (``placer place --algo heft`` does not import torch or
+    OR-Tools).
+
+    Raises
+    ------
+    InvalidInput
+        An unknown name (the message offers the closest known names and
+        lists the rest).
 
     >>> get("heft").paper
     'Topcuoglu et al., IEEE TPDS 2002'
+    >>> get("zero3").name
+    'fsdp'
     """
-    _load_one(name)
-    if name not in _ALGORITHMS:
-        _load(_ALGORITHMS_PKG)
-    try:
-        return _ALGORITHMS[name]
-    except KeyError:
-        raise InvalidInput(f"unknown algorithm '{name}' (known: {', '.join(sorted(_ALGORITHMS))})") from None
+    found = _canonical(name)
+    if found is None:
+        raise InvalidInput(f"unknown algorithm '{name}'{did_you_mean(name)} (known: {', '.join(sorted(_ALGORITHMS))}; "
+                           f"aliases: {', '.join(ALIASES)})")
+    return _ALGORITHMS[found[0]]
 
 
 def entries() -> list[Entry]:
@@ -448,8 +542,9 @@ def place(graph, cluster, algo: str, *, seed: int = 0, params: dict[str, Any] | 
     >>> sorted(set(p.assignment.values()))
     ['gpu0']
     """
+    algo, params = resolve(algo, params)
     entry = get(algo)
-    kwargs = entry.coerce(params or {})
+    kwargs = entry.coerce(params)
     t0 = time.perf_counter()
     start = t0 if started is None else started
     limit = kwargs.get("time_limit") or 0.0

@@ -46,10 +46,10 @@ def calibrate(reports, graph_path, cluster_path, cluster_out, clock, output):
     from ..run.resimulate import BAND, resimulate, summary
 
     console = stderr_console()
-    graph_doc = read_json(graph_path)
+    graph_doc = read_json(graph_path, "placer.graph/v1")
     cluster = get_cluster(cluster_path)
     labels = [label_of(r) for r in reports]
-    docs = [read_json(r) for r in reports]
+    docs = [read_json(r, "placer.run/v1") for r in reports]
     cal = fit(graph_doc, cluster.to_dict(), docs, labels=labels, clock=clock)
     s = cal.summary
     e = s["node_error"]

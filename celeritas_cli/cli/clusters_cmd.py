@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..log import console as text_console
 from ..model.io import DEFAULT_CLUSTER, bundled_cluster, bundled_cluster_names
 from .common import emit
 
@@ -28,7 +29,6 @@ def _us(x: float) -> str:
 
 
 def _list_table() -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="bundled clusters (--cluster NAME; placer clusters NAME for details)")
@@ -40,17 +40,17 @@ def _list_table() -> None:
         default = " (default)" if name == DEFAULT_CLUSTER else ""
         table.add_row(name + default, devices, _gib(s["memory_bytes"]), _range(s["bandwidth_Bps"], _gbs),
                       s["description"])
-    Console(width=160).print(table)
+    text_console(width=160).print(table)
 
 
 def _describe(name: str) -> None:
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     c = bundled_cluster(name)
     s = c.summary()
-    console = Console(width=120)
-    console.print(f"[bold]{name}[/]: {s['description']}", soft_wrap=True)
+    console = text_console(width=120)
+    console.print(Text.assemble((name, "bold"), f": {s['description']}"), soft_wrap=True)
     t = Table(title="devices")
     for col in ("id", "type", "memory", "speed"):
         t.add_column(col, justify="left" if col in ("id", "type") else "right")
@@ -74,7 +74,7 @@ def _describe(name: str) -> None:
         if key == "description":
             continue
         for line in value if isinstance(value, list) else [value]:
-            console.print(f"[bold]{key}[/]: {line}", highlight=False, soft_wrap=True)
+            console.print(Text.assemble((key, "bold"), f": {line}"), soft_wrap=True)
 
 
 class _ClusterName(click.ParamType):

@@ -16,6 +16,7 @@ from ..compare import (
 )
 from ..compare.formats import CSV_DIGITS
 from ..compare.inputs import ALGORITHM_GROUPS, expand_algorithms
+from ..errors import InvalidInput
 from ..log import quiet as quiet_output
 from ..log import warn
 from ..model.io import load_cluster
@@ -48,8 +49,15 @@ def _names(text: str, hint: str) -> list[str]:
     chosen = expand_algorithms(a.strip() for a in text.split(",") if a.strip())
     bad = [a for a in chosen if a not in known]
     if bad:
-        raise click.BadParameter(f"unknown algorithm '{bad[0]}' (known: {', '.join(known)}; groups: "
-                                 f"{', '.join(ALGORITHM_GROUPS)})", param_hint=hint)
+        try:  # a name placer place takes (an alias, another spelling): say which registered one it is
+            name, fixed = registry.resolve(bad[0])
+        except InvalidInput:
+            raise click.BadParameter(f"unknown algorithm '{bad[0]}'{registry.did_you_mean(bad[0])} (known: "
+                                     f"{', '.join(known)}; groups: {', '.join(ALGORITHM_GROUPS)})",
+                                     param_hint=hint) from None
+        per = "".join(f" -p {name}:{k}={v}" for k, v in fixed.items())
+        raise click.BadParameter(f"'{bad[0]}' is {name}{''.join(f' with {k}={v}' for k, v in fixed.items())}; "
+                                 f"compare takes registered names: {hint} {name}{per}", param_hint=hint)
     return chosen
 
 

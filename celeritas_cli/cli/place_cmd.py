@@ -39,24 +39,30 @@ DEFAULT_ALGO = "auto"
 
 
 def _list_algorithms() -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from ..log import console
 
     table = Table(title="placement algorithms (placer place --algo NAME)")
     for col in ("name", "paper", "section", "what it does", "parameters"):
         table.add_column(col, overflow="fold")
+    aliases: dict[str, list[str]] = {}
+    for alias, (name, _) in registry.ALIASES.items():
+        aliases.setdefault(name, []).append(alias)
     for e in registry.entries():
         params = ", ".join(f"{k}={p.default!r}" + (f" ({p.range_text()})" if p.range_text() else "")
                            for k, p in e.params.items()) or "-"
         summary = e.summary + (f" [needs extra: {e.extra}]" if e.extra else "")
-        table.add_row(e.name, e.paper, e.section, summary, params)
-    Console(width=160).print(table)
+        table.add_row(e.name + (f" (also {', '.join(aliases[e.name])})" if e.name in aliases else ""), e.paper,
+                      e.section, summary, params)
+    console(width=160).print(table)
 
 
 @click.command(context_settings={"max_content_width": 100})
 @click.argument("graph_path", metavar="[GRAPH|-]", required=False)
 @click.option("--algo", "-a", metavar="NAME", default=DEFAULT_ALGO, show_default=True,
-              help="Placement algorithm (see --list); the default, auto, is placer's own optimizer.")
+              help="Placement algorithm (see --list); the default, auto, is placer's own optimizer. Aliases: "
+                   f"{registry.alias_text()}; a near miss is answered with the closest names.")
 @cluster_option
 @click.option("-p", "--param", "params", multiple=True, metavar="KEY=VALUE",
               help="Algorithm parameter, repeatable (see --list for each algorithm's).")
@@ -112,18 +118,17 @@ def place(graph_path, algo, cluster_path, params, seed, time_limit, congestion, 
     if list_algos:
         _list_algorithms()
         return
-    try:
-        registry.get(algo)  # imports only that algorithm's module when it exists
-    except InvalidInput:
-        raise click.BadParameter(f"unknown algorithm '{algo}' (one of: {', '.join(registry.names())})",
-                                 param_hint="--algo") from None
+    try:  # imports only that algorithm's module when it exists; an alias names one and fixes parameters
+        algo, given_params = registry.resolve(algo, parse_params(params))
+    except InvalidInput as exc:
+        raise click.BadParameter(str(exc), param_hint="--algo") from None
     if graph_path is None:
         if stdin_is_tty():
             raise click.UsageError("no GRAPH given and stdin is a terminal (use a file or pipe one in, e.g. "
                                    "`placer place g.json` or `placer coarsen g.json | placer place --algo adjusting`)")
         graph_path = "-"
     entry = registry.get(algo)
-    raw, left_out = registry.with_flags(entry, parse_params(params), time_limit=time_limit, congestion=congestion,
+    raw, left_out = registry.with_flags(entry, given_params, time_limit=time_limit, congestion=congestion,
                                         assume_batch=assume_batch)
     for line in left_out:
         warn(f"placer: {line}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..log import console as text_console
 from ..model.io import load_graph, load_placement
 from ..sim.describe import describe_placement
 from ..sim.memory import RULES as MEMORY_RULES
@@ -15,25 +16,26 @@ from .common import congestion_option, emit, finish, max_derived_option, output_
 def render_report(report: dict, plan: str | None = None) -> None:
     """The report as a table on stdout; *plan* the placement's plan in words
     (:func:`celeritas_cli.sim.describe.describe_placement`)."""
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console(width=120)
+    console = text_console(width=120)
     lb = report["lower_bound_s"]
     ratio = report["makespan_over_lb"]
-    console.print(f"[bold]{report['graph']}[/] on [bold]{report['cluster']}[/] by {report['algorithm']} "
-                  f"(congestion: {report['congestion']}, memory rule: {report['memory_rule']})")
+    console.print(Text.assemble((str(report["graph"]), "bold"), " on ", (str(report["cluster"]), "bold"),
+                                f" by {report['algorithm']} (congestion: {report['congestion']}, memory rule: "
+                                f"{report['memory_rule']})"))
     if report.get("memory_rule_note"):
-        console.print(f"note: {report['memory_rule_note']}", markup=False)
+        console.print(f"note: {report['memory_rule_note']}")
     if plan:
-        console.print(f"plan: {plan}", markup=False)
+        console.print(f"plan: {plan}")
     console.print(f"makespan {report['makespan_s']:.6g} s   lower bound {lb:.6g} s   "
                   f"makespan/LB {ratio:.3f}   status {report['status']}" if ratio is not None else
                   f"makespan {report['makespan_s']:.6g} s   status {report['status']}")
     tight = report.get("tight_lower_bound_from")
     if tight and tight != "path_and_work" and report.get("makespan_over_tight_lb") is not None:
         console.print(f"tighter lower bound {report['tight_lower_bound_s']:.6g} s ({tight})   "
-                      f"makespan/LB {report['makespan_over_tight_lb']:.3f}", markup=False)
+                      f"makespan/LB {report['makespan_over_tight_lb']:.3f}")
     t = Table(title=f"devices (memory: peak under the {report['memory_rule']} rule)")
     for col in ("device", "type", "nodes", "busy s", "util", "idle s", "peak GiB", "at s", "static GiB",
                 "cap GiB", "OOM"):
@@ -42,15 +44,15 @@ def render_report(report: dict, plan: str | None = None) -> None:
         t.add_row(d["id"], d["type"], str(d["nodes"]), f"{d['busy_s']:.4g}", f"{d['utilisation']:.1%}",
                   f"{d['idle_s']:.4g}", f"{d['memory_bytes'] / 2**30:.2f}", f"{d['peak_at_s']:.4g}",
                   f"{d['static_memory_bytes'] / 2**30:.2f}", f"{d['capacity_bytes'] / 2**30:.2f}",
-                  "[red]OOM[/]" if d["oom"] else "")
+                  Text("OOM", style="red") if d["oom"] else "")
     console.print(t)
     if any("transfer_overhead_s" in d for d in report["devices"]):    # a calibrated host's transfer costs
         console.print("of the busy time, sending and receiving tensors (the hosts' send_s / recv_s): " + ", ".join(
-            f"{d['id']} {d.get('transfer_overhead_s', 0.0):.4g} s" for d in report["devices"]), markup=False)
+            f"{d['id']} {d.get('transfer_overhead_s', 0.0):.4g} s" for d in report["devices"]))
     for d in report["devices"]:
         if d["oom"] and d["peak_live"]:
             live = ", ".join(f"{x['node']} {x['bytes'] / 2**20:.1f} MiB {x['kind']}" for x in d["peak_live"])
-            console.print(f"{d['id']} at its peak holds {live}", markup=False)
+            console.print(f"{d['id']} at its peak holds {live}")
     if report["links"]:
         lt = Table(title="links")
         for col in ("link", "transfers", "MiB", "busy (s)"):

@@ -17,7 +17,7 @@ DEFAULT_CLUSTER = "4xV100-pcie"
 
 def load_graph(path: str | os.PathLike) -> Graph:
     """Read and validate a graph file (``-`` = stdin)."""
-    return Graph.from_dict(read_json(path), label_of(path))
+    return Graph.from_dict(read_json(path, "placer.graph/v1"), label_of(path))
 
 
 def load_cluster(path: str | os.PathLike | None) -> Cluster:
@@ -39,7 +39,7 @@ def load_cluster(path: str | os.PathLike | None) -> Cluster:
             return bundled_cluster(p)
         raise InvalidInput(f"{p}: no such file, and no bundled cluster of that name "
                            f"(bundled: {', '.join(bundled_cluster_names())}; `placer clusters` describes them)")
-    cluster = Cluster.from_dict(read_json(path), label_of(path))
+    cluster = Cluster.from_dict(read_json(path, "placer.cluster/v1"), label_of(path))
     if p != "-":
         cluster.source = p
     return cluster
@@ -72,4 +72,4 @@ def bundled_cluster(name: str) -> Cluster:
 
 def load_placement(path: str | os.PathLike) -> Placement:
     """Read and validate a placement file (``-`` = stdin)."""
-    return Placement.from_dict(read_json(path), label_of(path))
+    return Placement.from_dict(read_json(path, "placer.placement/v1"), label_of(path))

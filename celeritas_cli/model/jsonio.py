@@ -50,6 +50,18 @@ SCHEMAS = {
     "placer.compare/v1": "compare_row.schema.json",
 }
 
+#: What a document of each kind is called and how a user makes one: the hint when a file that
+#: should be one is something else (a torch checkpoint, a Python file, JSON without a schema tag).
+MADE_BY = {
+    "placer.graph/v1": ("placer graph", "make one from a model with `placer profile --model file.py:Factory "
+                                        "-b BATCH -o graph.json` (placer profile --help)"),
+    "placer.cluster/v1": ("placer cluster", "name a bundled one (`placer clusters`) or measure one with "
+                                            "`placer profile --comm-bench --processes N -o cluster.json`"),
+    "placer.placement/v1": ("placer placement", "make one with `placer place GRAPH -o placement.json`"),
+    "placer.run/v1": ("placer run report", "make one with `placer run --graph GRAPH -P PLACEMENT --node-times "
+                                           "-o report.json`"),
+}
+
 #: Deepest nesting accepted in a free-form field (``meta``, ``params``, extra
 #: node fields): ample for real metadata, and shallow enough that a document
 #: embedding it (a coarse graph, a placement's ``split_graph``) stays within
@@ -175,8 +187,23 @@ def read_bytes(path: str | os.PathLike) -> bytes:
         raise InvalidInput(f"{name}: cannot read: {exc.strerror or exc}") from None
 
 
-def loads(data: bytes, label: str) -> Any:
-    """Parse JSON bytes; a syntax error becomes a one-line :class:`InvalidInput`."""
+def loads(data: bytes, label: str, expect: str | None = None) -> Any:
+    """Parse JSON bytes; a syntax error becomes a one-line :class:`InvalidInput`.
+
+    Data that is no JSON at all (:func:`not_json`: a torch checkpoint, a
+    pickle, a Python file) is named as what it is; with *expect*, the schema
+    tag of the document the caller wanted, the message says how to make one
+    (:data:`MADE_BY`).
+
+    Example
+    -------
+    >>> loads(b"PK\\x03\\x04...", "model.pt", "placer.graph/v1")
+    Traceback (most recent call last):
+    ...
+    celeritas_cli.errors.InvalidInput: model.pt: is not a placer graph file (it is a zip archive, as torch.save \
+writes a model or checkpoint); make one from a model with `placer profile --model file.py:Factory -b BATCH -o \
+graph.json` (placer profile --help)
+    """
     if not data.strip():
         raise InvalidInput(f"{label}: empty input, expected a JSON document")
     try:
@@ -185,7 +212,43 @@ def loads(data: bytes, label: str) -> Any:
         where = _non_finite(data)
         if where:
             raise InvalidInput(f"{label}: {where}") from None
-        raise InvalidInput(f"{label}: not valid JSON: {exc}") from None
+        kind = not_json(data)
+        if kind is None:
+            raise InvalidInput(f"{label}: not valid JSON: {exc}") from None
+        if data.startswith(b"\x1f\x8b"):
+            raise InvalidInput(f"{label}: is {kind}") from None
+        if expect in MADE_BY:
+            what, how = MADE_BY[expect]
+            raise InvalidInput(f"{label}: is not a {what} file (it is {kind}); {how}") from None
+        raise InvalidInput(f"{label}: is not a JSON document (it is {kind})") from None
+
+
+def not_json(data: bytes) -> str | None:
+    """What *data* is when it is no JSON document at all (a binary file, or
+    text that does not start like JSON); None when it looks like JSON (a
+    syntax error inside is then worth quoting).
+
+    >>> not_json(b"PK\\x03\\x04"), not_json(b"\\x80\\x02}q"), not_json(b"import torch"), not_json(b'{"a": ')
+    ('a zip archive, as torch.save writes a model or checkpoint', 'a Python pickle (an older torch.save \
+checkpoint)', 'text, not JSON', None)
+    """
+    head = data[:8192]
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive, as torch.save writes a model or checkpoint"
+    if head.startswith(b"\x80") and len(head) > 1 and head[1] <= 5:
+        return "a Python pickle (an older torch.save checkpoint)"
+    if head.startswith(b"\x1f\x8b"):
+        return "gzip-compressed: name it *.gz (placer decompresses those)"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if len(data) == len(head) or exc.start < len(head) - 3:   # not a character cut by the 8 KiB window
+            return "binary data"
+        text = head[:exc.start].decode("utf-8")
+    if "\x00" in text:
+        return "binary data"
+    first = text.lstrip("\ufeff \t\r\n")[:1]
+    return None if first in ("{", "[", "") else "text, not JSON"
 
 
 class _NonFinite:
@@ -248,9 +311,11 @@ def check_depth(obj: Any, label: str, where: str) -> None:
         raise InvalidInput(f"{label}: {where}: nested more than {MAX_DEPTH} levels deep")
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """Read and parse one JSON document from *path* (``-`` = stdin)."""
-    return loads(read_bytes(path), label_of(path))
+def read_json(path: str | os.PathLike, expect: str | None = None) -> Any:
+    """Read and parse one JSON document from *path* (``-`` = stdin); *expect*:
+    the schema tag of the document wanted, for the hint when it is none
+    (:func:`loads`)."""
+    return loads(read_bytes(path), label_of(path), expect)
 
 
 @functools.lru_cache(maxsize=None)
@@ -338,7 +403,9 @@ def validate(doc: Any, schema_tag: str, label: str) -> dict:
     if tag != schema_tag:
         if isinstance(tag, str) and tag in SCHEMAS:  # a list or object tag is unhashable
             raise InvalidInput(f"{label}: is a {tag} document, expected {schema_tag}")
-        raise InvalidInput(f"{label}: field schema is {tag!r}, expected \"{schema_tag}\"")
+        hint = f": not a {MADE_BY[schema_tag][0]} file; {MADE_BY[schema_tag][1]}" if tag is None and \
+            schema_tag in MADE_BY else ""
+        raise InvalidInput(f"{label}: field schema is {tag!r}, expected \"{schema_tag}\"{hint}")
     try:
         _validator(schema_tag)(doc)
     except fastjsonschema.JsonSchemaValueException as exc:

@@ -203,6 +203,43 @@ class Placement:
                    split_graph=doc.get("split_graph"), derivation=doc.get("derivation"))
 
     # ---------------------------------------------------------- resolution
+    def check_graph(self, graph: Graph, label: str = "placement") -> None:
+        """Refuse, first, a placement made for another graph than *graph*:
+        its ``graph`` names another graph and fewer than half of *graph*'s
+        nodes are in its assignment (by id, or as the ``<id>/...`` of a
+        derived node: ``x/rep0``, ``x/mb1``).  Without this the first
+        mismatch found deep in the checks would be reported (a batch size, a
+        node), not the cause.  A renamed or edited graph with the same
+        nodes passes; a coarse graph or a recipe from one is checked by
+        :meth:`resolve` and :func:`~celeritas_cli.transform.derivation.rebuild`.
+
+        Raises
+        ------
+        InvalidInput
+            The placement was made for another graph.
+
+        Example
+        -------
+        >>> from celeritas_cli.model.graph import build
+        >>> g = build("resnet", [{"id": i, "compute_s": 1, "memory_bytes": 0} for i in "abc"], [])
+        >>> Placement("gpt", "c", "heft", {"x/rep0": "gpu0", "y/rep0": "gpu0", "a/rep0": "gpu0"}).check_graph(g, "p")
+        Traceback (most recent call last):
+        ...
+        celeritas_cli.errors.InvalidInput: p: this placement was made for graph 'gpt', not for graph 'resnet' \
+(only 1 of its 3 nodes are in the placement); simulate it with the graph it was made for, or make one for this \
+graph with `placer place GRAPH`
+        """
+        if not self.graph or self.graph in (graph.name, graph.original_name) or graph.is_coarse or \
+                isinstance(self.derivation, dict) and self.derivation.get("base") is not None:
+            return
+        named = set(self.assignment) | {nid.split("/", 1)[0] for nid in self.assignment}
+        seen = sum(1 for nid in graph.ids if nid in named)
+        if 2 * seen < graph.n:
+            raise InvalidInput(f"{label}: this placement was made for graph '{self.graph}', not for graph "
+                               f"'{graph.name}' (only {seen:,} of its {graph.n:,} nodes are in the placement); "
+                               f"simulate it with the graph it was made for, or make one for this graph with "
+                               f"`placer place GRAPH`")
+
     def resolve(self, graph: Graph, cluster: Cluster, label: str = "placement"
                 ) -> tuple[list[int], list[list[int]] | None]:
         """Map this placement onto *graph*'s node indices and *cluster*'s

@@ -104,27 +104,46 @@ class Calibration:
 
 # ------------------------------------------------------------------ reading
 def check_report(doc, label: str, graph: Graph, cluster: Cluster) -> dict:
-    """Validate a ``placer.run/v1`` report with a ``node_times`` section made for *graph* on *cluster*.
+    """Validate a ``placer.run/v1`` report with a ``node_times`` section made for *graph* on *cluster*,
+    once, as it is read: everything the fit uses is then known to be in range and consistent.
+
+    The schema bounds every time to ``0 .. 1e12`` s (a transfer's ``seconds`` above 0: no link is
+    instant) and every byte count to 2^53-1; here the report must agree with itself and with the
+    files: its ``node_times.batch`` is the batch it ran at (``batch_size``, or
+    ``data_parallel.replica_batch``), every node is in the graph, and every device it names (of a
+    node, a transfer, an all-reduce, ``hosts`` and ``step_cpu_s``) is in the cluster.
 
     Raises
     ------
     InvalidInput
-        One line naming *label* and what is wrong (no per-node times, a node the graph lacks, a
-        device the cluster lacks).
+        One line naming *label*, the field and what is wrong.
     """
     nt = doc.get("node_times") if isinstance(doc, dict) else None
     if isinstance(doc, dict) and doc.get("schema") == "placer.run/v1" and not isinstance(nt, dict):
         raise InvalidInput(f"{label}: has no per-node times; run placer run again with --node-times")
     validate(doc, "placer.run/v1", label)
+    dp = doc.get("data_parallel") if isinstance(doc.get("data_parallel"), dict) else None
+    ran_at, field = (dp.get("replica_batch"), "data_parallel.replica_batch") if dp else (doc["batch_size"],
+                                                                                        "batch_size")
+    if nt["batch"] != ran_at:
+        raise InvalidInput(f"{label}: node_times.batch is {nt['batch']} but {field} is {ran_at}: the nodes ran at "
+                           f"the report's batch, so the report is inconsistent; give the report placer run wrote")
     known = set(graph.ids)
+    gone = f"which is not in cluster '{cluster.name}'; give the --cluster the run used"
     for row in nt["nodes"]:
         base = base_id(row["id"], doc)
         if base not in known:
             raise InvalidInput(f"{label}: node '{row['id']}' is not in graph '{graph.name}'; give the --graph the "
                                f"placement was made for")
-        if row.get("device") not in cluster.index:
-            raise InvalidInput(f"{label}: node '{row['id']}' ran on device '{row.get('device')}', which is not in "
-                               f"cluster '{cluster.name}'; give the --cluster the run used")
+        if row["device"] not in cluster.index:
+            raise InvalidInput(f"{label}: node '{row['id']}' ran on device '{row['device']}', {gone}")
+    named = [(f"node_times.transfers[{i}].{end}", t[end]) for i, t in enumerate(nt["transfers"])
+             for end in ("src", "dst")]
+    named += [(f"node_times.allreduce[{i}].device", a["device"]) for i, a in enumerate(nt.get("allreduce") or [])]
+    named += [(f"node_times.{key}", d) for key in ("hosts", "step_cpu_s") for d in nt.get(key) or {}]
+    for where, d in named:
+        if d not in cluster.index:
+            raise InvalidInput(f"{label}: {where} names device '{d}', {gone}")
     return doc
 
 
@@ -155,14 +174,15 @@ def node_samples(report: dict, cluster: Cluster, clock: str = "wall", gap: float
     if gap is not None:
         gaps = {d: gap for d in gaps}
     hosts = nt.get("hosts") or {}
+    host_of = {row["device"]: hosts.get(row["device"]) or row["device"] for row in nt["nodes"]}  # unknown: its own
     active: dict[str, set] = {}
     for row in nt["nodes"]:
-        active.setdefault(hosts.get(row["device"], row["device"]), set()).add(row["device"])
+        active.setdefault(host_of[row["device"]], set()).add(row["device"])
     batch = int(nt.get("batch") or report["batch_size"])
     out = []
     for row in nt["nodes"]:
         t = row.get("cpu_s") if clock == "cpu" and row.get("cpu_s") is not None else row["measured_s"]
-        host = hosts.get(row["device"], row["device"])
+        host = host_of[row["device"]]
         out.append(_Sample(base_id(row["id"], report), cluster.devices[cluster.index[row["device"]]].type, batch,
                            t, len(active[host]) > 1, host, gaps[row["device"]]))
     return out
@@ -236,7 +256,8 @@ def calibrate(graph_doc: dict, cluster_doc: dict, reports: list[dict], *, labels
         raise InvalidInput(f"--clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     if not reports:
         raise InvalidInput("calibrate needs at least one placer run --node-times report")
-    labels = labels or [f"report #{i}" for i in range(len(reports))]
+    labels = list(labels or [])[:len(reports)]
+    labels += [f"report #{i}" for i in range(len(labels), len(reports))]  # every report is checked, named or not
     graph = Graph.from_dict(graph_doc, "graph")
     cluster = Cluster.from_dict(cluster_doc, "cluster")
     for rep, lab in zip(reports, labels):

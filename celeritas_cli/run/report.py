@@ -149,17 +149,21 @@ def build_report(*, step, counts: dict[int, int], placement, label, cluster, sim
 
 def render_table(report: dict, console=None) -> None:
     """Print the report for people (rich tables)."""
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    console = console or Console(width=120)
-    ok = "[green]match[/]" if report["match"] else "[red]MISMATCH[/]"
-    console.print(f"[bold]{report['model']}[/] batch {report['batch_size']}: {report['placement']} "
-                  f"({report['algorithm']}) on {report['cluster']}, backend {report['backend']}"
-                  + (f" ({report['dist_backend']}, {report['processes']} processes)" if report['dist_backend'] else ""))
-    console.print(f"numerics: {ok}  loss {report['loss']:.6g} vs {report['reference_loss']:.6g} unplaced "
-                  f"(|diff| {report['loss_max_abs_diff']:.3g}); {report['params_compared']} parameters, max |diff| "
-                  f"{report['params_max_abs_diff']:.3g}")
+    from ..log import console as text_console
+
+    console = console or text_console(width=120)
+    ok = Text("match", style="green") if report["match"] else Text("MISMATCH", style="red")
+    console.print(Text.assemble((str(report["model"]), "bold"),
+                                f" batch {report['batch_size']}: {report['placement']} ({report['algorithm']}) on "
+                                f"{report['cluster']}, backend {report['backend']}"
+                                + (f" ({report['dist_backend']}, {report['processes']} processes)"
+                                   if report['dist_backend'] else "")))
+    console.print(Text.assemble("numerics: ", ok, f"  loss {report['loss']:.6g} vs {report['reference_loss']:.6g} "
+                                f"unplaced (|diff| {report['loss_max_abs_diff']:.3g}); {report['params_compared']} "
+                                f"parameters, max |diff| {report['params_max_abs_diff']:.3g}"))
     mb = report.get("microbatch")
     if mb:  # a micro-batched / pipelined / hybrid run (run/derived_run.py)
         exact = "exact" if mb["per_microbatch"]["params_max_abs_diff"] == 0 else "not exact"

@@ -11,12 +11,13 @@ conditions under which each holds.
 
 Which bound holds for what
 --------------------------
-A placement made on a *derived* graph (data parallelism, operation splits:
-``Placement.derivation``) runs another graph than the one the user gave: its
-nodes are parts of the original nodes, so the original graph's critical path
-does not bound it (four data-parallel replicas each run a quarter of every
-node).  For such a placement the report's bounds are computed on the derived
-graph that was run, and say so in ``holds_for``; next to them
+A placement made on a *derived* graph (data parallelism, fsdp, micro-batches,
+recomputation, operation splits: ``Placement.derivation``) runs another graph
+than the one the user gave: its nodes are parts of the original nodes, so the
+original graph's critical path does not bound it (four data-parallel replicas
+each run a quarter of every node).  For such a placement the report's bounds
+are computed on the derived graph that was run, and ``holds_for`` names it by
+its recipe's steps (:func:`derived_graph_words`); next to them
 ``work_any_derivation`` (:func:`work_bound` of the graph given) holds for
 every placement of the graph given *and* of every graph placer may derive
 from it, so it compares placements made on different graphs.
@@ -71,21 +72,24 @@ def work_bound(graph: Graph, cluster: Cluster, costs: CostModel | None = None) -
     return work
 
 
-def derivation_label(derivation: dict | None) -> str:
-    """A short description of a recipe's steps, e.g. ``data-parallel x4
-    strong`` or ``3 operation splits``.
+def derived_graph_words(derivation: dict | None, given: Graph) -> str:
+    """The derived graph a recipe makes of *given*, in the plan's words
+    (:func:`celeritas_cli.sim.describe.describe`, the one describer of
+    recipes), for the bounds' ``holds_for``.  Only the recipe: the bounds
+    hold for every placement and schedule of that graph, so a pipeline's
+    stages and schedule (its orders) are not named.
 
-    >>> derivation_label({"steps": [{"transform": "data-parallel", "replicas": 4, "scaling": "strong"},
-    ...                             {"transform": "split", "node": "a", "dim": "batch", "n": 2}]})
-    'data-parallel x4 strong, 1 operation split'
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("mlp", [{"id": "a", "compute_s": 1, "memory_bytes": 0}], [])
+    >>> derived_graph_words({"steps": [{"transform": "microbatch", "m": 8, "global_batch": 64,
+    ...                                 "micro_batches": [8] * 8}]}, g)
+    '8 micro-batches of 8 samples (global batch 64) of mlp, gradients accumulated'
     """
-    steps = (derivation or {}).get("steps") or []
-    parts = [f"data-parallel x{s.get('replicas')} {s.get('scaling', 'strong')}" for s in steps
-             if s.get("transform") == "data-parallel"]
-    splits = sum(1 for s in steps if s.get("transform") == "split")
-    if splits:
-        parts.append(f"{splits} operation split{'s' if splits > 1 else ''}")
-    return ", ".join(parts) or "no steps"
+    from .describe import Context, describe
+
+    base = (derivation or {}).get("base")
+    members = base.get("members") if isinstance(base, dict) else None
+    return describe(derivation, Context(given.name, len(members) if isinstance(members, list) else given.n))
 
 
 def edge_path_weights(graph: Graph, costs: CostModel) -> list[float]:
@@ -209,7 +213,7 @@ def lower_bounds(graph: Graph, cluster: Cluster, costs: CostModel | None = None,
 
     costs = cost_model(graph, cluster, costs)
     derived = given is not None and given is not graph
-    of = f"the derived graph that was run ({derivation_label(derivation)})" if derived else None
+    of = f"the derived graph that was run ({derived_graph_words(derivation, given)})" if derived else None
     out = [{"name": "path_and_work", "value_s": lower_bound(graph, cluster, costs),
             "holds_for": f"every placement of {of}" if derived else "every placement",
             "source": "longest path at fastest devices without communication; total work / devices"}]
@@ -224,7 +228,7 @@ def lower_bounds(graph: Graph, cluster: Cluster, costs: CostModel | None = None,
     if derived:
         out.append({"name": "work_any_derivation", "value_s": work_bound(given, cluster, costs.for_graph(given)),
                     "holds_for": "every placement of the graph given and of every graph placer derives from it "
-                                 "(data parallelism, operation splits)",
+                                 "(data parallelism, fsdp, micro-batches, recomputation, operation splits)",
                     "source": "total work of the graph given / devices: a node part on a fraction f of the batch "
                               "never takes less than f of the node's time, and derivations only add nodes"})
     return out

@@ -472,6 +472,7 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     (4.0, 'static')
     """
     check_rule(memory)
+    placement.check_graph(graph, label)
     given = graph  # bounds of a derived placement say which graph they hold for (sim/bounds.py)
     if placement.split_graph is not None or placement.derivation is not None:
         graph = rebuild(graph, placement.derivation, placement.split_graph, label, devices=cluster.k,

@@ -100,7 +100,7 @@ def test_placement_for_other_graph_rejected(tmp_path):
     p = tmp_path / "p.json"
     run(["place", G60, "--algo", "random", "-o", str(p)])
     r = CliRunner().invoke(main, ["simulate", str(SAMPLES / "layered_300.json"), "-P", str(p)])
-    assert r.exit_code == 1 and "has no device in the assignment" in r.output
+    assert r.exit_code == 1 and "this placement was made for graph 'layered_60', not for graph 'layered_300'" in r.output
 
 
 def test_real_pipe_subprocess(tmp_path):

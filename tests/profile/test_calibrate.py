@@ -259,3 +259,75 @@ def test_the_transfer_costs_go_to_the_hosts_and_the_links_keep_their_fit():
     cl = Cluster.from_dict(out)
     assert cl.send_cost == [(0.05, 1e-6)] * 2 and cl.recv_cost == [(0.02, 0.0)] * 2 and cl.transfer_costs
     assert _write_cluster(CLUSTER, c, [CROWDED], {}, {})["links"]["pairs"] == []       # nothing fitted: as given
+
+
+def _edited(doc: dict, edit) -> dict:
+    doc = json.loads(json.dumps(doc))
+    edit(doc["node_times"])
+    return doc
+
+
+@pytest.mark.parametrize("edit,message", [
+    # D037 / D038: a transfer of no time, or of negative time (statistics.median of nothing before)
+    (lambda nt: nt["transfers"][0].update(seconds=0.0), r"node_times\.transfers\[0\]\.seconds: must be above 0"),
+    (lambda nt: nt["transfers"][1].update(seconds=-1.0), r"node_times\.transfers\[1\]\.seconds: must be above 0"),
+    # D044 / D056: a device the cluster lacks in a transfer, in hosts, in an all-reduce (KeyError before)
+    (lambda nt: nt["transfers"][1].update(src="ghost"),
+     r"r\.json: node_times\.transfers\[1\]\.src names device 'ghost', which is not in cluster '2cpu'"),
+    (lambda nt: nt["hosts"].update(ghost="h"), r"node_times\.hosts names device 'ghost'"),
+    (lambda nt: nt.update(step_cpu_s={"ghost": 1.0}), r"node_times\.step_cpu_s names device 'ghost'"),
+    (lambda nt: nt.update(allreduce=[{"device": "ghost", "tensor": "bucket0", "bytes": 8}]),
+     r"node_times\.allreduce\[0\]\.device names device 'ghost'"),
+    # D020: a start time that overflowed the least squares (OverflowError before)
+    (lambda nt: nt["nodes"][0].update(start_s=1e300), r"node 'a' field start_s: must be at most 1e12 s"),
+    (lambda nt: nt["nodes"][2].update(measured_s=1e13), r"node 'c' field measured_s: must be at most 1e12 s"),
+    # D050 / D8: nodes "run at" 2^53 samples in a report of batch 4 (fitted at 3.7e-20 s before)
+    (lambda nt: nt.update(batch=2**53), r"node_times\.batch is 9007199254740992 but batch_size is 4: .*inconsistent"),
+])
+def test_inconsistent_or_out_of_range_reports_are_refused_on_load(edit, message):
+    """Round 3, D2 and D8: each was a traceback or a nonsense fit; now one line naming the report and
+    the field, before anything is fitted."""
+    with pytest.raises(InvalidInput, match=message):
+        calibrate(GRAPH, CLUSTER, [ALONE, _edited(CROWDED, edit)], labels=["alone.json", "r.json"])
+
+
+def test_a_data_parallel_report_runs_at_the_replica_batch():
+    """node_times.batch of a data-parallel run is the replica's batch, not the report's batch_size."""
+    calibrate(GRAPH, CLUSTER, [ALONE, DP])
+    bad = json.loads(json.dumps(DP))
+    bad["node_times"]["batch"] = 4      # the global batch: every node would be fitted at twice its samples
+    with pytest.raises(InvalidInput, match=r"node_times\.batch is 4 but data_parallel\.replica_batch is 2"):
+        calibrate(GRAPH, CLUSTER, [ALONE, bad], labels=["alone.json", "dp.json"])
+
+
+def test_a_device_of_no_known_host_is_its_own_host():
+    """hosts may say null (the host is unknown): such a device is alone on its host, as without the
+    entry (a TypeError sorting None with host names before)."""
+    unknown = _edited(CROWDED, lambda nt: nt["hosts"].update(cpu0=None, cpu1=None))
+    absent = _edited(CROWDED, lambda nt: nt.update(hosts={}))
+    assert calibrate(GRAPH, CLUSTER, [ALONE, unknown]).graph == calibrate(GRAPH, CLUSTER, [ALONE, absent]).graph
+
+
+def test_cli_refuses_a_bad_report_in_one_line_and_writes_nothing(tmp_path):
+    bad = _edited(CROWDED, lambda nt: nt["transfers"][0].update(dst="ghost"))
+    for name, doc in (("g.json", GRAPH), ("c.json", CLUSTER), ("bad.json", bad)):
+        (tmp_path / name).write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["calibrate", str(tmp_path / "bad.json"), "--graph", str(tmp_path / "g.json"),
+                                  "--cluster", str(tmp_path / "c.json"), "-o", str(tmp_path / "out.json"),
+                                  "--cluster-out", str(tmp_path / "c_out.json")])
+    assert r.exit_code == 1 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"Error: {tmp_path / 'bad.json'}: node_times.transfers[0].dst names device 'ghost', which is not in "
+        f"cluster '2cpu'; give the --cluster the run used"]
+    assert not (tmp_path / "out.json").exists() and not (tmp_path / "c_out.json").exists()
+
+
+def test_markup_in_a_device_id_is_printed_as_text(tmp_path):
+    """Round 3, D1: a device '[/b]c0' in the cluster and the run (rich read it as a closing tag)."""
+    swap = lambda s: s.replace('"cpu0"', '"[/b]c0"')  # noqa: E731
+    for name, doc in (("g.json", GRAPH), ("c.json", CLUSTER), ("crowded.json", CROWDED)):
+        (tmp_path / name).write_text(swap(json.dumps(doc)))
+    r = CliRunner().invoke(main, ["calibrate", str(tmp_path / "crowded.json"), "--graph", str(tmp_path / "g.json"),
+                                  "--cluster", str(tmp_path / "c.json")])
+    assert r.exit_code == 0, r.stderr
+    assert "link [/b]c0->cpu1: latency 400000.0 us" in r.stderr

@@ -88,3 +88,31 @@ def test_no_bound_exceeds_a_simulated_makespan_it_holds_for(n, data):
         assert bounds["path_and_work"] <= ms + 1e-9
         if fits:
             assert bounds.get("memory_cut", 0.0) <= ms + 1e-9, (dev, bounds, ms)
+
+
+@pytest.mark.parametrize("step,words", [
+    ({"transform": "microbatch", "m": 2, "global_batch": 8, "micro_batches": [4, 4], "overhead_s": 0.0},
+     "2 micro-batches of 4 samples (global batch 8) of tm, gradients accumulated"),
+    ({"transform": "fsdp", "replicas": 2, "stage": 3, "global_batch": 8, "overhead_s": 0.0},
+     "sharded data parallelism (ZeRO stage 3, FSDP): 2 replicas of tm, each on 1/2 of the batch, "),
+])
+def test_bounds_of_a_derived_plan_name_its_steps(step, words):
+    """Round 3, D10: a micro-batched or fsdp plan's bounds said they held for "the derived graph that
+    was run (no steps)"; they name the recipe in the plan's words (sim/describe.py), and the bound
+    holds for the plan's makespan."""
+    from celeritas_cli.transform.derivation import derive
+
+    from ..conftest import training_model
+
+    g = training_model()
+    c = uniform(2, bandwidth=100.0, latency=0.0)
+    derived = derive(g, {"steps": [step]})
+    assign = {derived.ids[v]: f"gpu{(derived.node_extra[v] or {}).get('replica', 0)}" for v in range(derived.n)}
+    rep = simulate(g, c, Placement("tm", c.name, "given", assign, derivation={"steps": [step]}))
+    first = rep["lower_bounds"][0]
+    assert first["name"] == "path_and_work"
+    assert first["holds_for"].startswith(f"every placement of the derived graph that was run ({words}")
+    assert "no steps" not in first["holds_for"]
+    assert first["value_s"] <= rep["makespan_s"]
+    assert rep["lower_bounds"][-1]["name"] == "work_any_derivation"
+    assert "micro-batches" in rep["lower_bounds"][-1]["holds_for"] and "fsdp" in rep["lower_bounds"][-1]["holds_for"]

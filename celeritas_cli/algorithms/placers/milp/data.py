@@ -41,13 +41,6 @@ def cp_module():
     return cp_model
 
 
-def stderr_console():
-    """The console progress lines and warnings go to (stderr)."""
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False, soft_wrap=True)
-
-
 def units_of(graph: Graph) -> tuple[list[int], list[list[int]]]:
     """Colocation groups and single nodes ("units": what Eq. 4c places),
     ranked by first topological index: ``(unit_of[v], members[u])``.

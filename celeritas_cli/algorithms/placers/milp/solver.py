@@ -27,7 +27,8 @@ from ....model.params import SOLVER_TIME_LIMIT
 from ....model.placement import Placement
 from ....sim.judge import original_makespan
 from ....sim.simulator import lower_bound
-from .data import choose_resolution, cp_module, model_size, stderr_console
+from ....log import stderr_console
+from .data import choose_resolution, cp_module, model_size
 from .hints import heuristic_hint, hint_names, hinted_model
 from .result import Call, WarmStart, give_up, solver_placement
 
