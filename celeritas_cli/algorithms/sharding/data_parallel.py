@@ -139,7 +139,7 @@ def speed_samples(graph: Graph, costs: CostModel, devs: list[int], batch: int, o
     scaled = [v for v in range(graph.n) if not prof.fixed_node[v]]
     k = len(devs) if sharded_updates else 1
     whole = _ratios(graph, [v for v in range(graph.n) if prof.fixed_node[v]], types,
-                    lambda v, t: min(t, t / k + overhead_s) if prof.update[v] and t > 0 else t)
+                    lambda v, t: min(t, t / k + overhead_s) if prof.update[v] and t > 0 else t, 1.0, 0.0)
     ratios: dict[int, list[tuple[int, dict[str, float]]]] = {}  # samples -> (node, part time / time by type)
 
     def time_of(i: int, b: int) -> float:
@@ -152,8 +152,8 @@ def speed_samples(graph: Graph, costs: CostModel, devs: list[int], batch: int, o
     return balance_samples(start, time_of)
 
 
-def _ratios(graph: Graph, nodes: list[int], types: frozenset[str], rule, frac: float = 1.0,
-            overhead_s: float = 0.0) -> list[tuple[int, dict[str, float]]]:
+def _ratios(graph: Graph, nodes: list[int], types: frozenset[str], rule, frac: float,
+            overhead_s: float) -> list[tuple[int, dict[str, float]]]:
     """Per node of *nodes*: its time on the fraction *frac* of the batch
     (:func:`~celeritas_cli.transform.split_cost.part_times`), through
     ``rule(v, time)``, over its whole time, by device type among *types*
