@@ -201,6 +201,12 @@ def test_readme_is_one_page():
     assert "<!-- make-test-time -->\nmake test: " in text
 
 
+def test_readme_links_every_docs_page():
+    text = README.read_text()
+    for page in PAGES[1:]:
+        assert f"]({_page_id(page)}" in text, f"README.md links no {_page_id(page)}"
+
+
 def slug(heading: str) -> str:
     """GitHub's anchor of a Markdown heading: lower case, punctuation dropped
     (hyphens and underscores kept), each space a hyphen."""
