@@ -81,7 +81,7 @@ def run(model, batch_size, config, placement_path, graph_path, cluster_path, dev
 
     For a fair comparison of measured and simulated times on CPU processes,
     profile the graph with --measure and the cluster with --comm-bench
-    (see README, "placer run").  Under torchrun (torchrun --nproc-per-node 2
+    (see docs/running.md).  Under torchrun (torchrun --nproc-per-node 2
     -m celeritas_cli run ...) every process runs one device, on one host or
     several; rank 0 writes the report.
     """

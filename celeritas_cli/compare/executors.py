@@ -224,7 +224,7 @@ def ray_error(address: str | None, exc: BaseException) -> str:
     Example
     -------
     >>> ray_error("auto", ConnectionError("Could not find any running Ray instance. Please specify ..."))
-    "--ray-address auto: no running Ray cluster found on this machine; start one with 'ray start --head' (README: Ray), or leave --ray-address out to start a local Ray for this run"
+    "--ray-address auto: no running Ray cluster found on this machine; start one with 'ray start --head' (docs/compare.md: Ray), or leave --ray-address out to start a local Ray for this run"
     >>> "(the last one it knew, 10.0.0.2:6379, is gone)" in ray_error(
     ...     "auto", ConnectionError("Failed to connect to Ray cluster at 10.0.0.2:6379"))
     True
@@ -235,7 +235,7 @@ def ray_error(address: str | None, exc: BaseException) -> str:
     if address == "auto" and ("running Ray instance" in first or "Failed to connect" in first):
         gone = f" (the last one it knew, {first.rsplit(' at ', 1)[-1]}, is gone)" if " at " in first else ""
         return (f"--ray-address auto: no running Ray cluster found on this machine{gone}; start one with "
-                f"'ray start --head' (README: Ray), or leave --ray-address out to start a local Ray for this run")
+                f"'ray start --head' (docs/compare.md: Ray), or leave --ray-address out to start a local Ray for this run")
     return f"cannot start or reach Ray at {address or 'a new local instance'}: {first}"
 
 
