@@ -115,7 +115,8 @@ def whole_samples(batch: int, parts: int, weights: list[float] | None = None, *,
     return balance_samples(out, lambda i, b: b / weights[i])
 
 
-def balance_samples(samples: list[int], time_of: Callable[[int, int], float]) -> list[int]:
+def balance_samples(samples: list[int], time_of: Callable[[int, int], float],
+                    fits: Callable[[int, int], bool] | None = None) -> list[int]:
     """Whole samples per part, starting from *samples* (each at least one),
     moved until the slowest part is as fast as any rounding allows, where
     part ``i`` with ``b`` samples takes ``time_of(i, b)``, non-decreasing
@@ -130,7 +131,10 @@ def balance_samples(samples: list[int], time_of: Callable[[int, int], float]) ->
     M* < M``: a move exists, so the procedure has not stopped; and every
     move lowers ``(M, parts at M)`` or ``i``'s samples, so it stops.  From a
     rounding of the proportional shares it moves a few samples; every
-    ``time_of(i, b)`` is asked once.
+    ``time_of(i, b)`` is asked once.  With *fits*, a part ``j`` takes a
+    sample only where ``fits(j, b + 1)`` (its memory at ``b + 1`` samples),
+    so no move puts a part over its memory: the rule is then exact among the
+    roundings that keep every part that takes samples within it.
 
     Example
     -------
@@ -149,7 +153,7 @@ def balance_samples(samples: list[int], time_of: Callable[[int, int], float]) ->
         times = [at(i, b) for i, b in enumerate(out)]
         worst = max(times)
         i = times.index(worst)
-        after = [(at(j, out[j] + 1), j) for j in range(len(out)) if j != i]
+        after = [(at(j, out[j] + 1), j) for j in range(len(out)) if j != i and (fits is None or fits(j, out[j] + 1))]
         if out[i] <= 1 or not after or min(after)[0] >= worst:
             return out
         out[i] -= 1

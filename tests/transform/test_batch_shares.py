@@ -91,3 +91,12 @@ def test_the_rule_is_the_best_rounding_by_brute_force(batch, speeds, fixed):
         assert sum(got) == batch and min(got) >= 1
         best = min(slowest(c, time_of) for c in compositions(batch, parts))
         assert math.isclose(slowest(got, time_of), best, rel_tol=1e-12)
+
+
+def test_a_move_never_puts_a_part_over_its_memory():
+    # times 1 and 6 per sample: unconstrained [3, 1] (3 s); part 0 holds at most 2 samples, so [2, 2] (4 s),
+    # and at most 1: nothing moves ([1, 3], 6 s) - the fit is kept, the speed given up
+    time = lambda i, b: b * (1, 2)[i]  # noqa: E731
+    assert balance_samples([1, 3], time) == [3, 1]
+    assert balance_samples([1, 3], time, fits=lambda j, b: j != 0 or b <= 2) == [2, 2]
+    assert balance_samples([1, 3], time, fits=lambda j, b: j != 0 or b <= 1) == [1, 3]

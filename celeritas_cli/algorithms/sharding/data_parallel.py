@@ -149,7 +149,15 @@ def speed_samples(graph: Graph, costs: CostModel, devs: list[int], batch: int, o
         kind = costs.cluster.devices[d].type
         return math.fsum(costs.time[v][d] * row.get(kind, row[""]) for v, row in (*whole, *ratios[b]))
 
-    return balance_samples(start, time_of)
+    # no sample moves onto a device its share's static memory would overflow (the parameters and state
+    # whole, the batch-dependent memory in proportion): balancing time must not trade a fit for speed
+    fixed_mem = math.fsum(graph.memory[v] if prof.fixed_node[v] else prof.fixed_memory[v] for v in range(graph.n))
+    per_sample = max(0.0, graph.total_memory() - fixed_mem) / batch
+
+    def fits(i: int, b: int) -> bool:
+        return fixed_mem + per_sample * b <= costs.cluster.devices[devs[i]].memory
+
+    return balance_samples(start, time_of, fits)
 
 
 def _ratios(graph: Graph, nodes: list[int], types: frozenset[str], rule, frac: float,
