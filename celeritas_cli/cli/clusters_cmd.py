@@ -1,4 +1,4 @@
-"""``placer clusters``: list and describe the bundled clusters."""
+"""``placer clusters``: list and describe the bundled clusters; ``placer clusters make`` writes a cluster of servers."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import click
 
 from ..log import console as text_console
 from ..model.io import DEFAULT_CLUSTER, bundled_cluster, bundled_cluster_names
+from ..model.servers import FABRICS, GPUS, NICS
 from .common import emit
 
 
@@ -44,13 +45,52 @@ def _list_table() -> None:
 
 
 def _describe(name: str) -> None:
-    from rich.table import Table
     from rich.text import Text
 
     c = bundled_cluster(name)
     s = c.summary()
     console = text_console(width=120)
     console.print(Text.assemble((name, "bold"), f": {s['description']}"), soft_wrap=True)
+    meta = c.doc.get("meta") or {}
+    if c.servers is not None:
+        _describe_servers(c, console)
+    else:
+        _describe_links(c, console)
+    for key, value in meta.items():
+        if key == "description":
+            continue
+        for line in value if isinstance(value, list) else [value]:
+            console.print(Text.assemble((key, "bold"), f": {line}"), soft_wrap=True)
+
+
+def _describe_servers(c, console) -> None:
+    """A cluster of servers: per server type its GPUs, fabric and NICs; the network."""
+    from rich.table import Table
+
+    srv = c.servers
+    d = srv.describe()
+    t = Table(title=f"servers ({len(srv.server_types)} servers, {d['gpus']} GPUs)")
+    for col in ("servers", "type", "GPUs", "fabric (per direction)", "NICs (per direction)", "rails"):
+        t.add_column(col)
+    for name, n in d["servers"].items():
+        x = d["types"][name]
+        fabric = f"{_gbs(x['fabric_bw'])}, {_us(x['fabric_lat'])}"
+        nics = f"{x['nics']}x {_gbs(x['nic_bw'])}, {_us(x['nic_lat'])}" if x["nics"] else "-"
+        t.add_row(str(n), name, f"{x['gpus']}x {x['gpu']} ({_gib(x['memory'])}, speed {x['speed']:g})", fabric,
+                  nics, str(x.get("rails", "-")))
+    console.print(t)
+    net = c.doc["servers"].get("network") or {}
+    console.print(f"network: {net.get('topology', 'fat-tree')}, oversubscription {d['oversubscription']:g} "
+                  f"({'non-blocking' if d['oversubscription'] == 1 else 'blocking'})")
+    pairs = (c.doc.get("links") or {}).get("pairs") or []
+    if pairs:
+        console.print(f"explicit pairs: {len(pairs)} (they override the servers' figures)")
+
+
+def _describe_links(c, console) -> None:
+    """A pairwise cluster: its devices and its classes of links."""
+    from rich.table import Table
+
     t = Table(title="devices")
     for col in ("id", "type", "memory", "speed"):
         t.add_column(col, justify="left" if col in ("id", "type") else "right")
@@ -69,12 +109,6 @@ def _describe(name: str) -> None:
     for (bw, lat), n in sorted(classes.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
         lt.add_row(_gbs(bw), _us(lat), str(n))
     console.print(lt)
-    meta = c.doc.get("meta") or {}
-    for key, value in meta.items():
-        if key == "description":
-            continue
-        for line in value if isinstance(value, list) else [value]:
-            console.print(Text.assemble((key, "bold"), f": {line}"), soft_wrap=True)
 
 
 class _ClusterName(click.ParamType):
@@ -87,29 +121,96 @@ class _ClusterName(click.ParamType):
         return value
 
 
-@click.command(context_settings={"max_content_width": 100})
-@click.argument("name", type=_ClusterName(), required=False)
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="table: for people; json: the cluster document (with NAME) or the list of summaries.")
-def clusters(name, fmt):
+class _Clusters(click.Group):
+    """``placer clusters [NAME]`` and ``placer clusters make``: a word that is not a
+    subcommand is the NAME of a bundled cluster to describe."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            return "show", self.commands["show"], args
+        return super().resolve_command(ctx, args)
+
+    def format_usage(self, ctx, formatter):
+        formatter.write_usage(ctx.command_path, "[NAME] [--format table|json] | make [OPTIONS]")
+
+
+_FORMAT = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default=None,
+                       help="table: for people; json: the cluster document (with NAME) or the list of summaries.  "
+                            "[default: table]")
+
+
+@click.group(cls=_Clusters, invoke_without_command=True, context_settings={"max_content_width": 100})
+@_FORMAT
+@click.pass_context
+def clusters(ctx, fmt):
     """List the bundled clusters, or describe cluster NAME: devices, links
-    and where the figures come from.  Any command's --cluster takes a NAME.
+    (or servers, fabric, NICs and network) and where the figures come from.
+    Any command's --cluster takes a NAME.  `placer clusters make` writes a
+    cluster of servers.
 
     \b
     Examples:
       placer clusters
       placer clusters 8xH100-nvswitch
+      placer clusters 16xDGX-A100
       placer clusters 2x8xA100-infiniband --format json > my-cluster.json   # a file to edit
+      placer clusters make --servers 16 --gpus-per-server 8 --gpu A100-80GB --intra nvswitch \\
+          --inter ib-hdr-200 --nics 8 -o c.json
       placer place g.json --algo heft --cluster 8xA100-nvswitch
     """
-    if fmt == "json":
-        if name:
-            emit(bundled_cluster(name).to_dict(), "-")
-        else:
+    ctx.ensure_object(dict)["fmt"] = fmt
+    if ctx.invoked_subcommand is None:
+        if (fmt or "table") == "json":
             emit({"clusters": [bundled_cluster(n).summary() for n in bundled_cluster_names()],
                   "default": DEFAULT_CLUSTER}, "-")
-        return
-    if name:
-        _describe(name)
+        else:
+            _list_table()
+
+
+@clusters.command("show", hidden=True)
+@click.argument("name", type=_ClusterName())
+@_FORMAT
+@click.pass_context
+def show(ctx, name, fmt):
+    """Describe the bundled cluster NAME."""
+    fmt = fmt or ctx.obj.get("fmt") or "table"
+    if fmt == "json":
+        emit(bundled_cluster(name).to_dict(), "-")
     else:
-        _list_table()
+        _describe(name)
+
+
+@clusters.command("make", context_settings={"max_content_width": 100})
+@click.option("--servers", type=click.IntRange(1), required=True, help="Number of servers.")
+@click.option("--gpus-per-server", type=click.IntRange(1), default=8, show_default=True)
+@click.option("--gpu", default="A100-80GB", show_default=True, metavar="TYPE",
+              help=f"GPU preset: {', '.join(GPUS)}.")
+@click.option("--intra", default="nvswitch", show_default=True, metavar="FABRIC",
+              help=f"Fabric inside a server: nvswitch (the GPU's generation), {', '.join(FABRICS)}.")
+@click.option("--inter", default="ib-hdr-200", show_default=True, metavar="NIC",
+              help=f"NICs between servers: {', '.join(NICS)}.")
+@click.option("--nics", type=click.IntRange(1), default=None, help="NICs per server  [default: one per GPU]")
+@click.option("--rails", type=click.IntRange(1), default=None,
+              help="Rails (separate networks; GPU i uses NIC i on rail i)  [default: one per NIC]")
+@click.option("--oversubscription", type=click.FloatRange(1.0), default=1.0, show_default=True,
+              help="Of the fat tree between servers (1: non-blocking).")
+@click.option("--name", default=None, help="The cluster's name  [default: SERVERSxGPU]")
+@click.option("-o", "--output", default="-", show_default=True, help="Where to write the cluster (- = stdout).")
+def make(servers, gpus_per_server, gpu, intra, inter, nics, rails, oversubscription, name, output):
+    """Write a cluster of identical servers (placer.cluster/v1, servers form):
+    O(servers + GPUs) bytes; every pair's link is resolved from the servers.
+
+    \b
+    Examples:
+      placer clusters make --servers 16 --gpus-per-server 8 --gpu A100-80GB --intra nvswitch \\
+          --inter ib-hdr-200 --nics 8 -o c.json
+      placer clusters make --servers 128 --gpu H100-80GB --inter ib-ndr-400 --oversubscription 2
+    """
+    from ..model.cluster import Cluster
+    from ..model.servers import make_doc
+
+    doc = make_doc(name=name or f"{servers}x{gpus_per_server}x{gpu}", servers=servers,
+                   gpus_per_server=gpus_per_server, gpu=gpu, intra=intra, inter=inter, nics=nics, rails=rails,
+                   oversubscription=oversubscription)
+    Cluster.from_dict(doc, "placer clusters make")   # refuses what no file may hold (size, rails, ...)
+    emit(doc, output)

@@ -15,6 +15,12 @@ process copies and posts a tensor; the simulator keeps the device busy for
 it, :mod:`celeritas_cli.sim.simulator` rule 3a); its ``collective_step_s``
 is the fixed cost of one step of a ring collective on its devices (added
 to the time of the derived graphs' ring-step nodes by the cost model).
+
+A cluster of servers (a ``servers`` object instead of ``devices``, file size
+O(servers + GPUs)) is the other form of the same schema: its devices are
+generated and a pair's link is resolved from the two devices' servers
+(:mod:`celeritas_cli.model.servers`); ``links.pairs`` may still name pairs,
+and an explicit pair's figure wins over the servers' (stderr says so).
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ class Cluster:
     recv_cost: list[tuple[float, float]] = field(default_factory=list)
     #: per device, the fixed cost of one step of a ring collective on it (the host's ``collective_step_s``)
     collective_step: list[float] = field(default_factory=list)
+    #: the parsed ``servers`` object of a cluster of servers (None: a pairwise cluster)
+    servers: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.index:
@@ -117,12 +125,28 @@ class Cluster:
 
     def mean_bandwidth(self) -> float:
         """Mean bandwidth over ordered pairs of distinct devices."""
-        vals = [self.bandwidth[a][c] for a in range(self.k) for c in range(self.k) if a != c]
+        vals = [self.bandwidth[a][c] for a, c in self._summary_pairs()]
         return sum(vals) / len(vals) if vals else math.inf
 
     def mean_latency(self) -> float:
-        vals = [self.latency[a][c] for a in range(self.k) for c in range(self.k) if a != c]
+        vals = [self.latency[a][c] for a, c in self._summary_pairs()]
         return sum(vals) / len(vals) if vals else 0.0
+
+    def _summary_pairs(self) -> list[tuple[int, int]]:
+        """The ordered pairs of distinct devices; of a cluster of servers without explicit
+        pairs, those among the first two servers of each server type, which hold every
+        distinct figure (servers of one type are alike) in O(GPUs per server²)."""
+        k = self.k
+        srv = self.servers
+        if srv is None or (self.doc.get("links") or {}).get("pairs"):
+            return [(a, c) for a in range(k) for c in range(k) if a != c]
+        first: dict[str, list[int]] = {}
+        for s, name in enumerate(srv.server_types):
+            if len(first.setdefault(name, [])) < 2:
+                first[name].append(s)
+        keep = {s for servers in first.values() for s in servers}
+        reps = [d for d in range(k) if srv.server_of[d] in keep]
+        return [(a, c) for a in reps for c in reps if a != c]
 
     def summary(self) -> dict:
         """What the cluster is, for listings (``placer clusters``): device
@@ -138,7 +162,7 @@ class Cluster:
         types: dict[str, int] = {}
         for d in self.devices:
             types[d.type] = types.get(d.type, 0) + 1
-        pairs = [(a, c) for a in range(self.k) for c in range(self.k) if a != c]
+        pairs = self._summary_pairs()
         bws = [self.bandwidth[a][c] for a, c in pairs]
         lats = [self.latency[a][c] for a, c in pairs]
         meta = self.doc.get("meta") if isinstance(self.doc.get("meta"), dict) else {}
@@ -165,6 +189,12 @@ class Cluster:
         import orjson
 
         cached = self.__dict__.get("_digest")
+        if cached is None and self.servers is not None:   # O(devices): the server form, not the pairs
+            doc = {"devices": [[d.id, d.type, d.memory, d.speed] for d in self.devices],
+                   "servers": self.doc["servers"], "pairs": (self.doc.get("links") or {}).get("pairs") or [],
+                   "hosts": self.doc.get("hosts") or []}
+            cached = hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+            self.__dict__["_digest"] = cached
         if cached is None:  # clusters are not mutated after loading
             doc = {"devices": [[d.id, d.type, d.memory, d.speed] for d in self.devices],
                    "bandwidth_Bps": self.bandwidth, "latency_s": self.latency}
@@ -202,6 +232,8 @@ class Cluster:
         """
         validate(doc, CLUSTER_SCHEMA, label)
         check_depth(doc.get("meta"), label, "field meta")
+        if "servers" in doc:
+            return cls._from_servers(doc, label)
         devices: list[Device] = []
         index: dict[str, int] = {}
         for i, dd in enumerate(doc["devices"]):
@@ -260,6 +292,31 @@ class Cluster:
         return cls(name=doc.get("name", "cluster"), devices=devices, bandwidth=bw, latency=lat,
                    doc=doc, index=index, contention=kappa, host_of=host_of, send_cost=send, recv_cost=recv,
                    collective_step=coll)
+
+    @classmethod
+    def _from_servers(cls, doc: dict, label: str) -> "Cluster":
+        """The cluster of a document with a ``servers`` object (:mod:`~celeritas_cli.model.servers`)."""
+        import sys
+
+        from .servers import Servers, build_links
+
+        def warn(msg: str) -> None:
+            print(msg, file=sys.stderr)
+
+        if "devices" in doc:
+            raise InvalidInput(f"{label}: give either devices (with links) or servers, not both")
+        if (doc.get("links") or {}).get("default"):
+            raise InvalidInput(f"{label}: links field default: a cluster of servers resolves every pair "
+                               "from its servers; only links.pairs may override one")
+        srv = Servers(doc["servers"], label)
+        ids = srv.device_ids()
+        devices = [Device(i, t["device_type"], t["memory"], t["speed"]) for i, t in zip(ids, srv.type_of)]
+        index = {d: i for i, d in enumerate(ids)}
+        bw, lat = build_links(srv, (doc.get("links") or {}).get("pairs") or [], index, label, warn)
+        kappa, host_of, send, recv, coll = _hosts(doc.get("hosts") or [], index, label)
+        return cls(name=doc.get("name", "cluster"), devices=devices, bandwidth=bw, latency=lat, doc=doc,
+                   index=index, contention=kappa, host_of=host_of, send_cost=send, recv_cost=recv,
+                   collective_step=coll, servers=srv)
 
 
 def _hosts(hosts: list, index: dict[str, int], label: str) -> tuple[list[float], list[int], list, list, list]:
