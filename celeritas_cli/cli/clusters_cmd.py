@@ -167,7 +167,12 @@ def clusters(ctx, fmt):
             _list_table()
 
 
-@clusters.command("show", hidden=True)
+class _Show(click.Command):
+    def format_usage(self, ctx, formatter):
+        formatter.write_usage(ctx.parent.command_path, "NAME [--format table|json]")
+
+
+@clusters.command("show", cls=_Show, hidden=True)
 @click.argument("name", type=_ClusterName())
 @_FORMAT
 @click.pass_context
@@ -183,12 +188,12 @@ def show(ctx, name, fmt):
 @clusters.command("make", context_settings={"max_content_width": 100})
 @click.option("--servers", type=click.IntRange(1), required=True, help="Number of servers.")
 @click.option("--gpus-per-server", type=click.IntRange(1), default=8, show_default=True)
-@click.option("--gpu", default="A100-80GB", show_default=True, metavar="TYPE",
-              help=f"GPU preset: {', '.join(GPUS)}.")
-@click.option("--intra", default="nvswitch", show_default=True, metavar="FABRIC",
-              help=f"Fabric inside a server: nvswitch (the GPU's generation), {', '.join(FABRICS)}.")
-@click.option("--inter", default="ib-hdr-200", show_default=True, metavar="NIC",
-              help=f"NICs between servers: {', '.join(NICS)}.")
+@click.option("--gpu", type=click.Choice(list(GPUS)), default="A100-80GB", show_default=True,
+              help="GPU preset (docs/design.md, Clusters of servers; figures and sources in the file).")
+@click.option("--intra", type=click.Choice(["nvswitch", *FABRICS]), default="nvswitch", show_default=True,
+              help="Fabric inside a server (nvswitch: the GPU's generation, NVLink 3 on A100, NVLink 4 on H100).")
+@click.option("--inter", type=click.Choice(list(NICS)), default="ib-hdr-200", show_default=True,
+              help="NICs between servers (InfiniBand HDR 200 Gb/s, NDR 400 Gb/s).")
 @click.option("--nics", type=click.IntRange(1), default=None, help="NICs per server  [default: one per GPU]")
 @click.option("--rails", type=click.IntRange(1), default=None,
               help="Rails (separate networks; GPU i uses NIC i on rail i)  [default: one per NIC]")

@@ -148,6 +148,43 @@ class Cluster:
         reps = [d for d in range(k) if srv.server_of[d] in keep]
         return [(a, c) for a in reps for c in reps if a != c]
 
+    def pair_stats(self) -> tuple[float, float, float, float]:
+        """Mean latency, mean ``1 / bandwidth``, the largest latency and the
+        largest ``1 / bandwidth`` over ordered pairs of distinct devices (HEFT's
+        c̄, :meth:`~celeritas_cli.model.costs.CostModel.mean_comm`).  Of a cluster
+        of servers without explicit pairs, the rows of the first server of each
+        server type, weighted by the number of servers of that type (every
+        server of a type sees the same other devices): O(GPUs per server ×
+        devices), not O(devices²).
+
+        >>> uniform(3, bandwidth=4.0, latency=1.0).pair_stats()
+        (1.0, 0.25, 1.0, 0.25)
+        """
+        k, srv = self.k, self.servers
+        if srv is None or (self.doc.get("links") or {}).get("pairs"):
+            rows = [(a, 1) for a in range(k)]
+        else:
+            servers_of: dict[str, int] = {}
+            first: dict[str, int] = {}
+            for s, name in enumerate(srv.server_types):
+                servers_of[name] = servers_of.get(name, 0) + 1
+                first.setdefault(name, s)
+            lead = {s: servers_of[name] for name, s in first.items()}
+            rows = [(a, lead[srv.server_of[a]]) for a in range(k) if srv.server_of[a] in lead]
+        if k < 2:
+            return 0.0, 0.0, 0.0, 0.0
+        lat_sum = inv_sum = lat_max = inv_max = 0.0
+        total = 0
+        for a, w in rows:
+            bw_row, lat_row = self.bandwidth[a], self.latency[a]
+            lats = [lat_row[c] for c in range(k) if c != a]
+            invs = [1.0 / bw_row[c] for c in range(k) if c != a]
+            lat_sum += w * math.fsum(lats)
+            inv_sum += w * math.fsum(invs)
+            lat_max, inv_max = max(lat_max, *lats), max(inv_max, *invs)
+            total += w * (k - 1)
+        return lat_sum / total, inv_sum / total, lat_max, inv_max
+
     def summary(self) -> dict:
         """What the cluster is, for listings (``placer clusters``): device
         count per type, total memory, the range of link bandwidths and

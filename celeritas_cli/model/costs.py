@@ -216,6 +216,8 @@ class CostModel:
     @cached_property
     def _pair_stats(self) -> tuple[float, float, float, float]:
         cl = self.cluster
+        if cl.servers is not None:   # O(devices) rows, not the O(devices²) pairs (model/servers.py)
+            return cl.pair_stats()
         pairs = self._pairs
         if not pairs:
             return 0.0, 0.0, 0.0, 0.0

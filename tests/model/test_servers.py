@@ -174,7 +174,7 @@ def test_clusters_make_writes_a_file_that_loads_back_equal(tmp_path):
     r = CliRunner().invoke(main, ["clusters", "make", "--servers", "2", "--nics", "4", "--rails", "8"])
     assert r.exit_code == 1 and "field rails: 8 rails but 4 NICs" in r.stderr and r.stdout == ""
     r = CliRunner().invoke(main, ["clusters", "make", "--servers", "2", "--inter", "ib-xdr"])
-    assert r.exit_code == 1 and "unknown NIC 'ib-xdr' (known: ib-hdr-200, ib-ndr-400)" in r.stderr
+    assert r.exit_code == 2 and "'--inter'" in r.stderr and "ib-ndr-400" in r.stderr
 
 
 def test_placer_clusters_describes_servers():
@@ -192,3 +192,20 @@ def test_a_placement_on_two_servers_simulates():
     c = bundled_cluster("2xDGX-A100")
     report = simulate(g, c, place(g, c, "heft"))
     assert report["status"] == "OK" and report["makespan_s"] >= report["lower_bound_s"] > 0
+
+
+def test_pair_stats_of_servers_weight_one_server_per_type_as_all_pairs_would(monkeypatch):
+    from celeritas_cli.model.costs import CostModel
+
+    monkeypatch.setattr(servers_mod, "DENSE_MAX", 0)
+    c = bundled_cluster("16xDGX-H100")
+    pairs = [(a, b) for a in range(c.k) for b in range(c.k) if a != b]
+    brute = (sum(c.latency[a][b] for a, b in pairs) / len(pairs), sum(1 / c.bandwidth[a][b] for a, b in pairs) / len(pairs),
+             max(c.latency[a][b] for a, b in pairs), max(1 / c.bandwidth[a][b] for a, b in pairs))
+    assert c.pair_stats() == pytest.approx(brute, rel=1e-12)
+    g = load_graph(SAMPLES / "layered_60.json")
+    assert CostModel(g, c)._pair_stats == c.pair_stats()
+    # by hand on the 2 x 4 cluster: per sender 3 fabric pairs (2 us) and 4 NIC pairs (2 at 5 us, 2 at 7 us)
+    mlat, minv, xlat, xinv = Cluster.from_dict(_doc(), "t").pair_stats()
+    assert mlat == pytest.approx((3 * 2e-6 + 2 * 5e-6 + 2 * 7e-6) / 7) and xlat == pytest.approx(7e-6)
+    assert minv == pytest.approx((3 / 1e11 + 4 / 5e9) / 7) and xinv == pytest.approx(1 / 5e9)
