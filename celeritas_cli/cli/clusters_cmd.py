@@ -167,9 +167,14 @@ def clusters(ctx, fmt):
             _list_table()
 
 
+class _ShowContext(click.Context):
+    @property
+    def command_path(self) -> str:   # `placer clusters NAME`: the hidden subcommand has no word of its own
+        return self.parent.command_path if self.parent else super().command_path
+
+
 class _Show(click.Command):
-    def format_usage(self, ctx, formatter):
-        formatter.write_usage(ctx.parent.command_path, "NAME [--format table|json]")
+    context_class = _ShowContext
 
 
 @clusters.command("show", cls=_Show, hidden=True)
