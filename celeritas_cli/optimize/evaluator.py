@@ -136,12 +136,16 @@ class Budget:
     def exhausted(self) -> bool:
         return self.over_count() or self.out_of_time()
 
-    def take(self, weight: float = 1.0, clock: bool = True) -> bool:
+    def take(self, weight: float = 1.0, clock: bool = True, force: bool = False) -> bool:
         """Spend one simulation; one of a graph *weight* times the input
         graph's size also charges ``weight - 1``.  ``clock=False``: the
         deadline and the ``held`` evaluations do not refuse it (only the
         whole count does), for judging work already paid for; else a
-        simulation expected to end past the deadline is refused."""
+        simulation expected to end past the deadline is refused.
+        *force*: a simulation outside the count (``auto``'s contenders on a
+        count too small for them): nothing refuses it and nothing is charged."""
+        if force:
+            return True
         if self.over_count(weight, held=clock) or (clock and self.out_of_time(weight)):
             return False
         self.used += 1
@@ -249,16 +253,16 @@ class Evaluator:
         return self.scores.get(self.key(device_of, order))
 
     def evaluate(self, device_of: Sequence[int], order: Sequence[Sequence[int]] | None = None,
-                 clock: bool = True) -> tuple[Score, Schedule] | None:
+                 clock: bool = True, force: bool = False) -> tuple[Score, Schedule] | None:
         """Simulate ``device_of`` (with the strict per-device *order* when
-        given) on the graph; None when the budget is spent (*clock* as in
-        :meth:`Budget.take`)."""
+        given) on the graph; None when the budget is spent (*clock* and
+        *force* as in :meth:`Budget.take`)."""
         key = self.key(device_of, order)
         sched = self._schedules.get(key)
         if sched is not None:
             self._schedules.move_to_end(key)
             return self.scores[key], sched
-        if not self.budget.take(self.weight, clock):
+        if not self.budget.take(self.weight, clock, force):
             return None
         t0 = time.perf_counter()
         sched = run_schedule(self.graph, self.cluster, device_of, order, congestion=self.congestion,

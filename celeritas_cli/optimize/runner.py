@@ -163,7 +163,8 @@ def run_portfolio(runner: Runner, specs: list[tuple[Spec, float]], judge: Callab
                   on_error: Callable[[Spec, Exception], None] | None = None,
                   wanted: Callable[[Spec], bool] | None = None,
                   on_skip: Callable[[Spec, str], None] | None = None,
-                  resize: Callable[[Spec, float], tuple[float, str | None]] | None = None) -> list[Candidate]:
+                  resize: Callable[[Spec, float], tuple[float, str | None]] | None = None,
+                  free: Callable[[Spec], bool] | None = None) -> list[Candidate]:
     """Run *specs* in order, charging each its estimated cost to *budget*
     (:class:`~celeritas_cli.optimize.evaluator.Budget`) before it starts;
     *judge* scores each candidate (False when the budget is spent).  A
@@ -173,10 +174,25 @@ def run_portfolio(runner: Runner, specs: list[tuple[Spec, float]], judge: Callab
     charged), and one *resize* refuses: it answers ``(charge, why_not)``
     for a member about to start, its planned charge fitted to what is left
     of the count.  *on_skip* hears every member skipped for time or budget,
-    with the reason."""
+    with the reason.  A member *free* answers True for runs outside the
+    count (``auto``'s contenders on a count too small for them), stopped
+    only by the deadline."""
     out: list[Candidate] = []
     skip = on_skip or (lambda spec, why: None)
     for i, (spec, charge) in enumerate(specs):
+        if free is not None and free(spec):
+            if budget.out_of_time():
+                skip(spec, "the deadline came before it could start")
+                continue
+            try:
+                cand = runner.run(spec, params(spec) if params else None)
+            except PlacerError as exc:
+                if on_error is not None:
+                    on_error(spec, exc)
+                continue
+            if judge(cand):
+                out.append(cand)
+            continue
         if budget.exhausted():
             why = ("the evaluation budget was spent before it could start" if budget.over_count(held=False) else
                    "the evaluations left are the refinement's" if budget.over_count() else

@@ -180,6 +180,7 @@ class Search:
         self.portfolio_spent: float | None = None  # evaluations spent when the portfolio ended
         self._charges: dict[Spec, float] = {}
         self.ranking = ranking  # cheap estimates of the members (plan's contenders), or None: the fixed order
+        self._free = False  # the contenders run outside the count (a count too small for the ranking's share)
         self.near: dict[Spec, float] = {}
         self._last_log = self.t0
 
@@ -199,7 +200,8 @@ class Search:
         # and dropping it could lose the best start; the count still refuses it
         if cand.spec in self._charges:  # a planner: pay back what its own budget left unspent
             self._refund(cand.spec, cand.placement.estimate.get("evaluations_spent"))
-        res = self._problem(cand).ev.evaluate(cand.device_of, cand.order, clock=False)
+        free = self._free and cand.spec in self.near  # a contender outside the count (_portfolio)
+        res = self._problem(cand).ev.evaluate(cand.device_of, cand.order, clock=False, force=free)
         if res is None:
             return False
         cand.score = res[0]
@@ -237,14 +239,24 @@ class Search:
         runner = Runner(self.graph, self.cluster, self.costs, self.seed, self.assume_batch)
         notes: list[tuple[str, str]] = []
         split = batch_split_refusal(self.graph, self.cluster, self.assume_batch) is None
-        # the estimates are a member's worth of work, sized like one (a member's share of the count, the time left)
+        # the estimates cost about RANK_COST evaluations of work: where a member's share pays for them they are
+        # counted like a member; where the count is smaller (a big graph on many devices: issue 33.3, nmt on
+        # 8xA100-nvswitch, 89 evaluations) they and the contenders they name run outside the count - a member
+        # they rank near the best is judged once whatever the count; the clock caps them
         rank = (self.ranking is not None and self.algos is None and split and self.cluster.k > 1 and
-                RANK_COST + 1 <= MEMBER_SHARE * self.budget.limit and self.budget.affordable(RANK_COST))
-        if rank:  # counted before the members are planned
+                RANK_COST + 1 <= self.budget.limit and self.budget.affordable(RANK_COST))
+        self._free = rank and RANK_COST + 1 > MEMBER_SHARE * self.budget.limit
+        if rank and not self._free:  # counted before the members are planned
             self.budget.charge(RANK_COST)
+        near: dict = {}
         specs = plan(self.graph, self.cluster, self.budget.limit, self.algos, notes, split_batch=split,
-                     estimate=self.ranking if rank else None, near=self.near,
-                     spent_before=RANK_COST if rank else 0.0)
+                     estimate=self.ranking if rank else None, near=near,
+                     spent_before=RANK_COST if rank and not self._free else 0.0)
+        if self._free:  # the contenders first, outside the count; the rest planned as without the ranking
+            specs = [(spec, 0.0) for spec in sorted(near, key=near.get)] + \
+                plan(self.graph, self.cluster, self.budget.limit, self.algos, notes, split_batch=split)
+            notes[:] = [(n, why) for n, why in notes if n not in {s.name for s in near}]
+        self.near.update(near)
         if self.near:
             self._hold_for_refinement(specs)
             self.log(f"auto: near the best cheap estimate (within {100 * RANK_MARGIN:g} %), planned first: " +
@@ -260,7 +272,8 @@ class Search:
         failed = lambda s, e: self._failed(s, e)  # noqa: E731
         self._charges = {spec: charge for spec, charge in specs if spec.algo in PLANNERS}
         run_portfolio(runner, specs, self._judge, self.budget, self._params, on_error=failed, wanted=self._wanted,
-                      on_skip=lambda s, why: self._skip(s.name, why), resize=self._resize)
+                      on_skip=lambda s, why: self._skip(s.name, why), resize=self._resize,
+                      free=(lambda s: s in self.near) if self._free else None)
         self._timed(runner, failed)
 
     def _hold_for_refinement(self, specs: list[tuple[Spec, float]]) -> None:

@@ -100,9 +100,25 @@ def test_the_contender_is_judged_and_the_budget_holds():
 
 def test_no_ranking_on_a_budget_too_small_to_pay_for_it():
     g, c = problem()
-    s = Search(g, c, evaluations=150, time_limit=0.0, ranking=fsdp_first)  # RANK_COST is over 0.1 of 150
+    s = Search(g, c, evaluations=int(RANK_COST), time_limit=0.0, ranking=fsdp_first)  # under the whole count
     s.run()
-    assert s.near == {} and s.budget.spent <= 150 + 1e-9
+    assert s.near == {} and s.budget.spent <= RANK_COST + 1e-9
+
+
+def test_on_a_count_under_a_members_share_the_contenders_run_outside_it():
+    """RANK_COST is over a member's share of 150 (nmt on 8xA100-nvswitch: 89): the estimates and the
+    contenders they name run outside the count, so fsdp is judged once, and nothing of the count is spent on
+    it - the other members and the refinement keep what they had without the ranking."""
+    g, c = problem()
+    s = Search(g, c, evaluations=150, time_limit=0.0, ranking=fsdp_first)
+    s.run()
+    assert FSDP in s.near
+    judged = {cand.spec for cand in s.candidates}
+    assert FSDP in judged
+    plain = Search(g, c, evaluations=150, time_limit=0.0)
+    plain.run()
+    assert s.budget.spent == plain.budget.spent  # the contender cost the count nothing
+    assert FSDP not in {cand.spec for cand in plain.candidates}  # without the ranking fsdp is over its share
 
 
 def test_the_estimates_are_near_the_simulated_steps():
