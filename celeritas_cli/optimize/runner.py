@@ -180,38 +180,30 @@ def run_portfolio(runner: Runner, specs: list[tuple[Spec, float]], judge: Callab
     out: list[Candidate] = []
     skip = on_skip or (lambda spec, why: None)
     for i, (spec, charge) in enumerate(specs):
-        if free is not None and free(spec):
-            if budget.out_of_time():
-                skip(spec, "the deadline came before it could start")
-                continue
-            try:
-                cand = runner.run(spec, params(spec) if params else None)
-            except PlacerError as exc:
-                if on_error is not None:
-                    on_error(spec, exc)
-                continue
-            if judge(cand):
-                out.append(cand)
+        outside = free is not None and free(spec)
+        if outside and budget.out_of_time():
+            skip(spec, "the deadline came before it could start")
             continue
-        if budget.exhausted():
+        if not outside and budget.exhausted():
             why = ("the evaluation budget was spent before it could start" if budget.over_count(held=False) else
                    "the evaluations left are the refinement's" if budget.over_count() else
                    "the deadline came before it could start")
             for rest, _ in specs[i:]:
                 skip(rest, why)
             break
-        if wanted is not None and not wanted(spec):
-            continue
-        if resize is not None:
-            charge, refused = resize(spec, charge)
-            if refused is not None:
-                skip(spec, refused)
+        if not outside:  # sized and charged to the count before it starts
+            if wanted is not None and not wanted(spec):
                 continue
-        if not budget.affordable(charge):
-            skip(spec, f"needs about {budget.seconds_for(charge):.2g} s and {max(0.0, budget.remaining_time()):.2g} s "
-                       f"are left before the deadline")
-            continue
-        budget.charge(charge)
+            if resize is not None:
+                charge, refused = resize(spec, charge)
+                if refused is not None:
+                    skip(spec, refused)
+                    continue
+            if not budget.affordable(charge):
+                skip(spec, f"needs about {budget.seconds_for(charge):.2g} s and "
+                           f"{max(0.0, budget.remaining_time()):.2g} s are left before the deadline")
+                continue
+            budget.charge(charge)
         try:
             cand = runner.run(spec, params(spec) if params else None)
         except PlacerError as exc:

@@ -249,12 +249,14 @@ class Search:
         if rank and not self._free:  # counted before the members are planned
             self.budget.charge(RANK_COST)
         near: dict = {}
-        specs = plan(self.graph, self.cluster, self.budget.limit, self.algos, notes, split_batch=split,
-                     estimate=self.ranking if rank else None, near=near,
+        specs = plan(self.graph, self.cluster, self.budget.limit, self.algos, [] if self._free else notes,
+                     split_batch=split, estimate=self.ranking if rank else None, near=near,
                      spent_before=RANK_COST if rank and not self._free else 0.0)
-        if self._free:  # the contenders first, outside the count; the rest planned as without the ranking
-            specs = [(spec, 0.0) for spec in sorted(near, key=near.get)] + \
-                plan(self.graph, self.cluster, self.budget.limit, self.algos, notes, split_batch=split)
+        if self._free:  # the contenders first, outside the count; the others planned as without the ranking
+            rest = plan(self.graph, self.cluster, self.budget.limit, self.algos, notes, split_batch=split)
+            planned = dict(rest)  # a planner contender searches with the evaluations it was planned (uncharged)
+            specs = [(spec, planned.get(spec, 0.0)) for spec in sorted(near, key=near.get)] + \
+                [x for x in rest if x[0] not in near]
             notes[:] = [(n, why) for n, why in notes if n not in {s.name for s in near}]
         self.near.update(near)
         if self.near:
