@@ -57,6 +57,7 @@ import math
 from functools import cached_property
 
 from .cluster import Cluster
+from .collectives import collective_time as _collective_time
 from .graph import Graph
 
 
@@ -111,6 +112,15 @@ class CostModel:
         kappa = self.cluster.contention
         if any(x != 1.0 for x in kappa):     # devices sharing a host's cores (cluster ``hosts``, placer calibrate)
             self.time = [[t * x for t, x in zip(row, kappa)] for row in self.time]
+
+    def collective_time(self, devices, kind: str, nbytes: int) -> float:
+        """Seconds a collective of *kind* (``all-reduce``, ``all-gather``,
+        ``reduce-scatter``) of an *nbytes* buffer per rank takes over the
+        ranks on *devices* (device indices, the whole group): the NCCL
+        formulas of :mod:`~celeritas_cli.model.collectives`, the same for
+        every planner and the simulator.  Override to plug in measured
+        collective times."""
+        return _collective_time(self.cluster, devices, kind, nbytes)
 
     def placed_time(self, device_of) -> list[list[float]]:
         """``time`` for a placement (``device_of[v]``, -1: not placed): a host's

@@ -44,7 +44,17 @@ Semantics (docs/design.md, "The simulator"):
    whose peak is over capacity makes the status ``OOM`` (reported, not an
    error).  A placement that splits a colocation group is invalid
    (:class:`~celeritas_cli.errors.ColocationError`).
-6. The report (``placer.report/v1``, :mod:`celeritas_cli.sim.report`)
+6. Collectives (a derived graph's ``collective.*`` nodes, one per rank
+   of a group; docs/design.md, "Collectives"): each device has a
+   collective stream besides its compute slot, as NCCL runs on its own
+   CUDA stream.  A stream takes its collectives in ``seq`` order (the issue
+   order every rank shares, as NCCL requires); all members of a group start
+   together, at the first instant every member's inputs are on its device
+   and every member is at the head of its free stream, and run for
+   :meth:`~celeritas_cli.model.costs.CostModel.collective_time` of the
+   group's devices.  A collective does not hold the compute slot or a
+   point-to-point channel (its traffic is in its formula).
+7. The report (``placer.report/v1``, :mod:`celeritas_cli.sim.report`)
    carries the makespan, per-device busy
    time, utilisation and memory, per-link busy time and bytes, transfer
    totals, OOM devices, the critical path of the realised schedule (walking
@@ -129,7 +139,8 @@ def check_colocation(graph: Graph, cluster: Cluster, device_of: Sequence[int], l
 
 def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
                  order: Sequence[Sequence[int]] | None = None, *, congestion: str = DEFAULT_CONGESTION,
-                 costs: CostModel | None = None, label: str = "placement") -> Schedule:
+                 costs: CostModel | None = None, label: str = "placement",
+                 groups: dict[str, Sequence[int]] | None = None) -> Schedule:
     """Simulate *graph* on *cluster* with ``device_of[v]`` and optional strict
     per-device ``order`` (node indices); see the module docstring.
 
@@ -147,21 +158,35 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
     Placement; the placed nodes must be closed under predecessors).  Its
     ``start`` / ``finish`` stay NaN.
 
+    *groups* maps a collective group's name to the devices of the whole
+    group where *graph* holds only some of its ranks (the symmetric judge,
+    :mod:`~celeritas_cli.sim.symmetric`: one rank of each kind stands for
+    the others); by default a group is the devices of its nodes.
+
     Raises
     ------
     InvalidInput
-        Unknown congestion rule, or a strict order that cannot be followed
-        (it deadlocks against the graph's dependencies).
+        Unknown congestion rule, a strict order that cannot be followed (it
+        deadlocks against the graph's dependencies), or collectives whose
+        members disagree or whose issue orders deadlock.
     """
     check_congestion(congestion)
     costs = cost_model(graph, cluster, costs)
     dev = list(device_of)
+    coll = _Collectives.of(graph, dev, costs, groups, label)
     if order is not None:
+        if coll is not None:
+            order = [[v for v in q if coll.member[v] < 0] for q in order]
         rule = _strict_order(graph.n, order, dev)
+        if coll is not None:
+            rule.n_run += coll.n_run
     else:
         rule = _rank_order(graph, costs, dev, cluster.k)
-    sched, done = _event_loop(graph, costs, dev, cluster.k, LinkState(cluster.k, congestion).send, rule, cluster)
+    sched, done = _event_loop(graph, costs, dev, cluster.k, LinkState(cluster.k, congestion).send, rule, cluster,
+                              coll)
     if done != rule.n_run:
+        if coll is not None and coll.stuck():
+            raise InvalidInput(f"{label}: {coll.stuck()}")
         raise InvalidInput(_deadlock_message(graph, cluster, dev, rule.queues, rule.ptr, sched.finish, label))
     if rule.n_run == graph.n:
         sched.makespan = max(sched.finish, default=0.0)
@@ -229,13 +254,15 @@ def _rank_order(graph: Graph, costs: CostModel, dev: Sequence[int], k: int) -> _
 
 
 def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Callable, rule: _OrderRule,
-                cluster: Cluster) -> tuple[Schedule, int]:
-    """Rules 1-3a as a discrete-event loop; returns the schedule (makespan
-    not yet set) and how many nodes ran.  Events are ``(time, kind, a, b)``
-    with kind 0 = tensor ``a`` arrives on device ``b``, 1 = node ``a``
-    finishes on device ``b``; all events of one instant are processed
-    (finishes in node order, each sending its tensors) before any free
-    device takes its next node."""
+                cluster: Cluster, coll: "_Collectives | None" = None) -> tuple[Schedule, int]:
+    """Rules 1-3a and 6 as a discrete-event loop; returns the schedule
+    (makespan not yet set) and how many nodes ran.  Events are ``(time,
+    kind, a, b)`` with kind 0 = tensor ``a`` arrives on device ``b``, 1 =
+    node ``a`` finishes on device ``b`` (on its compute slot or, for a
+    collective, its stream); all events of one instant are processed
+    (finishes in node order, each sending its tensors) before the
+    collectives that can start do and any free device takes its next
+    node."""
     n = graph.n
     time, tensor_comm = costs.placed_time(dev), costs.tensor_comm
     tensor_src, tensor_bytes = graph.tensor_src, graph.tensor_bytes
@@ -251,13 +278,18 @@ def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Ca
     events: list[tuple[float, int, int, int]] = []
     push, pop = heapq.heappush, heapq.heappop
 
+    member = coll.member if coll is not None else None
+
     def make_ready(v: int, t: float, src: int) -> None:  # one input of v is on v's device at t
         if t >= last_in_time[v]:
             last_in_time[v] = t
             last_in_src[v] = src
         need[v] -= 1
         if need[v] == 0:
-            ready(v)
+            if member is not None and member[v] >= 0:
+                coll.ready(v)
+            else:
+                ready(v)
 
     for v in range(n):
         if need[v] == 0:
@@ -268,6 +300,13 @@ def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Ca
         steps += 1
         if steps % CHECK_EVERY == 1:  # the registry's time cap (model/clock.py): at the start, then a few ms apart
             check_time()
+        if coll is not None and coll.candidates:  # rule 6: the groups whose every member can start now
+            for v, dur, b in coll.launch(last_in_time, last_in_src):
+                start[v] = now
+                finish[v] = now + dur
+                binding[v] = b
+                device_order[dev[v]].append(v)
+                push(events, (finish[v], 1, v, dev[v]))
         for d in range(k):  # dispatch on every idle device
             if running[d] != -1 or not pending[d]:
                 continue
@@ -304,9 +343,12 @@ def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Ca
         batch_fin.sort()
         for p in batch_fin:
             a = dev[p]
-            running[a] = -1
-            dev_free[a] = now
-            dev_last[a] = p
+            if member is not None and member[p] >= 0:
+                coll.finished(p, now)
+            else:
+                running[a] = -1
+                dev_free[a] = now
+                dev_last[a] = p
             done += 1
             for t in out_tensors[p]:  # local consumers now, one transfer per remote device
                 remote: list[int] = []
@@ -326,6 +368,137 @@ def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Ca
     return Schedule(device_of=dev, start=start, finish=finish, transfers=transfers, binding=binding,
                     makespan=math.nan, device_order=device_order, graph=graph, overhead=overhead,
                     node_time=time), done
+
+
+class _Collectives:
+    """Rule 6: every device's collective stream.  ``member[v]`` is the
+    index of node *v*'s group (-1: not a collective, or not placed);
+    ``ready(v)`` is told that all of v's inputs are on its device,
+    ``launch(...)`` yields ``(node, duration, binding)`` for every member
+    of every group that can start now, ``finished(v)`` frees v's stream."""
+
+    def __init__(self, n: int) -> None:
+        self.member = [-1] * n
+        self.members: list[list[int]] = []
+        self.duration: list[float] = []
+        self.names: list[str] = []
+        self.queue: dict[int, list[int]] = {}   # device -> its collectives in issue order
+        self.ptr: dict[int, int] = {}
+        self.busy: dict[int, int] = {}          # device -> the collective running on its stream, -1 none
+        self.last: dict[int, int] = {}          # device -> the last collective its stream ran
+        self.free: dict[int, float] = {}        # device -> when its stream became free
+        self.is_ready = [False] * n
+        self.candidates: set[int] = set()
+        self.n_run = 0
+
+    @classmethod
+    def of(cls, graph: Graph, dev: Sequence[int], costs: CostModel, groups: dict | None,
+           label: str) -> "_Collectives | None":
+        """The collective streams of *graph* placed by *dev*; None when it has no collective."""
+        extra = graph.node_extra
+        if not extra:
+            return None
+        found: dict[str, list[int]] = {}
+        for v, ex in enumerate(extra):
+            if ex and "collective" in ex and dev[v] >= 0:
+                c = ex["collective"]
+                found.setdefault(c.get("group") if isinstance(c, dict) else None, []).append(v)
+        if not found:
+            return None
+        self = cls(graph.n)
+        keyed = []
+        cache: dict[tuple, float] = {}
+        for name, nodes in found.items():
+            head = extra[nodes[0]]["collective"]
+            kind, nbytes, seq, ranks = (head.get(x) for x in ("kind", "bytes", "seq", "ranks"))
+            where = f"{label}: collective '{graph.ids[nodes[0]]}'"
+            if not isinstance(name, str) or not isinstance(seq, int) or not isinstance(ranks, int) \
+                    or not isinstance(nbytes, int) or nbytes < 0:
+                raise InvalidInput(f"{where}: a collective needs a string 'group', integer 'seq', 'ranks' and "
+                                   f"'bytes' >= 0")
+            for v in nodes[1:]:
+                c = extra[v]["collective"]
+                if (c.get("kind"), c.get("bytes"), c.get("seq"), c.get("ranks")) != (kind, nbytes, seq, ranks):
+                    raise InvalidInput(f"{label}: collective group '{name}': node '{graph.ids[v]}' disagrees with "
+                                       f"'{graph.ids[nodes[0]]}' on kind, bytes, seq or ranks")
+            devs = [dev[v] for v in nodes]
+            if len(set(devs)) != len(devs):
+                raise InvalidInput(f"{label}: collective group '{name}' has two ranks on one device")
+            whole = sorted(groups[name]) if groups is not None and name in groups else sorted(devs)
+            if len(whole) != ranks:
+                raise InvalidInput(f"{label}: collective group '{name}' has {len(whole)} ranks, its nodes say "
+                                   f"{ranks}")
+            key = (tuple(whole), kind, nbytes)
+            if key not in cache:
+                cache[key] = costs.collective_time(whole, kind, nbytes)
+            keyed.append((seq, name, nodes, cache[key]))
+        keyed.sort(key=lambda x: (x[0], x[1]))
+        for g, (seq, name, nodes, dur) in enumerate(keyed):
+            self.names.append(name)
+            self.members.append(nodes)
+            self.duration.append(dur)
+            for v in nodes:
+                self.member[v] = g
+                self.queue.setdefault(dev[v], []).append(v)
+            self.n_run += len(nodes)
+        self.dev = dev
+        for d in self.queue:
+            self.ptr[d], self.busy[d], self.last[d], self.free[d] = 0, -1, -1, 0.0
+        return self
+
+    def ready(self, v: int) -> None:
+        self.is_ready[v] = True
+        self.candidates.add(self.member[v])
+
+    def _can_start(self, g: int) -> bool:
+        for v in self.members[g]:
+            d = self.dev[v]
+            if not self.is_ready[v] or self.busy[d] != -1 or self.queue[d][self.ptr[d]] != v:
+                return False
+        return True
+
+    def launch(self, last_in_time: list[float], last_in_src: list[int]):
+        """Members of the groups that start now, in group then node order."""
+        out = []
+        for g in sorted(self.candidates):
+            if not self._can_start(g):
+                continue
+            nodes = self.members[g]
+            # what let the group start: the member whose input came last, or a stream's previous collective
+            late = max(nodes, key=lambda v: (last_in_time[v], -v))
+            t_in = last_in_time[late]
+            slow = max(nodes, key=lambda v: (self.free[self.dev[v]], -v))
+            b = self.last[self.dev[slow]] if self.free[self.dev[slow]] > t_in else last_in_src[late]
+            for v in nodes:
+                d = self.dev[v]
+                self.busy[d] = v
+                self.ptr[d] += 1
+                out.append((v, self.duration[g], b))
+        self.candidates.clear()
+        return out
+
+    def finished(self, v: int, now: float) -> None:
+        d = self.dev[v]
+        self.busy[d] = -1
+        self.last[d] = v
+        self.free[d] = now
+        q = self.queue[d]
+        if self.ptr[d] < len(q):
+            self.candidates.add(self.member[q[self.ptr[d]]])
+
+    def stuck(self) -> str:
+        """Why the streams stopped, when they did (a cycle of issue orders)."""
+        for d, q in self.queue.items():
+            if self.ptr[d] < len(q):
+                v = q[self.ptr[d]]
+                g = self.member[v]
+                waiting = [u for u in self.members[g] if not self.is_ready[u] or self.queue[self.dev[u]][
+                    self.ptr[self.dev[u]]] != u]
+                if waiting:
+                    return (f"collective group '{self.names[g]}' never starts: a member waits for its inputs or "
+                            f"for a collective issued before it on its stream; the collectives' issue order "
+                            f"('seq') contradicts the graph's dependencies")
+        return ""
 
 
 class _TransferCosts:
