@@ -144,6 +144,14 @@ DEFAULT_SHARES = "equal"
 DEFAULT_OVERHEAD_S = 2.0e-6
 #: gradient bucket of data parallelism (MiB): PyTorch DDP's ``bucket_cap_mb`` default
 DEFAULT_BUCKET_MB = 25.0
+#: how a derived graph writes a collective: ``nccl`` one ``collective.*`` node per rank, costed by the
+#: NCCL formulas (:mod:`~celeritas_cli.model.collectives`) on its own stream (simulator rule 6);
+#: ``ring`` the explicit point-to-point ring steps (Patarasuk and Yuan), what ``placer run`` executes
+COLLECTIVE_FORMS = ("nccl", "ring")
+COLLECTIVES = Param(str, COLLECTIVE_FORMS[0], "nccl: each all-reduce one collective per rank, costed as NCCL runs it "
+                    "on the servers (ring in a server, hierarchical across, every NIC) on its own stream; ring: "
+                    "explicit point-to-point ring steps on the links (k^2 nodes per bucket)",
+                    choices=COLLECTIVE_FORMS)
 
 
 def shares_param(help: str) -> Param:

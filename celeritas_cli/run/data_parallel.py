@@ -133,7 +133,8 @@ def dp_buckets(dgraph) -> list[list[str]]:
     for v in range(dgraph.n):
         extra = dgraph.node_extra[v] or {}
         info = extra.get("allreduce")
-        if isinstance(info, dict) and info.get("phase") == "bucket" and extra.get("replica") == 0:
+        if isinstance(info, dict) and extra.get("replica") == 0 and isinstance(info.get("tensor"), list) \
+                and info.get("phase") in ("bucket", "all-reduce"):  # the ring form's bucket node, or the nccl one
             found.append((int(info["bucket"]), list(info["tensor"])))
     return [names for _, names in sorted(found)]
 

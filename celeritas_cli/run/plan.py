@@ -267,6 +267,8 @@ def node_infos(base, steps: list[dict], label: str = "placement"):
     graph = base
     infos = {graph.ids[v]: NodeInfo("node", v) for v in range(graph.n)}
     for step in steps:
+        if step["transform"] == "data-parallel":  # the executor runs an all-reduce as its ring steps, chunk by chunk
+            step = {**step, "collectives": "ring"}
         new = apply_step(graph, step, label)
         kind = step["transform"]
         out: dict[str, NodeInfo] = {}

@@ -375,17 +375,20 @@ class _Collectives:
     index of node *v*'s group (-1: not a collective, or not placed);
     ``ready(v)`` is told that all of v's inputs are on its device,
     ``launch(...)`` yields ``(node, duration, binding)`` for every member
-    of every group that can start now, ``finished(v)`` frees v's stream."""
+    of every group that can start now, ``finished(v, now)`` frees v's
+    stream.  Ranks of one group placed on one device (a placer that put two
+    replicas together) are reduced there first, at no cost, and take the
+    device's stream once: the collective runs over the distinct devices."""
 
     def __init__(self, n: int) -> None:
         self.member = [-1] * n
         self.members: list[list[int]] = []
         self.duration: list[float] = []
         self.names: list[str] = []
-        self.queue: dict[int, list[int]] = {}   # device -> its collectives in issue order
+        self.queue: dict[int, list[int]] = {}   # device -> its groups in issue order
         self.ptr: dict[int, int] = {}
-        self.busy: dict[int, int] = {}          # device -> the collective running on its stream, -1 none
-        self.last: dict[int, int] = {}          # device -> the last collective its stream ran
+        self.busy: dict[int, int] = {}          # device -> the group running on its stream, -1 none
+        self.last: dict[int, int] = {}          # device -> a node of the last group its stream ran
         self.free: dict[int, float] = {}        # device -> when its stream became free
         self.is_ready = [False] * n
         self.candidates: set[int] = set()
@@ -421,16 +424,13 @@ class _Collectives:
                 if (c.get("kind"), c.get("bytes"), c.get("seq"), c.get("ranks")) != (kind, nbytes, seq, ranks):
                     raise InvalidInput(f"{label}: collective group '{name}': node '{graph.ids[v]}' disagrees with "
                                        f"'{graph.ids[nodes[0]]}' on kind, bytes, seq or ranks")
-            devs = [dev[v] for v in nodes]
-            if len(set(devs)) != len(devs):
-                raise InvalidInput(f"{label}: collective group '{name}' has two ranks on one device")
-            whole = sorted(groups[name]) if groups is not None and name in groups else sorted(devs)
+            whole = list(groups[name]) if groups is not None and name in groups else [dev[v] for v in nodes]
             if len(whole) != ranks:
                 raise InvalidInput(f"{label}: collective group '{name}' has {len(whole)} ranks, its nodes say "
                                    f"{ranks}")
-            key = (tuple(whole), kind, nbytes)
+            key = (tuple(sorted(set(whole))), kind, nbytes)
             if key not in cache:
-                cache[key] = costs.collective_time(whole, kind, nbytes)
+                cache[key] = costs.collective_time(list(key[0]), kind, nbytes)
             keyed.append((seq, name, nodes, cache[key]))
         keyed.sort(key=lambda x: (x[0], x[1]))
         for g, (seq, name, nodes, dur) in enumerate(keyed):
@@ -439,7 +439,9 @@ class _Collectives:
             self.duration.append(dur)
             for v in nodes:
                 self.member[v] = g
-                self.queue.setdefault(dev[v], []).append(v)
+                q = self.queue.setdefault(dev[v], [])
+                if not q or q[-1] != g:
+                    q.append(g)
             self.n_run += len(nodes)
         self.dev = dev
         for d in self.queue:
@@ -453,7 +455,7 @@ class _Collectives:
     def _can_start(self, g: int) -> bool:
         for v in self.members[g]:
             d = self.dev[v]
-            if not self.is_ready[v] or self.busy[d] != -1 or self.queue[d][self.ptr[d]] != v:
+            if not self.is_ready[v] or self.busy[d] != -1 or self.queue[d][self.ptr[d]] != g:
                 return False
         return True
 
@@ -471,33 +473,32 @@ class _Collectives:
             b = self.last[self.dev[slow]] if self.free[self.dev[slow]] > t_in else last_in_src[late]
             for v in nodes:
                 d = self.dev[v]
-                self.busy[d] = v
-                self.ptr[d] += 1
+                if self.busy[d] != g:
+                    self.busy[d] = g
+                    self.ptr[d] += 1
                 out.append((v, self.duration[g], b))
         self.candidates.clear()
         return out
 
     def finished(self, v: int, now: float) -> None:
         d = self.dev[v]
+        if self.busy[d] != self.member[v]:
+            return  # another rank of the group on this device freed the stream at this instant
         self.busy[d] = -1
         self.last[d] = v
         self.free[d] = now
         q = self.queue[d]
         if self.ptr[d] < len(q):
-            self.candidates.add(self.member[q[self.ptr[d]]])
+            self.candidates.add(q[self.ptr[d]])
 
     def stuck(self) -> str:
         """Why the streams stopped, when they did (a cycle of issue orders)."""
         for d, q in self.queue.items():
             if self.ptr[d] < len(q):
-                v = q[self.ptr[d]]
-                g = self.member[v]
-                waiting = [u for u in self.members[g] if not self.is_ready[u] or self.queue[self.dev[u]][
-                    self.ptr[self.dev[u]]] != u]
-                if waiting:
-                    return (f"collective group '{self.names[g]}' never starts: a member waits for its inputs or "
-                            f"for a collective issued before it on its stream; the collectives' issue order "
-                            f"('seq') contradicts the graph's dependencies")
+                g = q[self.ptr[d]]
+                return (f"collective group '{self.names[g]}' never starts: a member waits for its inputs or for "
+                        f"a collective issued before it on its stream; the collectives' issue order ('seq') "
+                        f"contradicts the graph's dependencies")
         return ""
 
 

@@ -161,7 +161,7 @@ def gradient_plan(graph: Graph, k: int, cap: int) -> tuple[list[int], list[list[
     return grads, gradient_buckets(graph, grads, cap)
 
 
-def data_parallel_size(graph: Graph, replicas: int, bucket_mb: float = 0.0) -> Size:
+def data_parallel_size(graph: Graph, replicas: int, bucket_mb: float = 0.0, collectives: str = "nccl") -> Size:
     """Nodes and edges of :func:`~.replicate.data_parallel_graph` of *graph* with
     *replicas* replicas, counted from *graph* without building it.
 
@@ -172,18 +172,22 @@ def data_parallel_size(graph: Graph, replicas: int, bucket_mb: float = 0.0) -> S
     edges into the results and one edge per replica to every consumer of
     every gradient of the ring; a bucket of two or more gradients adds a
     bucket node per replica and an edge per gradient into it.  The ring is
-    what makes the graph grow as ``k^2``.
+    what makes the graph grow as ``k^2``.  In the ``nccl`` form (the
+    default) a bucket is one collective node per replica, an edge per
+    gradient into it and one per consumer out: ``O(k)``.
 
     >>> from celeritas_cli.model.graph import build
     >>> g = build("m", [{"id": "w", "compute_s": 1, "memory_bytes": 0},
     ...                 {"id": "u", "op": "optim.sgd", "compute_s": 1, "memory_bytes": 0}],
     ...           [{"src": "w", "dst": "u", "bytes": 100}])
-    >>> data_parallel_size(g, 4)
+    >>> data_parallel_size(g, 4, collectives="ring")
     Size(nodes=36, edges=56)
     >>> from celeritas_cli.transform.replicate import data_parallel_graph
-    >>> d = data_parallel_graph(g, 4, scaling="weak")
+    >>> d = data_parallel_graph(g, 4, scaling="weak", collectives="ring")
     >>> d.n, d.m
     (36, 56)
+    >>> data_parallel_size(g, 4), data_parallel_graph(g, 4, scaling="weak").n
+    (Size(nodes=12, edges=8), 12)
     """
     k = int(replicas)
     grads, buckets = gradient_plan(graph, k, bucket_cap(bucket_mb))
@@ -192,6 +196,10 @@ def data_parallel_size(graph: Graph, replicas: int, bucket_mb: float = 0.0) -> S
     nodes, edges = k * graph.n, k * kept
     for ts in buckets:
         consumers = sum(len(set(graph.edge_dst[e] for e in graph.tensor_edges[t])) for t in ts)
+        if collectives == "nccl":
+            nodes += k
+            edges += k * (len(ts) + consumers)
+            continue
         nodes += k * (2 * (k - 1) + 1)
         edges += 3 * k * (k - 1) + k * k + k * consumers
         if len(ts) > 1:

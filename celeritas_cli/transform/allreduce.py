@@ -25,10 +25,69 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..model.graph import Graph
+from ..model.params import COLLECTIVE_FORMS
 from .split_cost import COPY_BANDWIDTH_BPS
 
 #: the largest bucket capacity accepted (MiB): 1 TiB, every model's gradients in one bucket
 BUCKET_MB_MAX = 2**20
+
+
+def check_form(form: str, what: str) -> str:
+    """*form* when it is one of :data:`COLLECTIVE_FORMS`, else InvalidInput."""
+    if form not in COLLECTIVE_FORMS:
+        raise InvalidInput(f"{what}: unknown collectives form {form!r} (use {' or '.join(COLLECTIVE_FORMS)})")
+    return form
+
+
+def collective_node(nodes: list[dict], nid: str, kind: str, q: int, group: str, seq: int, ranks: int, nbytes: int,
+                    *, field: str, head: dict, memory: int = 0, extra: dict | None = None) -> str:
+    """Append the collective node ``nid`` of rank *q* (simulator rule 6): op
+    ``collective.<kind>``, the ``collective`` field the simulator reads
+    (``kind``, ``group``, ``seq``, ``bytes``, ``ranks``) and the field
+    *field* = *head* + ``phase`` (*kind*) + ``bytes`` that the derivation's
+    readers use (``allreduce``, ``fsdp``)."""
+    nd: dict[str, Any] = {"id": nid, "op": f"collective.{kind}", "compute_s": 0.0, "memory_bytes": memory,
+                          "replica": q, field: {**head, "phase": kind, "bytes": nbytes},
+                          "collective": {"kind": kind, "group": group, "seq": seq, "bytes": nbytes, "ranks": ranks}}
+    if extra:
+        nd.update(extra)
+    nodes.append(nd)
+    return nid
+
+
+def bucket_collective(graph: Graph, b: int, ts: list[int], seq: int, k: int, rep_id: list[list[str]], fresh,
+                      nodes: list[dict], edges: list[dict], ring_j: int | None = None) -> None:
+    """Append the all-reduce of gradient bucket *ts* (one gradient or more,
+    bucket order) in the ``nccl`` form: on every replica ``q`` one
+    ``collective.all-reduce`` node of the bucket's bytes, fed by the
+    bucket's gradients there (same device: DDP's flat bucket is a view of
+    them, no copy charged) and feeding every consumer of every gradient
+    there.  A single gradient's node is ``<producer>/allreduce<j>/rep<q>``
+    (*ring_j* = ``j``), a bucket's ``bucket<b>/allreduce/rep<q>``; the
+    ``allreduce`` field lists ``of`` / ``tensor`` (a bucket: lists, and
+    ``bucket``), ``phase`` ``all-reduce`` and ``bytes``."""
+    size = sum(graph.tensor_bytes[t] for t in ts)
+    of = [graph.ids[graph.tensor_src[t]] for t in ts]
+    names = [graph.tensor_name[t] for t in ts]
+    if len(ts) == 1:
+        prefix, head = f"{of[0]}/allreduce{ring_j}", {"of": of[0], "tensor": names[0]}
+        out_name = names
+    else:
+        prefix, head = f"bucket{b}/allreduce", {"bucket": b, "of": of, "tensor": names}
+        seen: dict[str, int] = {}
+        for x in names:
+            seen[x] = seen.get(x, 0) + 1
+        out_name = [x if seen[x] == 1 else f"{pid}/{x}" for x, pid in zip(names, of)]
+    group = fresh(prefix)
+    for q in range(k):
+        nid = collective_node(nodes, fresh(f"{prefix}/rep{q}"), "all-reduce", q, group, seq, k, size,
+                              field="allreduce", head=head)
+        for t in ts:
+            edges.append({"src": rep_id[q][graph.tensor_src[t]], "dst": nid, "bytes": graph.tensor_bytes[t],
+                          "tensor": graph.tensor_name[t]})
+        for t, x in zip(ts, out_name):
+            for d in dict.fromkeys(graph.edge_dst[e] for e in graph.tensor_edges[t]):
+                edges.append({"src": nid, "dst": rep_id[q][d], "bytes": graph.tensor_bytes[t], "tensor": x})
 
 
 def chunk_sizes(nbytes: int, k: int) -> list[int]:

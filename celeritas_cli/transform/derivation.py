@@ -25,7 +25,9 @@ placed a coarse graph).  Steps, applied in order:
   ``x`` MiB, absent = 0 = one ring per gradient; ``"global_batch": B``, the
   batch strong scaling divided, which the graph must hold costs for;
   ``"assume_batch": B`` when the user asserted the batch of a graph that
-  declares none): :func:`~celeritas_cli.transform.replicate.data_parallel_graph`;
+  declares none; ``"collectives": "ring"`` for explicit ring steps, absent =
+  ``nccl``, one collective node per replica and bucket):
+  :func:`~celeritas_cli.transform.replicate.data_parallel_graph`;
 * ``{"transform": "split", "node": id, "dim": "batch" | "channel", "n": n,
   "overhead_s": s}`` (and ``"assume_batch"`` as above):
   :func:`~celeritas_cli.transform.splitting.split_operation` (``node`` is
@@ -83,7 +85,7 @@ from ..errors import InvalidInput
 from ..model.graph import Graph
 from ..model.limits import TIME_MAX
 from .admit import DIMENSIONS, check_shares, data_parallel_size, replica_samples, split_refusal, split_size
-from .allreduce import BUCKET_MB_MAX
+from .allreduce import BUCKET_MB_MAX, COLLECTIVE_FORMS
 from .batch import BATCH_MAX, declared_batch
 from .fsdp import fsdp_step_build, fsdp_step_check, fsdp_step_size
 from .fsdp_units import UNIT_MB_MAX
@@ -112,7 +114,7 @@ REL_TOL = 1e-9
 
 def data_parallel_step(replicas: int, scaling: str, overhead_s: float, shares: list[float] | None = None,
                        bucket_mb: float = 0.0, *, global_batch: int | None = None,
-                       assume_batch: int | None = None) -> dict:
+                       assume_batch: int | None = None, collectives: str = "nccl") -> dict:
     """The recipe step of :func:`~.replicate.data_parallel_graph` (``shares``
     only when the batch shares are not equal, ``bucket_mb`` only when
     gradients are bucketed, ``global_batch`` the batch strong scaling
@@ -127,6 +129,8 @@ def data_parallel_step(replicas: int, scaling: str, overhead_s: float, shares: l
         step["global_batch"] = int(global_batch)
     if assume_batch is not None:
         step["assume_batch"] = int(assume_batch)
+    if collectives != "nccl":
+        step["collectives"] = collectives
     return step
 
 
@@ -201,7 +205,7 @@ def _dp_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] 
 def _dp_build(graph: Graph, step: dict) -> Graph:
     return data_parallel_graph(graph, step["replicas"], scaling=step["scaling"], overhead_s=step["overhead_s"],
                                shares=step.get("shares"), bucket_mb=step.get("bucket_mb", 0.0),
-                               assume_batch=step.get("assume_batch"))
+                               assume_batch=step.get("assume_batch"), collectives=step.get("collectives", "nccl"))
 
 
 def _split_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] | None:
@@ -250,10 +254,11 @@ STEPS: dict[str, StepKind] = {
     "data-parallel": StepKind(
         fields={"replicas": integer(1, at_most_devices=True), "scaling": choice(*SCALINGS), "overhead_s": _OVERHEAD,
                 "shares": numbers(), "bucket_mb": number(0, BUCKET_MB_MAX), "global_batch": _BATCH,
-                "assume_batch": _BATCH},
+                "assume_batch": _BATCH, "collectives": choice(*COLLECTIVE_FORMS)},
         required=("replicas",), defaults={"scaling": "strong", "overhead_s": DEFAULT_OVERHEAD_S},
         check=_dp_check, build=_dp_build,
-        size=lambda g, st: data_parallel_size(g, st["replicas"], st.get("bucket_mb", 0.0)),
+        size=lambda g, st: data_parallel_size(g, st["replicas"], st.get("bucket_mb", 0.0),
+                                              st.get("collectives", "nccl")),
         hint="fewer replicas, or larger gradient buckets (bucket_mb)"),
     "split": StepKind(
         fields={"node": string(), "dim": choice(*DIMENSIONS), "n": integer(2, at_most_devices=True),

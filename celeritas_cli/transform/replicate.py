@@ -111,7 +111,7 @@ from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
 from ..model.residency import memory_fields, resident_of
 from .admit import check_replicable, check_shares, data_parallel_size, dp_batch, gradient_plan
-from .allreduce import bucket_cap, bucket_ring, gradient_ring
+from .allreduce import bucket_cap, bucket_collective, bucket_ring, check_form, gradient_ring, ready_order
 from .size import check_size
 from .split_cost import (
     DEFAULT_OVERHEAD_S,
@@ -174,7 +174,8 @@ def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: 
 
 def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
                         overhead_s: float = DEFAULT_OVERHEAD_S, shares: list[float] | None = None,
-                        bucket_mb: float = 0.0, assume_batch: int | None = None) -> Graph:
+                        bucket_mb: float = 0.0, assume_batch: int | None = None,
+                        collectives: str = "nccl") -> Graph:
     """The data-parallel graph of *graph* with *replicas* replicas (see the
     module docstring).
 
@@ -205,6 +206,12 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     assume_batch : int, optional
         The batch the graph's costs hold for, when it declares none
         (``--assume-batch``; :func:`~.batch.declared_batch`).
+    collectives : str
+        ``"nccl"`` (default): one ``collective.all-reduce`` node per replica
+        and bucket (:func:`~.allreduce.bucket_collective`), issued in the
+        order the buckets become ready, costed by the NCCL formulas on the
+        collective stream (simulator rule 6); ``"ring"``: the explicit ring
+        steps of the module docstring (what ``placer run`` executes).
 
     Returns
     -------
@@ -245,6 +252,7 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         raise InvalidInput(f"data-parallel: unknown scaling '{scaling}' (use strong or weak)")
     strong = scaling == "strong"
     cap = bucket_cap(bucket_mb)
+    check_form(collectives, "data-parallel")
     if shares is not None and not strong:
         raise InvalidInput("data-parallel: batch shares need strong scaling (weak: every replica runs the "
                            "whole batch)")
@@ -254,7 +262,7 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         shares = None if len(set(samples)) == 1 else [b / batch for b in samples]
     elif shares is not None:
         shares = check_shares(shares, k)
-    check_size(data_parallel_size(graph, k, bucket_mb), f"data-parallel: {k} replicas of graph '{graph.name}'",
+    check_size(data_parallel_size(graph, k, bucket_mb, collectives), f"data-parallel: {k} replicas of graph '{graph.name}'",
                "use fewer replicas (-p devices=N)" + (" or gradient buckets (-p bucket_mb=25)" if cap <= 0 else ""),
                devices=k)
     prof = batch_profile(graph)
@@ -291,7 +299,17 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
             edges.append(out)
     grads, buckets = gradient_plan(graph, k, cap)
     ring_of = {t: j for t, j in zip(grads, _ring_index(graph, grads))}
-    for b, ts in enumerate(buckets):
+    if collectives == "nccl" and buckets:
+        run = ready_order(graph)  # DDP issues the all-reduces in the order the buckets become ready
+        src = graph.tensor_src
+        issue = sorted(range(len(buckets)), key=lambda b: (max(run[src[t]] for t in buckets[b]), b))
+        seq_of = {b: i for i, b in enumerate(issue)}
+        for b, ts in enumerate(buckets):
+            bucket_collective(graph, b, ts, seq_of[b], k, rep_id, fresh, nodes, edges, ring_of[ts[0]])
+        buckets_done = True
+    else:
+        buckets_done = False
+    for b, ts in enumerate(buckets if not buckets_done else []):
         if len(ts) == 1:
             gradient_ring(graph, ts[0], ring_of[ts[0]], k, rep_id, fresh, nodes, edges)
         else:
@@ -301,6 +319,7 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         meta["batch_size"] = batch  # the assumed one, when the graph declares none
     meta["data_parallel"] = _info(graph, k, scaling, shares, grads, buckets if cap > 0 else None, bucket_mb,
                                   batch, samples)
+    meta["data_parallel"]["collectives"] = collectives
     name = f"{graph.name}+dp{k}"
     return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
                            label=name)

@@ -81,9 +81,6 @@ def test_bad_collectives_are_refused():
     g = build("t", [_coll("c0", "g", 0), _coll("c1", "g", 1)], [])
     with pytest.raises(InvalidInput, match="disagrees"):
         run_schedule(g, C2, [0, 1])
-    g = build("t", [_coll("c0", "g", 0), _coll("c1", "g", 0)], [])
-    with pytest.raises(InvalidInput, match="two ranks on one device"):
-        run_schedule(g, C2, [0, 0])
     g = build("t", [_coll("c0", "g", 0, ranks=3), _coll("c1", "g", 0, ranks=3)], [])
     with pytest.raises(InvalidInput, match="has 2 ranks"):
         run_schedule(g, C2, [0, 1])
@@ -95,3 +92,13 @@ def test_contradicting_issue_orders_are_a_deadlock_said_in_one_line():
               [{"src": "b0", "dst": "a0", "bytes": 1}])
     with pytest.raises(InvalidInput, match="never starts"):
         run_schedule(g, C2, [0, 1, 0, 1])
+
+
+def test_ranks_on_one_device_reduce_there_and_take_its_stream_once():
+    # 3 ranks, two of them on device 0: the collective runs over the 2 distinct devices (1 s, as above)
+    g = build("t", [_coll(f"c{i}", "g", 0, ranks=3) for i in range(3)] + [_coll(f"d{i}", "h", 1, ranks=3)
+                                                                      for i in range(3)], [])
+    s = run_schedule(g, C2, [0, 0, 1, 0, 0, 1])
+    t = _times(g, s)
+    assert t["c0"] == t["c1"] == t["c2"] == (0.0, 1.0)
+    assert t["d0"] == t["d2"] == (1.0, 2.0)

@@ -55,10 +55,10 @@ def test_split_size_is_the_built_graph_size():
 
 
 def test_a_million_replicas_are_refused_before_anything_is_built():
-    """N08: the recipe with 1,000,000 replicas grew past 2 GB; now sized first (k^2 ring nodes)."""
+    """N08: the recipe with 1,000,000 replicas grew past 2 GB; now sized first (k^2 ring nodes then; k collective nodes per bucket now)."""
     g = training_model()
     with pytest.raises(InvalidInput, match=r"^p.json: derivation.steps\[0\] \(data-parallel\) would build a "
-                                           r"derived graph of 2,000,003,000,000 nodes"):
+                                           r"derived graph of 5,000,000 nodes"):
         derive(g, {"steps": [data_parallel_step(10**6, "weak", 0.0)]}, "p.json")
     # with a cluster, replicas beyond its devices are refused at once, naming the field
     with pytest.raises(InvalidInput, match=r"field derivation.steps\[0\].replicas: 1000000 is more than the 4 "
@@ -73,15 +73,16 @@ def test_a_million_replicas_are_refused_before_anything_is_built():
 
 
 def test_data_parallel_on_1024_devices_refuses_in_one_line_and_the_budget_is_a_knob():
-    """N09: the ring graph grows as k^2 per bucket (2(k-1) steps on every replica); k = 1024 is
-    over the budget (and its cost model would hold a time per node and device)."""
+    """N09: the ring form grows as k^2 per bucket (2(k-1) steps on every replica); k = 1024 is
+    over the budget.  The nccl form (the default) is one collective node per replica and bucket."""
     g = layered(60, seed=7)
-    size = data_parallel_size(g, 1024, 25.0)
+    size = data_parallel_size(g, 1024, 25.0, "ring")
     assert size.nodes == 1024 * 60 + 1024 * (2 * 1023 + 1) + 1024  # 60-node replicas + one bucket's ring
     with pytest.raises(InvalidInput, match=r"data-parallel: 1024 replicas of graph 'layered_n60_s7' would build a "
                                            r"derived graph of 2,158,592 nodes .* over the budget of 62,500 nodes on "
                                            r"1024 devices .*; use fewer replicas"):
-        data_parallel_graph(g, 1024, bucket_mb=25.0, assume_batch=4096)
+        data_parallel_graph(g, 1024, bucket_mb=25.0, assume_batch=4096, collectives="ring")
+    assert data_parallel_size(g, 1024, 25.0).nodes == 1024 * 60 + 1024  # one collective per replica: in budget
     with derived_budget(10):
         with pytest.raises(InvalidInput, match="over the budget of 10 nodes"):
             data_parallel_graph(g, 2)

@@ -130,7 +130,7 @@ def test_accumulation_inside_data_parallelism():
     d = microbatch_graph(dp, 2, overhead_s=0.0)
     rings = [v for v in range(d.n) if "allreduce" in (d.node_extra[v] or {})]
     assert len(rings) == sum(1 for v in range(dp.n) if "allreduce" in (dp.node_extra[v] or {}))
-    first = [v for v in rings if d.node_extra[v]["allreduce"]["phase"] == "reduce-scatter"]
+    first = [v for v in rings if d.node_extra[v]["allreduce"]["phase"] == "all-reduce"]
     assert {d.op[u] for v in first for u in d.pred[v]} == {"accumulate_grad"}
     assert d.meta["microbatch"]["micro_batches"] == [2, 2]  # of one replica's 4 samples
 
@@ -141,7 +141,7 @@ def test_replicated_pipelines_and_the_cross_check_of_both_orders():
     b = data_parallel_graph(microbatch_graph(g, 2, overhead_s=0.0), 2, overhead_s=0.0)
     # data parallelism of the micro-batched graph reduces the accumulated gradients; accumulation is not shared
     ring_inputs = {b.op[u] for v in range(b.n) if (b.node_extra[v] or {}).get("allreduce", {}).get("phase")
-                   == "reduce-scatter" for u in b.pred[v]}
+                   == "all-reduce" for u in b.pred[v]}
     assert ring_inputs == {"accumulate_grad"}
     acc = [v for v in range(b.n) if b.op[v] == "accumulate_grad"]
     assert all(b.compute[v] == pytest.approx(3 * 8 / 9e11) and b.memory[v] == 8 for v in acc)

@@ -49,7 +49,7 @@ def tiny(grad_bytes: int = 1000, phase: str = "training") -> Graph:
 def test_ring_allreduce_bytes_memory_and_makespan_by_hand():
     g = tiny()
     cl = uniform(4, bandwidth=1000.0, latency=0.0, memory=10_000)
-    p = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0})
+    p = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0, "collectives": "ring"})
     rep = simulate(g, cl, p)
     # ring of 4: each device sends 2 (k-1) = 6 chunks of 250 B = 2 (k-1)/k of the 1000-byte gradient
     assert p.estimate["allreduce_bytes_per_device"] == 2 * 3 * 1000 // 4 == 1500
@@ -67,7 +67,7 @@ def test_ring_allreduce_bytes_memory_and_makespan_by_hand():
 def test_two_replicas_by_hand():
     g = tiny(grad_bytes=100)
     cl = uniform(2, bandwidth=100.0, latency=0.0)
-    p = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0})
+    p = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0, "collectives": "ring"})
     # x 0.2, f 4, b 4; chunk 50 B: reduce-scatter 0.5 s, add, all-gather 0.5 s; u 1 s
     assert simulate(g, cl, p)["makespan_s"] == pytest.approx(0.2 + 4 + 4 + 0.5 + 3 * 50 / COPY_BANDWIDTH_BPS
                                                              + 0.5 + 1.0, rel=1e-12)
@@ -75,7 +75,7 @@ def test_two_replicas_by_hand():
 
 
 def test_ring_structure_is_self_describing():
-    d = data_parallel_graph(tiny(), 4, overhead_s=0.0)
+    d = data_parallel_graph(tiny(), 4, overhead_s=0.0, collectives="ring")
     extra = {d.ids[v]: d.node_extra[v] for v in range(d.n)}
     assert extra["f/rep2"]["replica"] == 2 and extra["f/rep2"]["origin"] == "f"
     assert d.colocation[d.index["u/rep3"]] == "p/rep3" == d.colocation[d.index["f/rep3"]]
@@ -91,14 +91,14 @@ def test_ring_structure_is_self_describing():
 
 def test_chunks_of_an_uneven_gradient():
     assert chunk_sizes(1002, 4) == [251, 251, 250, 250]
-    d = data_parallel_graph(tiny(grad_bytes=1002), 4)
+    d = data_parallel_graph(tiny(grad_bytes=1002), 4, collectives="ring")
     assert d.meta["data_parallel"]["allreduce_bytes_per_device"] == 2 * 3 * 1002 // 4
 
 
 def test_inference_graph_has_nothing_to_all_reduce():
     g = tiny(phase="inference")
     cl = uniform(4, bandwidth=1000.0, latency=0.0)
-    p = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0})
+    p = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0, "collectives": "ring"})
     rep = simulate(g, cl, p)
     assert rep["links"] == [] and p.estimate["gradient_bytes"] == 0
     assert rep["makespan_s"] == pytest.approx(0.1 + 2 + 2)
@@ -107,7 +107,7 @@ def test_inference_graph_has_nothing_to_all_reduce():
 def test_oom_is_reported_like_any_placement():
     g = tiny()
     cl = uniform(4, bandwidth=1000.0, latency=0.0, memory=500)
-    p = registry.place(g, cl, "data-parallel")
+    p = registry.place(g, cl, "data-parallel", params={"collectives": "ring"})
     assert p.estimate["status"] == "OOM" and p.estimate["oom_devices"] == cl.ids
     assert simulate(g, cl, p)["status"] == "OOM"
 
@@ -135,7 +135,7 @@ def test_layered_graph_updates_are_recognised_and_reduced():
     prof = batch_profile(g)
     assert updates and sum(prof.gradient) == len(updates)
     cl = uniform(4)
-    p = registry.place(g, cl, "data-parallel")
+    p = registry.place(g, cl, "data-parallel", params={"collectives": "ring"})
     rep = simulate(g, cl, p)
     assert rep["makespan_s"] == pytest.approx(p.estimate["makespan_s"])
     assert p.estimate["gradient_bytes"] == sum(g.tensor_bytes[t] for t in range(len(g.tensor_src)) if prof.gradient[t])
@@ -158,7 +158,7 @@ def test_coarse_graph_is_not_replicated_and_a_forged_base_is_caught_the_same_way
     cl = uniform(2, bandwidth=100.0, latency=0.0)
     with pytest.raises(InvalidInput, match="graph 'tiny@test' is coarse: .* replicate the original graph 'tiny'"):
         registry.place(cg, cl, "data-parallel")
-    p = registry.place(g, cl, "data-parallel")
+    p = registry.place(g, cl, "data-parallel", params={"collectives": "ring"})
     assert p.derived.meta["data_parallel"]["gradients"] == 1
     p.derivation = {**p.derivation, "base": {"graph": "tiny@test", "members": [["x", "f"], ["b", "u"]]}}
     with pytest.raises(InvalidInput, match=r"^p.json: derivation.steps\[0\] \(data-parallel\): graph 'tiny@test' is "
@@ -172,7 +172,7 @@ def test_coarse_graph_is_not_replicated_and_a_forged_base_is_caught_the_same_way
 def test_forged_data_parallel_graph_is_rejected():
     g = tiny()
     cl = uniform(4, bandwidth=1000.0, latency=0.0, memory=500)
-    p = registry.place(g, cl, "data-parallel")
+    p = registry.place(g, cl, "data-parallel", params={"collectives": "ring"})
     forged = copy.deepcopy(p.to_dict(embed_derived=True)["split_graph"])
     for nd in forged["nodes"]:
         nd["memory_bytes"] //= 4  # hide the OOM
@@ -185,7 +185,7 @@ def test_forged_data_parallel_graph_is_rejected():
 def test_cli_place_simulate_and_a_forged_file(tmp_path):
     gpath = tmp_path / "tiny.json"
     gpath.write_text(json.dumps(tiny().to_dict()))
-    r = CliRunner().invoke(main, ["place", str(gpath), "--algo", "data-parallel", "--no-timings", "--embed-derived"])
+    r = CliRunner().invoke(main, ["place", str(gpath), "--algo", "data-parallel", "-p", "collectives=ring", "--no-timings", "--embed-derived"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["derivation"]["steps"][0]["transform"] == "data-parallel"
@@ -230,7 +230,7 @@ def test_part_time_from_the_roofline_at_the_smaller_shape():
 def test_given_re_evaluates_a_data_parallel_placement(tmp_path):
     g = tiny()
     cl = uniform(4, bandwidth=1000.0, latency=0.0)
-    p = registry.place(g, cl, "data-parallel")
+    p = registry.place(g, cl, "data-parallel", params={"collectives": "ring"})
     path = tmp_path / "dp.json"
     path.write_text(json.dumps(p.to_dict()))
     q = registry.place(g, cl, "given", params={"file": str(path)})
@@ -245,7 +245,7 @@ def test_proportional_shares_by_hand_and_through_the_recipe():
     # = (4 + 4) / (1 + 3), the work bound of any derivation: optimal.
     g = build("ab", [node("a", 4.0, 400), node("b", 4.0)], [edge("a", "b", 100)], meta={"batch_size": 4})
     cl = uniform(2, bandwidth=100.0, latency=0.0, speeds=[1.0, 3.0])
-    eq = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0})
+    eq = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0, "collectives": "ring"})
     pr = registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0, "shares": "proportional"})
     assert eq.estimate["makespan_s"] == 4.0 and "shares" not in eq.derivation["steps"][0]
     assert pr.estimate["shares"] == pytest.approx([0.25, 0.75])
@@ -273,7 +273,7 @@ def test_proportional_shares_on_identical_devices_are_equal_and_weak_is_refused(
     with pytest.raises(InvalidInput, match="shares: proportional needs scaling=strong"):
         registry.place(g, cl, "data-parallel", params={"shares": "proportional", "scaling": "weak"})
     with pytest.raises(InvalidInput, match="3 positive batch fractions"):
-        data_parallel_graph(g, 3, shares=[0.5, 0.5])
+        data_parallel_graph(g, 3, shares=[0.5, 0.5], collectives="ring")
 
 
 # ------------------------------------------------------ bucket_mb (DDP gradient bucketing)
@@ -289,7 +289,7 @@ def three(sizes=(100, 100, 100), k_time: float = 6.0) -> Graph:
 
 
 def _place(g, cl, mb):
-    return registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0, "bucket_mb": mb})
+    return registry.place(g, cl, "data-parallel", params={"overhead_s": 0.0, "bucket_mb": mb, "collectives": "ring"})
 
 
 MIB = 2**20
@@ -349,7 +349,7 @@ def test_bucketing_loses_when_the_bucket_waits_for_its_last_gradient_by_hand():
 def test_buckets_follow_the_ready_order_and_close_at_the_cap():
     g = three((100, 200, 301))
     # g3 (100) + g2 (200) reach a 300-byte cap: the bucket closes; g1 alone
-    d = data_parallel_graph(g, 2, bucket_mb=300 / MIB)
+    d = data_parallel_graph(g, 2, bucket_mb=300 / MIB, collectives="ring")
     info = d.node_extra[d.index["bucket0/allreduce/bucket/rep1"]]["allreduce"]
     assert info == {"bucket": 0, "of": ["b3", "b2"], "tensor": ["g3", "g2"], "phase": "bucket", "bytes": 300}
     assert "b1/allreduce0/rep0" in d.index  # a bucket of one gradient is that gradient's ring
@@ -359,7 +359,8 @@ def test_buckets_follow_the_ready_order_and_close_at_the_cap():
     assert sorted((d.ids[d.edge_dst[e]], d.edge_bytes[e], d.tensor_name[d.edge_tensor[e]])
                   for e in d.out_edges[res]) == [("u2/rep1", 200, "g2"), ("u3/rep1", 100, "g3")]
     # a cap below every gradient: the per-gradient graph, node for node and edge for edge
-    small, per = data_parallel_graph(g, 3, bucket_mb=1 / MIB).to_dict(), data_parallel_graph(g, 3).to_dict()
+    small = data_parallel_graph(g, 3, bucket_mb=1 / MIB, collectives="ring").to_dict()
+    per = data_parallel_graph(g, 3, collectives="ring").to_dict()
     assert small["nodes"] == per["nodes"] and small["edges"] == per["edges"]
 
 
@@ -368,7 +369,7 @@ def test_a_gradient_made_after_an_update_of_the_bucket_starts_a_new_bucket():
     doc = three().to_dict()
     doc["edges"].append({"src": "u3", "dst": "b1", "bytes": 0, "tensor": "step"})
     g = Graph.from_dict(doc)
-    d = data_parallel_graph(g, 2, bucket_mb=1.0)
+    d = data_parallel_graph(g, 2, bucket_mb=1.0, collectives="ring")
     assert d.meta["data_parallel"]["buckets"] == 2 and "b1/allreduce0/rep0" in d.index
     assert d.node_extra[d.index["bucket0/allreduce/bucket/rep0"]]["allreduce"]["of"] == ["b3", "b2"]
 
@@ -377,7 +378,7 @@ def test_bucket_recipe_round_trip_and_forgeries_through_the_cli(tmp_path):
     gpath = tmp_path / "three.json"
     gpath.write_text(json.dumps(three().to_dict()))
     cl = ["--cluster", "8xA100-nvswitch"]
-    r = CliRunner().invoke(main, ["place", str(gpath), "--algo", "data-parallel", "-p", "bucket_mb=1", *cl,
+    r = CliRunner().invoke(main, ["place", str(gpath), "--algo", "data-parallel", "-p", "bucket_mb=1", "-p", "collectives=ring", *cl,
                                   "--no-timings", "--embed-derived"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)

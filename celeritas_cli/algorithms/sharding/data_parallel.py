@@ -33,7 +33,7 @@ from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...model.placement import Placement, finite_or_none
-from ...model.params import DEFAULT_BUCKET_MB, DEFAULT_OVERHEAD_S, DEFAULT_SHARES
+from ...model.params import COLLECTIVES, DEFAULT_BUCKET_MB, DEFAULT_OVERHEAD_S, DEFAULT_SHARES
 from ...registry import ASSUME_BATCH, DEVICES, Param, overhead_param, register, shares_param
 from ...transform.admit import dp_batch
 from ...transform.allreduce import BUCKET_MB_MAX
@@ -197,12 +197,13 @@ def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
                   "bucket_mb": Param(float, DEFAULT_BUCKET_MB, "gradients all-reduced in buckets of this many MiB "
                                      "in the order they become ready (PyTorch DDP's bucket_cap_mb, not in "
                                      "FastT); 0 = one ring all-reduce per gradient", min=0, max=BUCKET_MB_MAX),
+                  "collectives": COLLECTIVES,
                   "assume_batch": ASSUME_BATCH},
           quick_params={})
 def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None,
                   devices: str = "", scaling: str = "strong", overhead_s: float = DEFAULT_OVERHEAD_S,
                   shares: str = DEFAULT_SHARES, bucket_mb: float = DEFAULT_BUCKET_MB,
-                  assume_batch: int = 0) -> Placement:
+                  assume_batch: int = 0, collectives: str = "nccl") -> Placement:
     """Data-parallel placement of *graph* (FastT's DP baseline).
 
     Parameters
@@ -311,7 +312,7 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
             or whole_samples(batch, k, what=what)
         split = None if len(set(samples)) == 1 else [b / batch for b in samples]
     g2 = data_parallel_graph(graph, k, scaling=scaling, overhead_s=overhead_s, shares=split,
-                             bucket_mb=bucket_mb, assume_batch=assumed)
+                             bucket_mb=bucket_mb, assume_batch=assumed, collectives=collectives)
     c2 = costs.for_graph(g2)
     device_of = replica_devices(g2, devs)
     sched = run_schedule(g2, cluster, device_of, None, costs=c2)
@@ -336,5 +337,6 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     p = Placement.from_indices(g2, cluster, device_of, algorithm="data-parallel", seed=seed, estimate=estimate)
     strong_split = batch is not None and scaling == "strong" and k > 1
     attach(p, graph, g2, [data_parallel_step(k, scaling, overhead_s, split, bucket_mb,
-                                             global_batch=batch if strong_split else None, assume_batch=assumed)])
+                                             global_batch=batch if strong_split else None, assume_batch=assumed,
+                                             collectives=collectives)])
     return p
