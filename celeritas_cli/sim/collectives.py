@@ -97,7 +97,7 @@ from ..errors import InvalidInput
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter")
 #: cached group shapes / plans per cluster before the cache is emptied (a bound on memory, not a tuning knob)
-CACHE_MAX = 1 << 16
+CACHE_MAX = 4096
 _FABRIC_NAMES = {"nvswitch": "NVSwitch", "nvlink": "NVLink", "pcie": "PCIe"}
 
 
