@@ -105,7 +105,7 @@ class CostModel:
         coll = self.cluster.collective_step
         if any(coll):                        # a ring collective's fixed cost per step (hosts, placer calibrate)
             for v, op in enumerate(graph.op):
-                if op.endswith(RING_STEPS):
+                if op.endswith(RING_STEPS) and not op.startswith("collective."):  # those: collective_time
                     self.time[v] = [t + c for t, c in zip(self.time[v], coll)]
         #: the node times without contention (the same list as ``time`` when no host has any)
         self.alone_time = self.time

@@ -1,4 +1,4 @@
-"""The NCCL collective cost formula (celeritas_cli/sim/collectives.py): hand-computed times on one
+"""The NCCL collective cost formula (celeritas_cli.model.collectives.py): hand-computed times on one
 DGX A100, two of them, a pairwise PCIe cluster, uneven groups and oversubscription; the identities
 a ring obeys (Rabenseifner: reduce-scatter + all-gather = all-reduce); bad input refused."""
 
@@ -12,7 +12,7 @@ from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import Cluster, uniform
 from celeritas_cli.model.io import bundled_cluster
 from celeritas_cli.model.servers import make_doc
-from celeritas_cli.sim.collectives import KINDS, bus_bytes, collective_plan, collective_time
+from celeritas_cli.model.collectives import KINDS, bus_bytes, collective_plan, collective_time
 
 FAB_BW, FAB_LAT = 3e11, 3e-6        # DGX A100 NVSwitch, per direction
 NIC_BW, NIC_LAT = 2.5e10, 5e-6      # one HDR 200 Gb/s NIC
