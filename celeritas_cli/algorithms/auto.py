@@ -39,6 +39,7 @@ from ..model.congestion import DEFAULT_CONGESTION
 from ..model.costs import CostModel, cost_model
 from ..model.clock import keep_best
 from ..model.graph import Graph
+from ..model.estimate import Estimate
 from ..model.placement import Placement, finite_or_none
 from ..optimize.portfolio import batch_split_refusal
 from ..model.params import DEFAULT_TIME_LIMIT
@@ -223,9 +224,16 @@ def _answer(search: Search, out, graph: Graph, cluster: Cluster, seed: int, cong
         estimate["skipped"] = out.skipped
     won = out.winner.placement.estimate if out.winner is not None and out.graph is not graph else {}
     estimate.update({key: won[key] for key in PIPELINE_FIELDS if key in won})  # a pipeline's plan, for its words
-    p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", order=out.order, seed=seed,
-                               estimate=estimate)
-    if out.graph is not graph:  # a derived graph (splits, data parallelism): keep it and its recipe
+    won_p = out.winner.placement if out.winner is not None else None
+    if won_p is not None and won_p.replicas is not None and out.graph is not graph:  # a symmetric plan, as it came
+        p = Placement(graph=graph.original_name, cluster=cluster.name, algorithm="auto",
+                      assignment=dict(won_p.assignment), order=won_p.order, seed=seed, estimate=Estimate.from_dict(estimate),
+                      derivation=won_p.derivation, replicas=won_p.replicas, cluster_digest=cluster.digest(),
+                      cluster_file=cluster.source)
+    else:
+        p = Placement.from_indices(out.graph, cluster, out.device_of, algorithm="auto", order=out.order, seed=seed,
+                                   estimate=estimate)
+    if out.graph is not graph and p.replicas is None:  # a derived graph (splits, data parallelism): keep it
         p.derivation, p.derived = out.winner.placement.derivation, out.graph
         p.graph = graph.original_name
     p.estimate.details["plan"] = describe_placement(p, graph, cluster)  # the winner's plan in words (issue 23.4)

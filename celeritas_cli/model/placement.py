@@ -18,6 +18,11 @@ and, when the algorithm placed a graph it derived from the input:
   :mod:`celeritas_cli.transform.recompute`; docs/design.md, "Pipelines").  ``base``
   (``{"graph": name, "members": [[ids], ...]}``) is present when the
   algorithm's input was a coarse graph: its nodes' members, in order.
+* ``replicas`` (a symmetric plan whose recipe ends in data parallelism,
+  :mod:`celeritas_cli.sim.symmetric`): ``{"devices": [[device ids of
+  replica r], ...]}``, replica ``r``'s device for each of replica 0's; the
+  ``assignment`` and ``order`` then name replica 0's nodes only, so the
+  file's size does not grow with the replicas.
 * ``split_graph`` (only when asked, ``placer place --embed-derived``): the
   derived graph document the assignment and order refer to.  Its nodes say
   what they are: replicas carry ``replica`` and ``origin``, ring all-reduce
@@ -87,6 +92,9 @@ class Placement:
     derivation: dict | None = None
     cluster_digest: str | None = None
     cluster_file: str | None = None
+    #: a symmetric plan's replica map (sim/symmetric.py): ``{"devices": [[ids of replica r], ...]}``; the
+    #: assignment and order then name replica 0's nodes only
+    replicas: dict | None = None
     derived: Graph | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -181,7 +189,9 @@ class Placement:
         doc["placement_time_s"] = self.placement_time_s if timings else 0.0
         if self.derivation is not None:
             doc["derivation"] = self.derivation
-        if embed_derived:
+        if self.replicas is not None:
+            doc["replicas"] = self.replicas
+        if embed_derived and self.replicas is None:
             if self.derived is not None:
                 doc["split_graph"] = self.derived.to_dict()
             elif self.split_graph is not None:
@@ -200,7 +210,8 @@ class Placement:
                    params=dict(doc.get("params") or {}), seed=doc.get("seed"),
                    estimate=Estimate.from_dict(doc.get("estimate"), f"{label}: estimate"),
                    placement_time_s=float(doc.get("placement_time_s", 0.0)),
-                   split_graph=doc.get("split_graph"), derivation=doc.get("derivation"))
+                   split_graph=doc.get("split_graph"), derivation=doc.get("derivation"),
+                   replicas=doc.get("replicas"))
 
     # ---------------------------------------------------------- resolution
     def check_graph(self, graph: Graph, label: str = "placement") -> None:

@@ -24,6 +24,8 @@ from ..model.cluster import Cluster
 from ..model.costs import CostModel
 from ..model.graph import Graph
 from ..model.placement import Placement
+from ..sim import symmetric
+from ..transform.derivation import derive
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class Runner:
         self.assume_batch = assume_batch  # passed to the members that take it (--assume-batch)
         self.coarse: dict[int, Graph] = {}
         self._dp: tuple[Graph, Placement] | None = None
+        self._dp_compact: Placement | None = None
 
     def coarse_graph(self, R: int) -> Graph:
         if R not in self.coarse:
@@ -108,6 +111,11 @@ class Runner:
         """The data-parallel graph (equal shares) and its placement, built once."""
         if self._dp is None:
             self.run(Spec("data-parallel"))
+        if self._dp is None and self._dp_compact is not None:  # every replica built, for the placers that move nodes
+            p = symmetric.expand(self.graph, self.cluster, self._dp_compact, "data-parallel")
+            p.derived = derive(self.graph, p.derivation, "data-parallel", devices=self.cluster.k,
+                               cluster=self.cluster.name)
+            self._dp = (p.derived, p)
         assert self._dp is not None
         return self._dp
 
@@ -132,6 +140,11 @@ class Runner:
             if chatty():
                 for line in said.getvalue().splitlines():
                     warn(f"auto: {spec.name}: {line}")
+        if p.replicas is not None:  # a symmetric plan: judged one replica of each kind (sim/symmetric.py)
+            if spec == Spec("data-parallel") and not params:
+                self._dp_compact = p
+            j = symmetric.judge(g, self.cluster, p, spec.name)
+            return Candidate(spec, p, j.graph, j.device_of, j.order, derived=True)
         if p.split_graph is not None or p.derived is not None:
             judged = derived_graph(p, spec.name)
             device_of, order = p.resolve(judged, self.cluster, spec.name)

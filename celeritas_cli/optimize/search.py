@@ -439,6 +439,8 @@ class Search:
         for cand in self.starts():
             if self.budget.exhausted():
                 break
+            if cand.placement.replicas is not None:
+                continue  # a symmetric plan: moving one copy's nodes would break the copies' symmetry
             prob = self._problem(cand)
             if prob._levels is None and not self.budget.affordable(LEVELS_COST * prob.ev.weight):
                 self.log(f"auto: refinement of {cand.spec.name} skipped: its levels need about "

@@ -143,6 +143,8 @@ def verify(candidates: list[tuple[str, Placement, float]], run: Callable[[Placem
 def candidate_placement(cand, cluster: Cluster, graph: Graph) -> Placement:
     """A portfolio :class:`~celeritas_cli.optimize.portfolio.Candidate` as a placement of *graph*
     (a derived candidate carries its graph's recipe, as ``auto``'s own answer does)."""
+    if cand.placement.replicas is not None:  # a symmetric plan: its own file form
+        return cand.placement
     p = Placement.from_indices(cand.graph, cluster, cand.device_of, algorithm="auto", order=cand.order)
     if cand.derived:
         p.derivation, p.derived = cand.placement.derivation, cand.graph

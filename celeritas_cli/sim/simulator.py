@@ -161,7 +161,9 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
     *groups* maps a collective group's name to the devices of the whole
     group where *graph* holds only some of its ranks (the symmetric judge,
     :mod:`~celeritas_cli.sim.symmetric`: one rank of each kind stands for
-    the others); by default a group is the devices of its nodes.
+    the others; default: ``graph.meta["collective_devices"]``, device ids,
+    which the symmetric judge's graphs carry); else a group is the devices
+    of its nodes.
 
     Raises
     ------
@@ -173,6 +175,8 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
     check_congestion(congestion)
     costs = cost_model(graph, cluster, costs)
     dev = list(device_of)
+    if groups is None and isinstance(graph.meta.get("collective_devices"), dict):  # a symmetric judge's graph
+        groups = {name: [cluster.index[i] for i in ids] for name, ids in graph.meta["collective_devices"].items()}
     coll = _Collectives.of(graph, dev, costs, groups, label)
     if order is not None:
         if coll is not None:
@@ -606,7 +610,7 @@ def lower_bound(graph: Graph, cluster: Cluster, costs: CostModel | None = None) 
 
 def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion: str = DEFAULT_CONGESTION,
              label: str = "placement", schedule_out: list | None = None,
-             costs: CostModel | None = None, memory: str = DEFAULT_RULE) -> dict:
+             costs: CostModel | None = None, memory: str = DEFAULT_RULE, full: bool = False) -> dict:
     """Simulate *placement* of *graph* on *cluster* and return the
     ``placer.report/v1`` document (see the module docstring).
 
@@ -622,6 +626,10 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     *memory* is the memory rule, ``"time"`` (default) or ``"static"``
     (:mod:`~celeritas_cli.sim.memory`; a graph that declares no
     ``resident_bytes`` is judged by the static rule and the report says so).
+    A placement that lists its replicas' devices (``replicas``) is judged
+    one replica of each kind at a time when its replicas run alike
+    (:mod:`~celeritas_cli.sim.symmetric`), else - or with *full* - every
+    replica is simulated.
 
     Raises
     ------
@@ -648,17 +656,40 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     check_rule(memory)
     placement.check_graph(graph, label)
     given = graph  # bounds of a derived placement say which graph they hold for (sim/bounds.py)
-    if placement.split_graph is not None or placement.derivation is not None:
+    judged = None
+    if placement.replicas is not None:
+        from . import symmetric  # a layer above this module's event loop
+
+        rmap, kind_of, _ = symmetric.prepare(graph, cluster, placement, label)
+        why = "asked (--full-sim)" if full else symmetric.asymmetry(cluster, rmap, kind_of)
+        if why is None:
+            judged = symmetric.judge(graph, cluster, placement, label)
+        else:
+            from ..log import warn
+
+            warn(f"{label}: every replica simulated: {why}")
+            placement = symmetric.expand(graph, cluster, placement, label)
+    if judged is not None:
+        graph = judged.graph
+        device_of, order = judged.device_of, judged.order
+    elif placement.split_graph is not None or placement.derivation is not None:
         graph = rebuild(graph, placement.derivation, placement.split_graph, label, devices=cluster.k,
                         cluster=cluster.name)
-    device_of, order = placement.resolve(graph, cluster, label)
+    if judged is None:
+        device_of, order = placement.resolve(graph, cluster, label)
     check_colocation(graph, cluster, device_of, label)
     costs = cost_model(graph, cluster, costs)
-    sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs, label=label)
+    sched = run_schedule(graph, cluster, device_of, order, congestion=congestion, costs=costs, label=label,
+                         groups=judged.groups if judged is not None else None)
     if schedule_out is not None:
         schedule_out.append(sched)
     bounds = lower_bounds(graph, cluster, costs, given=given, derivation=placement.derivation)
-    return build_report(graph, cluster, placement, sched, costs, congestion, bounds, given=given, memory=memory)
+    report = build_report(graph, cluster, placement, sched, costs, congestion, bounds, given=given, memory=memory)
+    if judged is not None:
+        from .symmetric import expand_report
+
+        report = expand_report(report, cluster, judged)
+    return report
 
 
 def makespan_of(graph: Graph, cluster: Cluster, device_of: Sequence[int],

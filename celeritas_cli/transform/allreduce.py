@@ -56,7 +56,8 @@ def collective_node(nodes: list[dict], nid: str, kind: str, q: int, group: str, 
 
 
 def bucket_collective(graph: Graph, b: int, ts: list[int], seq: int, k: int, rep_id: list[list[str]], fresh,
-                      nodes: list[dict], edges: list[dict], ring_j: int | None = None) -> None:
+                      nodes: list[dict], edges: list[dict], ring_j: int | None = None,
+                      reps: list[int] | None = None) -> None:
     """Append the all-reduce of gradient bucket *ts* (one gradient or more,
     bucket order) in the ``nccl`` form: on every replica ``q`` one
     ``collective.all-reduce`` node of the bucket's bytes, fed by the
@@ -65,7 +66,8 @@ def bucket_collective(graph: Graph, b: int, ts: list[int], seq: int, k: int, rep
     there.  A single gradient's node is ``<producer>/allreduce<j>/rep<q>``
     (*ring_j* = ``j``), a bucket's ``bucket<b>/allreduce/rep<q>``; the
     ``allreduce`` field lists ``of`` / ``tensor`` (a bucket: lists, and
-    ``bucket``), ``phase`` ``all-reduce`` and ``bytes``."""
+    ``bucket``), ``phase`` ``all-reduce`` and ``bytes``.  *reps*: the
+    replicas built (default all ``k``; the symmetric judge builds some)."""
     size = sum(graph.tensor_bytes[t] for t in ts)
     of = [graph.ids[graph.tensor_src[t]] for t in ts]
     names = [graph.tensor_name[t] for t in ts]
@@ -79,7 +81,7 @@ def bucket_collective(graph: Graph, b: int, ts: list[int], seq: int, k: int, rep
             seen[x] = seen.get(x, 0) + 1
         out_name = [x if seen[x] == 1 else f"{pid}/{x}" for x, pid in zip(names, of)]
     group = fresh(prefix)
-    for q in range(k):
+    for q in range(k) if reps is None else reps:
         nid = collective_node(nodes, fresh(f"{prefix}/rep{q}"), "all-reduce", q, group, seq, k, size,
                               field="allreduce", head=head)
         for t in ts:

@@ -79,6 +79,7 @@ order), everything else exactly.  ``name`` and ``meta`` are not compared
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from ..errors import InvalidInput
@@ -202,10 +203,11 @@ def _dp_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] 
     return None
 
 
-def _dp_build(graph: Graph, step: dict) -> Graph:
+def _dp_build(graph: Graph, step: dict, represent: list[int] | None = None) -> Graph:
     return data_parallel_graph(graph, step["replicas"], scaling=step["scaling"], overhead_s=step["overhead_s"],
                                shares=step.get("shares"), bucket_mb=step.get("bucket_mb", 0.0),
-                               assume_batch=step.get("assume_batch"), collectives=step.get("collectives", "nccl"))
+                               assume_batch=step.get("assume_batch"), collectives=step.get("collectives", "nccl"),
+                               represent=represent)
 
 
 def _split_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] | None:
@@ -289,13 +291,14 @@ TRANSFORMS = tuple(STEPS)
 
 
 def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices: int | None = None,
-           cluster: str = "") -> Graph:
+           cluster: str = "", represent: list[int] | None = None) -> Graph:
     """The derived graph: *graph* (the base, see :func:`base_graph`) with the
     recipe's steps applied in order.  Every step's fields are checked
     first (:func:`~.recipe_check.check_recipe`); then each step is checked
     against the graph it applies to, sized (:mod:`~.size`) and only then
     built (:func:`apply_step`).  *devices* (the cluster's device count, when
-    known) bounds ``replicas`` and ``n``.
+    known) bounds ``replicas`` and ``n``.  *represent*: build only these
+    replicas of the last (data-parallel) step (:func:`represented`).
 
     Raises
     ------
@@ -304,9 +307,24 @@ def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices:
         ``<label>: derivation.steps[i] (<transform>): ...``.
     """
     ctx = Context(label, devices, cluster)
-    for i, (step, kind) in enumerate(check_recipe(derivation, STEPS, ctx)):
+    steps = check_recipe(derivation, STEPS, ctx)
+    for i, (step, kind) in enumerate(steps):
+        if represent is not None and i == len(steps) - 1:
+            kind = represented(step, kind, represent, label)
         graph = _apply(graph, i, step, kind, ctx)
     return graph
+
+
+def represented(step: dict, kind: StepKind, reps: list[int], label: str) -> StepKind:
+    """The last step of a recipe built for the symmetric judge
+    (:mod:`~celeritas_cli.sim.symmetric`): a data-parallel step in the nccl
+    form with only the replicas *reps* built, sized as such."""
+    if step["transform"] != "data-parallel" or step.get("collectives", "nccl") != "nccl":
+        raise InvalidInput(f"{label}: only a recipe that ends in data parallelism (nccl collectives) can be judged "
+                           f"one replica of each kind at a time")
+    return replace(kind, size=lambda g, st: data_parallel_size(g, st["replicas"], st.get("bucket_mb", 0.0), "nccl",
+                                                                len(reps)),
+                   build=lambda g, st: _dp_build(g, st, reps))
 
 
 def apply_step(graph: Graph, step: Any, label: str = "derivation", *, devices: int | None = None,
@@ -355,7 +373,7 @@ def base_graph(graph: Graph, derivation: Any, label: str) -> Graph:
 
 
 def rebuild(graph: Graph, derivation: dict | None, carried: dict | None, label: str = "placement", *,
-            devices: int | None = None, cluster: str = "") -> Graph:
+            devices: int | None = None, cluster: str = "", represent: list[int] | None = None) -> Graph:
     """The derived graph a placement refers to, rebuilt from *graph* and the
     recipe (:func:`derive`); a *carried* ``split_graph`` must match it.
 
@@ -390,7 +408,8 @@ def rebuild(graph: Graph, derivation: dict | None, carried: dict | None, label: 
     if derivation is None:
         raise InvalidInput(f"{label}: the placement carries a split_graph but no derivation, so placer cannot check "
                            f"that it derives from graph '{graph.name}'; re-run placer place to get one")
-    derived = derive(base_graph(graph, derivation, label), derivation, label, devices=devices, cluster=cluster)
+    derived = derive(base_graph(graph, derivation, label), derivation, label, devices=devices, cluster=cluster,
+                     represent=represent)
     if carried is not None:
         diff = first_difference(derived.to_dict(), carried)
         if diff:

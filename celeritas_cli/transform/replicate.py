@@ -175,7 +175,7 @@ def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: 
 def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
                         overhead_s: float = DEFAULT_OVERHEAD_S, shares: list[float] | None = None,
                         bucket_mb: float = 0.0, assume_batch: int | None = None,
-                        collectives: str = "nccl") -> Graph:
+                        collectives: str = "nccl", represent: list[int] | None = None) -> Graph:
     """The data-parallel graph of *graph* with *replicas* replicas (see the
     module docstring).
 
@@ -212,6 +212,12 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         order the buckets become ready, costed by the NCCL formulas on the
         collective stream (simulator rule 6); ``"ring"``: the explicit ring
         steps of the module docstring (what ``placer run`` executes).
+    represent : list of int, optional
+        Build only these replicas (the symmetric judge,
+        :mod:`~celeritas_cli.sim.symmetric`: one replica of each kind stands
+        for the others): their nodes, ids and costs are those of the full
+        graph, and their collectives still say ``ranks = k`` (the nccl form
+        only).  ``meta.data_parallel.represented`` lists them.
 
     Returns
     -------
@@ -253,6 +259,9 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     strong = scaling == "strong"
     cap = bucket_cap(bucket_mb)
     check_form(collectives, "data-parallel")
+    reps = sorted(set(int(r) for r in represent)) if represent is not None else list(range(k))
+    if represent is not None and (collectives != "nccl" or not reps or reps[0] < 0 or reps[-1] >= k):
+        raise InvalidInput(f"data-parallel: represent {represent!r} must list replicas 0..{k - 1} of the nccl form")
     if shares is not None and not strong:
         raise InvalidInput("data-parallel: batch shares need strong scaling (weak: every replica runs the "
                            "whole batch)")
@@ -262,7 +271,8 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         shares = None if len(set(samples)) == 1 else [b / batch for b in samples]
     elif shares is not None:
         shares = check_shares(shares, k)
-    check_size(data_parallel_size(graph, k, bucket_mb, collectives), f"data-parallel: {k} replicas of graph '{graph.name}'",
+    check_size(data_parallel_size(graph, k, bucket_mb, collectives, len(reps)),
+               f"data-parallel: {k} replicas of graph '{graph.name}'",
                "use fewer replicas (-p devices=N)" + (" or gradient buckets (-p bucket_mb=25)" if cap <= 0 else ""),
                devices=k)
     prof = batch_profile(graph)
@@ -276,9 +286,9 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         if shares is None else None
     templates = [base or [_replica_template(graph, v, prof, k, strong, overhead_s, fixed_out[v], shares[r])
                           for v in range(n)] for r in range(k)]
-    rep_id = [[fresh(f"{graph.ids[v]}/rep{r}") for v in range(n)] for r in range(k)]
+    rep_id = [[fresh(f"{graph.ids[v]}/rep{r}") for v in range(n)] if r in reps else [] for r in range(k)]
     nodes: list[dict] = []
-    for r in range(k):
+    for r in reps:
         for v in range(n):
             nd = {"id": rep_id[r][v], **templates[r][v], "replica": r, "origin": graph.ids[v]}
             if graph.colocation[v] is not None:
@@ -286,7 +296,7 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
             nodes.append(nd)
     reduce = k > 1
     edges: list[dict] = []
-    for r in range(k):
+    for r in reps:
         for e, ed in enumerate(edge_dicts(graph)):
             t = graph.edge_tensor[e]
             if reduce and prof.gradient[t]:
@@ -305,7 +315,7 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         issue = sorted(range(len(buckets)), key=lambda b: (max(run[src[t]] for t in buckets[b]), b))
         seq_of = {b: i for i, b in enumerate(issue)}
         for b, ts in enumerate(buckets):
-            bucket_collective(graph, b, ts, seq_of[b], k, rep_id, fresh, nodes, edges, ring_of[ts[0]])
+            bucket_collective(graph, b, ts, seq_of[b], k, rep_id, fresh, nodes, edges, ring_of[ts[0]], reps)
         buckets_done = True
     else:
         buckets_done = False
@@ -320,6 +330,8 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     meta["data_parallel"] = _info(graph, k, scaling, shares, grads, buckets if cap > 0 else None, bucket_mb,
                                   batch, samples)
     meta["data_parallel"]["collectives"] = collectives
+    if represent is not None:
+        meta["data_parallel"]["represented"] = reps
     name = f"{graph.name}+dp{k}"
     return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
                            label=name)

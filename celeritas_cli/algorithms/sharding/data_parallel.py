@@ -32,15 +32,17 @@ from ...errors import InvalidInput
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
+from ...model.estimate import Estimate
 from ...model.placement import Placement, finite_or_none
 from ...model.params import COLLECTIVES, DEFAULT_BUCKET_MB, DEFAULT_OVERHEAD_S, DEFAULT_SHARES
 from ...registry import ASSUME_BATCH, DEVICES, Param, overhead_param, register, shares_param
 from ...transform.admit import dp_batch
 from ...transform.allreduce import BUCKET_MB_MAX
 from ...transform.batch import balance_samples, whole_samples
-from ...transform.derivation import attach, data_parallel_step
+from ...transform.derivation import attach, data_parallel_step, recipe
 from ...transform.replicate import SCALINGS, data_parallel_graph
 from ...transform.split_cost import batch_profile, part_times
+from ...sim import symmetric
 from ...sim.simulator import lower_bound, run_schedule
 
 
@@ -311,22 +313,36 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         samples = (speed_samples(graph, costs, devs, batch, overhead_s, what) if split is not None else None) \
             or whole_samples(batch, k, what=what)
         split = None if len(set(samples)) == 1 else [b / batch for b in samples]
+    strong_split = batch is not None and scaling == "strong" and k > 1
+    step = data_parallel_step(k, scaling, overhead_s, split, bucket_mb, global_batch=batch if strong_split else None,
+                              assume_batch=assumed, collectives=collectives)
+    if collectives == "nccl" and k > 1:
+        return _symmetric(graph, cluster, costs, devs, step, seed)
     g2 = data_parallel_graph(graph, k, scaling=scaling, overhead_s=overhead_s, shares=split,
                              bucket_mb=bucket_mb, assume_batch=assumed, collectives=collectives)
     c2 = costs.for_graph(g2)
     device_of = replica_devices(g2, devs)
     sched = run_schedule(g2, cluster, device_of, None, costs=c2)
     loads = g2.memory_by(device_of, cluster.k)
+    lb = lower_bound(g2, cluster, c2)  # of the data-parallel graph: the original's critical path does not bound it
+    estimate = _estimate(graph, cluster, g2, sched, loads, lb, devs, step)
+    p = Placement.from_indices(g2, cluster, device_of, algorithm="data-parallel", seed=seed, estimate=estimate)
+    attach(p, graph, g2, [step])
+    return p
+
+
+def _estimate(graph: Graph, cluster: Cluster, g2: Graph, sched, loads: list[int], lb: float, devs: list[int],
+              step: dict) -> dict:
+    """The planner's estimate of a data-parallel plan: the simulated step, memory, bytes."""
     oom = [cluster.ids[d] for d in cluster.over_capacity(loads)]
     info = g2.meta["data_parallel"]
-    lb = lower_bound(g2, cluster, c2)  # of the data-parallel graph: the original's critical path does not bound it
     estimate = {"makespan_s": sched.makespan, "makespan_by": "simulator", "status": "OOM" if oom else "FEASIBLE",
                 "lower_bound_s": lb, "makespan_over_lb": finite_or_none(sched.makespan / lb) if lb > 0 else None,
-                "replicas": len(devs), "devices": [cluster.ids[d] for d in devs], "scaling": scaling,
+                "replicas": len(devs), "devices": [cluster.ids[d] for d in devs], "scaling": step["scaling"],
                 "gradient_bytes": info["gradient_bytes"],
                 "allreduce_bytes_per_device": info["allreduce_bytes_per_device"], "max_memory_bytes": max(loads)}
-    if split is not None:
-        estimate["shares"] = split
+    if step.get("shares") is not None:
+        estimate["shares"] = step["shares"]
     if "buckets" in info:
         estimate["bucket_mb"], estimate["buckets"] = info["bucket_mb"], info["buckets"]
     if "global_batch" in info:
@@ -334,9 +350,28 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
         estimate["replica_batch"] = info["replica_batch"]
     if oom:
         estimate["oom_devices"] = oom
-    p = Placement.from_indices(g2, cluster, device_of, algorithm="data-parallel", seed=seed, estimate=estimate)
-    strong_split = batch is not None and scaling == "strong" and k > 1
-    attach(p, graph, g2, [data_parallel_step(k, scaling, overhead_s, split, bucket_mb,
-                                             global_batch=batch if strong_split else None, assume_batch=assumed,
-                                             collectives=collectives)])
+    return estimate
+
+
+def _symmetric(graph: Graph, cluster: Cluster, costs: CostModel, devs: list[int], step: dict, seed: int) -> Placement:
+    """The plan in its symmetric form (:mod:`~celeritas_cli.sim.symmetric`):
+    replica 0's nodes on its device, the replica map, judged one replica of
+    each kind (the full graph of ``k`` replicas is never built)."""
+    k = len(devs)
+    one = data_parallel_graph(graph, k, scaling=step["scaling"], overhead_s=step["overhead_s"],
+                              shares=step.get("shares"), bucket_mb=step.get("bucket_mb", 0.0),
+                              assume_batch=step.get("assume_batch"), represent=[0])
+    p = Placement(graph=graph.original_name, cluster=cluster.name, algorithm="data-parallel",
+                  assignment={nid: cluster.ids[devs[0]] for nid in one.ids}, seed=seed,
+                  derivation=recipe(graph, [step]), replicas={"devices": [[cluster.ids[d]] for d in devs]},
+                  cluster_digest=cluster.digest(), cluster_file=cluster.source)
+    j = symmetric.judge(graph, cluster, p, "data-parallel")
+    c2 = costs.for_graph(j.graph)
+    sched = run_schedule(j.graph, cluster, j.device_of, None, costs=c2, groups=j.groups)
+    judged = j.graph.memory_by(j.device_of, cluster.k)
+    loads = [0] * cluster.k
+    for r, rs in enumerate(j.kind_of):
+        loads[devs[r]] = judged[devs[rs]]
+    lb = lower_bound(j.graph, cluster, c2)
+    p.estimate = Estimate.from_dict(_estimate(graph, cluster, j.graph, sched, loads, lb, devs, step))
     return p
