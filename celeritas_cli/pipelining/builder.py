@@ -62,6 +62,7 @@ from ..model.cluster import Cluster
 from ..model.costs import upward_rank
 from ..model.graph import Graph
 from ..model.placement import Placement
+from ..sim.symmetric import kinds
 from ..transform.derivation import attach, data_parallel_step
 from ..transform.microbatch import microbatch_graph, microbatch_step
 from ..transform.recompute import recompute_graph, recompute_step
@@ -188,7 +189,7 @@ def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int],
     est = {**plan_estimate(d, devs, cluster, sched, n_microbatches), **(estimate or {})}
     return placement_of(d, cluster, device_of, order, algorithm=algorithm, seed=seed, estimate=est,
                         params={"stages": len(devs), "microbatches": n_microbatches, "schedule": sched.name,
-                                **(params or {})})
+                                **(params or {})}, devs=devs)
 
 
 def plan_estimate(d: "Derived", devs: Sequence[Sequence[int]], cluster: Cluster, schedule: str | Schedule,
@@ -209,12 +210,27 @@ def plan_estimate(d: "Derived", devs: Sequence[Sequence[int]], cluster: Cluster,
 
 
 def placement_of(d: "Derived", cluster: Cluster, device_of: Sequence[int], order: list[list[int]] | None, *,
-                 algorithm: str, params: dict, seed: int | None, estimate: dict) -> Placement:
+                 algorithm: str, params: dict, seed: int | None, estimate: dict,
+                 devs: Sequence[Sequence[int]] | None = None) -> Placement:
     """The :class:`~celeritas_cli.model.placement.Placement` of a laid-out
-    pipeline, with its recipe from the base graph."""
+    pipeline, with its recipe from the base graph; replicated pipelines
+    (stage groups *devs*) in the symmetric form: replica 0's nodes and
+    orders, and the replica map (:mod:`~celeritas_cli.sim.symmetric`)."""
     out = Placement.from_indices(d.graph, cluster, device_of, algorithm=algorithm, order=order, params=params,
                                  seed=seed, estimate=estimate)
     attach(out, d.base, d.graph, d.steps)
+    if "represented" in d.graph.meta.get("data_parallel", {}):
+        if devs is None:
+            raise ValueError("placement_of: a replicated pipeline needs its stage groups (devs)")
+        rep0 = {d.graph.ids[x] for x in range(d.graph.n) if (d.graph.node_extra[x] or {}).get("replica", 0) == 0}
+        out.assignment = {nid: did for nid, did in out.assignment.items() if nid in rep0}
+        stages = list(dict.fromkeys(s for s in range(len(devs)) if devs[s][0] not in
+                                    {devs[t][0] for t in range(s)}))  # interleaved chunks share devices
+        rows = [[cluster.ids[devs[s][r]] for s in stages] for r in range(d.R)]
+        if out.order is not None:
+            out.order = {did: [nid for nid in seq if nid in rep0] for did, seq in out.order.items() if did in rows[0]}
+        out.replicas = {"devices": rows}
+        out.derived = None
     return out
 
 
@@ -309,11 +325,13 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
             steps.append(recompute_step(ids))
             mbg = recompute_graph(mbg, ids)
     derived = mbg
-    if R > 1:
+    if R > 1:  # the replicas in the symmetric form: one of each kind built (sim/symmetric.py)
+        step = data_parallel_step(R, "strong", overhead_s, list(shares) if shares is not None else None, bucket_mb)
+        built = sorted(set(kinds(mbg, step)))
         derived = data_parallel_graph(mbg, R, scaling="strong", overhead_s=overhead_s,
-                                      shares=list(shares) if shares is not None else None, bucket_mb=bucket_mb)
-        steps.append(data_parallel_step(R, "strong", overhead_s, list(shares) if shares is not None else None,
-                                        bucket_mb))
+                                      shares=list(shares) if shares is not None else None, bucket_mb=bucket_mb,
+                                      represent=built)
+        steps.append(step)
     return Derived(graph, derived, mbg, steps, R, list(reps), lane_mb, list(mb["micro_batches"]),
                    len(mbg.meta.get("recompute", [])), not uniform_reps)
 
@@ -331,6 +349,13 @@ def layout(d: Derived, stage_of: Sequence[int], devs: Sequence[Sequence[int]], s
     blocks = stage_blocks(d.mbg, d.base, stage_of)
     where = _lanes(d.graph, d.mbg, blocks, d.R, d.reps)
     device_of = [devs[s][lane] for s, lane, _, _ in where]
+    if "represented" in d.graph.meta.get("data_parallel", {}):  # every collective costed for its whole group
+        groups: dict[str, list[int]] = {}
+        for x, (s, _, _, _) in enumerate(where):
+            c = (d.graph.node_extra[x] or {}).get("collective")
+            if c is not None:
+                groups.setdefault(c["group"], [devs[s][q] for q in range(d.R)])
+        d.graph.meta["collective_devices"] = groups
     if len(devs) == 1 and all(len(mbs) == 1 for mbs in d.lane_mb[0]):
         return device_of, None
     return device_of, _orders(d.graph, where, [list(g) for g in devs], d.lane_mb, sched, p, v, k)

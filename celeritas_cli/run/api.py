@@ -79,11 +79,12 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
     InvalidInput
         Placement or graph made for another graph, an invalid placement, a bad device map.
     """
-    from .plan import plan_of, simulated
+    from .plan import executable, plan_of, simulated
     from .program import Program
     from .step import capture_real
 
     say = progress or (lambda msg: None)
+    placement = executable(placement, cluster, label)
     kind, recipe = plan_of(placement, label)
     if kind != "plain":
         kw = dict(label=label, config=config, graph=graph, graph_label=graph_label, device_map=device_map, seed=seed,

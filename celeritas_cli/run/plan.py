@@ -45,6 +45,8 @@ loss is taken to be a mean over samples, as GPipe, Megatron-LM and
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +94,59 @@ class Layout:
     def weight(self, inst: tuple[int, int]) -> float:
         """The instance's share of the global batch (its gradients' weight)."""
         return self.sizes[inst] / self.total
+
+
+_COLLECTIVE_ID = re.compile(r"^(.*/allreduce\d*~*)/rep(\d+)$")
+
+
+def executable(placement, cluster, label: str):
+    """*placement* in the form ``placer run`` executes: every replica listed
+    (a symmetric plan expanded, :func:`~celeritas_cli.sim.symmetric.expand`)
+    and data parallelism's all-reduces as explicit ring steps (the recipe's
+    ``collectives: ring``; each collective node ``P/rep<q>`` becomes the
+    ring's ``P/bucket/rep<q>`` (a bucket), ``P/rs<s>/rep<q>``,
+    ``P/ag<s>/rep<q>`` and ``P/rep<q>`` on its device, in that order where
+    it stood in the device's order), which the executor runs chunk by chunk
+    over point-to-point sends.  The simulated step ``placer run`` reports is
+    this form's.
+
+    >>> from types import SimpleNamespace as NS
+    >>> from celeritas_cli.model.placement import Placement
+    >>> p = Placement("g", "c", "data-parallel", {"w/rep0": "a", "w/allreduce0/rep0": "a", "w/rep1": "b",
+    ...     "w/allreduce0/rep1": "b"}, derivation={"steps": [{"transform": "data-parallel", "replicas": 2}]})
+    >>> q = executable(p, None, "p")
+    >>> sorted(q.assignment), q.derivation["steps"][0]["collectives"]  # doctest: +NORMALIZE_WHITESPACE
+    (['w/allreduce0/ag0/rep0', 'w/allreduce0/ag0/rep1', 'w/allreduce0/rep0', 'w/allreduce0/rep1',
+      'w/allreduce0/rs0/rep0', 'w/allreduce0/rs0/rep1', 'w/rep0', 'w/rep1'], 'ring')
+    """
+    import copy
+
+    if getattr(placement, "replicas", None) is not None:
+        from ..sim.symmetric import expand
+
+        placement = expand(None, cluster, placement, label)
+    steps = (placement.derivation or {}).get("steps") or []
+    dp = [i for i, st in enumerate(steps) if isinstance(st, dict) and st.get("transform") == "data-parallel"]
+    if not dp or steps[dp[-1]].get("collectives", "nccl") != "nccl" or placement.split_graph is not None:
+        return placement
+    k = int(steps[dp[-1]]["replicas"])
+
+    def ring(nid: str) -> list[str]:
+        m = _COLLECTIVE_ID.match(nid)
+        if m is None or k < 2:
+            return [nid]
+        prefix, q = m.group(1), m.group(2)
+        head = [f"{prefix}/bucket/rep{q}"] if re.fullmatch(r"bucket\d+/allreduce~*", prefix) else []
+        return head + [f"{prefix}/{ph}{s}/rep{q}" for ph in ("rs", "ag") for s in range(k - 1)] + [nid]
+
+    out = copy.copy(placement)
+    out.derivation = {**placement.derivation, "steps": [dict(st) for st in steps]}
+    out.derivation["steps"][dp[-1]]["collectives"] = "ring"
+    out.assignment = {x: did for nid, did in placement.assignment.items() for x in ring(nid)}
+    if placement.order is not None:
+        out.order = {did: [x for nid in seq for x in ring(nid)] for did, seq in placement.order.items()}
+    out.derived = None
+    return out
 
 
 def plan_of(placement, label: str) -> tuple[str, Any]:
@@ -267,8 +322,6 @@ def node_infos(base, steps: list[dict], label: str = "placement"):
     graph = base
     infos = {graph.ids[v]: NodeInfo("node", v) for v in range(graph.n)}
     for step in steps:
-        if step["transform"] == "data-parallel":  # the executor runs an all-reduce as its ring steps, chunk by chunk
-            step = {**step, "collectives": "ring"}
         new = apply_step(graph, step, label)
         kind = step["transform"]
         out: dict[str, NodeInfo] = {}

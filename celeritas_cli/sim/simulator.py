@@ -161,9 +161,9 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
     *groups* maps a collective group's name to the devices of the whole
     group where *graph* holds only some of its ranks (the symmetric judge,
     :mod:`~celeritas_cli.sim.symmetric`: one rank of each kind stands for
-    the others; default: ``graph.meta["collective_devices"]``, device ids,
-    which the symmetric judge's graphs carry); else a group is the devices
-    of its nodes.
+    the others; default: ``graph.meta["collective_devices"]``, device
+    indices, which the symmetric judge's graphs carry in memory); else a
+    group is the devices of its nodes.
 
     Raises
     ------
@@ -176,7 +176,7 @@ def run_schedule(graph: Graph, cluster: Cluster, device_of: Sequence[int],
     costs = cost_model(graph, cluster, costs)
     dev = list(device_of)
     if groups is None and isinstance(graph.meta.get("collective_devices"), dict):  # a symmetric judge's graph
-        groups = {name: [cluster.index[i] for i in ids] for name, ids in graph.meta["collective_devices"].items()}
+        groups = graph.meta["collective_devices"]
     coll = _Collectives.of(graph, dev, costs, groups, label)
     if order is not None:
         if coll is not None:

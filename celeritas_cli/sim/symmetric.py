@@ -240,14 +240,20 @@ def judge(graph: Graph, cluster: Cluster, placement: Placement, label: str = "pl
             j = rmap.devices[int(reduced.node_extra[x].get("replica", 0))].index(device_of[x])
             groups[c["group"]] = [rmap.devices[r][j] for r in range(rmap.k)]
     # every simulation of this graph (auto's evaluations too) costs the collectives for the whole groups
-    reduced.meta["collective_devices"] = {name: [cluster.ids[d] for d in devs] for name, devs in groups.items()}
+    reduced.meta["collective_devices"] = groups
     return Judged(reduced, device_of, order, groups, rmap, kind_of)
 
 
-def expand(graph: Graph, cluster: Cluster, placement: Placement, label: str = "placement") -> Placement:
+def expand(graph: Graph | None, cluster: Cluster, placement: Placement, label: str = "placement") -> Placement:
     """The same plan with every replica's nodes listed (what the full event
-    simulation, ``--full-sim``, and asymmetric plans get)."""
-    rmap, kind_of, _ = prepare(graph, cluster, placement, label)
+    simulation, ``--full-sim``, and asymmetric plans get); *graph* is not
+    needed (the replica map is the placement's)."""
+    steps = (placement.derivation or {}).get("steps") or [{}]
+    k = steps[-1].get("replicas") if isinstance(steps[-1], dict) else None
+    if not isinstance(k, int) or k < 1:
+        raise InvalidInput(f"{label}: field replicas: only a placement whose recipe ends in data parallelism lists "
+                           f"its replicas' devices")
+    rmap = replica_map(placement.replicas, cluster, k, label)
     col = {d: j for j, d in enumerate(rmap.devices[0])}
     ids = cluster.ids
     assignment: dict[str, str] = {}

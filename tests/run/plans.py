@@ -16,7 +16,7 @@ def hybrid_plan(graph: Graph, cluster, stage_of: list[int], m: int, schedule: st
     *schedule* (:func:`pipeline_orders`), the ring all-reduce nodes before the once-per-step tail.  Replicated
     then micro-batched (*dp_first*): no order (the simulator's rule).  *bucket_mb*: DDP buckets of the all-reduce."""
     S = max(stage_of) + 1
-    dp = data_parallel_step(k, "strong", 0.0, bucket_mb=bucket_mb)
+    dp = data_parallel_step(k, "strong", 0.0, bucket_mb=bucket_mb, collectives="ring")  # what run executes
     if dp_first:
         rep = apply_step(graph, dp)
         mb = microbatch_graph(rep, m, overhead_s=0.0)

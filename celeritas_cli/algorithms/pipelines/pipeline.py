@@ -48,11 +48,10 @@ from ...model.limits import TIME_MAX
 from ...model.placement import Placement
 from ...model.params import DEFAULT_TIME_LIMIT
 from ...registry import ASSUME_BATCH, Param, evaluations_param, register, time_limit_param
-from ...pipelining.builder import check_pipelinable
+from ...pipelining.builder import check_pipelinable, placement_of
 from ...pipelining.params import AUTO, N_MICROBATCHES, RECOMPUTE, SCHEDULE
 from ...pipelining.schedules import get_schedule
 from ...transform.batch import declared_batch
-from ...transform.derivation import attach
 from .search import Fixed, PipelineSearch, default_budget, estimate_of, fits_text, parse_groups, shape_fields
 
 
@@ -173,10 +172,8 @@ def _answer(graph: Graph, cluster: Cluster, out, budget, seed: int) -> Placement
     est.update(_shape_fields(best, cluster))
     par = {"stages": best.plan.shape.p, "replicas": best.plan.shape.R, "microbatches": best.plan.shape.n_microbatches,
            "schedule": best.plan.shape.schedule.name}
-    p = Placement.from_indices(best.derived.graph, cluster, best.device_of, algorithm="pipeline", order=best.order,
-                               params=par, seed=seed, estimate=est)
-    attach(p, graph, best.derived.graph, best.derived.steps)
-    return p
+    return placement_of(best.derived, cluster, best.device_of, best.order, algorithm="pipeline", params=par,
+                        seed=seed, estimate=est, devs=[list(g) for g in best.plan.shape.groups])
 
 
 def _shape_fields(best, cluster: Cluster) -> dict:

@@ -82,4 +82,4 @@ def realise(graph, cluster: Cluster, costs: CostModel, stage_of: Sequence[int], 
     est["recomputed_stages"] = sorted(rc) if d.recomputed else []
     est["plan"] = pipeline_words(est, lambda x: cluster.devices[cluster.index[x]].type)
     return placement_of(d, cluster, device_of, order, algorithm=algorithm, seed=0, estimate=est,
-                        params={"microbatches": per_replica, "schedule": schedule.name, **params})
+                        params={"microbatches": per_replica, "schedule": schedule.name, **params}, devs=groups)
