@@ -62,7 +62,7 @@ from ..model.cluster import Cluster
 from ..model.costs import upward_rank
 from ..model.graph import Graph
 from ..model.placement import Placement
-from ..sim.symmetric import kinds
+from ..transform.admit import replica_kinds as kinds
 from ..transform.derivation import attach, data_parallel_step
 from ..transform.microbatch import microbatch_graph, microbatch_step
 from ..transform.recompute import recompute_graph, recompute_step

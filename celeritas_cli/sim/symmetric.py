@@ -51,7 +51,7 @@ from ..errors import InvalidInput
 from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.placement import Placement
-from ..transform.admit import dp_batch
+from ..transform.admit import replica_kinds as kinds
 from ..transform.derivation import base_graph, derive
 
 __all__ = ["ReplicaMap", "Judged", "replica_map", "kinds", "asymmetry", "judge", "expand", "expand_report"]
@@ -96,17 +96,6 @@ def replica_map(doc: Any, cluster: Cluster, k: int, label: str) -> ReplicaMap:
             idx.append(d)
         out.append(tuple(idx))
     return ReplicaMap(tuple(out))
-
-
-def kinds(prefix: Graph, step: dict) -> list[int]:
-    """For every replica, the first replica of its kind (the same number of
-    samples, or the same share), given the graph the last step applies to."""
-    k = step["replicas"]
-    batch, samples = dp_batch(prefix, k, step.get("scaling", "strong"), step.get("shares"),
-                              step.get("assume_batch"))
-    key = samples if samples is not None else (step.get("shares") or [0] * k)
-    first: dict[Any, int] = {}
-    return [first.setdefault(key[r], r) for r in range(k)]
 
 
 def asymmetry(cluster: Cluster, rmap: ReplicaMap, kind_of: list[int]) -> str | None:

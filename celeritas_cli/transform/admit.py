@@ -330,3 +330,21 @@ def split_size(graph: Graph, v: int, dim: str, n: int) -> Size:
     edges += (n if weights and params > 0 else 0) + len(ins) * n + sliced
     edges += sum(c + (0 if t in states else n) for t, c in outs.items())
     return Size(nodes, edges)
+
+
+def replica_kinds(prefix: Graph, step: dict) -> list[int]:
+    """For every replica of data-parallel recipe *step* applied to *prefix*,
+    the first replica of its kind: the same number of samples (or the same
+    share); replicas of one kind do the same work (the symmetric judge,
+    :mod:`~celeritas_cli.sim.symmetric`).
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("g", [{"id": "a", "compute_s": 1, "memory_bytes": 0}], [], meta={"batch_size": 10})
+    >>> replica_kinds(g, {"replicas": 4}), replica_kinds(g, {"replicas": 5})
+    ([0, 0, 2, 2], [0, 0, 0, 0, 0])
+    """
+    k = step["replicas"]
+    batch, samples = dp_batch(prefix, k, step.get("scaling", "strong"), step.get("shares"), step.get("assume_batch"))
+    key = samples if samples is not None else (step.get("shares") or [0] * k)
+    first: dict = {}
+    return [first.setdefault(key[r], r) for r in range(k)]
