@@ -33,10 +33,12 @@ from pathlib import Path
 import pytest
 
 from celeritas_cli import registry
+from celeritas_cli.transform.derivation import derive
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.graph import Graph
 from celeritas_cli.model.jsonio import write_json
 from celeritas_cli.model.placement import Placement
+from celeritas_cli.sim import symmetric
 from celeritas_cli.sim.simulator import simulate
 
 from .. import quick_runs
@@ -133,6 +135,11 @@ def test_algorithm_through_simulator(algo, gname, cname, tmp_path):
     p2 = _run(algo, graph, cluster, params)
     assert isinstance(p1, Placement), "the protocol: an algorithm returns a Placement"
 
+    if p1.replicas is not None:  # a symmetric plan (sim/symmetric.py): check its every-replica form
+        assert all("/rep0" in nid for nid in p1.assignment), "a symmetric plan lists replica 0's nodes"
+        assert p2.replicas == p1.replicas
+        p1, p2 = (symmetric.expand(graph, cluster, p) for p in (p1, p2))
+        p1.derived = derive(graph, p1.derivation)
     # the graph the placement refers to: a derived graph (FastT/FD-DPS splits, data parallelism), else the input
     target = p1.derived if p1.derived is not None else graph
     expected = {orig for v in range(target.n) for orig in target.original_ids(v)}
