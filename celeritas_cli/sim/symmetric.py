@@ -155,6 +155,8 @@ def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) ->
         raise InvalidInput(f"{label}: field derivation.steps[{len(steps) - 1}].replicas must be a positive integer")
     rmap = replica_map(placement.replicas, cluster, k, label)
     base = base_graph(graph, der, label)
+    # every step checked (its fields, against the graph) as the full derivation would, one replica built
+    derive(base, der, label, devices=cluster.k, cluster=cluster.name, represent=[0])
     prefix = derive(base, {"steps": steps[:-1]}, label, devices=cluster.k, cluster=cluster.name) \
         if len(steps) > 1 else base
     try:

@@ -206,7 +206,7 @@ def test_a_batch_of_one_cannot_be_split_and_shares_are_whole_samples():
     p = registry.place(g10, cl, "data-parallel", params={"overhead_s": 0.0})
     step = p.derivation["steps"][0]
     assert step["shares"] == [0.3, 0.3, 0.2, 0.2] and step["global_batch"] == 10
-    assert p.derived.meta["data_parallel"]["replica_batch"] == [3, 3, 2, 2]
+    assert derive(g10, p.derivation).meta["data_parallel"]["replica_batch"] == [3, 3, 2, 2]
     # the slowest replica runs 3 of 10 samples: 0.3 x (4 + 4) = 2.4 s (not 8 / 4 = 2 s)
     rep = simulate(g10, cl, p)
     assert rep["makespan_s"] == pytest.approx(2.4) == p.estimate["makespan_s"]
@@ -238,8 +238,9 @@ def test_batch_splits_need_equal_whole_samples():
 def test_data_parallel_of_a_coarse_transformer_is_refused_not_answered_without_an_all_reduce():
     """N13 (hand-checked): data-parallel on the cpd-coarse transformer gave 0.5113 s with 0 transfers
     (coarse nodes hid the optimizer updates, so no gradient was all-reduced); the honest answer is the
-    data-parallel graph of the original: 0.5456 s with 7,056 transfers.  The coarse input and a
-    derivation.base regrouping the original are refused the same way."""
+    data-parallel graph of the original: 0.5456 s with 7,056 transfers (explicit ring steps; 0.5305 s with
+    the default nccl collectives, issue 34).  The coarse input and a derivation.base regrouping the original
+    are refused the same way."""
     from celeritas_cli.model.io import load_cluster, load_graph
 
     from ..conftest import SAMPLES
@@ -249,9 +250,10 @@ def test_data_parallel_of_a_coarse_transformer_is_refused_not_answered_without_a
     coarse = registry.coarsen(g, cl, "cpd")
     with pytest.raises(InvalidInput, match="is coarse: its nodes group operators"):
         registry.place(coarse, cl, "data-parallel")
-    honest = registry.place(g, cl, "data-parallel")
+    honest = registry.place(g, cl, "data-parallel", params={"collectives": "ring"})
     rep = simulate(g, cl, honest)
     assert rep["makespan_s"] == pytest.approx(0.5456, abs=5e-5) and rep["transfers"]["count"] == 7056
+    assert simulate(g, cl, registry.place(g, cl, "data-parallel"))["makespan_s"] == pytest.approx(0.5305, abs=5e-5)
     forged = copy.deepcopy(honest)
     forged.derivation["base"] = {"graph": coarse.name, "members": [coarse.original_ids(v) for v in range(coarse.n)]}
     with pytest.raises(InvalidInput, match=r"^p.json: derivation.steps\[0\] \(data-parallel\): graph "

@@ -189,7 +189,7 @@ def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
 
 @register("data-parallel", paper="FastT (Yi et al., CoNEXT 2020)", section="6.2 (DP baseline, Tables 1-2), 5.2",
           summary="Data parallelism: the model replicated on k devices, each on 1/k of the batch, gradients "
-                  "reduced by a ring all-reduce on the links before each optimizer update.",
+                  "all-reduced (NCCL's ring / hierarchical ring on its own stream) before each optimizer update.",
           params={"devices": DEVICES,
                   "scaling": Param(str, "strong", "strong: the graph's batch is the global batch (each replica "
                                    "runs 1/k); weak: each replica runs the graph's batch", choices=SCALINGS),
@@ -267,8 +267,11 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     Returns
     -------
     Placement
-        Over the data-parallel graph (``derived``, with ``derivation``
-        ``[{"transform": "data-parallel", ...}]``), without an order, and
+        Over the data-parallel graph (``derivation`` ``[{"transform":
+        "data-parallel", ...}]``), without an order; with nccl collectives
+        (the default) in the symmetric form (replica 0's nodes and the
+        replica map, ``replicas``: :mod:`~celeritas_cli.sim.symmetric`),
+        with ring collectives every replica's nodes (``derived``); and
         an ``estimate`` holding the simulated makespan (channel congestion),
         ``status`` (``OOM`` when a device is over capacity), the simulator's
         ``lower_bound_s`` of the data-parallel graph (not of *graph*: a
@@ -291,8 +294,8 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     >>> from celeritas_cli.model.generate import layered
     >>> from celeritas_cli.model.cluster import uniform
     >>> p = data_parallel(layered(40, seed=1), uniform(2), assume_batch=32)
-    >>> p.estimate["replicas"], sorted(set(p.assignment.values())), p.derivation["steps"][0]["global_batch"]
-    (2, ['gpu0', 'gpu1'], 32)
+    >>> p.estimate["replicas"], p.replicas["devices"], p.derivation["steps"][0]["global_batch"]
+    (2, [['gpu0'], ['gpu1']], 32)
 
     References
     ----------
