@@ -85,10 +85,17 @@ def fsdp_charge(graph: Graph, k: int, dp_charge: float) -> float:
     return dp_charge * (fs[0] + fs[1]) / max(1, dp.nodes + dp.edges)
 
 
+#: micro-batches of the first plan a planner judges, at most (its derived graph: one pipeline replica of each
+#: kind, the symmetric judge; the replicas themselves are not built)
+FIRST_PLAN_MB = 8
+
+
 def planner_need(k: int) -> float:
     """Evaluations a planner needs at least: its model's phase and one plan
-    over *k* devices built and simulated (module docstring)."""
-    return MODEL_COST + (1 + BUILD_COST) * 1.1 * k
+    over *k* devices built and simulated (module docstring): at most
+    :data:`FIRST_PLAN_MB` micro-batch copies of the graph, whatever the
+    replicas (sim/symmetric.py)."""
+    return MODEL_COST + (1 + BUILD_COST) * 1.1 * min(k, FIRST_PLAN_MB)
 
 
 def planner_charge(spec: Spec, budget: float, k: int, room: float = math.inf) -> tuple[float, str | None]:
@@ -109,7 +116,7 @@ def planner_charge(spec: Spec, budget: float, k: int, room: float = math.inf) ->
     if charge < need:
         return charge, (f"its share of the budget ({charge:.0f} evaluations, of what the members before it leave of "
                         f"the portfolio's part) cannot pay for its model and one plan (about {need:.0f}: a derived "
-                        f"graph of {k} replicas built and simulated)")
+                        f"graph of one replica of each kind, up to {min(k, FIRST_PLAN_MB)} micro-batches, built and simulated)")
     return charge, None
 
 

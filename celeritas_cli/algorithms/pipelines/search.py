@@ -261,7 +261,8 @@ class PipelineSearch:
         return self._derived[key]
 
     def _weight_guess(self, shape: Shape) -> float:
-        return shape.n_microbatches * shape.R * 1.1
+        # one replica of each kind is built (sim/symmetric.py: at most two kinds of replicas)
+        return shape.n_microbatches * min(shape.R, 2) * 1.1
 
     def judge(self, plan: Plan, seq: LayerSequence) -> Trial | None:
         try:
