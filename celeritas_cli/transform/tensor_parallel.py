@@ -23,17 +23,21 @@ owner), or parameters it owns itself.
   Narayanan et al. SC'21, section 2.3): a weighted matmul ``A`` whose
   forward consumers, followed through nodes that are not weighted matmuls,
   reach exactly one weighted matmul ``B``, and whose region in between is
-  closed (its nodes read only ``A``, each other and graph sources).  ``A``
-  is split by columns, ``B`` by rows.  The region is *attention* when it
-  holds an attention op (``scaled_dot_product``, ``attention``, ``softmax``)
-  - QKV column-parallel, the heads split, the output projection
+  closed: its nodes read only ``A``, each other, graph sources and other
+  weighted matmuls (directly or through a ``clone``), which join ``A`` as
+  columns - the separate Q, K and V projections of ``nn.MultiheadAttention``,
+  cross-attention's K and V of the encoder's output.  The columns are split
+  by columns, ``B`` by rows.  The region is *attention* when it holds an
+  attention op (``scaled_dot_product``, ``attention``, ``softmax``) - the
+  QKV projections column-parallel, the heads split, the output projection
   row-parallel - and *MLP* otherwise (``fc`` -> GELU -> ``fc2``).  The
   residual stream's chain from one layer's ``fc2`` to the next layer's QKV
   reads the residual from outside, so it is not a region.
 * **Vocabulary-parallel embedding** (Shoeybi 3, "we parallelize the input
   embedding weight matrix along the vocabulary dimension"): an
-  ``embedding`` node owning its table and reading a model input (the
-  position embedding reads none and stays replicated).
+  ``embedding`` node reading a model input, its table its own or a tied
+  table's state tensor (an encoder-decoder's shared embedding: both split);
+  the position embedding reads no model input and stays replicated.
 * **LM head and cross entropy**: a weighted matmul outside those patterns
   whose output reaches a ``log_softmax`` / ``cross_entropy`` op: the output
   layer split by columns over the vocabulary (tied to the embedding when it
@@ -69,15 +73,24 @@ the row-parallel bias) is ``partial``.  Where a consumer needs another
 layout than its input has, a collective converts it (one per tensor,
 target and pass):
 
-=================  =========================  ===========================
-from -> to          collective                 Megatron's operator
-=================  =========================  ===========================
-partial -> full     all-reduce                 g (forward, after the row-parallel matmul, the embedding); f's backward (the column-parallel input gradient)
-partial -> seq      reduce-scatter             g and f's backward under sequence parallelism
-seq -> full         all-gather                 f under sequence parallelism (before a column-parallel matmul), g's backward (before the row-parallel backward); again in the backward for the weight gradient (Megatron re-gathers instead of keeping the gathered input)
-split -> full       all-gather                 ``gather_output`` (not in a GPT)
-=================  =========================  ===========================
+* partial -> full: **all-reduce** - Megatron's g (forward, after a
+  row-parallel matmul and the embedding) and f's backward (the input
+  gradient of a column-parallel matmul);
+* partial -> seq: **reduce-scatter** - g and f's backward under sequence
+  parallelism;
+* seq -> full: **all-gather** - f under sequence parallelism (before a
+  column-parallel matmul) and g's backward (before a row-parallel
+  backward); again in the backward for a column-parallel weight gradient
+  (Megatron gathers its input again instead of keeping the gathered copy);
+* split -> full: **all-gather** (``gather_output``; not in a GPT).
 
+An ``add`` of partial sums only is a partial sum and is reduced once,
+after it; a partial sum added to a replicated tensor is reduced before the
+add (so a capture whose autograd accumulates separate Q, K and V input
+gradients into the residual gradient one by one pays three all-reduces
+where Megatron's fused QKV pays one: a deviation of such graphs).  A split
+that would reach a normalization (an op named ``*norm*`` on a tensor split
+along the hidden) is refused in one line: the patterns did not close.
 A partial gradient feeding an update is all-reduced (sequence parallelism's
 LayerNorm gradients, Megatron's ``allreduce_layernorm_grads``; one
 collective per gradient here, not one bucket).  Every collective is one
@@ -203,9 +216,9 @@ class Matmul:
 class Patterns:
     """What :func:`find_patterns` found."""
 
-    attention: list[tuple[int, int]] = field(default_factory=list)   # (qkv, proj)
-    mlp: list[tuple[int, int]] = field(default_factory=list)         # (fc, fc2)
-    embedding: int | None = None
+    attention: list[tuple[list[int], int]] = field(default_factory=list)   # ([qkv] or [q, k, v], proj)
+    mlp: list[tuple[list[int], int]] = field(default_factory=list)         # ([fc], fc2)
+    embeddings: list[int] = field(default_factory=list)
     head: int | None = None
     log_softmax: int | None = None
     nll: int | None = None
@@ -285,17 +298,22 @@ def _out_tensors(graph: Graph, v: int) -> list[int]:
     return out
 
 
-def _region(graph: Graph, a: int, weighted: dict[int, Matmul]) -> tuple[list[int], set[int]] | None:
-    """Nodes between weighted matmul *a* and the weighted matmuls its
-    forward consumers reach (the ends); None when the region is not closed."""
+def _forward(graph: Graph, v: int) -> bool:
+    return _pass(graph, v) not in ("backward", "update")
+
+
+def _region(graph: Graph, cols: list[int], weighted: dict[int, Matmul]) -> tuple[list[int], set[int], set[int]]:
+    """Nodes between the weighted matmuls *cols* and the weighted matmuls
+    their forward consumers reach (the ends), and the nodes outside that
+    feed the region (``None`` as region when it grows past a layer's)."""
     region: list[int] = []
-    inside = {a}
+    inside = set(cols)
     ends: set[int] = set()
-    stack = [a]
+    stack = list(cols)
     while stack:
         u = stack.pop()
         for w in graph.succ[u]:
-            if _pass(graph, w) in ("backward", "update") or w in inside or w in ends:
+            if not _forward(graph, w) or w in inside or w in ends:
                 continue
             if w in weighted:
                 ends.add(w)
@@ -304,16 +322,53 @@ def _region(graph: Graph, a: int, weighted: dict[int, Matmul]) -> tuple[list[int
             region.append(w)
             stack.append(w)
         if len(region) > 64:  # a layer's region is a handful of ops; the residual stream is not one
+            return [], set(), {-1}
+    feeders = {u for w in region for u in graph.pred[w] if u not in inside and graph.in_edges[u]}
+    return sorted(region), ends, feeders
+
+
+def _pattern(graph: Graph, seed: list[int], weighted: dict[int, Matmul]) -> tuple[list[int], int, list[int]] | None:
+    """``(columns, row, region)`` grown from the weighted matmuls *seed*
+    (those reading one activation): a region fed from outside only by
+    other weighted matmuls (the separate K and V projections of an
+    attention, or cross-attention's reading the encoder) takes them in as
+    columns; None when the region is not closed or does not end in one
+    weighted matmul."""
+    cols = list(seed)
+    for _ in range(8):
+        region, ends, feeders = _region(graph, cols, weighted)
+        if not region or len(ends) != 1:
             return None
-    for w in region:
-        for u in graph.pred[w]:
-            if u not in inside and graph.in_edges[u]:
+        if not feeders:
+            (b,) = ends
+            return sorted(cols), b, region
+        more = set()
+        for u in feeders:
+            x = _projection_of(graph, u, weighted)
+            if x is None:
                 return None
-    return sorted(region), ends
+            more.add(x)
+        cols = sorted(set(cols) | more)
+    return None
+
+
+def _projection_of(graph: Graph, u: int, weighted: dict[int, Matmul]) -> int | None:
+    """The weighted matmul *u* is, or copies through single-input ops
+    (``clone``, a cast; views are folded by the capture), else None."""
+    for _ in range(4):
+        if u in weighted:
+            return u if weighted[u].act is not None else None
+        pred = [x for x in graph.pred[u] if graph.in_edges[x]]
+        if len(pred) != 1 or not _forward(graph, pred[0]):
+            return None
+        u = pred[0]
+    return None
 
 
 def find_patterns(graph: Graph) -> Patterns:
-    """The Megatron-LM patterns of *graph* (module docstring)."""
+    """The Megatron-LM patterns of *graph* (module docstring).
+
+    """
     prof = batch_profile(graph)
     weighted: dict[int, Matmul] = {}
     for v in range(graph.n):
@@ -322,23 +377,22 @@ def find_patterns(graph: Graph) -> Patterns:
             weighted[v] = mm
     pats = Patterns(matmuls={})
     used: set[int] = set()
-    for a in sorted(weighted):
-        if a in used:
+    for v in sorted(weighted):
+        if v in used or weighted[v].act is None:
             continue
-        got = _region(graph, a, weighted)
+        got = _pattern(graph, [v], weighted)
         if got is None:
             continue
-        region, ends = got
-        if len(ends) != 1 or not region:
-            continue
-        (b,) = ends
-        if b in used or weighted[b].act is None or weighted[a].act is None:
+        cols, b, region = got
+        if b in used or weighted[b].act is None or used & set(cols):
             continue
         kind = "attention" if any(any(w in _short_op(graph.op[x]).lower() for w in ATTENTION_WORDS)
                                   for x in region) else "mlp"
-        (pats.attention if kind == "attention" else pats.mlp).append((a, b))
-        used.update((a, b))
-        pats.matmuls[a], pats.matmuls[b] = weighted[a], weighted[b]
+        (pats.attention if kind == "attention" else pats.mlp).append((cols, b))
+        used.update(cols)
+        used.add(b)
+        for x in cols + [b]:
+            pats.matmuls[x] = weighted[x]
     # the LM head: a weighted matmul whose output reaches a log-softmax / cross entropy
     for v in sorted(weighted):
         if v in used or weighted[v].act is None:
@@ -347,14 +401,17 @@ def find_patterns(graph: Graph) -> Patterns:
         if ls is not None:
             pats.head, pats.log_softmax = v, ls
             pats.matmuls[v] = weighted[v]
-            pats.nll = next((w for w in graph.succ[ls] if _pass(graph, w) not in ("backward", "update")
+            pats.nll = next((w for w in graph.succ[ls] if _forward(graph, w)
                              and any(x in _short_op(graph.op[w]) for x in NLL_WORDS)), None)
             break
+    # word embeddings: an embedding reading a model input, its table its own or a (tied) state tensor
     for v in range(graph.n):
-        if _short_op(graph.op[v]) in EMBEDDING_OPS and _pass(graph, v) not in ("backward", "update") \
-                and _state_bytes(graph, v) > 0 and any(not graph.in_edges[u] for u in graph.pred[v]):
-            pats.embedding = v
-            break
+        if _short_op(graph.op[v]) not in EMBEDDING_OPS or not _forward(graph, v):
+            continue
+        reads_input = any(not graph.in_edges[u] and not _param_source(graph, u) for u in graph.pred[v])
+        table = _state_bytes(graph, v) > 0 or any(prof.fixed_tensor[graph.edge_tensor[e]] for e in graph.in_edges[v])
+        if reads_input and table:
+            pats.embeddings.append(v)
     pats.dims = _dims(graph, pats)
     return pats
 
@@ -381,7 +438,8 @@ def _heads(graph: Graph, pats: Patterns) -> tuple[int | None, str]:
     cfg = graph.meta.get("config")
     if isinstance(cfg, dict) and isinstance(cfg.get("heads"), int) and cfg["heads"] > 0:
         return cfg["heads"], "meta.config.heads"
-    for a, _b in pats.attention:
+    for cols, _b in pats.attention:
+        a = cols[0]
         rows = pats.matmuls[a].rows
         for w in graph.succ[a]:
             if "scaled_dot_product" not in graph.op[w]:
@@ -393,21 +451,21 @@ def _heads(graph: Graph, pats: Patterns) -> tuple[int | None, str]:
 
 
 def _dims(graph: Graph, pats: Patterns) -> dict[str, Any]:
+    """Hidden size, MLP width and vocabulary from the split matmuls' shapes
+    (:func:`_infer_shape`), the heads from :func:`_heads`: what ``tp`` must divide."""
     dims: dict[str, Any] = {}
-    for a, b in pats.attention:
-        if pats.matmuls[a].k:
-            dims.setdefault("hidden", pats.matmuls[a].k)
-    for a, b in pats.mlp:
-        if pats.matmuls[a].k:
-            dims.setdefault("hidden", pats.matmuls[a].k)
-        if pats.matmuls[a].n:
-            dims.setdefault("ffn", pats.matmuls[a].n)
+    for cols, b in pats.attention + pats.mlp:
+        if pats.matmuls[b].n:
+            dims.setdefault("hidden", pats.matmuls[b].n)
+    for cols, b in pats.mlp:
+        if pats.matmuls[b].k:
+            dims.setdefault("ffn", pats.matmuls[b].k)
     if pats.head is not None and pats.matmuls[pats.head].n:
         dims["vocab"] = pats.matmuls[pats.head].n
-    elif pats.embedding is not None and dims.get("hidden"):
+    elif pats.embeddings and dims.get("hidden") and _state_bytes(graph, pats.embeddings[0]) > 0:
         per = graph.meta.get("parameter_bytes"), graph.meta.get("parameters")
         elt = per[0] // per[1] if all(isinstance(x, int) and x > 0 for x in per) else 4
-        rows, rem = divmod(_state_bytes(graph, pats.embedding), dims["hidden"] * elt)
+        rows, rem = divmod(_state_bytes(graph, pats.embeddings[0]), dims["hidden"] * elt)
         if not rem:
             dims["vocab"] = rows
     heads, source = _heads(graph, pats)
@@ -495,13 +553,18 @@ def plan_tensor_parallel(graph: Graph, tp: int, sequence_parallel: bool = False)
     if why:
         raise InvalidInput(f"tensor-parallel: {why}")
     plan = _plan(graph, tp, bool(sequence_parallel), pats)
+    for v in range(graph.n):
+        if plan.layout[v] == SPLIT and "norm" in _short_op(graph.op[v]).lower():
+            raise InvalidInput(f"tensor-parallel: graph '{graph.name}': node '{graph.ids[v]}' ({graph.op[v]}) "
+                               f"normalizes a tensor split {tp} ways along its hidden dimension; the patterns "
+                               f"found do not close before it")
     cache[key] = plan
     return plan
 
 
 def _roles(graph: Graph, pats: Patterns) -> dict[int, str]:
     role: dict[int, str] = {}
-    col = [a for a, _ in pats.attention + pats.mlp] + ([pats.head] if pats.head is not None else [])
+    col = [a for cols, _ in pats.attention + pats.mlp for a in cols] + ([pats.head] if pats.head is not None else [])
     row = [b for _, b in pats.attention + pats.mlp]
     for v in col:
         role[v] = COL
@@ -525,13 +588,14 @@ def _roles(graph: Graph, pats: Patterns) -> dict[int, str]:
             role[v] = dx[0]
         elif dw:
             role[v] = dw[0]
-    if pats.embedding is not None:
-        role[pats.embedding] = EMB
-        idx = {graph.edge_tensor[e] for e in graph.in_edges[pats.embedding]}
-        for v in range(graph.n):
-            if "embedding" in graph.op[v] and "backward" in graph.op[v] and \
-                    any(graph.edge_tensor[e] in idx for e in graph.in_edges[v]):
-                role[v] = EMB_DW
+    idx: set[int] = set()
+    for v in pats.embeddings:
+        role[v] = EMB
+        idx.update(graph.edge_tensor[e] for e in graph.in_edges[v] if not graph.in_edges[graph.edge_src[e]])
+    for v in range(graph.n):
+        if "embedding" in graph.op[v] and "backward" in graph.op[v] and \
+                any(graph.edge_tensor[e] in idx for e in graph.in_edges[v]):
+            role[v] = EMB_DW
     if pats.nll is not None:
         role[pats.nll] = NLL
     return role
@@ -593,7 +657,6 @@ def _plan(graph: Graph, tp: int, sp: bool, pats: Patterns) -> Plan:
             if t not in seen:
                 seen.add(t)
                 ins.append(t)
-        weights = set(pats.matmuls[v].weights) if v in pats.matmuls else set()
         upd = prof.update[v]
         if r in (COL, COL_DW):
             act = pats.matmuls[v].act if r == COL else None
@@ -627,6 +690,9 @@ def _plan(graph: Graph, tp: int, sp: bool, pats: Patterns) -> Plan:
             work[v] = state[v] = out == SPLIT
         elif v in split_src:
             out, work[v], state[v] = SPLIT, True, True
+        elif tp > 1 and len(ins) > 1 and _short_op(graph.op[v]) == "add" and \
+                all(tlayout[t] == PARTIAL for t in ins):
+            out = PARTIAL  # a sum of partial sums is one: reduce once, after it (separate Q, K, V input gradients)
         else:
             have = set()
             for t in ins:
@@ -712,15 +778,15 @@ def _node_doc(graph: Graph, v: int, plan: Plan, prof, roof: frozenset, in_ratio:
         ex.pop(key, None)
     ex.update(memory_fields(graph, v, out["memory_bytes"], _frac(resident_of(graph, v), sf)))
     if isinstance(ex.get("flops"), (int, float)) and wf != 1.0:
-        ex["flops"] = int(round(ex["flops"] * wf))
+        ex["flops"] = round(ex["flops"] * wf)
     if new_moved is not None and (sf != 1.0 or in_ratio != 1.0):
-        ex["bytes_moved"] = int(round(new_moved))
+        ex["bytes_moved"] = round(new_moved)
     if isinstance(ex.get("output_bytes"), int):
         outs = _out_tensors(graph, v)
         whole = sum(graph.tensor_bytes[t] for t in outs)
         if whole:
             part = sum(_tensor_bytes(graph.tensor_bytes[t], plan.tlayout[t], tp) for t in outs)
-            ex["output_bytes"] = int(round(ex["output_bytes"] * part / whole))
+            ex["output_bytes"] = round(ex["output_bytes"] * part / whole)
     if bi and sf != 1.0:
         ex["batch_independent"] = {k: (_frac(x, sf) if k in ("memory_bytes", "state_bytes", "bytes_moved")
                                        and isinstance(x, int) else x) for k, x in bi.items()}
@@ -840,9 +906,9 @@ def _info(graph: Graph, plan: Plan) -> dict[str, Any]:
         kinds[c.kind] = kinds.get(c.kind, 0) + 1
     dims = {k: v for k, v in p.dims.items()}
     return {"from": graph.name, "tp": plan.tp, "sequence_parallel": plan.sp,
-            "patterns": {"attention": [[graph.ids[a], graph.ids[b]] for a, b in p.attention],
-                         "mlp": [[graph.ids[a], graph.ids[b]] for a, b in p.mlp],
-                         "embedding": graph.ids[p.embedding] if p.embedding is not None else None,
+            "patterns": {"attention": [[[graph.ids[a] for a in cols], graph.ids[b]] for cols, b in p.attention],
+                         "mlp": [[[graph.ids[a] for a in cols], graph.ids[b]] for cols, b in p.mlp],
+                         "embeddings": [graph.ids[v] for v in p.embeddings],
                          "lm_head": graph.ids[p.head] if p.head is not None else None,
                          "cross_entropy": graph.ids[p.nll] if p.nll is not None else None},
             "dims": dims, "collectives": kinds,
@@ -862,13 +928,13 @@ def boolean(x: Any, ctx: Any) -> str | None:
 
 def tp_step_check(graph: Graph, step: dict, ctx: Any) -> tuple[str | None, str] | None:
     """What of a tensor-parallel step needs the graph: the patterns and ``tp``."""
-    try:
-        pats = find_patterns(graph)
-    except InvalidInput as exc:  # pragma: no cover - find_patterns raises nothing today
-        return None, str(exc)
-    why = tp_refusal(graph, step["tp"], pats)
+    why = tp_refusal(graph, step["tp"])
     if why:
         return ("tp" if why.startswith("tp=") else None), why
+    try:
+        plan_tensor_parallel(graph, step["tp"], step.get("sequence_parallel", False))
+    except InvalidInput as exc:
+        return None, str(exc).removeprefix("tensor-parallel: ")
     return None
 
 

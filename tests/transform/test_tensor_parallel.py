@@ -213,9 +213,9 @@ def test_patterns_of_the_tiny_gpt():
     g = tiny_gpt()
     p = find_patterns(g)
     ids = g.ids
-    assert [(ids[a], ids[b]) for a, b in p.attention] == [("qkv", "proj")]
-    assert [(ids[a], ids[b]) for a, b in p.mlp] == [("fc", "fc2")]
-    assert (ids[p.embedding], ids[p.head], ids[p.nll]) == ("emb", "head", "nll")
+    assert [([ids[a] for a in cols], ids[b]) for cols, b in p.attention] == [(["qkv"], "proj")]
+    assert [([ids[a] for a in cols], ids[b]) for cols, b in p.mlp] == [(["fc"], "fc2")]
+    assert ([ids[v] for v in p.embeddings], ids[p.head], ids[p.nll]) == (["emb"], "head", "nll")
     # shapes from the operands' bytes; heads from the attention's log-sum-exp output
     assert {k: p.dims[k] for k in ("hidden", "ffn", "vocab", "heads")} == {"hidden": H, "ffn": FFN, "vocab": V,
                                                                           "heads": HEADS}
@@ -277,14 +277,14 @@ def test_sequence_parallel_replaces_each_all_reduce_by_gather_and_scatter():
     assert len(cs) == 6 + 9 + 4
     # issue order: each stream's seq respects the graph (a collective never waits on a later one)
     seq = {dg.index[c["id"]]: c["seq"] for c in cs}
-    for v in seq:
+    for v, sv in seq.items():
         seen, stack = set(), [v]
         while stack:
             for w in dg.succ[stack.pop()]:
                 if w not in seen:
                     seen.add(w)
                     stack.append(w)
-        assert all(seq[w] > seq[v] for w in seen & seq.keys()), dg.ids[v]
+        assert all(seq[w] > sv for w in seen & seq.keys()), dg.ids[v]
 
 
 # ------------------------------------------------------------------ cost and memory per rank
@@ -462,7 +462,8 @@ def test_tp1_is_the_graph_itself():
 # ------------------------------------------------------------------ the profiled GPT 1.3B
 @pytest.fixture(scope="module")
 def gpt13():
-    return Graph.from_dict(json.load(gzip.open(ZOO / "gpt_1.3b.json.gz")), label="gpt_1.3b")
+    with gzip.open(ZOO / "gpt_1.3b.json.gz") as f:
+        return Graph.from_dict(json.load(f), label="gpt_1.3b")
 
 
 def test_profiled_gpt_patterns(gpt13):
@@ -494,6 +495,26 @@ def test_profiled_gpt_tp8(gpt13):
     work = sum(dg.compute_by_type[v]["A100"] for v in _rank(dg, 0) if dg.compute_by_type[v])
     whole = sum(g.compute_by_type[v]["A100"] for v in range(g.n))
     assert whole / 8 < work < whole / 4
+
+
+def test_profiled_transformer_separate_projections_and_cross_attention():
+    """The zoo's encoder-decoder Transformer (nn.MultiheadAttention: separate Q, K, V projections, unfused
+    attention, post-LayerNorm, tied embeddings): self- and cross-attention are split by heads."""
+    with gzip.open(ZOO / "transformer.json.gz") as f:
+        g = Graph.from_dict(json.load(f), label="transformer")
+    p = find_patterns(g)
+    assert (len(p.attention), len(p.mlp), len(p.embeddings)) == (18, 12, 2)  # 6 + 6 self, 6 cross
+    assert all(len(cols) == 3 for cols, _ in p.attention)
+    assert {k: p.dims[k] for k in ("hidden", "ffn", "vocab")} == {"hidden": 2048, "ffn": 8192, "vocab": 32000}
+    dg = tensor_parallel_graph(g, 4, sequence_parallel=True)
+    ln = [v for v in range(dg.n) if "layer_norm" in dg.op[v] and dg.node_extra[v].get("tp_rank") == 0]
+    # every LayerNorm runs on its sequence shard, none on a hidden split
+    assert all(dg.memory[v] < g.memory[g.index[dg.node_extra[v]["origin"]]] or g.memory[g.index[
+        dg.node_extra[v]["origin"]]] == 0 for v in ln if dg.node_extra[v].get("pass") == "forward")
+    # the input gradients of two partial sums added together are reduced once, after the add
+    plain = tensor_parallel_graph(g, 4)
+    adds = [c for c in _collectives(plain) if g.op[g.index[_fed(plain, c["id"])[0]]] == "aten.add"]
+    assert len(adds) == 1
 
 
 @pytest.mark.slow
