@@ -835,6 +835,31 @@ def tensor_parallel_graph(graph: Graph, tp: int, *, sequence_parallel: bool = Fa
         One line: a coarse or already derived graph, a graph without an MLP
         or attention pattern, ``tp`` not dividing the heads, hidden size,
         MLP width or vocabulary, a derived graph over the budget.
+
+    Example
+    -------
+    An MLP (``fc`` -> GELU -> ``fc2``, 4 tokens, hidden 8, width 32, fp32)
+    on 2 ranks: ``fc`` by columns, ``fc2`` by rows, one all-reduce of
+    ``fc2``'s partial sums (4 x 8 x 4 bytes):
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("mlp", [
+    ...     {"id": "x", "compute_s": 0.0, "memory_bytes": 128},
+    ...     {"id": "w1", "op": "weights", "compute_s": 0.0, "memory_bytes": 1024, "colocation": "param:fc"},
+    ...     {"id": "fc", "op": "aten.mm", "compute_s": 2.0, "memory_bytes": 512},
+    ...     {"id": "gelu", "op": "aten.gelu", "compute_s": 1.0, "memory_bytes": 512},
+    ...     {"id": "w2", "op": "weights", "compute_s": 0.0, "memory_bytes": 1024, "colocation": "param:fc2"},
+    ...     {"id": "fc2", "op": "aten.mm", "compute_s": 2.0, "memory_bytes": 128},
+    ...     {"id": "out", "op": "aten.add", "compute_s": 1.0, "memory_bytes": 128}],
+    ...     [{"src": "x", "dst": "fc", "bytes": 128}, {"src": "w1", "dst": "fc", "bytes": 1024},
+    ...      {"src": "fc", "dst": "gelu", "bytes": 512}, {"src": "gelu", "dst": "fc2", "bytes": 512},
+    ...      {"src": "w2", "dst": "fc2", "bytes": 1024}, {"src": "fc2", "dst": "out", "bytes": 128}])
+    >>> d = tensor_parallel_graph(g, 2)
+    >>> [d.compute[d.index[f"{x}/tp1"]] for x in ("fc", "gelu", "fc2", "out")]
+    [1.0, 0.5, 1.0, 1.0]
+    >>> c = d.node_extra[d.index["fc2/all-reduce0/tp1"]]["collective"]
+    >>> c["kind"], c["bytes"], c["ranks"], c["group"]
+    ('all-reduce', 128, 2, 'tp:fc2/all-reduce0')
     """
     plan = plan_tensor_parallel(graph, tp, sequence_parallel)
     tp = plan.tp

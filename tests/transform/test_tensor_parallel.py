@@ -18,9 +18,11 @@ from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.devices import DEVICES, roofline_time
 from celeritas_cli.model.graph import Graph, build
 from celeritas_cli.transform.derivation import derive, rebuild
+from celeritas_cli.transform.size import derived_budget
 from celeritas_cli.transform.tensor_parallel import (
     find_patterns,
     tensor_parallel_graph,
+    tensor_parallel_size,
     tensor_parallel_step,
 )
 
@@ -420,6 +422,14 @@ def test_refusals_in_one_line():
         derive(g, {"steps": [{"transform": "tensor-parallel", "tp": 2, "sequence_parallel": "yes"}]}, "p.json")
     with pytest.raises(InvalidInput, match="more than the 2 devices"):
         derive(g, {"steps": [tensor_parallel_step(4)]}, "p.json", devices=2, cluster="c")
+
+
+def test_size_is_said_before_building():
+    g = tiny_gpt()
+    assert tensor_parallel_size(g, 2, True).nodes == tensor_parallel_graph(g, 2, sequence_parallel=True).n
+    with derived_budget(100), pytest.raises(InvalidInput, match=r"tensor-parallel: tp=2 of graph 'tiny_gpt' would "
+                                                                r"build a derived graph of 1\d\d nodes"):
+        tensor_parallel_graph(g, 2)
 
 
 # ------------------------------------------------------------------ recipe, forgery, determinism
