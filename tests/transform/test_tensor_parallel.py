@@ -16,8 +16,11 @@ import pytest
 
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.devices import DEVICES, roofline_time
+from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.graph import Graph, build
-from celeritas_cli.transform.derivation import derive, rebuild
+from celeritas_cli.model.placement import Placement
+from celeritas_cli.sim.simulator import simulate
+from celeritas_cli.transform.derivation import attach, derive, rebuild
 from celeritas_cli.transform.size import derived_budget
 from celeritas_cli.transform.tensor_parallel import (
     find_patterns,
@@ -453,6 +456,35 @@ def test_rebuild_equals_and_forgery_is_rejected():
             nd["collective"]["bytes"] //= 2
     with pytest.raises(InvalidInput, match="collective is"):
         rebuild(g, d, fewer, "p.json")
+
+
+def test_a_placement_file_with_the_step_is_simulated_and_a_forged_one_refused():
+    """Through the placement document (schema, field checks) to the simulator, as every derivation."""
+    g = tiny_gpt()
+    cl = uniform(2, bandwidth=1e9, latency=0.0, memory=10**9)
+    dg = tensor_parallel_graph(g, 2, sequence_parallel=True)
+    p = Placement.from_indices(dg, cl, [dg.node_extra[v]["tp_rank"] for v in range(dg.n)], algorithm="given")
+    p.graph = g.name
+    attach(p, g, dg, [tensor_parallel_step(2, True)])
+    doc = p.to_dict(embed_derived=True)
+    assert doc["derivation"]["steps"] == [{"transform": "tensor-parallel", "tp": 2, "sequence_parallel": True}]
+    back = Placement.from_dict(json.loads(json.dumps(doc)), "p.json")
+    rep = simulate(g, cl, back, label="p.json")
+    assert rep["makespan_s"] > 0
+    assert sum(d["nodes"] for d in rep["devices"]) == dg.n
+    forged = json.loads(json.dumps(doc))
+    for nd in forged["split_graph"]["nodes"]:
+        if nd["id"] == "ln1/tp0":
+            nd["memory_bytes"] *= 2  # a LayerNorm not sharded after all
+    with pytest.raises(InvalidInput, match=r"p\.json: split_graph node 'ln1/tp0' does not derive from graph "
+                                           r"'tiny_gpt': memory_bytes is"):
+        simulate(g, cl, Placement.from_dict(forged, "p.json"), label="p.json")
+    bad = json.loads(json.dumps(doc))
+    bad["derivation"]["steps"][0]["tp"] = 3
+    bad.pop("split_graph")
+    with pytest.raises(InvalidInput, match=r"^p\.json: field derivation\.steps\[0\]\.tp: 3 is more than the 2 "
+                                           r"devices"):
+        simulate(g, cl, Placement.from_dict(bad, "p.json"), label="p.json")
 
 
 def test_deterministic():
