@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from celeritas_cli.errors import InvalidInput
-from celeritas_cli.model.devices import DEVICES, roofline_time
 from celeritas_cli.model.cluster import uniform
+from celeritas_cli.model.devices import DEVICES, roofline_time
 from celeritas_cli.model.graph import Graph, build
 from celeritas_cli.model.placement import Placement
 from celeritas_cli.sim.simulator import simulate
