@@ -534,6 +534,17 @@ def test_profiled_gpt_tp8(gpt13):
     assert dg.memory[qkv] == g.memory[g.index["adam.blocks.0.qkv.weight"]] // 8
     ln = dg.index["adam.blocks.0.ln1.weight/tp3"]
     assert dg.memory[ln] == g.memory[g.index["adam.blocks.0.ln1.weight"]]
+    # Megatron section 3 by hand: per layer QKV 3h^2 + 3h, projection h^2, fc 4h^2 + 4h, fc2 4h^2 are split,
+    # and the vocabulary's V h; LayerNorms (4h), the row-parallel biases (2h), the positions (s h) and the
+    # final LayerNorm (2h) are not.  fp32 weights + Adam's two moments: 12 bytes a parameter (resident);
+    # fp32 gradients: 4 bytes (kept by the backward)
+    layers, vocab = 24, 51200
+    split = layers * (12 * h * h + 7 * h) + vocab * h
+    replicated = layers * 6 * h + s * h + 2 * h
+    assert split + replicated == g.meta["parameters"]
+    r0 = _rank(dg, 0)
+    assert sum(dg.node_extra[v]["resident_bytes"] for v in r0) == 12 * (split // 8 + replicated)
+    assert sum(dg.memory[v] for v in r0 if dg.node_extra[v]["pass"] == "backward") == 4 * (split // 8 + replicated)
     work = sum(dg.compute_by_type[v]["A100"] for v in _rank(dg, 0) if dg.compute_by_type[v])
     whole = sum(g.compute_by_type[v]["A100"] for v in range(g.n))
     assert whole / 8 < work < whole / 4
