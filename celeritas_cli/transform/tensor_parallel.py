@@ -53,8 +53,12 @@ owner), or parameters it owns itself.
 
 A graph with none of the MLP / attention patterns is refused in one line
 naming them; ``tp`` must divide the attention heads, the hidden size, the
-MLP width and the vocabulary (when the graph says them, below), else one
-line names the one it does not divide.
+MLP width and the vocabulary, else one line names the one it does not
+divide.  The sizes come from the split matmuls' operands (input ``R K``,
+weight ``K N``, output ``R N`` elements of ``meta.precision``), the heads
+from ``meta.config.heads`` or a fused attention's log-sum-exp output
+(``batch x heads x sequence`` fp32); a size the graph does not give is not
+checked.
 
 Layouts and collectives
 -----------------------
@@ -120,13 +124,13 @@ a thin GEMM loses efficiency the roofline way: a column-parallel matmul
 still reads its whole input and a row-parallel one writes its whole output,
 so its arithmetic intensity falls with ``tp`` and it turns memory-bound when
 the split width gets small.  Tile and wave quantization of the GEMM
-(cuBLAS tiles of 128 columns) are not modelled: at Megatron's shapes
-(hidden 2304-6144 over at most 8 ranks) the per-rank widths are multiples
-of 128.  On other graphs a split node takes ``1/tp`` of its time.
+(cuBLAS tiles of 128 or 256 columns) are not modelled, which flatters odd
+per-rank widths (hidden 2304 over 8 ranks: 288 columns, three tiles of
+128 filled to 75 %).  On other graphs a split node takes ``1/tp`` of its time.
 Replicated nodes run in full on every rank.
 
-Memory per rank (Shoeybi 3; Korthikanti 4, Eq. 2 and 4)
---------------------------------------------------------
+Memory per rank (Shoeybi 3; Korthikanti section 4)
+--------------------------------------------------
 A node's batch-independent memory (parameters, gradients, optimizer state:
 :func:`~.split_cost.batch_profile`) is divided by ``tp`` when its
 parameters are split (split weights, their casts and gradients, the
@@ -134,8 +138,9 @@ vocabulary table, their Adam updates), whole otherwise (LayerNorm, biases of
 row-parallel matmuls, the position embedding); its activation memory is
 divided by ``tp`` when its output is ``split`` or ``seq`` and whole when it
 is ``full`` or ``partial`` (without sequence parallelism LayerNorm, dropout
-and residual activations are replicated: Korthikanti's ``10 s b h`` of Eq.
-2 not divided by ``t``).  The capture keeps every forward output, so a
+and residual activations are replicated: the ``10 s b h`` of Korthikanti's
+``s b h (10 + 24/t + 5 a s/(h t))`` per layer, which sequence parallelism
+divides by ``t`` too).  The capture keeps every forward output, so a
 row-parallel matmul's full partial output counts whole.
 ``resident_bytes`` follow the batch-independent memory.
 
