@@ -46,7 +46,8 @@ def _param(nid, name, state, out):
                  batch_independent={"memory_bytes": state + out, "state_bytes": state})
 
 
-def tiny_gpt() -> Graph:
+def tiny_gpt(V: int = V, training: bool = True) -> Graph:  # noqa: N803 (the vocabulary)
+    """The one-layer GPT (a forward-only copy with *training* False)."""
     a, f4 = R * H * 2, R * H * 4
     nodes = [
         _node("input_0", "placeholder", 0.0, R * 8, "forward"),
@@ -193,7 +194,12 @@ def tiny_gpt() -> Graph:
     edge("fc_dw", "adam.fc", H * FFN * 2)
     edge("fc2_dw", "adam.fc2", FFN * H * 2)
     assert f4 == 2 * a
-    return build("tiny_gpt", nodes, e, meta={"phase": "training", "batch_size": 1, "precision": "bf16"})
+    if not training:
+        nodes = [nd for nd in nodes if nd["pass"] == "forward"]
+        keep = {nd["id"] for nd in nodes}
+        e = [x for x in e if x["src"] in keep and x["dst"] in keep]
+    return build("tiny_gpt", nodes, e, meta={"phase": "training" if training else "inference", "batch_size": 1,
+                                            "precision": "bf16"})
 
 
 def _rank(dg: Graph, r: int) -> list[int]:
@@ -408,6 +414,8 @@ def test_refusals_in_one_line():
     assert "\n" not in str(exc.value)
     with pytest.raises(InvalidInput, match=r"tp=4 does not divide the attention heads \(2\)"):
         tensor_parallel_graph(g, 4)
+    with pytest.raises(InvalidInput, match=r"tp=2 does not divide the vocabulary \(17\) of graph 'tiny_gpt'"):
+        tensor_parallel_graph(tiny_gpt(V=17), 2)
     chain = build("chain", [{"id": "a", "compute_s": 1.0, "memory_bytes": 0},
                             {"id": "b", "op": "aten.mm", "compute_s": 1.0, "memory_bytes": 0}],
                   [{"src": "a", "dst": "b", "bytes": 8}])
@@ -491,6 +499,14 @@ def test_deterministic():
     a = json.dumps(tensor_parallel_graph(tiny_gpt(), 2, sequence_parallel=True).to_dict(), sort_keys=True)
     b = json.dumps(tensor_parallel_graph(tiny_gpt(), 2, sequence_parallel=True).to_dict(), sort_keys=True)
     assert a == b
+
+
+def test_inference_graph():
+    """A forward-only graph: the forward all-reduces only (embedding, projection, fc2, cross entropy)."""
+    g = tiny_gpt(training=False)
+    dg = tensor_parallel_graph(g, 2)
+    assert [_fed(dg, c["id"])[0] for c in _collectives(dg)] == ["emb", "proj", "fc2", "logsm"]
+    assert dg.memory[dg.index["qkv_w/tp0"]] == g.memory[g.index["qkv_w"]] // 2
 
 
 def test_tp1_is_the_graph_itself():
