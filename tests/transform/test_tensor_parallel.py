@@ -46,7 +46,7 @@ def _param(nid, name, state, out):
                  batch_independent={"memory_bytes": state + out, "state_bytes": state})
 
 
-def tiny_gpt(V: int = V, training: bool = True) -> Graph:  # noqa: N803 (the vocabulary)
+def tiny_gpt(V: int = V, training: bool = True) -> Graph:
     """The one-layer GPT (a forward-only copy with *training* False)."""
     a, f4 = R * H * 2, R * H * 4
     nodes = [
