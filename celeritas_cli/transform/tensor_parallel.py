@@ -787,7 +787,7 @@ def _node_doc(graph: Graph, v: int, plan: Plan, prof, roof: frozenset, in_ratio:
     if new_moved is not None and (sf != 1.0 or in_ratio != 1.0):
         ex["bytes_moved"] = round(new_moved)
     if isinstance(ex.get("output_bytes"), int):
-        outs = _out_tensors(graph, v)
+        outs = [t for t in _out_tensors(graph, v) if t not in prof.state_out[v]]  # not the forwarded parameters
         whole = sum(graph.tensor_bytes[t] for t in outs)
         if whole:
             part = sum(_tensor_bytes(graph.tensor_bytes[t], plan.tlayout[t], tp) for t in outs)

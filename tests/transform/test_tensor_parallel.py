@@ -548,6 +548,9 @@ def test_profiled_gpt_tp8(gpt13):
     g = gpt13
     qkv = dg.index["adam.blocks.0.qkv.weight/tp3"]
     assert dg.memory[qkv] == g.memory[g.index["adam.blocks.0.qkv.weight"]] // 8
+    emb = dg.index["embedding/tp5"]  # the vocabulary table / 8, the (partial) output whole
+    assert dg.node_extra[emb]["output_bytes"] == b * s * h * 4
+    assert dg.node_extra[emb]["batch_independent"]["state_bytes"] == 51200 * h * 4 // 8
     ln = dg.index["adam.blocks.0.ln1.weight/tp3"]
     assert dg.memory[ln] == g.memory[g.index["adam.blocks.0.ln1.weight"]]
     # Megatron section 3 by hand: per layer QKV 3h^2 + 3h, projection h^2, fc 4h^2 + 4h, fc2 4h^2 are split,
