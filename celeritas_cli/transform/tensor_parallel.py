@@ -537,7 +537,6 @@ class Plan:
     state_split: list[bool]
     collectives: list[Collective]
     feed: dict[int, dict[int, int]]    # node -> {tensor: collective index} for converted inputs
-    extra_in: dict[int, list[int]]     # node -> collectives feeding it besides converted tensors
 
 
 def _tensor_bytes(b: int, layout: str, tp: int) -> int:
@@ -628,7 +627,6 @@ def _plan(graph: Graph, tp: int, sp: bool, pats: Patterns) -> Plan:
     collectives: list[Collective] = []
     conv: dict[tuple[int, str, str], int] = {}
     feed: dict[int, dict[int, int]] = {}
-    extra_in: dict[int, list[int]] = {}
 
     def convert(t: int, to: str, consumer: int) -> str:
         """Make tensor *t* available as *to* to *consumer*; the layout it reads."""
@@ -728,12 +726,10 @@ def _plan(graph: Graph, tp: int, sp: bool, pats: Patterns) -> Plan:
         c = len(collectives)
         collectives.append(Collective("all-reduce", -1, pats.log_softmax, b, b, b, 0, [pats.nll],
                                       first=pos[pats.nll], order=c))
-        extra_in.setdefault(pats.nll, []).append(c)
     collectives.sort(key=lambda c: (c.first, c.order))
     remap = {c.order: i for i, c in enumerate(collectives)}
     feed = {v: {t: remap[c] for t, c in d.items()} for v, d in feed.items()}
-    extra_in = {v: [remap[c] for c in cs] for v, cs in extra_in.items()}
-    return Plan(tp, sp, pats, role, layout, tlayout, work, state, collectives, feed, extra_in)
+    return Plan(tp, sp, pats, role, layout, tlayout, work, state, collectives, feed)
 
 
 def tensor_parallel_size(graph: Graph, tp: int, sequence_parallel: bool = False) -> Size:
