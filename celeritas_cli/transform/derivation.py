@@ -42,7 +42,9 @@ placed a coarse graph).  Steps, applied in order:
 * ``{"transform": "fsdp", "replicas": k, "stage": 1 | 2 | 3, "global_batch":
   B, "overhead_s": s}`` (+ ``"unit_mb": x``, ``"samples": [b0, ...]``,
   ``"assume_batch": N``): :func:`~celeritas_cli.transform.fsdp.fsdp_graph`
-  (the recorded batch must be the graph's).
+  (the recorded batch must be the graph's);
+* ``{"transform": "tensor-parallel", "tp": k, "sequence_parallel": bool}``:
+  :func:`~celeritas_cli.transform.tensor_parallel.tensor_parallel_graph`.
 
 ``base`` = ``{"graph": name, "members": [[original ids of coarse node 0],
 ...]}``: the algorithm's input was a coarse graph with these members (in
@@ -109,6 +111,7 @@ from .replicate import SCALINGS, data_parallel_graph
 from .size import Size, check_size
 from .split_cost import DEFAULT_OVERHEAD_S
 from .splitting import split_operation
+from .tensor_parallel import TP_MAX, boolean, tp_step_build, tp_step_check, tp_step_size
 
 REL_TOL = 1e-9
 
@@ -286,6 +289,10 @@ STEPS: dict[str, StepKind] = {
         required=("replicas", "stage", "global_batch"), defaults={"overhead_s": DEFAULT_OVERHEAD_S},
         check=fsdp_step_check, size=fsdp_step_size, build=fsdp_step_build,
         hint="fewer replicas, or larger units (unit_mb)"),
+    "tensor-parallel": StepKind(  # transform/tensor_parallel.py (issue 35)
+        fields={"tp": integer(1, TP_MAX, at_most_devices=True), "sequence_parallel": boolean},
+        required=("tp",), defaults={"sequence_parallel": False},
+        check=tp_step_check, size=tp_step_size, build=tp_step_build, hint="a smaller tp"),
 }
 TRANSFORMS = tuple(STEPS)
 
