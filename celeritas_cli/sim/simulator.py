@@ -47,10 +47,14 @@ Semantics (docs/design.md, "The simulator"):
 6. Collectives (a derived graph's ``collective.*`` nodes, one per rank
    of a group; docs/design.md, "Collectives"): each device has a
    collective stream besides its compute slot, as NCCL runs on its own
-   CUDA stream.  A stream takes its collectives in ``seq`` order (the issue
-   order every rank shares, as NCCL requires); all members of a group start
-   together, at the first instant every member's inputs are on its device
-   and every member is at the head of its free stream, and run for
+   CUDA stream.  A collective is issued on its rank when its inputs are on
+   the device (DDP issues a bucket's all-reduce when the bucket is ready,
+   Megatron-LM its all-reduces inline, FSDP its gathers in its issue chain)
+   and a stream runs what it was issued first in, first out (ties by the
+   node's ``seq``); all members of a group start together, at the first
+   instant every member was issued and is at the head of its free stream
+   (ranks that issue in different orders hang, as NCCL does: an error), and
+   run for
    :meth:`~celeritas_cli.model.costs.CostModel.collective_time` of the
    group's devices.  A collective does not hold the compute slot or a
    point-to-point channel (its traffic is in its formula).
@@ -291,7 +295,7 @@ def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Ca
         need[v] -= 1
         if need[v] == 0:
             if member is not None and member[v] >= 0:
-                coll.ready(v)
+                coll.ready(v, t)
             else:
                 ready(v)
 
@@ -377,24 +381,28 @@ def _event_loop(graph: Graph, costs: CostModel, dev: list[int], k: int, send: Ca
 class _Collectives:
     """Rule 6: every device's collective stream.  ``member[v]`` is the
     index of node *v*'s group (-1: not a collective, or not placed);
-    ``ready(v)`` is told that all of v's inputs are on its device,
-    ``launch(...)`` yields ``(node, duration, binding)`` for every member
-    of every group that can start now, ``finished(v, now)`` frees v's
-    stream.  Ranks of one group placed on one device (a placer that put two
-    replicas together) are reduced there first, at no cost, and take the
-    device's stream once: the collective runs over the distinct devices."""
+    ``ready(v, t)`` is told that all of v's inputs are on its device at
+    *t* (the collective is issued then), ``launch(...)`` yields ``(node,
+    duration, binding)`` for every member of every group that can start
+    now, ``finished(v, now)`` frees v's stream.  A stream runs its issued
+    collectives first in, first out (ties by ``seq``, then group); ranks of
+    one group placed on one device (a placer that put two replicas
+    together) are reduced there first, at no cost, and take the device's
+    stream once: the collective runs over the distinct devices."""
 
     def __init__(self, n: int) -> None:
         self.member = [-1] * n
         self.members: list[list[int]] = []
         self.duration: list[float] = []
         self.names: list[str] = []
-        self.queue: dict[int, list[int]] = {}   # device -> its groups in issue order
-        self.ptr: dict[int, int] = {}
+        self.seq: list[int] = []
+        self.issued: dict[int, list[tuple[float, int, int]]] = {}  # device -> heap (issued at, seq, group)
+        self.on: dict[int, set[int]] = {}       # device -> groups in its heap
         self.busy: dict[int, int] = {}          # device -> the group running on its stream, -1 none
         self.last: dict[int, int] = {}          # device -> a node of the last group its stream ran
         self.free: dict[int, float] = {}        # device -> when its stream became free
         self.is_ready = [False] * n
+        self.started = [False] * n
         self.candidates: set[int] = set()
         self.n_run = 0
 
@@ -413,9 +421,8 @@ class _Collectives:
         if not found:
             return None
         self = cls(graph.n)
-        keyed = []
         cache: dict[tuple, float] = {}
-        for name, nodes in found.items():
+        for g, (name, nodes) in enumerate(sorted(found.items(), key=lambda x: str(x[0]))):
             head = extra[nodes[0]]["collective"]
             kind, nbytes, seq, ranks = (head.get(x) for x in ("kind", "bytes", "seq", "ranks"))
             where = f"{label}: collective '{graph.ids[nodes[0]]}'"
@@ -435,31 +442,31 @@ class _Collectives:
             key = (tuple(sorted(set(whole))), kind, nbytes)
             if key not in cache:
                 cache[key] = costs.collective_time(list(key[0]), kind, nbytes)
-            keyed.append((seq, name, nodes, cache[key]))
-        keyed.sort(key=lambda x: (x[0], x[1]))
-        for g, (seq, name, nodes, dur) in enumerate(keyed):
             self.names.append(name)
             self.members.append(nodes)
-            self.duration.append(dur)
+            self.duration.append(cache[key])
+            self.seq.append(seq)
             for v in nodes:
                 self.member[v] = g
-                q = self.queue.setdefault(dev[v], [])
-                if not q or q[-1] != g:
-                    q.append(g)
+                d = dev[v]
+                if d not in self.busy:
+                    self.issued[d], self.on[d], self.busy[d], self.last[d], self.free[d] = [], set(), -1, -1, 0.0
             self.n_run += len(nodes)
         self.dev = dev
-        for d in self.queue:
-            self.ptr[d], self.busy[d], self.last[d], self.free[d] = 0, -1, -1, 0.0
         return self
 
-    def ready(self, v: int) -> None:
+    def ready(self, v: int, t: float) -> None:
         self.is_ready[v] = True
-        self.candidates.add(self.member[v])
+        g, d = self.member[v], self.dev[v]
+        if g not in self.on[d]:
+            self.on[d].add(g)
+            heapq.heappush(self.issued[d], (t, self.seq[g], g))
+        self.candidates.add(g)
 
     def _can_start(self, g: int) -> bool:
         for v in self.members[g]:
             d = self.dev[v]
-            if not self.is_ready[v] or self.busy[d] != -1 or self.queue[d][self.ptr[d]] != g:
+            if not self.is_ready[v] or self.busy[d] != -1 or self.issued[d][0][2] != g:
                 return False
         return True
 
@@ -479,7 +486,9 @@ class _Collectives:
                 d = self.dev[v]
                 if self.busy[d] != g:
                     self.busy[d] = g
-                    self.ptr[d] += 1
+                    heapq.heappop(self.issued[d])
+                    self.on[d].discard(g)
+                self.started[v] = True
                 out.append((v, self.duration[g], b))
         self.candidates.clear()
         return out
@@ -491,18 +500,24 @@ class _Collectives:
         self.busy[d] = -1
         self.last[d] = v
         self.free[d] = now
-        q = self.queue[d]
-        if self.ptr[d] < len(q):
-            self.candidates.add(q[self.ptr[d]])
+        if self.issued[d]:
+            self.candidates.add(self.issued[d][0][2])
 
     def stuck(self) -> str:
-        """Why the streams stopped, when they did (a cycle of issue orders)."""
-        for d, q in self.queue.items():
-            if self.ptr[d] < len(q):
-                g = q[self.ptr[d]]
-                return (f"collective group '{self.names[g]}' never starts: a member waits for its inputs or for "
-                        f"a collective issued before it on its stream; the collectives' issue order ('seq') "
-                        f"contradicts the graph's dependencies")
+        """Why the streams stopped, when they did: ranks that issue collectives in different orders
+        (NCCL would hang too), or a collective whose inputs never come."""
+        for d, heap in self.issued.items():
+            if heap:
+                g = heap[0][2]
+                other = next((u for u in self.members[g] if self.is_ready[u] and self.issued[self.dev[u]]
+                              and self.issued[self.dev[u]][0][2] != g), None)
+                if other is not None:
+                    h = self.issued[self.dev[other]][0][2]
+                    return (f"collective group '{self.names[g]}' never starts: its ranks issued it in another order "
+                            f"than group '{self.names[h]}' (a rank runs its collectives in the order it issues "
+                            f"them, as NCCL does; with different orders the ranks wait for each other)")
+                return (f"collective group '{self.names[g]}' never starts: one of its ranks never issues it (its "
+                        f"inputs wait for a collective issued after it)")
         return ""
 
 
