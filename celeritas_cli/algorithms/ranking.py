@@ -13,9 +13,9 @@ placer already has, without building anything:
 * ``data-parallel`` (equal or speed-proportional shares, 25 MiB buckets):
   one replica's forward and backward at its share of the batch on its
   device (the pipeline model's single-stage shape,
-  :class:`~.pipelines.model.Model`), the ring all-reduce of the gradients
-  - ``2 (k - 1)`` steps of ``1/k`` of the bytes over the ring's slowest
-  link, a latency per step and bucket - beyond what the backward hides (at
+  :class:`~.pipelines.model.Model`), the all-reduce of the gradients in
+  buckets (the NCCL formula of :mod:`~celeritas_cli.model.collectives`,
+  which the simulator uses too) beyond what the backward hides (at
   least the last bucket's), then the once-per-step work (optimizer
   updates) in full; ``inf`` when a replica's memory at its share (the
   layer sequence's) is over its device's;
@@ -23,15 +23,16 @@ placer already has, without building anything:
   once-per-step work on a ``1/k`` shard, and the collectives of its units
   (:func:`~celeritas_cli.transform.fsdp_units.fsdp_plan`): each unit's
   parameters all-gathered before its forward and again before its backward
-  and its gradients reduce-scattered, each ``k - 1`` ring steps of
-  ``1/k`` of the bytes (ZeRO 7.2: ``3 Psi`` per device against data
+  and its gradients reduce-scattered, each by the NCCL formula (ZeRO 7.2:
+  ``3 Psi`` per device against data
   parallelism's ``2 Psi``; the gradients all-reduced are the same units'
   gradient tensors in both); FSDP's prefetch overlaps them with the compute
   (FSDP 3.4), so the step is ``max(compute, communication)`` plus the
   first unit's gather and the last unit's reduce-scatter, which nothing
   overlaps;
 * ``pipeline``: the pipeline model's best cut (:meth:`~.pipelines.model.Model.cut`)
-  of one 1F1B shape per pipeline depth ``p > 1`` dividing ``k`` (``k / p``
+  of one 1F1B shape per pipeline depth ``1 < p <=`` :data:`RANK_DEPTH_MAX`
+  dividing ``k`` (``k / p``
   replicas, the micro-batches of the search nearest ``4 p`` the batch
   allows, at least ``4 p`` where it can: Megatron-LM's bubble ``(p - 1) /
   m`` under 25 %), and of data parallelism with gradient accumulation
@@ -75,6 +76,10 @@ from .sharding.data_parallel import DEFAULT_BUCKET_MB, proportional_shares
 FSDP_STAGE = 3
 #: the pipeline's shapes are estimated with at least this many micro-batches per pipeline rank
 MICRO_PER_RANK = 4
+#: the deepest pipeline the ranking estimates: one model cut costs about a second over 1,024 GPUs (GPT
+#: 1.3B), and deeper pipelines of the zoo's models estimate slower (at 16, 32, 64 stages 1.8, 5.4, 14 s
+#: against 1.4 s at 8 for GPT 1.3B over 1,024 A100s); the planner itself searches every depth
+RANK_DEPTH_MAX = 8
 
 
 def fits(plan: Plan) -> bool:
@@ -155,12 +160,6 @@ class Ranking:
         devs = list(range(self.cluster.k))
         return Shape((tuple(devs),), 1, ONE_F_ONE_B, "off", self._shares(proportional, devs), DEFAULT_BUCKET_MB)
 
-    def _ring(self, devs: list[int]) -> tuple[float, float]:
-        """The ring over *devs*: its slowest link's bandwidth and its largest latency."""
-        ring = list(zip(devs, devs[1:] + devs[:1]))
-        return (min(self.cluster.bandwidth[a][b] for a, b in ring),
-                max(self.cluster.latency[a][b] for a, b in ring))
-
     def _replica(self, proportional: bool) -> tuple[float, float, float, Shape]:
         """One replica's forward, backward and once-per-step time on the
         slowest device at its share of the batch, and its shape."""
@@ -176,13 +175,12 @@ class Ranking:
             self._fsdp = fsdp_plan(self.graph, FSDP_STAGE).units
         return self._fsdp
 
-    def _step(self, nbytes: float, steps: int = 1) -> float:
-        """One ring collective (reduce-scatter or all-gather) of *nbytes*
-        over all devices, in *steps* pieces: ``k - 1`` ring steps, each
-        ``1/k`` of the bytes over the ring's slowest link and a latency."""
-        k = self.cluster.k
-        bw_s, lat = self._ring(list(range(k)))
-        return (k - 1) * (steps * lat + nbytes / k / bw_s)
+    def _step(self, kind: str, nbytes: float, steps: int = 1) -> float:
+        """One collective of *kind* of *nbytes* over all devices, in *steps*
+        equal pieces: the NCCL formula every planner and the simulator use
+        (:meth:`~celeritas_cli.model.costs.CostModel.collective_time`)."""
+        devs = list(range(self.cluster.k))
+        return steps * self.model.seq.costs.collective_time(devs, kind, int(math.ceil(nbytes / steps)))
 
     def dp_time(self, proportional: bool) -> float:
         """Data parallelism's step (module docstring): forward, backward,
@@ -197,7 +195,7 @@ class Ranking:
         grads = [b for u in self._units() for b in self._grad_sizes(u)]
         total = sum(grads)
         buckets = max(1, min(len(grads), math.ceil(total / (DEFAULT_BUCKET_MB * 2**20))))
-        ring = 2 * self._step(total, buckets)
+        ring = self._step("all-reduce", total, buckets)
         return fw + bw + max(ring - bw, ring / buckets) + once
 
     def _grad_sizes(self, unit) -> list[int]:
@@ -210,15 +208,17 @@ class Ranking:
         units = self._units()
         if not units:
             return compute
-        comm = math.fsum(2 * self._step(u.gather_bytes) + self._step(u.grad_bytes) for u in units)
-        return max(compute, comm) + self._step(units[0].gather_bytes) + self._step(units[-1].grad_bytes)
+        comm = math.fsum(2 * self._step("all-gather", u.gather_bytes) + self._step("reduce-scatter", u.grad_bytes)
+                         for u in units)
+        return max(compute, comm) + self._step("all-gather", units[0].gather_bytes) + \
+            self._step("reduce-scatter", units[-1].grad_bytes)
 
     def pipeline_time(self) -> float:
         """The pipeline planner's plans beyond ``data-parallel``'s (module docstring)."""
         model, k, batch = self.model, self.cluster.k, self.batch
         ranked = device_rank(model.seq, self.cluster)
         best = math.inf
-        for p in range(1, k + 1):
+        for p in range(1, min(k, RANK_DEPTH_MAX) + 1):
             if k % p:
                 continue
             R = k // p

@@ -29,6 +29,8 @@ def render_report(report: dict, plan: str | None = None) -> None:
         console.print(f"note: {report['memory_rule_note']}")
     if plan:
         console.print(f"plan: {plan}")
+    if report.get("judge"):
+        console.print(f"judged: {report['judge']['words']}")
     console.print(f"makespan {report['makespan_s']:.6g} s   lower bound {lb:.6g} s   "
                   f"makespan/LB {ratio:.3f}   status {report['status']}" if ratio is not None else
                   f"makespan {report['makespan_s']:.6g} s   status {report['status']}")

@@ -12,10 +12,9 @@ times (:func:`schedule_time`) - each rank runs its steps (Megatron-LM's
 orders, :meth:`~celeritas_cli.pipelining.schedules.Schedule.steps`)
 one after the other, a forward when the previous stage's activation has
 arrived over the link, a backward when the next stage's gradient has -
-then each rank's once-per-step work (optimizer updates) and the ring
-all-reduce of its stages' gradients over their ``R`` lanes (``2 (R - 1) /
-R`` of the bytes over the ring's slowest link, a latency per step and
-gradient).  A stage's time per micro-batch is its forward, and its
+then each rank's once-per-step work (optimizer updates) and the
+all-reduce of its stages' gradients over their ``R`` lanes (the NCCL
+formula of model/collectives.py, per gradient or bucket).  A stage's time per micro-batch is its forward, and its
 backward with the recomputed forward and the gradient accumulation, on its
 device at the micro-batch's size (the split cost model).  For equal stages
 and free links it is Alpa's objective ``sum_i t_i + (m - 1) max_j t_j``
@@ -203,18 +202,19 @@ class Model:
         return n
 
     def allreduce(self, shape: Shape, a: int, b: int, lanes) -> float:
-        """One ring all-reduce per gradient of positions ``a .. b-1`` over
-        the *lanes*: ``2 (R - 1)`` steps of ``1/R`` of each gradient over
-        the ring's slowest link, a latency per step and gradient."""
+        """The all-reduces of the gradients of positions ``a .. b-1`` over
+        the *lanes*: one per gradient or bucket, each the NCCL formula the
+        simulator uses (:meth:`~celeritas_cli.model.costs.CostModel.collective_time`,
+        :mod:`~celeritas_cli.model.collectives`) for an equal share of the
+        bytes."""
         R = len(lanes)
         if R < 2:
             return 0.0
         g = self.seq.gradients[b] - self.seq.gradients[a]
         n = self.rings(shape, a, b)
-        ring = list(zip(lanes, list(lanes[1:]) + [lanes[0]]))
-        bw = min(self.cluster.bandwidth[x][y] for x, y in ring)
-        lat = max(self.cluster.latency[x][y] for x, y in ring)
-        return 2 * (R - 1) * (n * lat + g / R / bw)
+        if n < 1 or g <= 0:
+            return 0.0
+        return n * self.seq.costs.collective_time(sorted(lanes), "all-reduce", int(math.ceil(g / n)))
 
     # ------------------------------------------------------------ evaluate
     def evaluate(self, shape: Shape, cuts: list[int], rc: list[bool]) -> Plan:
