@@ -120,7 +120,6 @@ def test_dpos_on_the_data_parallel_graph_is_not_called_data_parallelism():
     device of their own are data parallelism."""
     from celeritas_cli.model.costs import cost_model
     from celeritas_cli.optimize.runner import Runner, Spec
-
     from celeritas_cli.sim.symmetric import expand
 
     g, c = layered(80, seed=1), uniform(4, memory=2**40)
