@@ -419,9 +419,12 @@ def test_dpos_on_the_data_parallel_graph_needs_the_model_to_fit_a_device():
 
 
 def test_auto_tries_one_ring_per_gradient_where_a_ddp_bucket_waits():
-    # tests/transform/test_replicate.py's three-gradient model on 2 devices at 100 B/s, no latency: the default
-    # 25 MiB bucket waits for the last gradient (12 s + three adds), one ring per gradient overlaps the
-    # backward (11 s, hand-computed there); auto offers both and keeps the faster
+    # tests/transform/test_replicate.py's three-gradient model on 2 devices at 100 B/s, no latency: b3, b2, b1
+    # take 3 s each on a replica's half batch.  The default 25 MiB bucket waits for the last gradient (9 s),
+    # then its NCCL all-reduce of 300 B is 2 ring steps of 150 B: 1.5 s each, 12 s; one all-reduce per
+    # gradient (2 steps of 50 B: 1 s) overlaps the backward on the collective stream, g3 3-4 and g2 6-7, and
+    # g1 9-10: 10 s.  In the explicit ring form (its steps on the devices and links: 11 s and 12 s + three
+    # adds, hand-computed there) one ring per gradient wins too.  auto offers both and keeps the faster
     from ..transform.test_replicate import three
 
     g, cl = three(), uniform(2, bandwidth=100.0, latency=0.0)
@@ -431,5 +434,9 @@ def test_auto_tries_one_ring_per_gradient_where_a_ddp_bucket_waits():
     assert p.estimate["winner"] == "data-parallel(bucket_mb=0.0)"
     per_gradient = registry.place(g, cl, "data-parallel", params={"bucket_mb": 0}).estimate["makespan_s"]
     bucketed = registry.place(g, cl, "data-parallel").estimate["makespan_s"]
-    assert per_gradient == pytest.approx(11.0, abs=1e-4) and bucketed > 12.0  # (+ the replicas' op overheads)
+    # (+ the replicas' op overheads: 2 us for each of b3, b2, b1)
+    assert per_gradient == pytest.approx(10.0, abs=1e-4) and bucketed == pytest.approx(12.0, abs=1e-4)
     assert p.estimate["makespan_s"] <= per_gradient
+    ring = {mb: registry.place(g, cl, "data-parallel", params={"bucket_mb": mb, "collectives": "ring"})
+            .estimate["makespan_s"] for mb in (0, 25)}
+    assert ring[0] == pytest.approx(11.0, abs=1e-4) and ring[25] > 12.0
