@@ -339,7 +339,7 @@ def test_simulate_of_auto_output_reproduces_its_estimate(case, tmp_path):
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
     rep = orjson.loads(r.stdout)
-    doc = orjson.loads(open(out, "rb").read())
+    doc = orjson.loads((tmp_path / "p.json").read_bytes())
     est = doc["estimate"]
     # a data-parallel winner, or the pipeline planner's one stage replicated (data parallelism, tensor_holography)
     assert est["winner"].startswith("data-parallel") or \
