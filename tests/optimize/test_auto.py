@@ -429,6 +429,36 @@ def test_dpos_on_the_data_parallel_graph_needs_the_model_to_fit_a_device():
     assert any(s.on == "data-parallel" for s, _ in plan(g, uniform(4, memory=64 * GiB), 5000))
 
 
+def test_dpos_on_the_data_parallel_graph_places_its_ring_steps():
+    # layered 200 on moirai-inter-server: dpos on the nccl data-parallel graph put the all-reduces of two
+    # replicas on one device - two ranks of one NCCL collective on a GPU, which NCCL cannot run and the
+    # simulator's collective stream never starts (the search died of it).  auto's member places the graph
+    # with the all-reduces as explicit ring steps, ordinary nodes and transfers, and simulate of the file's
+    # recipe (collectives=ring) reproduces the runner's judgement
+    from celeritas_cli.optimize.runner import Runner, Spec
+    from celeritas_cli.sim.simulator import run_schedule
+    from celeritas_cli.sim.symmetric import expand
+    from celeritas_cli.transform.derivation import derive
+
+    g, c = layered(200, seed=1), load_cluster("moirai-inter-server")
+    dp = registry.place(g, c, "data-parallel")
+    nccl = derive(g, expand(g, c, dp).derivation, devices=c.k)
+    bad = registry.place(nccl, c, "dpos")
+    groups: dict[str, list[str]] = {}
+    for v in range(nccl.n):
+        if nccl.op[v].startswith("collective."):
+            groups.setdefault(nccl.node_extra[v]["collective"]["group"], []).append(bad.assignment[nccl.ids[v]])
+    assert any(len(set(devs)) < len(devs) for devs in groups.values())
+    with pytest.raises(InvalidInput, match="never starts"):
+        run_schedule(nccl, c, *bad.resolve(nccl, c))
+    cand = Runner(g, c, cost_model(g, c)).run(Spec("dpos", on="data-parallel"))
+    assert cand.placement.derivation["steps"][-1]["collectives"] == "ring"
+    assert not any(op.startswith("collective.") for op in cand.graph.op)
+    assert simulate(g, c, cand.placement)["makespan_s"] == \
+        run_schedule(cand.graph, c, cand.device_of, cand.order).makespan
+    # the whole search on this case: tests/optimize/test_refine_share.py (dpos@data-parallel among its members)
+
+
 def test_auto_tries_one_ring_per_gradient_where_a_ddp_bucket_waits():
     # tests/transform/test_replicate.py's three-gradient model on 2 devices at 100 B/s, no latency: b3, b2, b1
     # take 3 s each on a replica's half batch.  The default 25 MiB bucket waits for the last gradient (9 s),
