@@ -83,7 +83,9 @@ first: where the data-parallel share of the budget pays for one member only
 
 When the model fits on every device, ``dpos`` also places the
 data-parallel graph itself (``dpos@data-parallel``: FastT 5.2's OS-DPOS
-start - DPOS on the graph of ``k`` replicas and their all-reduce rings -
+start - DPOS on the graph of ``k`` replicas and their all-reduce rings, as
+explicit ring steps (``collectives=ring``: two ranks of one NCCL collective
+cannot share a device, :meth:`~.runner.Runner.data_parallel`) -
 without its operation splits, which cost ``2 (k - 1)`` DPOS runs per split
 operation).  DPOS may move replica operators off their replica's device,
 e.g. onto devices idle while the rings run; its cost is :data:`COST`

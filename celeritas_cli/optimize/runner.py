@@ -12,6 +12,7 @@ time does not fit before the deadline or for which the budget is spent.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import io
 from dataclasses import dataclass, field
@@ -108,13 +109,28 @@ class Runner:
         return self.coarse[R]
 
     def data_parallel(self) -> tuple[Graph, Placement]:
-        """The data-parallel graph (equal shares) and its placement, built once."""
+        """The data-parallel graph (equal shares) and its placement, built
+        once, for the placers that move its nodes (``dpos@data-parallel``).
+
+        Every replica is built, and its all-reduces as explicit ring steps
+        (``collectives="ring"``, what ``placer run`` executes): a placer
+        free to move nodes may put two ranks of one NCCL collective on one
+        device, which NCCL cannot run (one rank per device) and the
+        simulator's collective stream (rule 6) cannot schedule, while ring
+        steps are ordinary nodes and transfers (FastT 5.2's OS-DPOS start:
+        the replicas and their all-reduce rings)."""
         if self._dp is None:
             self.run(Spec("data-parallel"))
-        if self._dp is None and self._dp_compact is not None:  # every replica built, for the placers that move nodes
-            p = symmetric.expand(self.graph, self.cluster, self._dp_compact, "data-parallel")
+        if self._dp is None and self._dp_compact is not None:
+            p = copy.copy(self._dp_compact)
+            steps = [dict(s) for s in p.derivation["steps"]]
+            steps[-1]["collectives"] = "ring"
+            p.derivation = {**p.derivation, "steps": steps}
             p.derived = derive(self.graph, p.derivation, "data-parallel", devices=self.cluster.k,
                                cluster=self.cluster.name)
+            home = [row[0] for row in p.replicas["devices"]]  # replica r runs whole on one device
+            p.assignment = {p.derived.ids[v]: home[int(x["replica"])] for v, x in enumerate(p.derived.node_extra)}
+            p.order, p.replicas = None, None
             self._dp = (p.derived, p)
         assert self._dp is not None
         return self._dp

@@ -180,7 +180,7 @@ def choose_measured(answer: Placement, answer_key: tuple, search, graph: Graph, 
     out = Placement(graph=chosen.graph, cluster=cluster.name, algorithm="auto", assignment=chosen.assignment,
                     order=chosen.order, params=answer.params, seed=answer.seed, estimate=est,
                     split_graph=chosen.split_graph, derivation=chosen.derivation, cluster_digest=answer.cluster_digest,
-                    cluster_file=answer.cluster_file, derived=chosen.derived)
+                    cluster_file=answer.cluster_file, derived=chosen.derived, replicas=chosen.replicas)
     if log and idx is not None:
         log(f"auto: verify: chose {name}: measured {rows[idx]['measured_s']:.6g} s (simulated {sim:.6g} s)")
     return out

@@ -278,23 +278,63 @@ def describe_placement(placement, graph, cluster=None) -> str:
     base = (placement.derivation or {}).get("base") if isinstance(placement.derivation, dict) else None
     nodes = len(base["members"]) if isinstance(base, dict) and isinstance(base.get("members"), list) else graph.n
     ctx = Context(graph.original_name if hasattr(graph, "original_name") else graph.name, nodes,
-                  cluster.k if cluster is not None else None, dict(Counter(placement.assignment.values())),
+                  cluster.k if cluster is not None else None, nodes_per_device(placement),
                   replica_devices(placement))
     return describe(placement.derivation, ctx)
+
+
+def _replica_rows(placement) -> list[list[str]] | None:
+    """The replica map of a symmetric plan (``replicas.devices``,
+    :mod:`~celeritas_cli.sim.symmetric`): replica ``r``'s device for each of
+    replica 0's; None for a plan that lists every node."""
+    replicas = getattr(placement, "replicas", None)
+    rows = replicas.get("devices") if isinstance(replicas, dict) else None
+    return rows if isinstance(rows, list) and rows and all(isinstance(r, list) for r in rows) else None
+
+
+def nodes_per_device(placement) -> dict[str, int]:
+    """Device id -> the nodes the plan runs there.  A symmetric plan lists
+    replica 0's nodes only: every replica ``r`` runs as many on
+    ``replicas.devices[r][j]`` as replica 0 on ``replicas.devices[0][j]``
+    (what :func:`~celeritas_cli.sim.symmetric.expand` lists), counted
+    without expanding the assignment.
+
+    >>> from types import SimpleNamespace as P
+    >>> nodes_per_device(P(assignment={"a/rep0": "g0", "b/rep0": "g0", "c/rep0": "g1"},
+    ...                    replicas={"devices": [["g0", "g1"], ["g2", "g3"]]}))
+    {'g0': 2, 'g1': 1, 'g2': 2, 'g3': 1}
+    """
+    counts = Counter(placement.assignment.values())
+    rows = _replica_rows(placement)
+    if rows is None:
+        return dict(counts)
+    out: dict[str, int] = {}
+    for row in rows:
+        for a, b in zip(rows[0], row):
+            if counts.get(a):
+                out[b] = out.get(b, 0) + counts[a]
+    return out
 
 
 _REPLICA_ID = re.compile(r"/rep(\d+)$")
 
 
 def replica_devices(placement) -> dict[int, set[str]]:
-    """Replica index -> the devices its nodes (and its ring steps) run on,
-    for a placement of a replicated graph (a ``data-parallel`` step in its
-    recipe): read from the derived graph's nodes (``replica``) when the
-    placement carries it, else from the node ids (``<id>/rep<r>``,
-    :mod:`~celeritas_cli.transform.replicate`); empty for any other plan."""
+    """Replica index -> the devices its nodes (and its collectives or ring
+    steps) run on, for a placement of a replicated graph (a
+    ``data-parallel`` step in its recipe): from the replica map of a
+    symmetric plan (``replicas.devices``: replica ``r`` on the devices
+    standing for those replica 0's nodes use), else read from the derived
+    graph's nodes (``replica``) when the placement carries it, else from the
+    node ids (``<id>/rep<r>``, :mod:`~celeritas_cli.transform.replicate`);
+    empty for any other plan."""
     steps = (placement.derivation or {}).get("steps") if isinstance(placement.derivation, dict) else None
     if not any(isinstance(s, dict) and s.get("transform") == "data-parallel" for s in steps or []):
         return {}
+    rows = _replica_rows(placement)
+    if rows is not None:  # a symmetric plan: replica r runs where the map sends replica 0's devices
+        used = set(placement.assignment.values())
+        return {r: {b for a, b in zip(rows[0], row) if a in used} for r, row in enumerate(rows)}
     derived = getattr(placement, "derived", None)
     out: dict[int, set[str]] = {}
     if derived is not None and derived.node_extra:

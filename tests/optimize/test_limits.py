@@ -36,7 +36,9 @@ from celeritas_cli.optimize.portfolio import (
 )
 from celeritas_cli.optimize.runner import Runner, run_portfolio
 from celeritas_cli.optimize.search import Search
+from celeritas_cli.sim import symmetric
 from celeritas_cli.sim.simulator import simulate
+from celeritas_cli.transform.derivation import derive
 
 from ..conftest import SAMPLES
 
@@ -76,9 +78,13 @@ def test_data_parallel_is_left_out_when_a_replica_cannot_fit():
     # state in full plus a quarter of the activations - cross-checked against the data-parallel graph itself
     g = static(300, seed=2)
     k = 4
-    dp = registry.place(g, uniform(k, memory=2**42), "data-parallel")
-    built = max(dp.device_loads(dp.derived_graph, uniform(k, memory=2**42)))
+    big = uniform(k, memory=2**42)
+    dp = registry.place(g, big, "data-parallel")  # the symmetric form: expanded, its derived graph rebuilt
+    full = symmetric.expand(g, big, dp)
+    built = max(full.device_loads(derive(g, full.derivation, devices=k), big))
     assert replica_memory(g, k) == built
+    judged = symmetric.judge(g, big, dp)  # and the one replica the symmetric judge builds holds the same
+    assert max(judged.graph.memory_by(judged.device_of, k)) == built
     notes: list = []
     small = uniform(k, memory=replica_memory(g, k) - 1)
     assert not [s for s, _ in plan(g, small, 10**6, skipped=notes) if s.algo == "data-parallel"]

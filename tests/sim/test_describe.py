@@ -20,17 +20,39 @@ from ..conftest import SAMPLES
 G60 = str(SAMPLES / "layered_60.json")
 
 
+def _all_reduce_nodes(d):
+    return sum(1 for v in range(d.n) if (d.node_extra[v] or {}).get("allreduce") is not None)
+
+
 def test_data_parallel_plan_counts_replicas_and_all_reduce_nodes():
+    """The symmetric plan (replica 0's nodes + the replica map, sim/symmetric.py) is described as the whole
+    plan: the all-reduce count is cross-checked against its expanded derived graph's own collective nodes
+    (one per replica and bucket), and the ring form's against its ring steps."""
+    from celeritas_cli.sim.symmetric import expand
+    from celeritas_cli.transform.derivation import derive
+
     g = layered(80, seed=1)
     c = uniform(4, memory=2**40)
     p = registry.place(g, c, "data-parallel")
+    assert p.replicas is not None and p.derived is None
     text = describe_placement(p, g, c)
     assert text.startswith(f"data parallelism: 4 replicas of {g.name}, 80 nodes each, each on 1/4 of the batch")
     assert "ring all-reduce of the gradients in 25 MiB buckets" in text
-    # cross-check the all-reduce count against the derived graph's own ring nodes
-    d = p.derived_graph
-    rings = sum(1 for v in range(d.n) if (d.node_extra[v] or {}).get("allreduce") is not None)
+    full = expand(g, c, p)
+    d = derive(g, full.derivation, devices=c.k)
+    assert set(full.assignment) == set(d.ids)
+    rings = _all_reduce_nodes(d)
+    assert rings == sum(1 for op in d.op if op == "collective.all-reduce") > 0
     assert f"({rings // 4:,} all-reduce nodes per replica)" in text
+    assert d.n == 4 * 80 + rings
+    full.derived = d  # the same plan listing every node reads the same
+    assert describe_placement(full, g, c) == text
+    # the explicit ring form: reduce-scatter, all-gather and result steps per bucket, counted the same way
+    ring = registry.place(g, c, "data-parallel", params={"collectives": "ring"})
+    d = ring.derived_graph
+    text = describe_placement(ring, g, c)
+    rings = _all_reduce_nodes(d)
+    assert f"({rings // 4:,} all-reduce nodes per replica)" in text and rings > 4 * 4
     assert d.n == 4 * 80 + rings
 
 
@@ -97,21 +119,31 @@ def test_dpos_on_the_data_parallel_graph_is_not_called_data_parallelism():
     several devices, counted here from the derived graph's own replica field."""
     from celeritas_cli.model.costs import cost_model
     from celeritas_cli.optimize.runner import Runner, Spec
+    from celeritas_cli.sim.symmetric import expand
 
     g, c = layered(80, seed=1), uniform(4, memory=2**40)
+    # dpos places the data-parallel graph with its all-reduces as ring steps (optimize/runner.py)
     p = Runner(g, c, cost_model(g, c)).run(Spec("dpos", on="data-parallel")).placement
+    assert p.derivation["steps"][-1]["collectives"] == "ring" and p.replicas is None
     text = describe_placement(p, g, c)
     assert not text.startswith("data parallelism") and "data parallelism:" not in text
     assert text.startswith(f"operator placement over a data-parallel graph of 4 replicas of {g.name}, 80 nodes each")
-    d = p.derived
-    homes: dict[int, set[str]] = {}
-    for v in range(d.n):
-        homes.setdefault(d.node_extra[v]["replica"], set()).add(p.assignment[d.ids[v]])
-    split = sum(1 for devs in homes.values() if len(devs) > 1)
+    split = sum(1 for devs in _homes(p).values() if len(devs) > 1)
     assert split > 0 and f"{split} of the 4 replicas spread over several devices" in text
     counts = sorted(Counter(p.assignment.values()).values())
     assert text.endswith(f"{counts[0]:,}-{counts[-1]:,} nodes per device")
     p.derived = None  # a placement read back from a file: the node ids say the replicas, the same words
     assert describe_placement(p, g, c) == text
-    # the data-parallel row itself: every replica whole on a device of its own
-    assert describe_placement(registry.place(g, c, "data-parallel"), g, c).startswith("data parallelism: 4 replicas")
+    # the data-parallel row itself, symmetric: every replica whole on a device of its own, as its expansion
+    sym = registry.place(g, c, "data-parallel")
+    words = describe_placement(sym, g, c)
+    assert words.startswith("data parallelism: 4 replicas") and words == describe_placement(expand(g, c, sym), g, c)
+
+
+def _homes(p) -> dict[int, set[str]]:
+    """Replica -> the devices its nodes run on, from the derived graph's own replica field."""
+    d = p.derived
+    homes: dict[int, set[str]] = {}
+    for v in range(d.n):
+        homes.setdefault(d.node_extra[v]["replica"], set()).add(p.assignment[d.ids[v]])
+    return homes

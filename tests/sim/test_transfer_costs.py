@@ -90,16 +90,18 @@ def test_contention_only_where_the_placement_crowds_the_host():
 
 
 def test_a_hosts_collective_step_cost_goes_to_the_ring_steps_only():
-    """A data-parallel graph's ring steps (ops ``allreduce.reduce-scatter`` / ``.all-gather``) take the
-    host's ``collective_step_s`` on top of their time; every other node keeps its time, and the last
-    bucket's ring lies between the backward pass and the update, so the step grows by at least one step's
-    0.25 s."""
+    """A data-parallel graph's explicit ring steps (``collectives="ring"``: ops ``allreduce.reduce-scatter``
+    / ``.all-gather``) take the host's ``collective_step_s`` on top of their time; every other node keeps its
+    time, and the last bucket's ring lies between the backward pass and the update, so the step grows by at
+    least one step's 0.25 s.  In the nccl form (one ``collective.all-reduce`` node per replica) no node's time
+    changes: the all-reduce's 2 (k - 1) = 2 ring steps pay it in ``collective_time`` (0.5 s more), once."""
+    from celeritas_cli.model.collectives import collective_time
     from celeritas_cli.model.costs import RING_STEPS, cost_model
     from celeritas_cli.model.generate import layered
     from celeritas_cli.transform.replicate import data_parallel_graph
 
     g = layered(30, seed=2)
-    dp = data_parallel_graph(g, 2)
+    dp = data_parallel_graph(g, 2, collectives="ring")
     plain, costly = cluster(), cluster(collective_step_s=0.25)
     a, b = cost_model(dp, plain).time, cost_model(dp, costly).time
     steps = [v for v, op in enumerate(dp.op) if op.endswith(RING_STEPS)]
@@ -107,6 +109,15 @@ def test_a_hosts_collective_step_cost_goes_to_the_ring_steps_only():
     assert all(a[v] == b[v] for v in range(dp.n) if v not in set(steps))
     dev = [int(nid.rsplit("/rep", 1)[1]) for nid in dp.ids]        # replica q on device q
     assert run_schedule(dp, costly, dev).makespan >= run_schedule(dp, plain, dev).makespan + 0.25 - 1e-9
+    nccl = data_parallel_graph(g, 2)
+    coll = [v for v, op in enumerate(nccl.op) if op.startswith("collective.")]
+    assert coll and cost_model(nccl, plain).time == cost_model(nccl, costly).time
+    for v in coll:
+        nbytes = nccl.node_extra[v]["collective"]["bytes"]
+        assert collective_time(costly, [0, 1], "all-reduce", nbytes) == \
+            pytest.approx(collective_time(plain, [0, 1], "all-reduce", nbytes) + 2 * 0.25)
+    dev = [int(nid.rsplit("/rep", 1)[1]) for nid in nccl.ids]
+    assert run_schedule(nccl, costly, dev).makespan >= run_schedule(nccl, plain, dev).makespan + 0.5 - 1e-9
 
 
 def test_the_table_says_what_the_devices_spent_on_transfers(tmp_path):
