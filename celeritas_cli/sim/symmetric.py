@@ -52,7 +52,8 @@ from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..transform.admit import replica_kinds as kinds
-from ..transform.derivation import base_graph, derive
+from ..transform.derivation import STEPS, base_graph, derive
+from ..transform.recipe_check import Context as RecipeContext, check_recipe
 
 __all__ = ["ReplicaMap", "Judged", "replica_map", "kinds", "asymmetry", "judge", "expand", "expand_report"]
 
@@ -143,6 +144,8 @@ class Judged:
 def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) -> tuple[ReplicaMap, list[int], dict]:
     """The replica map and kinds of a placement with ``replicas``, and its last recipe step."""
     der = placement.derivation
+    if der is not None:  # the recipe's fields first, each said in one line naming it
+        check_recipe(der, STEPS, RecipeContext(label, cluster.k, cluster.name))
     steps = der.get("steps") if isinstance(der, dict) else None
     if not steps or not isinstance(steps[-1], dict) or steps[-1].get("transform") != "data-parallel":
         raise InvalidInput(f"{label}: field replicas: only a placement whose recipe ends in data parallelism lists "
@@ -153,10 +156,10 @@ def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) ->
     k = last.get("replicas")
     if not isinstance(k, int) or k < 1:
         raise InvalidInput(f"{label}: field derivation.steps[{len(steps) - 1}].replicas must be a positive integer")
-    rmap = replica_map(placement.replicas, cluster, k, label)
     base = base_graph(graph, der, label)
     # every step checked (its fields, against the graph) as the full derivation would, one replica built
     derive(base, der, label, devices=cluster.k, cluster=cluster.name, represent=[0])
+    rmap = replica_map(placement.replicas, cluster, k, label)
     prefix = derive(base, {"steps": steps[:-1]}, label, devices=cluster.k, cluster=cluster.name) \
         if len(steps) > 1 else base
     try:

@@ -71,7 +71,6 @@ def ring_doc(files):
 #: tampered recipe of a symmetric plan is refused for the map ("replicas.devices must list ... 1000000
 #: replicas") or by the kinds' own check, not by the recipe field (reported to the coordinator: check the
 #: recipe, check_recipe and the last step's graph check, first)
-PREPARE_ORDER = pytest.mark.xfail(strict=True, reason="sim/symmetric.prepare checks the replica map before the recipe")
 
 
 def form(files, ring_doc, which):
@@ -86,7 +85,7 @@ def tampered(tmp, doc, name, change):
     return path
 
 
-@pytest.mark.parametrize("which", [pytest.param("nccl", marks=PREPARE_ORDER), "ring"])
+@pytest.mark.parametrize("which", ["nccl", "ring"])
 def test_n08_a_million_replicas_refused_at_once(files, ring_doc, which):
     tmp, graph, _ = files
     doc = form(files, ring_doc, which)
@@ -157,8 +156,6 @@ def test_n10_n11_recipe_errors_name_the_file_and_the_field(request, files, ring_
     doc = form(files, ring_doc, which)
     if name == "n10_node":  # a recipe without data parallelism lists no replicas' devices (tests/sim/test_symmetric)
         doc = {key: value for key, value in doc.items() if key != "replicas"}
-    if name == "n10_shares" and which == "nccl":
-        request.applymarker(PREPARE_ORDER)
     one_line_error(run(["simulate", graph, "-P", tampered(tmp, doc, f"{name}_{which}", change)]),
                    f"{name}_{which}.json: {words}")
 

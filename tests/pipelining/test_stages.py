@@ -7,6 +7,8 @@ import itertools
 
 import pytest
 
+from celeritas_cli.sim.symmetric import expand
+
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.generate import layered
@@ -76,8 +78,11 @@ def test_replicated_pipeline_puts_replica_r_of_stage_s_on_its_lane():
     stage_of = stages_from_cuts(g, LayerSequence(g, c, order="topo").fwd, [0, 2])
     p = staged_plan(g, c, stage_of, [[0, 1], [2, 3]], 2, "1f1b")
     assert [s["transform"] for s in p.derivation["steps"]] == ["microbatch", "data-parallel"]
-    assert p.assignment["f0/mb1/rep1"] == "gpu1" and p.assignment["f1/mb0/rep0"] == "gpu2"
-    assert p.assignment["f1/mb0/rep1"] == "gpu3"
+    # the symmetric form: replica 0's nodes, and replica r's device for each of replica 0's
+    assert p.replicas == {"devices": [["gpu0", "gpu2"], ["gpu1", "gpu3"]]}
+    assert p.assignment["f0/mb1/rep0"] == "gpu0" and p.assignment["f1/mb0/rep0"] == "gpu2"
+    full = expand(g, c, p)
+    assert full.assignment["f0/mb1/rep1"] == "gpu1" and full.assignment["f1/mb0/rep1"] == "gpu3"
     rep = simulate(g, c, p)
     assert rep["status"] == "OK"
     # every micro-batch of 8 samples is split over 2 replicas: 2 micro-batches of 2 samples per replica

@@ -87,8 +87,12 @@ def start_graph(graph: Graph, cluster: Cluster, start: str, overhead_s: float,
         return graph, [], why
     batch, samples = dp_batch(graph, k, "strong", None, assume_batch)
     shares = None if len(set(samples or [0])) == 1 else [b / batch for b in samples]
-    return (data_parallel_graph(graph, k, overhead_s=overhead_s, shares=shares, assume_batch=assume_batch),
-            [data_parallel_step(k, "strong", overhead_s, shares, global_batch=batch, assume_batch=assume_batch)],
+    # the ring form: OS-DPOS re-places single nodes, and an all-reduce's ranks moved onto one device or issued
+    # in different orders would be a collective NCCL cannot run (simulator rule 6); ring steps are plain nodes
+    return (data_parallel_graph(graph, k, overhead_s=overhead_s, shares=shares, assume_batch=assume_batch,
+                                collectives="ring"),
+            [data_parallel_step(k, "strong", overhead_s, shares, global_batch=batch, assume_batch=assume_batch,
+                                collectives="ring")],
             None)
 
 
