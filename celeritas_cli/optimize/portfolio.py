@@ -176,6 +176,10 @@ OVER_BUDGET = "near the best estimate, but over what is left of the whole budget
 TIGHT_FIRST = ("fsdp", "pipeline")
 #: the members that split the batch (replicas, micro-batches, shards): left out where it cannot be split
 BATCH_SPLITTERS = ("data-parallel", "dpos@data-parallel", "fsdp", "pipeline")
+#: a member this cheap (its charge + its judgement, in simulations) runs even where the members before it reached
+#: into the refinement's share: single-device (1.2) and m-topo (1.3), the baselines a tiny graph may need (layered
+#: 60 on moirai-inter-server, 150 evaluations: all on one device, 0.79 ms, beats every other member)
+FREE_MEMBER = 1.5
 #: cheap members that run first, and within ANCHOR_SHARE, when MEMBER_SHARE would leave them out
 ANCHORS = ("metis", "m-topo")
 ANCHOR_SHARE = 0.5
@@ -527,8 +531,9 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
             else:
                 share = MEMBER_SHARE
                 over = charge + 1 > MEMBER_SHARE * budget or spent + charge + 1 > PORTFOLIO_SHARE * budget
-            if not anchor and spec not in ranked:  # the refinement's share (the anchors' graph is too large for
-                over = over or used + charge + 1 > part  # refinement's levels anyway; a contender may take it)
+            if not anchor and spec not in ranked and charge + 1 > FREE_MEMBER:  # the refinement's share (the
+                over = over or used + charge + 1 > part  # anchors' graph is too large for refinement's levels
+                # anyway; a contender may take it; a member of one simulation or so costs it nothing that matters)
             if over and not names:
                 say(spec.name, f"{OVER_BUDGET} (costs about {charge + 1:.3g}; {max(0.0, budget - used):.3g} of "
                                f"{budget:.0f} evaluations left)" if spec in ranked else

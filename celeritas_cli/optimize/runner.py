@@ -161,6 +161,7 @@ class Runner:
                 self._dp_compact = p
             j = symmetric.judge(g, self.cluster, p, spec.name)
             return Candidate(spec, p, j.graph, j.device_of, j.order, derived=True)
+        # (the planners write the symmetric form only where it is judged so: symmetric.asymmetry is None)
         if p.split_graph is not None or p.derived is not None:
             judged = derived_graph(p, spec.name)
             device_of, order = p.resolve(judged, self.cluster, spec.name)

@@ -184,12 +184,18 @@ def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int],
     devs = [[_device(cluster, d) for d in (g if isinstance(g, (list, tuple)) else [g])] for g in groups]
     p, v, reps = plan_shape(devs, sched)
     d = derive_pipeline(graph, stage_of, reps, n_microbatches, sched, v, recompute=recompute,
-                        except_last=except_last, overhead_s=overhead_s, assume_batch=assume_batch, shares=shares)
+                        except_last=except_last, overhead_s=overhead_s, assume_batch=assume_batch, shares=shares,
+                        symmetric=judged_by_kind(cluster))
     device_of, order = layout(d, stage_of, devs, sched, cluster.k)
     est = {**plan_estimate(d, devs, cluster, sched, n_microbatches), **(estimate or {})}
     return placement_of(d, cluster, device_of, order, algorithm=algorithm, seed=seed, estimate=est,
                         params={"stages": len(devs), "microbatches": n_microbatches, "schedule": sched.name,
                                 **(params or {})}, devs=devs)
+
+
+def judged_by_kind(cluster: Cluster) -> bool:
+    """Whether replicas on *cluster* are judged one of each kind (no ``hosts``: sim/symmetric.py)."""
+    return not any(h >= 0 for h in cluster.host_of)
 
 
 def plan_estimate(d: "Derived", devs: Sequence[Sequence[int]], cluster: Cluster, schedule: str | Schedule,
@@ -277,13 +283,16 @@ def check_pipelinable(graph: Graph) -> None:
 def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], n_microbatches: int,
                     schedule: str | Schedule = ONE_F_ONE_B, v: int = 1, *, recompute: Sequence[str] = (), except_last: bool = False,
                     overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
-                    shares: Sequence[float] | None = None, bucket_mb: float = 0.0) -> Derived:
+                    shares: Sequence[float] | None = None, bucket_mb: float = 0.0,
+                    symmetric: bool = True) -> Derived:
     """The derived graph of a pipeline with ``reps[s]`` replicas of stage
     ``s`` (module docstring; parameters as :func:`staged_plan`).  Depends
     on *stage_of* only through the recomputed nodes, so a planner that moves
     stage boundaries without recomputation reuses it (:func:`layout`).
     *bucket_mb* > 0 all-reduces the gradients in DDP buckets (one stage only:
-    a bucket must not mix the gradients of two stages).
+    a bucket must not mix the gradients of two stages).  *symmetric*: build
+    one replica of each kind (:mod:`~celeritas_cli.sim.symmetric`; False on
+    a cluster with ``hosts``, whose replicas are judged in full).
 
     Raises
     ------
@@ -327,7 +336,7 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
     derived = mbg
     if R > 1:  # the replicas in the symmetric form: one of each kind built (sim/symmetric.py)
         step = data_parallel_step(R, "strong", overhead_s, list(shares) if shares is not None else None, bucket_mb)
-        built = sorted(set(kinds(mbg, step)))
+        built = sorted(set(kinds(mbg, step))) if symmetric else None
         derived = data_parallel_graph(mbg, R, scaling="strong", overhead_s=overhead_s,
                                       shares=list(shares) if shares is not None else None, bucket_mb=bucket_mb,
                                       represent=built)

@@ -680,9 +680,10 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
         if why is None:
             judged = symmetric.judge(graph, cluster, placement, label)
         else:
-            from ..log import warn
+            if not full:
+                from ..log import warn
 
-            warn(f"{label}: every replica simulated: {why}")
+                warn(f"{label}: every replica simulated: {why}")
             placement = symmetric.expand(graph, cluster, placement, label)
     if judged is not None:
         graph = judged.graph

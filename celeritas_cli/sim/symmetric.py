@@ -27,12 +27,12 @@ the devices standing for replica 0's devices, in the order of
 node ``X/rep<r>`` runs on ``devices[r][j]`` when ``X/rep0`` runs on
 ``devices[0][j]``, in the same place of that device's order.
 
-A plan is symmetric when, for every replica ``r`` and the first replica
-``r*`` of its kind, the map ``devices[r*][j] -> devices[r][j]`` keeps the
-device type, speed and memory and every link's bandwidth and latency
-between the replica's devices; a cluster with ``hosts`` (per-transfer
-device costs, shared cores) is judged in full.  An asymmetric plan, or
-``placer simulate --full-sim``, is expanded (:func:`expand`) and simulated
+Replicas are of one kind when they run the same number of samples on
+devices of the same type, speed and memory joined by links of the same
+bandwidth and latency (:func:`alike`: on a cluster of mixed GPUs each GPU
+type's replicas are a kind).  A cluster with ``hosts`` (per-transfer device
+costs, shared cores) is judged in full, and so is any plan under
+``placer simulate --full-sim``: expanded (:func:`expand`) and simulated
 event by event.
 
 Not covered: lower bounds are computed on the judged copies (the critical
@@ -100,23 +100,13 @@ def replica_map(doc: Any, cluster: Cluster, k: int, label: str) -> ReplicaMap:
 
 
 def asymmetry(cluster: Cluster, rmap: ReplicaMap, kind_of: list[int]) -> str | None:
-    """Why the replicas of one kind do not run alike (None: they do)."""
+    """Why one replica of each kind cannot stand for the others (None: it
+    can).  Replicas on other devices or links are a kind of their own
+    (:func:`alike`); what remains is a cluster whose ``hosts`` make a node's
+    time depend on what the host's other devices run (shared cores,
+    per-transfer costs): then every replica is simulated."""
     if any(h >= 0 for h in cluster.host_of):
         return f"cluster '{cluster.name}' has hosts (devices that share cores or pay per transfer)"
-    dv, bw, lat = cluster.devices, cluster.bandwidth, cluster.latency
-    for r, rs in enumerate(kind_of):
-        if r == rs:
-            continue
-        a_row, b_row = rmap.devices[rs], rmap.devices[r]
-        for a, b in zip(a_row, b_row):
-            x, y = dv[a], dv[b]
-            if (x.type, x.speed, x.memory) != (y.type, y.speed, y.memory):
-                return f"replica {r}'s device {y.id} differs from replica {rs}'s {x.id}"
-        for i, a in enumerate(a_row):
-            for j, c in enumerate(a_row):
-                if i != j and (bw[a][c] != bw[b_row[i]][b_row[j]] or lat[a][c] != lat[b_row[i]][b_row[j]]):
-                    return (f"the link {cluster.ids[b_row[i]]}->{cluster.ids[b_row[j]]} of replica {r} differs from "
-                            f"{cluster.ids[a]}->{cluster.ids[c]} of replica {rs}")
     return None
 
 
@@ -166,7 +156,24 @@ def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) ->
         kind_of = kinds(prefix, last)
     except InvalidInput as exc:
         raise InvalidInput(f"{label}: derivation.steps[{len(steps) - 1}] (data-parallel): {exc}") from None
-    return rmap, kind_of, last
+    return rmap, alike(cluster, rmap, kind_of), last
+
+
+def alike(cluster: Cluster, rmap: ReplicaMap, kind_of: list[int]) -> list[int]:
+    """*kind_of* (replicas of one number of samples) refined by the
+    devices: two replicas are of one kind when they also run on devices of
+    the same type, speed and memory, in the same order, joined by links of
+    the same bandwidth and latency (on a cluster of mixed GPUs the replicas
+    of each GPU type are a kind of their own)."""
+    dv, bw, lat = cluster.devices, cluster.bandwidth, cluster.latency
+    first: dict = {}
+    out = []
+    for r, rs in enumerate(kind_of):
+        row = rmap.devices[r]
+        key = (rs, tuple((dv[d].type, dv[d].speed, dv[d].memory) for d in row),
+               tuple((bw[a][c], lat[a][c]) for a in row for c in row if a != c))
+        out.append(first.setdefault(key, r))
+    return out
 
 
 def judge(graph: Graph, cluster: Cluster, placement: Placement, label: str = "placement") -> Judged:

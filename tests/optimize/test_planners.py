@@ -101,6 +101,6 @@ def test_fsdp_member_sized_and_proportional_first_on_mixed_devices():
     charge = fsdp_charge(g, 4, member_cost(Spec("fsdp"), 4))
     assert dict((s.name, x) for s, x in specs)["fsdp"] == charge
     skipped: list = []
-    # the data-parallel members spend DP_SHARE first
-    names = [s.name for s, _ in plan(g, c, 10 * charge, skipped=skipped)]
+    # a budget whose member share cannot pay for it leaves it out, saying so
+    names = [s.name for s, _ in plan(g, c, 2 * charge, skipped=skipped)]
     assert "fsdp" not in names and any(n == "fsdp" and "over its share" in why for n, why in skipped)

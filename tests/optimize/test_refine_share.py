@@ -58,9 +58,9 @@ def test_the_planned_portfolio_stays_out_of_the_refinements_share():
 
 
 def test_a_planner_gets_what_the_members_before_it_leave():
-    # the data-parallel members run before the pipeline on roomy devices and take up to DP_SHARE: on some budgets
-    # (400 here) the pipeline's full share would reach into the refinement's, and it gets what is left of the part
-    g, c = layered(60, seed=1), uniform(4)
+    # the data-parallel and fsdp members run before the pipeline on roomy devices: on some budgets the pipeline's
+    # full share would reach into the refinement's, and it gets what is left of the part
+    g, c = layered(200, seed=1), uniform(4)
     squeezed = 0
     for budget in range(100, 1000, 25):
         specs = plan(g, c, budget)

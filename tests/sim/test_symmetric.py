@@ -59,19 +59,31 @@ def test_uneven_shares_on_a_pairwise_cluster():
     _same(sym, full)
 
 
-def test_an_asymmetric_map_is_simulated_in_full():
-    # replicas 0 and 1 on one server, replica 2 alone on the other: its devices' links differ? no: one GPU
-    # each, so the map is symmetric; a slower device breaks it
+def test_replicas_on_other_devices_are_a_kind_of_their_own():
+    # a slower third device: its replica is judged on its own (2 kinds), and the numbers are the full simulation's
     doc = json.loads(json.dumps(uniform(3, bandwidth=1e9, latency=1e-5).to_dict()))
     doc["devices"][2]["speed"] = 0.5
     cl = Cluster.from_dict(doc)
     g = layered(20, seed=2)
     p = registry.place(g, cl, "data-parallel", params={"assume_batch": 12})
     rmap, kind_of, _ = symmetric.prepare(g, cl, p, "p")
-    assert "differs" in symmetric.asymmetry(cl, rmap, kind_of)
-    rep = simulate(g, cl, p)
-    assert "judge" not in rep  # every replica simulated
-    assert rep["makespan_s"] == pytest.approx(simulate(g, cl, p, full=True)["makespan_s"], rel=REL)
+    assert kind_of == [0, 0, 2] and symmetric.asymmetry(cl, rmap, kind_of) is None
+    sym, full = simulate(g, cl, p), simulate(g, cl, p, full=True)
+    assert sym["judge"]["kinds"] == 2
+    _same(sym, full)
+    assert p.estimate["makespan_s"] == pytest.approx(full["makespan_s"], rel=REL)
+
+
+def test_mixed_gpus_moirai_intra_server():
+    from celeritas_cli.model.io import load_cluster
+
+    g = layered(60, seed=1)
+    cl = load_cluster("moirai-intra-server")  # 2 x V100 + 2 x P100
+    p = registry.place(g, cl, "data-parallel", params={"assume_batch": 128, "bucket_mb": 0})
+    sym, full = simulate(g, cl, p), simulate(g, cl, p, full=True)
+    assert sym["judge"]["kinds"] == 2
+    _same(sym, full)
+    assert p.estimate["makespan_s"] == pytest.approx(full["makespan_s"], rel=REL)
 
 
 def test_the_file_holds_the_recipe_not_a_copy_per_replica():

@@ -23,7 +23,7 @@ from ...model.costs import CostModel
 from ...model.placement import Placement
 from ...optimize.evaluator import Evaluator
 from ...sim.describe import pipeline_words
-from ...pipelining.builder import derive_pipeline, layout, placement_of, plan_estimate, plan_shape
+from ...pipelining.builder import derive_pipeline, judged_by_kind, layout, placement_of, plan_estimate, plan_shape
 from ...pipelining.schedules import Schedule
 
 
@@ -72,7 +72,7 @@ def realise(graph, cluster: Cluster, costs: CostModel, stage_of: Sequence[int], 
     per_replica = replica_microbatches(n_microbatches * (R if split else 1), batch, R) if R > 1 else n_microbatches
     p, v, reps = plan_shape(groups, schedule)
     d = derive_pipeline(graph, stage_of, reps, per_replica, schedule, v, recompute=recompute, except_last=except_last,
-                        assume_batch=assume_batch)
+                        assume_batch=assume_batch, symmetric=judged_by_kind(cluster))
     device_of, order = layout(d, stage_of, groups, schedule, cluster.k)
     score, _ = Evaluator(d.graph, cluster, costs.for_graph(d.graph)).evaluate(device_of, order)
     est = {"makespan_s": score.makespan, "makespan_by": "simulator", "status": "FEASIBLE" if score.feasible else "OOM",

@@ -46,7 +46,7 @@ from ...model.costs import CostModel
 from ...model.graph import Graph
 from ...model.params import DEFAULT_BUCKET_MB  # single-stage (data-parallel) shapes' buckets, besides one ring each
 from ...optimize.evaluator import Budget, Evaluator, Score
-from ...pipelining.builder import Derived, derive_pipeline, layout
+from ...pipelining.builder import Derived, derive_pipeline, judged_by_kind, layout
 from ...pipelining.cuts import stages_from_cuts
 from ...pipelining.params import SEARCHED_MICROBATCHES
 from ...pipelining.schedules import ONE_F_ONE_B, SCHEDULES, Schedule, recomputable
@@ -254,7 +254,7 @@ class PipelineSearch:
             self.budget.charge(BUILD_COST * guess)
             d = derive_pipeline(self.graph, stage_of, [len(g) for g in shape.groups], shape.n_microbatches, shape.schedule,
                                 shape.v, recompute=ids, assume_batch=self.assume, shares=shape.shares,
-                                bucket_mb=shape.bucket_mb)
+                                bucket_mb=shape.bucket_mb, symmetric=judged_by_kind(self.cluster))
             self._derived[key] = d
             while len(self._derived) > KEEP_DERIVED:  # derived graphs are large
                 self._derived.pop(next(iter(self._derived)))

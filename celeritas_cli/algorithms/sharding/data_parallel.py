@@ -319,8 +319,8 @@ def data_parallel(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostM
     strong_split = batch is not None and scaling == "strong" and k > 1
     step = data_parallel_step(k, scaling, overhead_s, split, bucket_mb, global_batch=batch if strong_split else None,
                               assume_batch=assumed, collectives=collectives)
-    if collectives == "nccl" and k > 1:
-        return _symmetric(graph, cluster, costs, devs, step, seed)
+    if collectives == "nccl" and k > 1 and symmetric.asymmetry(cluster, None, []) is None:
+        return _symmetric(graph, cluster, costs, devs, step, seed)  # (a cluster with hosts: every replica built)
     g2 = data_parallel_graph(graph, k, scaling=scaling, overhead_s=overhead_s, shares=split,
                              bucket_mb=bucket_mb, assume_batch=assumed, collectives=collectives)
     c2 = costs.for_graph(g2)
