@@ -311,6 +311,13 @@ class Search:
         if spec not in self._charges:
             return charge, None
         left = self.budget.limit - self.budget.held - self.budget.spent - 1
+        # and to the time left: a planner's charge in evaluations of the input graph, at the measured speed (on a
+        # large cluster one evaluation takes long: GPT 1.3B over 1,024 GPUs, about 1 s; the planner searches what
+        # the clock pays for instead of being skipped)
+        if self.budget.used and self.budget.deadline is not None:
+            per = self.budget.sim_time()
+            if per > 0:
+                left = min(left, self.budget.remaining_time() / per - 1)
         charge = self._charges[spec] = max(0.0, min(charge, left))
         if charge < planner_need(self.cluster.k) and not (self.algos is not None and spec.algo in self.algos):
             return charge, (f"the portfolio's part of the budget has {max(0.0, left):.0f} evaluations left, too few "

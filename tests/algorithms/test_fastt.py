@@ -151,8 +151,9 @@ def test_os_dpos_starts_from_the_data_parallel_graph_when_the_model_fits():
     cl = uniform(4, bandwidth=1000.0, latency=0.0, memory=10_000)
     p = registry.place(g, cl, "os-dpos")
     assert p.estimate["input"] == "data-parallel"
+    # the ring form: OS-DPOS re-places single nodes, which a collective's ranks cannot follow (rule 6)
     assert p.derivation["steps"][0] == {"transform": "data-parallel", "replicas": 4, "scaling": "strong",
-                                        "overhead_s": 2e-6, "global_batch": 8}
+                                        "overhead_s": 2e-6, "global_batch": 8, "collectives": "ring"}
     sg = p.derived
     assert {sg.node_extra[v]["origin"] for v in range(sg.n) if "origin" in (sg.node_extra[v] or {})} == set(g.ids)
     dp = registry.place(g, cl, "data-parallel")

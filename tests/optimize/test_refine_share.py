@@ -34,12 +34,12 @@ def test_refinement_keeps_its_share_when_the_planners_join(n, evaluations, clust
     # together were planned up to 0.9 of the budget (247.5 of 300 and 284.4 of 400 evaluations before this rule).
     # Since data parallelism's all-reduce is costed by the NCCL formula, on moirai-intra-server the pipeline
     # planner's model gives up beside it on 200 nodes (no plan within 5 %); on moirai-inter-server's slower
-    # links the pipeline still runs, beside both data-parallel members and dpos@data-parallel
+    # links the pipeline still runs, beside both data-parallel members
     g, c = layered(n, seed=1), load_cluster(cluster)
     spent, s = portfolio_spent(g, c, evaluations)
     ran = {x.spec.name for x in s.candidates}
     assert any(x.spec.algo in PLANNERS for x in s.candidates) or n == 60  # the pipeline still runs on 200 nodes
-    assert n == 60 or {"data-parallel", "data-parallel(shares=proportional)", "dpos@data-parallel"} <= ran
+    assert n == 60 or {"data-parallel", "data-parallel(shares=proportional)"} <= ran
     # a member starts while one evaluation of the portfolio's part is left: it may overrun by its own estimate
     assert spent <= (1 - REFINE_SHARE) * evaluations + MEMBER_SHARE * evaluations
     assert s.budget.spent - spent > 0  # and the refinement ran on what is left
