@@ -54,9 +54,11 @@ def test_sharding_fits_where_data_parallelism_does_not():
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_estimate_is_the_judges(stage):
+    """The ring form (hand-checked in tests/transform/test_fsdp.py); the nccl form's in
+    tests/transform/test_fsdp_nccl.py."""
     g = chain()
     c = tight(10**6)
-    p = registry.place(g, c, "fsdp", params={"stage": stage, "overhead_s": 0.0})
+    p = registry.place(g, c, "fsdp", params={"stage": stage, "overhead_s": 0.0, "collectives": "ring"})
     rep = simulate(g, c, p)
     est = p.estimate
     assert est["makespan_s"] == pytest.approx(rep["makespan_s"]) == pytest.approx((13.0 if stage == 3 else 12.0) + 2 * EPS)
@@ -66,9 +68,9 @@ def test_estimate_is_the_judges(stage):
     assert est["bytes_per_device"] == (300 if stage == 3 else 200)
     assert est["global_batch"] == 4 and est["replica_batch"] == 2
     assert p.derivation == {"steps": [{"transform": "fsdp", "replicas": 2, "stage": stage, "global_batch": 4,
-                                       "overhead_s": 0.0}]}
+                                       "overhead_s": 0.0, "collectives": "ring"}]}
     assert set(p.assignment.values()) == {"gpu0", "gpu1"}
-    again = registry.place(g, c, "fsdp", params={"stage": stage, "overhead_s": 0.0})
+    again = registry.place(g, c, "fsdp", params={"stage": stage, "overhead_s": 0.0, "collectives": "ring"})
     assert again.assignment == p.assignment
 
 
@@ -76,7 +78,11 @@ def test_devices_and_refusals():
     g = chain()
     c = uniform(4, memory=10**6)
     p = registry.place(g, c, "fsdp", params={"devices": "gpu3,gpu1"})
-    assert sorted(set(p.assignment.values())) == ["gpu1", "gpu3"] and p.estimate["replicas"] == 2
+    # the symmetric form: replica 0's nodes on gpu3, replica 1 on gpu1 by the replica map
+    assert set(p.assignment.values()) == {"gpu3"} and p.replicas == {"devices": [["gpu3"], ["gpu1"]]}
+    assert p.estimate["replicas"] == 2
+    p = registry.place(g, c, "fsdp", params={"devices": "gpu3,gpu1", "collectives": "ring"})
+    assert sorted(set(p.assignment.values())) == ["gpu1", "gpu3"] and p.replicas is None
     with pytest.raises(InvalidInput, match="parameter stage"):
         registry.place(g, c, "fsdp", params={"stage": 4})
     with pytest.raises(InvalidInput, match="cannot be split 8 ways"):
