@@ -8,7 +8,8 @@ Experiences on Scaling Fully Sharded Data Parallel", VLDB 2023).
 (:func:`fsdp_step`) is ``{"transform": "fsdp", "replicas": k, "stage":
 1|2|3, "global_batch": B, "overhead_s": s}`` (+ ``"unit_mb": x`` for the
 size wrap policy, ``"samples": [b0, ...]`` for unequal shares of the batch,
-``"assume_batch": N`` when the user asserted the batch).
+``"assume_batch": N`` when the user asserted the batch, ``"collectives":
+"ring"`` for explicit ring steps; absent = ``nccl``).
 
 What is sharded (ZeRO section 5, Figure 1)
 -------------------------------------------
@@ -42,36 +43,71 @@ Structure (``k >= 2``; one replica is the model with ``replica`` 0)
   colocation ``<group>/rep<r>``), sharded as above; a source holder runs on
   its shard in stage 3 (its outputs ``1/k``).
 * Per unit ``i`` and replica ``q``, zero-cost nodes with a field ``fsdp``
-  (``unit``, ``name``, ``phase``, ``bytes``, ``step``/``chunk`` on ring
-  steps, ``for``): stage 3 ``fsdp/u<i>/shard/rep<q>`` (the unit's flat
-  parameter shard: resident, the chunk ``(q+1) mod k`` of the compute
-  holders' parameters; it receives the source holders' sharded outputs);
-  per gather ``fsdp/u<i>/fwd`` or ``/bwd``: ``.../start/rep<q>`` (issues
-  it), the ring all-gather ``.../ag<s>/rep<q>`` of
-  :func:`~.allreduce.ring_all_gather` (each step keeps its chunk), and the
-  gathered unit ``.../rep<q>`` (``memory_bytes`` = the unit's gathered
-  bytes, an activation), which feeds every reader; per unit with gradients
-  ``fsdp/u<i>/grad/pack/rep<q>`` (the flat gradient, an activation, fed by
-  the unit's gradients), the ring reduce-scatter ``.../rs<s>/rep<q>`` of
-  :func:`~.allreduce.ring_reduce_scatter`, and the reduced shard
-  ``fsdp/u<i>/grad/rep<q>``, which feeds the unit's updates; stages 1-2
-  ``fsdp/u<i>/post/start/rep<q>`` (fed by the unit's updates), its ring
-  all-gather and ``fsdp/u<i>/post/rep<q>`` (written into the replicated
-  parameters: no memory).
-* Every ring step is a transfer between adjacent replicas, so the
-  simulator's congestion rule applies; a chain of zero-byte edges
-  (tensor ``issue``) orders the collectives as FSDP issues them, and
-  zero-byte edges (tensor ``rate-limit``) hold a gather until the readers of
-  the gather two before it finish (:mod:`~.fsdp_units`): prefetch overlaps
-  a gather with the previous unit's compute and never runs further ahead.
+  (``unit``, ``name``, ``phase``, ``bytes``, ``for``; ``step``/``chunk``
+  on ring steps): stage 3 ``fsdp/u<i>/shard/rep<q>`` (the unit's flat
+  parameter shard, resident; it receives the source holders' sharded
+  outputs), and one collective per entry of FSDP's issue order
+  (:mod:`~.fsdp_units`), in one of two forms (``collectives``):
+
+  - ``nccl`` (the default): ONE node per replica and collective
+    (:func:`~.allreduce.collective_node`, simulator rule 6: it runs on the
+    device's collective stream, ``seq`` = its place in the issue order, so
+    every stream takes the collectives in FSDP's order, costed by NCCL's
+    formulas for the whole group, ``ranks = k``).  A gather
+    ``fsdp/u<i>/fwd/rep<q>`` or ``/bwd/rep<q>`` (``collective.all-gather``
+    of the unit's gathered bytes) reads the shard and feeds every reader;
+    its ``memory_bytes`` are the gathered unit, an activation from the
+    gather's start (the output buffer is allocated when the collective is
+    issued) until its last reader.  A reduce-scatter
+    ``fsdp/u<i>/grad/rep<q>`` (``collective.reduce-scatter`` of the unit's
+    gradient bytes) reads the unit's gradients where they were produced
+    (FSDP reduces the flat gradient in place: no copy) and its output, the
+    reduced shard (``memory_bytes``), feeds the unit's updates; stages 1-2
+    ``fsdp/u<i>/post/rep<q>`` (``collective.all-gather`` of the updated
+    parameters, fed by the unit's updates, written into the replicated
+    parameters: no memory).  Every replica's share of a flat buffer is
+    ``ceil(x / k)``: FSDP pads a flat parameter to a multiple of ``k``
+    (Zhao et al. 3.2.1), so every replica holds the same and replicas of
+    one kind (the same samples) are alike (the symmetric judge,
+    :mod:`~celeritas_cli.sim.symmetric`; ``represent`` builds only some
+    replicas).  No edge crosses replicas: the traffic is in the formula.
+  - ``ring``: per gather ``.../start/rep<q>`` (issues it), the ring
+    all-gather ``.../ag<s>/rep<q>`` of :func:`~.allreduce.ring_all_gather`
+    (each step keeps its chunk), and the gathered unit
+    ``fsdp/u<i>/<fwd|bwd>/rep<q>`` (``memory_bytes`` = the unit's gathered
+    bytes, an activation), which feeds every reader; per unit with
+    gradients ``fsdp/u<i>/grad/pack/rep<q>`` (the flat gradient, an
+    activation, fed by the unit's gradients), the ring reduce-scatter
+    ``.../rs<s>/rep<q>`` of :func:`~.allreduce.ring_reduce_scatter`, and
+    the reduced shard ``fsdp/u<i>/grad/rep<q>``, which feeds the unit's
+    updates; stages 1-2 ``fsdp/u<i>/post/start/rep<q>`` (fed by the unit's
+    updates), its ring all-gather and ``fsdp/u<i>/post/rep<q>``.  Shards
+    are ring chunks (replica ``q`` holds chunk ``(q+1) mod k``).  Every
+    ring step is a transfer between adjacent replicas, so the simulator's
+    congestion rule applies; this is what ``placer run`` executes
+    (:func:`~celeritas_cli.run.plan.executable` turns the nccl form's
+    nodes into these, by id: the gathered node and the reduced shard keep
+    the nccl node's id).
+
+  In both forms a chain of zero-byte edges (tensor ``issue``) orders the
+  collectives as FSDP issues them, and zero-byte edges (tensor
+  ``rate-limit``) hold a gather until the readers of the gather two before
+  it finish (:mod:`~.fsdp_units`): prefetch overlaps a gather with the
+  previous unit's compute and never runs further ahead.  (In the nccl form
+  the issue chain repeats what the stream's ``seq`` order says; as its edge
+  leaves the collective node, a gathered unit is held at least until the
+  next collective ends.)
 * ``meta.fsdp``: ``replicas``, ``stage``, ``wrap``, ``unit_mb``, ``units``
   (``name``, ``gather_bytes``, ``gradient_bytes``), ``global_batch``,
   ``replica_batch``, ``gather_bytes``, ``gradient_bytes`` and
   ``bytes_per_device`` (sent by each replica: ``(k-1)·x // k`` per ring of
-  ``x`` bytes).
+  ``x`` bytes), ``collectives`` (the form) and ``represented`` (the
+  replicas built, when only some are).
 
-Not modelled: mixed-precision master weights held by a source holder count
-as parameters (sharded by stage 3 only, where ZeRO counts them as
+Not modelled: the nccl form's stream runs one collective at a time (FSDP
+issues all-gathers and reduce-scatters on two streams, so a reduce-scatter
+may overlap the next all-gather); mixed-precision master weights held by a
+source holder count as parameters (sharded by stage 3 only, where ZeRO counts them as
 optimizer state), gathers and reduce-scatters in the graph's dtypes, one
 process group (no hybrid sharding), no CPU offload.
 
