@@ -265,7 +265,7 @@ def fsdp_graph(graph: Graph, replicas: int, stage: int, *, unit_mb: float = 0.0,
     k = replicas
     check_unit_mb(unit_mb)
     check_form(collectives, "fsdp")
-    reps = sorted(set(int(r) for r in represent)) if represent is not None else list(range(k))
+    reps = sorted({int(r) for r in represent}) if represent is not None else list(range(k))
     if represent is not None and (collectives != "nccl" or not reps or reps[0] < 0 or reps[-1] >= k):
         raise InvalidInput(f"fsdp: represent {represent!r} must list replicas 0..{k - 1} of the nccl form")
     plan = fsdp_plan(graph, stage, unit_mb)

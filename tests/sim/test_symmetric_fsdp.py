@@ -55,7 +55,7 @@ def test_a_kind_per_replica_when_every_share_differs():
     doc = p.to_dict()
     doc["derivation"]["steps"][0]["samples"] = [1, 2, 3, 4]
     q = Placement.from_dict(doc)
-    rmap, kind_of, last = symmetric.prepare(g, cl, q, "p")
+    _, kind_of, last = symmetric.prepare(g, cl, q, "p")
     assert kind_of == [0, 1, 2, 3] and last["transform"] == "fsdp"
     sym, full = simulate(g, cl, q), simulate(g, cl, q, full=True)
     assert sym["judge"]["kinds"] == 4

@@ -21,7 +21,15 @@ from celeritas_cli.transform.derivation import derive
 from celeritas_cli.transform.fsdp import fsdp_graph, fsdp_kinds, fsdp_step
 from celeritas_cli.transform.fsdp_units import fsdp_plan, fsdp_size
 
-from .test_fsdp import ZOO, ZOO_BUILT, chain, cluster, gathered_parameter_bytes, resident_by_replica, zoo_name
+from .test_fsdp import (
+    ZOO,
+    ZOO_BUILT,
+    chain,
+    cluster,
+    gathered_parameter_bytes,
+    resident_by_replica,
+    zoo_name,
+)
 
 
 def nodes_of(d) -> dict[str, dict]:
@@ -167,7 +175,7 @@ def test_memory_peaks_by_hand():
             assert {"node": "fsdp/u0/bwd/rep0", "bytes": 100, "kind": "activation"} in prof.live[0]
             # the forward gather of l.0 holds its 100 bytes from its start (t = 1), before any byte arrives:
             # x's 20 bytes and the 300 resident, + 100 at t = 1
-            line = dict((t, b) for t, b in prof.timeline[0])
+            line = dict(prof.timeline[0])
             assert line[0.0] == 300 + 20 and line[1.0] == 300 + 20 + 100
 
 
