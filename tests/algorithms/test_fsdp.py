@@ -30,26 +30,31 @@ def test_sharding_fits_where_data_parallelism_does_not():
     (t = 4..5): f0's activation 20 (until b0), b1's dx and gradient 120
     (until the gradient's NCCL all-reduce, in place, ends at t = 8: 2 ring
     steps of 50 B at 25 B/s after b1), b0's gradient 100; the explicit ring
-    form (``collectives=ring``) 920, its chunks received on top; stage 1
-    820 (the full gradients live until the update), stages 2 and 3 790 (the
-    hand counts of tests/transform/test_fsdp.py): on 800-byte devices stages
-    2 and 3 fit, data parallelism in neither form."""
+    form (``collectives=ring``) 920, its chunks received on top.  fsdp in
+    the ring form: stage 1 820 (the full gradients live until the update),
+    stages 2 and 3 790 (the hand counts of tests/transform/test_fsdp.py); in
+    the nccl form (the default) 720, 690 and 690 (no flat-gradient copy,
+    tests/transform/test_fsdp_nccl.py).  On 800-byte devices stages 2 and 3
+    fit in both forms, stage 1 in the nccl form, data parallelism in
+    neither."""
     g = chain()
     c = tight()
     status = {}
     for algo, params in (("data-parallel", {"bucket_mb": 0}), ("data-parallel", {"bucket_mb": 0, "collectives": "ring"}),
-                         ("fsdp", {"stage": 1}), ("fsdp", {"stage": 2}), ("fsdp", {"stage": 3})):
+                         *(("fsdp", {"stage": s, "collectives": f}) for s in (1, 2, 3) for f in ("nccl", "ring"))):
         p = registry.place(g, c, algo, params=params)
         rep = simulate(g, c, p)
-        status[(algo, params.get("stage") or params.get("collectives"))] = \
-            (rep["status"], max(d["memory_bytes"] for d in rep["devices"]))
+        key = (params["stage"], params["collectives"]) if algo == "fsdp" else params.get("collectives")
+        status[(algo, key)] = (rep["status"], max(d["memory_bytes"] for d in rep["devices"]))
         if algo == "fsdp":
             assert p.estimate["status"] == ("OOM" if rep["status"] == "OOM" else "FEASIBLE")
         else:
             at = [m for t, m in rep["memory_timeline"]["gpu0"] if 4.0 <= t < 5.0]
             assert params.get("collectives") == "ring" or at == [840]
     assert status == {("data-parallel", None): ("OOM", 840), ("data-parallel", "ring"): ("OOM", 920),
-                      ("fsdp", 1): ("OOM", 820), ("fsdp", 2): ("OK", 790), ("fsdp", 3): ("OK", 790)}
+                      ("fsdp", (1, "ring")): ("OOM", 820), ("fsdp", (2, "ring")): ("OK", 790),
+                      ("fsdp", (3, "ring")): ("OK", 790), ("fsdp", (1, "nccl")): ("OK", 720),
+                      ("fsdp", (2, "nccl")): ("OK", 690), ("fsdp", (3, "nccl")): ("OK", 690)}
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
