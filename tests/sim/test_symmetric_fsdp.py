@@ -63,25 +63,21 @@ def test_a_kind_per_replica_when_every_share_differs():
 
 
 def test_mixed_devices():
-    """Proportional shares on devices of two speeds: 1 and 7 samples, two
-    kinds of one replica each, judged symmetric; equal shares on the same
-    devices: one kind on unlike devices, so the planner and ``simulate``
-    judge every replica."""
+    """Devices of two speeds: proportional shares (1 and 7 samples) or equal
+    ones, each replica is a kind of its own (other samples, or another
+    device), judged symmetric and equal to the full simulation."""
     g = layered(20, seed=2)
     cl = uniform(2, speeds=[1.0, 3.0], memory=10**12)
-    p = registry.place(g, cl, "fsdp", params={"assume_batch": 8, "shares": "proportional"})
-    assert p.replicas is not None and p.derivation["steps"][0]["samples"] == [1, 7]
-    sym, full = simulate(g, cl, p), simulate(g, cl, p, full=True)
-    assert sym["judge"]["kinds"] == 2
-    _same(sym, full)
-    assert p.estimate["makespan_s"] == pytest.approx(full["makespan_s"], rel=REL)
-    p = registry.place(g, cl, "fsdp", params={"assume_batch": 8})
-    rmap, kind_of, _ = symmetric.prepare(g, cl, p, "p")
-    assert kind_of == [0, 0] and "differs" in symmetric.asymmetry(cl, rmap, kind_of)
-    rep = simulate(g, cl, p)
-    assert "judge" not in rep
-    assert rep["makespan_s"] == pytest.approx(p.estimate["makespan_s"], rel=REL)
-    assert p.estimate["max_memory_bytes"] == max(d["memory_bytes"] for d in rep["devices"])
+    for params, samples in (({"shares": "proportional"}, [1, 7]), ({}, None)):
+        p = registry.place(g, cl, "fsdp", params={"assume_batch": 8, **params})
+        assert p.replicas is not None and p.derivation["steps"][0].get("samples") == samples
+        _, kind_of, _ = symmetric.prepare(g, cl, p, "p")
+        assert kind_of == [0, 1]
+        sym, full = simulate(g, cl, p), simulate(g, cl, p, full=True)
+        assert sym["judge"]["kinds"] == 2
+        _same(sym, full)
+        assert p.estimate["makespan_s"] == pytest.approx(full["makespan_s"], rel=REL)
+        assert p.estimate["max_memory_bytes"] == max(d["memory_bytes"] for d in full["devices"])
 
 
 def test_a_ring_recipe_with_replicas_is_refused_in_one_line():

@@ -146,7 +146,8 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         samples = speed_samples(graph, costs, devs, batch, overhead_s, f"fsdp over {k} replicas: the batch",
                                 sharded_updates=True)
         samples = None if samples == equal else samples
-    if collectives == "nccl" and k > 1:
+    if collectives == "nccl" and k > 1 and symmetric.asymmetry(cluster, None, []) is None:
+        # (a cluster with hosts: every replica built and listed, as data-parallel does)
         return _symmetric(graph, cluster, costs, devs, stage, unit_mb, overhead_s, assumed, samples, seed)
     g2 = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples,
                     collectives=collectives)
@@ -190,8 +191,8 @@ def _symmetric(graph: Graph, cluster: Cluster, costs: CostModel, devs: list[int]
                overhead_s: float, assumed: int | None, samples: list[int] | None, seed: int) -> Placement:
     """The plan in its symmetric form (:mod:`~celeritas_cli.sim.symmetric`):
     replica 0's nodes on its device and the replica map, judged one replica
-    of each kind as ``placer simulate`` judges it (every replica, when the
-    map is not symmetric: :func:`~celeritas_cli.sim.symmetric.asymmetry`)."""
+    of each kind (the same samples on alike devices and links) as ``placer
+    simulate`` judges it."""
     k = len(devs)
     one = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples,
                      represent=[0])
@@ -200,23 +201,14 @@ def _symmetric(graph: Graph, cluster: Cluster, costs: CostModel, devs: list[int]
                   assignment={nid: cluster.ids[devs[0]] for nid in one.ids}, seed=seed,
                   derivation=recipe(graph, [step]), replicas={"devices": [[cluster.ids[d]] for d in devs]},
                   cluster_digest=cluster.digest(), cluster_file=cluster.source)
-    rmap, kind_of, _ = symmetric.prepare(graph, cluster, p, "fsdp")
-    if symmetric.asymmetry(cluster, rmap, kind_of) is None:
-        j = symmetric.judge(graph, cluster, p, "fsdp")
-        c2 = costs.for_graph(j.graph)
-        sched = run_schedule(j.graph, cluster, j.device_of, None, costs=c2, groups=j.groups)
-        judged, rule = _loads(j.graph, sched, j.device_of, cluster.k)
-        loads = [0] * cluster.k
-        for r, rs in enumerate(kind_of):
-            loads[devs[r]] = judged[devs[rs]]
-        g2 = j.graph
-    else:  # mixed devices or links: every replica judged
-        g2 = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed,
-                        samples=samples)
-        c2 = costs.for_graph(g2)
-        device_of = replica_devices(g2, devs)
-        sched = run_schedule(g2, cluster, device_of, None, costs=c2)
-        loads, rule = _loads(g2, sched, device_of, cluster.k)
+    j = symmetric.judge(graph, cluster, p, "fsdp")
+    c2 = costs.for_graph(j.graph)
+    sched = run_schedule(j.graph, cluster, j.device_of, None, costs=c2, groups=j.groups)
+    judged, rule = _loads(j.graph, sched, j.device_of, cluster.k)
+    loads = [0] * cluster.k
+    for r, rs in enumerate(j.kind_of):
+        loads[devs[r]] = judged[devs[rs]]
+    g2 = j.graph
     estimate = _estimate(graph, cluster, g2, sched, loads, rule, lower_bound(g2, cluster, c2), devs, stage)
     p.estimate = Estimate.from_dict(estimate)
     return p
