@@ -6,7 +6,11 @@ The plan is read the usual way: the placement's recipe (one ``fsdp`` step)
 is rebuilt on the captured graph (or ``--graph``) by the simulator, and the
 units come from :func:`~celeritas_cli.transform.fsdp_units.fsdp_plan` of that
 graph at the recorded ``stage`` and ``unit_mb`` - the same function the
-derivation builds from; nothing a file carries is trusted.  Replicas, shards
+derivation builds from; nothing a file carries is trusted.  A plan in the
+symmetric nccl form (``place --algo fsdp``'s default: replica 0's nodes, the
+replica map, one collective node per replica and collective) is first
+expanded and turned into the ring form (:func:`~.plan.executable`), whose
+simulated step the run reports.  Replicas, shards
 of the batch, devices and the node order are data parallelism's
 (:func:`~.data_parallel.prepare_dp`, strong scaling, equal shares).
 

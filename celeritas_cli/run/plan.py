@@ -97,18 +97,24 @@ class Layout:
 
 
 _COLLECTIVE_ID = re.compile(r"^(.*/allreduce\d*~*)/rep(\d+)$")
+#: an fsdp collective of the nccl form: a unit's gather (fwd / bwd), stage-1/2 post all-gather, reduce-scatter
+_FSDP_ID = re.compile(r"^(fsdp/u\d+/(fwd|bwd|post|grad))/rep(\d+)$")
 
 
 def executable(placement, cluster, label: str):
     """*placement* in the form ``placer run`` executes: every replica listed
     (a symmetric plan expanded, :func:`~celeritas_cli.sim.symmetric.expand`)
-    and data parallelism's all-reduces as explicit ring steps (the recipe's
-    ``collectives: ring``; each collective node ``P/rep<q>`` becomes the
+    and the collectives as explicit ring steps (the recipe's ``collectives:
+    ring``), which the executor runs chunk by chunk over point-to-point
+    sends.  Data parallelism: each collective node ``P/rep<q>`` becomes the
     ring's ``P/bucket/rep<q>`` (a bucket), ``P/rs<s>/rep<q>``,
     ``P/ag<s>/rep<q>`` and ``P/rep<q>`` on its device, in that order where
-    it stood in the device's order), which the executor runs chunk by chunk
-    over point-to-point sends.  The simulated step ``placer run`` reports is
-    this form's.
+    it stood in the device's order.  fsdp (:mod:`~celeritas_cli.transform.fsdp`):
+    an all-gather ``fsdp/u<i>/<fwd|bwd|post>/rep<q>`` becomes
+    ``.../start/rep<q>``, ``.../ag<s>/rep<q>`` and itself (the gathered
+    unit), a reduce-scatter ``fsdp/u<i>/grad/rep<q>`` becomes
+    ``.../pack/rep<q>``, ``.../rs<s>/rep<q>`` and itself (the reduced
+    shard).  The simulated step ``placer run`` reports is this form's.
 
     >>> from types import SimpleNamespace as NS
     >>> from celeritas_cli.model.placement import Placement
@@ -118,6 +124,10 @@ def executable(placement, cluster, label: str):
     >>> sorted(q.assignment), q.derivation["steps"][0]["collectives"]  # doctest: +NORMALIZE_WHITESPACE
     (['w/allreduce0/ag0/rep0', 'w/allreduce0/ag0/rep1', 'w/allreduce0/rep0', 'w/allreduce0/rep1',
       'w/allreduce0/rs0/rep0', 'w/allreduce0/rs0/rep1', 'w/rep0', 'w/rep1'], 'ring')
+    >>> f = Placement("g", "c", "fsdp", {"fsdp/u0/grad/rep0": "a", "fsdp/u0/grad/rep1": "b"},
+    ...               derivation={"steps": [{"transform": "fsdp", "replicas": 2, "stage": 3}]})
+    >>> sorted(executable(f, None, "p").assignment)[:3]
+    ['fsdp/u0/grad/pack/rep0', 'fsdp/u0/grad/pack/rep1', 'fsdp/u0/grad/rep0']
     """
     import copy
 
@@ -126,12 +136,21 @@ def executable(placement, cluster, label: str):
 
         placement = expand(None, cluster, placement, label)
     steps = (placement.derivation or {}).get("steps") or []
-    dp = [i for i, st in enumerate(steps) if isinstance(st, dict) and st.get("transform") == "data-parallel"]
+    dp = [i for i, st in enumerate(steps) if isinstance(st, dict) and st.get("transform") in ("data-parallel", "fsdp")]
     if not dp or steps[dp[-1]].get("collectives", "nccl") != "nccl" or placement.split_graph is not None:
         return placement
     k = int(steps[dp[-1]]["replicas"])
+    fsdp = steps[dp[-1]]["transform"] == "fsdp"
 
     def ring(nid: str) -> list[str]:
+        if fsdp:
+            f = _FSDP_ID.match(nid)
+            if f is None or k < 2:
+                return [nid]
+            prefix, what, q = f.group(1), f.group(2), f.group(3)
+            if what == "grad":
+                return [f"{prefix}/pack/rep{q}"] + [f"{prefix}/rs{s}/rep{q}" for s in range(k - 1)] + [nid]
+            return [f"{prefix}/start/rep{q}"] + [f"{prefix}/ag{s}/rep{q}" for s in range(k - 1)] + [nid]
         m = _COLLECTIVE_ID.match(nid)
         if m is None or k < 2:
             return [nid]

@@ -2,7 +2,9 @@
 
 A plan whose last recipe step is data parallelism over ``k`` replicas (plain
 data parallelism, or ``k`` copies of a pipeline: the micro-batched graph
-replicated, :mod:`~celeritas_cli.pipelining.builder`) runs ``k`` copies of
+replicated, :mod:`~celeritas_cli.pipelining.builder`) or sharded data
+parallelism (``fsdp``, :mod:`~celeritas_cli.transform.fsdp`: every replica
+holds an equal shard, so only its samples tell it apart) runs ``k`` copies of
 one program that meet only in their collectives.  When every copy runs on
 devices and links alike (the *replica map* below) and the copies of one
 *kind* (the same number of samples) do the same work, every copy of a kind
@@ -53,7 +55,11 @@ from ..model.graph import Graph
 from ..model.placement import Placement
 from ..transform.admit import replica_kinds as kinds
 from ..transform.derivation import STEPS, base_graph, derive
+from ..transform.fsdp import fsdp_kinds
 from ..transform.recipe_check import Context as RecipeContext, check_recipe
+
+#: the recipe steps a placement with ``replicas`` may end in
+REPLICATED = ("data-parallel", "fsdp")
 
 __all__ = ["ReplicaMap", "Judged", "replica_map", "kinds", "asymmetry", "judge", "expand", "expand_report"]
 
@@ -137,9 +143,9 @@ def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) ->
     if der is not None:  # the recipe's fields first, each said in one line naming it
         check_recipe(der, STEPS, RecipeContext(label, cluster.k, cluster.name))
     steps = der.get("steps") if isinstance(der, dict) else None
-    if not steps or not isinstance(steps[-1], dict) or steps[-1].get("transform") != "data-parallel":
-        raise InvalidInput(f"{label}: field replicas: only a placement whose recipe ends in data parallelism lists "
-                           f"its replicas' devices")
+    if not steps or not isinstance(steps[-1], dict) or steps[-1].get("transform") not in REPLICATED:
+        raise InvalidInput(f"{label}: field replicas: only a placement whose recipe ends in data parallelism or fsdp "
+                           f"lists its replicas' devices")
     if placement.split_graph is not None:
         raise InvalidInput(f"{label}: a placement that lists its replicas' devices carries no split_graph")
     last = steps[-1]
@@ -153,9 +159,9 @@ def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) ->
     prefix = derive(base, {"steps": steps[:-1]}, label, devices=cluster.k, cluster=cluster.name) \
         if len(steps) > 1 else base
     try:
-        kind_of = kinds(prefix, last)
+        kind_of = (fsdp_kinds if last["transform"] == "fsdp" else kinds)(prefix, last)
     except InvalidInput as exc:
-        raise InvalidInput(f"{label}: derivation.steps[{len(steps) - 1}] (data-parallel): {exc}") from None
+        raise InvalidInput(f"{label}: derivation.steps[{len(steps) - 1}] ({last['transform']}): {exc}") from None
     return rmap, alike(cluster, rmap, kind_of), last
 
 
@@ -250,10 +256,11 @@ def expand(graph: Graph | None, cluster: Cluster, placement: Placement, label: s
     simulation, ``--full-sim``, and asymmetric plans get); *graph* is not
     needed (the replica map is the placement's)."""
     steps = (placement.derivation or {}).get("steps") or [{}]
-    k = steps[-1].get("replicas") if isinstance(steps[-1], dict) else None
-    if not isinstance(k, int) or k < 1:
-        raise InvalidInput(f"{label}: field replicas: only a placement whose recipe ends in data parallelism lists "
-                           f"its replicas' devices")
+    last = steps[-1] if isinstance(steps[-1], dict) else {}
+    k = last.get("replicas")
+    if last.get("transform") not in REPLICATED or not isinstance(k, int) or k < 1:
+        raise InvalidInput(f"{label}: field replicas: only a placement whose recipe ends in data parallelism or fsdp "
+                           f"lists its replicas' devices")
     rmap = replica_map(placement.replicas, cluster, k, label)
     col = {d: j for j, d in enumerate(rmap.devices[0])}
     ids = cluster.ids

@@ -41,8 +41,10 @@ placed a coarse graph).  Steps, applied in order:
   :func:`~celeritas_cli.transform.recompute.recompute_graph`;
 * ``{"transform": "fsdp", "replicas": k, "stage": 1 | 2 | 3, "global_batch":
   B, "overhead_s": s}`` (+ ``"unit_mb": x``, ``"samples": [b0, ...]``,
-  ``"assume_batch": N``): :func:`~celeritas_cli.transform.fsdp.fsdp_graph`
-  (the recorded batch must be the graph's);
+  ``"assume_batch": N``, and ``"collectives": "ring"`` for explicit ring
+  steps, absent = ``nccl``, one collective node per replica and
+  collective): :func:`~celeritas_cli.transform.fsdp.fsdp_graph` (the
+  recorded batch must be the graph's);
 * ``{"transform": "tensor-parallel", "tp": k, "sequence_parallel": bool}``:
   :func:`~celeritas_cli.transform.tensor_parallel.tensor_parallel_graph`.
 
@@ -285,7 +287,7 @@ STEPS: dict[str, StepKind] = {
     "fsdp": StepKind(  # transform/fsdp.py (WP "fsdp")
         fields={"replicas": integer(1, at_most_devices=True), "stage": integer(1, 3), "global_batch": _BATCH,
                 "overhead_s": _OVERHEAD, "unit_mb": number(0, UNIT_MB_MAX), "samples": integers(1),
-                "assume_batch": _BATCH},
+                "assume_batch": _BATCH, "collectives": choice(*COLLECTIVE_FORMS)},
         required=("replicas", "stage", "global_batch"), defaults={"overhead_s": DEFAULT_OVERHEAD_S},
         check=fsdp_step_check, size=fsdp_step_size, build=fsdp_step_build,
         hint="fewer replicas, or larger units (unit_mb)"),
@@ -305,7 +307,7 @@ def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices:
     against the graph it applies to, sized (:mod:`~.size`) and only then
     built (:func:`apply_step`).  *devices* (the cluster's device count, when
     known) bounds ``replicas`` and ``n``.  *represent*: build only these
-    replicas of the last (data-parallel) step (:func:`represented`).
+    replicas of the last (data-parallel or fsdp) step (:func:`represented`).
 
     Raises
     ------
@@ -324,11 +326,14 @@ def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices:
 
 def represented(step: dict, kind: StepKind, reps: list[int], label: str) -> StepKind:
     """The last step of a recipe built for the symmetric judge
-    (:mod:`~celeritas_cli.sim.symmetric`): a data-parallel step in the nccl
-    form with only the replicas *reps* built, sized as such."""
-    if step["transform"] != "data-parallel" or step.get("collectives", "nccl") != "nccl":
-        raise InvalidInput(f"{label}: only a recipe that ends in data parallelism (nccl collectives) can be judged "
-                           f"one replica of each kind at a time")
+    (:mod:`~celeritas_cli.sim.symmetric`): a data-parallel or fsdp step in
+    the nccl form with only the replicas *reps* built, sized as such."""
+    if step["transform"] not in ("data-parallel", "fsdp") or step.get("collectives", "nccl") != "nccl":
+        raise InvalidInput(f"{label}: only a recipe that ends in data parallelism or fsdp (nccl collectives) can be "
+                           f"judged one replica of each kind at a time")
+    if step["transform"] == "fsdp":
+        return replace(kind, size=lambda g, st: fsdp_step_size(g, st, len(reps)),
+                       build=lambda g, st: fsdp_step_build(g, st, reps))
     return replace(kind, size=lambda g, st: data_parallel_size(g, st["replicas"], st.get("bucket_mb", 0.0), "nccl",
                                                                 len(reps)),
                    build=lambda g, st: _dp_build(g, st, reps))

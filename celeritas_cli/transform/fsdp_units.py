@@ -387,13 +387,16 @@ def _issue_order(graph: Graph, units: list[Unit], stage: int, order: list[int]
     return sequence, waits
 
 
-def fsdp_size(graph: Graph, plan: Plan, k: int) -> tuple[int, int]:
+def fsdp_size(graph: Graph, plan: Plan, k: int, collectives: str = "nccl", reps: int | None = None
+              ) -> tuple[int, int]:
     """``(nodes, edges)`` of :func:`~.fsdp.fsdp_graph` of *graph* with *plan*
-    over *k* replicas, counted without building it: ``k`` replicas of every
-    node and of every edge that is not a gradient (stages 2-3) or a read of
-    gathered parameters (stage 3); per collective and replica a start (or
-    pack), ``k - 1`` ring steps and a result; per stage-3 unit a shard per
-    replica.  Rings make it grow as ``k^2``.
+    over *k* replicas in the *collectives* form (*reps* of them built, the
+    symmetric judge's; default all ``k``), counted without building it:
+    every built replica holds a copy of every node and of every edge that
+    is not a gradient (stages 2-3) or a read of gathered parameters (stage
+    3); per stage-3 unit a shard; per collective one node (``nccl``), or a
+    start (or pack), ``k - 1`` ring steps and a result (``ring``: it grows
+    as ``k^2``).
 
     >>> from celeritas_cli.model.graph import build
     >>> from celeritas_cli.transform.fsdp import fsdp_graph
@@ -402,11 +405,15 @@ def fsdp_size(graph: Graph, plan: Plan, k: int) -> tuple[int, int]:
     ...                 nd("b", op="aten.mm_backward"), nd("u", op="optim.sgd", colocation="param:l.0.w")],
     ...           [{"src": "x", "dst": "f", "bytes": 4}, {"src": "f", "dst": "b", "bytes": 4},
     ...            {"src": "b", "dst": "u", "bytes": 8, "tensor": "grad"}], meta={"batch_size": 4})
-    >>> d = fsdp_graph(g, 4, 3)
-    >>> fsdp_size(g, fsdp_plan(g, 3), 4) == (d.n, d.m)
+    >>> all(fsdp_size(g, fsdp_plan(g, 3), 4, form) == (d.n, d.m)
+    ...     for form in ("nccl", "ring") for d in [fsdp_graph(g, 4, 3, collectives=form)])
+    True
+    >>> fsdp_size(g, fsdp_plan(g, 3), 4, "nccl", 1) == (lambda d: (d.n, d.m))(fsdp_graph(g, 4, 3, represent=[0]))
     True
     """
-    nodes, edges = k * graph.n, 0
+    r = k if reps is None else reps
+    ring = collectives == "ring"
+    nodes, edges = r * graph.n, 0
     shard3 = plan.stage == 3 and k > 1
     for e in range(graph.m):
         t = graph.edge_tensor[e]
@@ -414,23 +421,24 @@ def fsdp_size(graph: Graph, plan: Plan, k: int) -> tuple[int, int]:
             continue
         if shard3 and t in plan.param_tensor and not plan.update[graph.edge_dst[e]]:
             continue
-        edges += k
+        edges += r
     if k == 1:
         return nodes, edges
     per = 0  # edges per replica of the collectives
     gathered = {i for kind, i in plan.sequence if kind in ("fwd", "bwd")}
     for i in gathered:
-        nodes += k
+        nodes += r
         per += sum(len(set(graph.edge_tensor[e] for e in graph.out_edges[v]))
                    for v in plan.units[i].holders if plan.source[v])
+    steps = k - 1 if ring else 0  # ring steps per replica and half-ring
     for j, (kind, i) in enumerate(plan.sequence):
         u = plan.units[i]
-        nodes += k * (k + 1)
+        nodes += r * (k + 1 if ring else 1)
         if kind in ("fwd", "bwd"):
-            per += 1 + (k - 1) + k + len(u.fwd if kind == "fwd" else u.bwd)
+            per += 1 + steps + (k if ring else 0) + len(u.fwd if kind == "fwd" else u.bwd)
         elif kind == "rs":
-            per += len(u.grads) + 2 * (k - 1) + 1 + len(u.updates)
+            per += len(u.grads) + 2 * steps + (1 if ring else 0) + len(u.updates)
         else:
-            per += len(u.updates) + (k - 1) + k
+            per += len(u.updates) + steps + (k if ring else 0)
         per += len(plan.waits.get(j, ())) + (1 if j else 0)
-    return nodes, edges + k * per
+    return nodes, edges + r * per

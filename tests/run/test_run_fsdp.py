@@ -193,6 +193,11 @@ def test_tampered_fsdp_recipe_is_refused_in_one_line(tmp_path, monkeypatch):
         assert not (tmp_path / "r.json").exists()
     bad = json.loads(json.dumps(doc))
     bad["derivation"]["steps"].append({"transform": "recompute", "nodes": ["relu"]})
+    # the plan is in the symmetric form (replicas), which only a recipe ending in fsdp (or data parallelism) has
+    with pytest.raises(InvalidInput, match="recipe ends in data parallelism or fsdp lists its replicas"):
+        api.prepare(MLP, 4, Placement.from_dict(bad), uniform(2), label="bad.json", step=step_of(MLP, 4))
+    bad = json.loads(json.dumps(fsdp_placement(MLP, 4, collectives="ring").to_dict()))
+    bad["derivation"]["steps"].append({"transform": "recompute", "nodes": ["relu"]})
     with pytest.raises(InvalidInput, match="placer run executes"):
         api.prepare(MLP, 4, Placement.from_dict(bad), uniform(2), label="bad.json", step=step_of(MLP, 4))
 

@@ -85,7 +85,7 @@ def test_bytes_sent_per_device_are_zero_s_volumes(stage, factor):
     device; counted on the graph's edges, in the graph's meta and in the
     simulator's transfers (three independent counts)."""
     g = chain()
-    d = fsdp_graph(g, 2, stage, overhead_s=0.0)
+    d = fsdp_graph(g, 2, stage, overhead_s=0.0, collectives="ring")
     gradient_volume = 200
     expected = factor * gradient_volume // 2
     assert sent_by_replica(d) == [expected, expected]
@@ -94,6 +94,9 @@ def test_bytes_sent_per_device_are_zero_s_volumes(stage, factor):
     assert [sum(tr.nbytes for tr in sched.transfers if tr.src_dev == q) for q in (0, 1)] == [expected, expected]
     # four replicas: (k-1)/k of the volume
     assert fsdp_graph(g, 4, stage).meta["fsdp"]["bytes_per_device"] == factor * gradient_volume * 3 // 4
+    # the nccl form: no edge between replicas, the same volume in the meta
+    nccl = fsdp_graph(g, 2, stage, overhead_s=0.0)
+    assert sent_by_replica(nccl) == [0, 0] and nccl.meta["fsdp"]["bytes_per_device"] == expected
 
 
 @pytest.mark.parametrize("stage,resident", [(1, 400), (2, 400), (3, 300)])
@@ -101,19 +104,22 @@ def test_resident_state_per_device(stage, resident):
     """Parameters 2 x 100 and Adam state 2 x 200 bytes: stages 1-2 keep the
     parameters whole and shard the optimizer state (200 + 400 / 2); stage 3
     shards everything: 1/k of the 600 bytes of state."""
-    d = fsdp_graph(chain(), 2, stage)
+    d = fsdp_graph(chain(), 2, stage, collectives="ring")
     assert resident_by_replica(d) == [resident, resident]
+    assert resident_by_replica(fsdp_graph(chain(), 2, stage)) == [resident, resident]  # nccl: 100 / 2 as well
     whole = sum(chain().node_extra[v]["resident_bytes"] for v in range(7))
     assert whole == 600
     if stage == 3:
         # three ways: each Adam shard ceil(200 / 3) = 67; a unit's flat shard is a ring chunk (34, 33, 33),
         # replica q holding chunk (q + 1) mod 3
-        assert resident_by_replica(fsdp_graph(chain(batch=6), 3, 3)) == [2 * 67 + 2 * 33, 2 * 67 + 2 * 33,
-                                                                        2 * 67 + 2 * 34]
+        assert resident_by_replica(fsdp_graph(chain(batch=6), 3, 3, collectives="ring")) == \
+            [2 * 67 + 2 * 33, 2 * 67 + 2 * 33, 2 * 67 + 2 * 34]
+        # nccl: FSDP pads the flat parameter to a multiple of k, every shard ceil(100 / 3) = 34
+        assert resident_by_replica(fsdp_graph(chain(batch=6), 3, 3)) == [2 * 67 + 2 * 34] * 3
 
 
 def test_structure_of_stage_3():
-    d = fsdp_graph(chain(), 2, 3, overhead_s=0.0)
+    d = fsdp_graph(chain(), 2, 3, overhead_s=0.0, collectives="ring")
     node = {d.ids[v]: d.to_dict()["nodes"][v] for v in range(d.n)}
     f0, shard, gathered = node["f0/rep1"], node["fsdp/u0/shard/rep1"], node["fsdp/u0/fwd/rep1"]
     # the holder keeps only its activation; its parameters are the unit's shard, gathered before use
@@ -144,7 +150,7 @@ def test_makespan_of_the_chain_by_hand():
     all-gathers of the updated l.1 [8, 10] and l.0 [10, 12]: 12 s."""
     g = chain()
     for stage, makespan in ((1, 12.0), (2, 12.0), (3, 13.0)):
-        d = fsdp_graph(g, 2, stage, overhead_s=0.0)
+        d = fsdp_graph(g, 2, stage, overhead_s=0.0, collectives="ring")
         s = run_schedule(d, cluster(), [d.node_extra[v]["replica"] for v in range(d.n)])
         assert s.makespan == pytest.approx(makespan + 2 * EPS, abs=1e-12), stage
         start = {d.ids[v]: s.start[v] for v in range(d.n)}
@@ -170,7 +176,7 @@ def test_memory_peaks_by_hand():
     790 at t = 4."""
     g = chain()
     for stage, peak, at in ((1, 820, 6.0), (2, 790, 4.0), (3, 790, 8.0)):
-        d = fsdp_graph(g, 2, stage, overhead_s=0.0)
+        d = fsdp_graph(g, 2, stage, overhead_s=0.0, collectives="ring")
         s = run_schedule(d, cluster(), [d.node_extra[v]["replica"] for v in range(d.n)])
         prof = judge_memory(d, s, 2)
         assert prof.peak == [peak, peak], stage
@@ -178,7 +184,7 @@ def test_memory_peaks_by_hand():
         if stage == 3:
             assert {"node": "fsdp/u0/bwd/rep0", "bytes": 100, "kind": "activation"} in prof.live[0]
     # the static rule charges every gathered unit for the whole step
-    d = fsdp_graph(g, 2, 3, overhead_s=0.0)
+    d = fsdp_graph(g, 2, 3, overhead_s=0.0, collectives="ring")
     assert judge_memory(d, run_schedule(d, cluster(), [d.node_extra[v]["replica"] for v in range(d.n)]), 2,
                         "static").peak[0] > 790
 
@@ -218,7 +224,7 @@ def test_a_holder_without_inputs_gathers_its_parameters_not_its_batch_shaped_out
                {"src": "b", "dst": "u", "bytes": 100, "tensor": "g"}], meta={"batch_size": 4})
     plan = fsdp_plan(g, 3)
     assert [u.gather_bytes for u in plan.units] == [100] and not plan.source[g.index["h"]]
-    d = fsdp_graph(g, 2, 3, overhead_s=0.0)
+    d = fsdp_graph(g, 2, 3, overhead_s=0.0, collectives="ring")
     assert d.meta["fsdp"]["gather_bytes"] == 100
     h = d.index["h/rep0"]
     assert d.compute[h] == 1.0
@@ -294,7 +300,7 @@ def test_fsdp_sends_the_parameters_twice_per_step_on_every_zoo_graph(path):
     parameters, once for the forward and once for the backward (FSDP
     section 3.2.1), so 2 x the parameter bytes cross between the replicas."""
     g = load_graph(path)
-    d = fsdp_graph(g, 2, 3)
+    d = fsdp_graph(g, 2, 3, collectives="ring")
     sent = sum(d.edge_bytes[e] for e in range(d.m)
                if d.node_extra[d.edge_src[e]]["replica"] != d.node_extra[d.edge_dst[e]]["replica"]
                and d.node_extra[d.edge_dst[e]].get("fsdp", {}).get("phase") == "all-gather")
@@ -379,18 +385,22 @@ def test_whole_samples_and_refusals():
         fsdp_graph(chain(), 2, 3, unit_mb=-1.0)
 
 
+@pytest.mark.parametrize("form", ["nccl", "ring"])
 @pytest.mark.parametrize("k", [1, 2, 3])
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_size_is_counted_before_building(k, stage):
+def test_size_is_counted_before_building(k, stage, form):
     for g in (chain(batch=6), layered(30, seed=2)):
-        d = fsdp_graph(g, k, stage)
-        assert fsdp_size(g, fsdp_plan(g, stage), k) == (d.n, d.m)
+        d = fsdp_graph(g, k, stage, collectives=form)
+        assert fsdp_size(g, fsdp_plan(g, stage), k, form) == (d.n, d.m)
+        if form == "nccl":
+            one = fsdp_graph(g, k, stage, represent=[k - 1])
+            assert fsdp_size(g, fsdp_plan(g, stage), k, form, 1) == (one.n, one.m)
 
 
 def test_recipe_rebuild_and_forgery():
     g = chain()
-    d = fsdp_graph(g, 2, 3, overhead_s=0.0)
-    recipe = {"steps": [fsdp_step(2, 3, 4, 0.0)]}
+    d = fsdp_graph(g, 2, 3, overhead_s=0.0, collectives="ring")
+    recipe = {"steps": [fsdp_step(2, 3, 4, 0.0, collectives="ring")]}
     assert derive(g, recipe).to_dict() == d.to_dict()
     doc = d.to_dict()
     assert rebuild(g, recipe, doc).n == d.n
@@ -404,7 +414,10 @@ def test_recipe_rebuild_and_forgery():
         rebuild(g, recipe, forged, "p.json")
     # the carried graph of stage 3 is not what a stage-1 recipe gives
     with pytest.raises(InvalidInput, match="does not derive"):
-        rebuild(g, {"steps": [fsdp_step(2, 1, 4, 0.0)]}, doc, "p.json")
+        rebuild(g, {"steps": [fsdp_step(2, 1, 4, 0.0, collectives="ring")]}, doc, "p.json")
+    # the nccl form is another graph: a carried ring graph does not derive from an nccl recipe
+    with pytest.raises(InvalidInput, match="does not derive"):
+        rebuild(g, {"steps": [fsdp_step(2, 3, 4, 0.0)]}, doc, "p.json")
 
 
 @pytest.mark.parametrize("change,message", [
@@ -419,6 +432,7 @@ def test_recipe_rebuild_and_forgery():
     ({"samples": [4, 0]}, r"samples\[1\]: must be an integer of at least 1, got 0"),
     ({"samples": "2,2"}, r"samples: must be a list of integers"),
     ({"bogus": 1}, r"bogus: not a field of a fsdp step"),
+    ({"collectives": "tree"}, r"field derivation.steps\[0\].collectives: must be one of"),
 ])
 def test_tampered_recipe_is_refused_in_one_line(change, message):
     step = {**fsdp_step(2, 3, 4, 0.0), **change}
@@ -451,7 +465,7 @@ def test_recipe_refused_after_other_rewrites_and_over_the_budget():
 
 _VALUES = st.one_of(st.integers(-3, 9), st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
                     st.text(max_size=3), st.booleans(), st.none(), st.lists(st.integers(-1, 4), max_size=4))
-_FIELDS = ("replicas", "stage", "global_batch", "overhead_s", "unit_mb", "samples", "assume_batch", "x")
+_FIELDS = ("replicas", "stage", "global_batch", "overhead_s", "unit_mb", "samples", "assume_batch", "collectives", "x")
 
 
 @settings(max_examples=150, deadline=None)

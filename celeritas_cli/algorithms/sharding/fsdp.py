@@ -7,12 +7,18 @@ stage 1 the optimizer state (ZeRO ``P_os``), stage 2 also the gradients
 (``P_os+g``), stage 3 also the parameters (``P_os+g+p``, PyTorch FSDP's
 ``FULL_SHARD``), which are all-gathered per FSDP unit before its forward and
 again before its backward, freed after use, while its gradients are
-reduce-scattered.  Every collective is a ring of transfers on the links,
-issued in FSDP's order with forward and backward prefetch and the rate
-limiter, so communication overlaps the neighbouring units' compute exactly
-as far as the links and the dependencies allow.  Replica ``r`` and its
-collective steps go to the ``r``-th chosen device; no order is given (the
-simulator's rule), as for ``data-parallel``.
+reduce-scattered.  Every collective is one ``collective.*`` node per
+replica (``collectives=nccl``, the default: costed by NCCL's formulas on
+the collective stream, simulator rule 6) or a ring of transfers on the
+links (``collectives=ring``, what ``placer run`` executes), issued in
+FSDP's order with forward and backward prefetch and the rate limiter, so
+communication overlaps the neighbouring units' compute exactly as far as
+the stream (or the links) and the dependencies allow.  Replica ``r`` and
+its collectives go to the ``r``-th chosen device; no order is given (the
+simulator's rule), as for ``data-parallel``.  With nccl collectives the
+placement is written in the symmetric form
+(:mod:`~celeritas_cli.sim.symmetric`): replica 0's nodes and the replica
+map, judged one replica of each kind (replicas with the same samples).
 
 The estimate is the simulator's: the makespan with channel congestion, and
 the memory peaks under the judge's time rule (a graph that declares no
@@ -30,12 +36,15 @@ from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
 from ...model.placement import Placement, finite_or_none
-from ...model.params import DEFAULT_OVERHEAD_S, DEFAULT_SHARES
+from ...model.estimate import Estimate
+from ...model.params import COLLECTIVES, DEFAULT_OVERHEAD_S, DEFAULT_SHARES
 from ...registry import ASSUME_BATCH, DEVICES, Param, overhead_param, register, shares_param
+from ...sim import symmetric
 from ...sim.memory import peaks
 from ...sim.mfu import mfu
 from ...sim.simulator import lower_bound, run_schedule
-from ...transform.derivation import attach
+from ...transform.allreduce import check_form
+from ...transform.derivation import attach, recipe
 from ...transform.fsdp import check_fsdp, fsdp_graph, fsdp_step
 from ...transform.fsdp_units import UNIT_MB_MAX
 from .data_parallel import choose_devices, replica_devices, speed_samples
@@ -44,8 +53,9 @@ from .data_parallel import choose_devices, replica_devices, speed_samples
 @register("fsdp", paper="ZeRO (Rajbhandari et al., SC'20); PyTorch FSDP (Zhao et al., VLDB 2023)",
           section="ZeRO 5.1-5.3, 7.2 (stages, volume); FSDP 3.2-3.5 (units, prefetch, rate limiter)",
           summary="Sharded data parallelism: k replicas on shares of the batch, optimizer state (stage 1), "
-                  "gradients (2) and parameters (3, FSDP) sharded; ring all-gathers per unit before forward and "
-                  "backward, reduce-scatters of gradients, overlapped as FSDP's prefetch does.",
+                  "gradients (2) and parameters (3, FSDP) sharded; all-gathers per unit before forward and "
+                  "backward, reduce-scatters of gradients (NCCL on its own stream), overlapped as FSDP's prefetch "
+                  "does.",
           params={"devices": DEVICES,
                   "stage": Param(int, 3, "ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters (FSDP "
                                  "FULL_SHARD)", min=1, max=3),
@@ -54,11 +64,12 @@ from .data_parallel import choose_devices, replica_devices, speed_samples
                   "overhead_s": overhead_param("extra time of an op whose time is scaled linearly (s)"),
                   "shares": shares_param("equal batch shares, or whole samples in proportion to each device's "
                                          "speed on the graph (mixed devices; not in the papers)"),
+                  "collectives": COLLECTIVES,
                   "assume_batch": ASSUME_BATCH},
           quick_params={})
 def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, devices: str = "",
          stage: int = 3, unit_mb: float = 0.0, overhead_s: float = DEFAULT_OVERHEAD_S, shares: str = DEFAULT_SHARES,
-         assume_batch: int = 0) -> Placement:
+         assume_batch: int = 0, collectives: str = "nccl") -> Placement:
     """Sharded data-parallel placement of *graph* (module docstring).
 
     Parameters
@@ -89,12 +100,18 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     assume_batch : int
         The batch the costs hold for when the graph declares none (0: the
         graph's own; ``place --assume-batch``); recorded in the recipe.
+    collectives : str
+        ``nccl`` (default: one collective node per replica and collective,
+        the symmetric form) or ``ring`` (explicit ring steps, every
+        replica's nodes listed); recorded in the recipe when ``ring``.
 
     Returns
     -------
     Placement
         Over the sharded graph, with ``derivation`` ``[{"transform": "fsdp",
-        ...}]``, no order, and an ``estimate``: the simulated makespan,
+        ...}]``, no order (with nccl collectives over ``k > 1`` replicas:
+        replica 0's nodes and ``replicas``, the symmetric form; else every
+        replica's nodes), and an ``estimate``: the simulated makespan,
         ``status`` (``OOM`` when a device's peak is over its capacity),
         ``max_memory_bytes`` (the largest peak), ``memory_rule``,
         ``lower_bound_s`` of the sharded graph and ``makespan_over_lb``,
@@ -121,6 +138,7 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     devs = choose_devices(cluster, devices)
     k = len(devs)
     assumed = assume_batch or None
+    check_form(collectives, "fsdp")
     batch, equal = check_fsdp(graph, k, stage, assumed)  # refuses what cannot be sharded before anything else
     costs = cost_model(graph, cluster, costs)
     samples = None
@@ -128,26 +146,69 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         samples = speed_samples(graph, costs, devs, batch, overhead_s, f"fsdp over {k} replicas: the batch",
                                 sharded_updates=True)
         samples = None if samples == equal else samples
-    g2 = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples)
+    if collectives == "nccl" and k > 1 and symmetric.asymmetry(cluster, None, []) is None:
+        # (a cluster with hosts: every replica built and listed, as data-parallel does)
+        return _symmetric(graph, cluster, costs, devs, stage, unit_mb, overhead_s, assumed, samples, seed)
+    g2 = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples,
+                    collectives=collectives)
     c2 = costs.for_graph(g2)
     device_of = replica_devices(g2, devs)
     sched = run_schedule(g2, cluster, device_of, None, costs=c2)
-    loads = peaks(g2, sched, cluster.k)
-    rule = "time" if loads is not None else "static"
+    loads, rule = _loads(g2, sched, device_of, cluster.k)
+    estimate = _estimate(graph, cluster, g2, sched, loads, rule, lower_bound(g2, cluster, c2), devs, stage)
+    p = Placement.from_indices(g2, cluster, device_of, algorithm="fsdp", seed=seed, estimate=estimate)
+    attach(p, graph, g2, [fsdp_step(k, stage, g2.meta["fsdp"]["global_batch"], overhead_s, unit_mb, assumed, samples,
+                                    collectives)])
+    return p
+
+
+def _loads(g2: Graph, sched, device_of: list[int], n: int) -> tuple[list[int], str]:
+    """Each device's peak under the time rule, or the static sums of a graph that declares no resident bytes."""
+    loads = peaks(g2, sched, n)
     if loads is None:
-        loads = g2.memory_by(device_of, cluster.k)
+        return g2.memory_by(device_of, n), "static"
+    return loads, "time"
+
+
+def _estimate(graph: Graph, cluster: Cluster, g2: Graph, sched, loads: list[int], rule: str, lb: float,
+              devs: list[int], stage: int) -> dict:
+    """The planner's estimate of a sharded plan: the simulated step, memory, units, bytes."""
     oom = [cluster.ids[d] for d in cluster.over_capacity(loads)]
     info = g2.meta["fsdp"]
-    lb = lower_bound(g2, cluster, c2)
     estimate = {"makespan_s": sched.makespan, "makespan_by": "simulator", "status": "OOM" if oom else "FEASIBLE",
                 "lower_bound_s": lb, "makespan_over_lb": finite_or_none(sched.makespan / lb) if lb > 0 else None,
-                "mfu": mfu(graph, cluster, sched.makespan), "replicas": k, "devices": [cluster.ids[d] for d in devs],
-                "stage": stage, "units": len(info["units"]), "global_batch": info["global_batch"],
-                "replica_batch": info["replica_batch"], "gather_bytes": info["gather_bytes"],
-                "gradient_bytes": info["gradient_bytes"], "bytes_per_device": info["bytes_per_device"],
-                "max_memory_bytes": max(loads), "memory_rule": rule}
+                "mfu": mfu(graph, cluster, sched.makespan), "replicas": len(devs),
+                "devices": [cluster.ids[d] for d in devs], "stage": stage, "units": len(info["units"]),
+                "global_batch": info["global_batch"], "replica_batch": info["replica_batch"],
+                "gather_bytes": info["gather_bytes"], "gradient_bytes": info["gradient_bytes"],
+                "bytes_per_device": info["bytes_per_device"], "max_memory_bytes": max(loads), "memory_rule": rule}
     if oom:
         estimate["oom_devices"] = oom
-    p = Placement.from_indices(g2, cluster, device_of, algorithm="fsdp", seed=seed, estimate=estimate)
-    attach(p, graph, g2, [fsdp_step(k, stage, info["global_batch"], overhead_s, unit_mb, assumed, samples)])
+    return estimate
+
+
+def _symmetric(graph: Graph, cluster: Cluster, costs: CostModel, devs: list[int], stage: int, unit_mb: float,
+               overhead_s: float, assumed: int | None, samples: list[int] | None, seed: int) -> Placement:
+    """The plan in its symmetric form (:mod:`~celeritas_cli.sim.symmetric`):
+    replica 0's nodes on its device and the replica map, judged one replica
+    of each kind (the same samples on alike devices and links) as ``placer
+    simulate`` judges it."""
+    k = len(devs)
+    one = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples,
+                     represent=[0])
+    step = fsdp_step(k, stage, one.meta["fsdp"]["global_batch"], overhead_s, unit_mb, assumed, samples)
+    p = Placement(graph=graph.original_name, cluster=cluster.name, algorithm="fsdp",
+                  assignment={nid: cluster.ids[devs[0]] for nid in one.ids}, seed=seed,
+                  derivation=recipe(graph, [step]), replicas={"devices": [[cluster.ids[d]] for d in devs]},
+                  cluster_digest=cluster.digest(), cluster_file=cluster.source)
+    j = symmetric.judge(graph, cluster, p, "fsdp")
+    c2 = costs.for_graph(j.graph)
+    sched = run_schedule(j.graph, cluster, j.device_of, None, costs=c2, groups=j.groups)
+    judged, rule = _loads(j.graph, sched, j.device_of, cluster.k)
+    loads = [0] * cluster.k
+    for r, rs in enumerate(j.kind_of):
+        loads[devs[r]] = judged[devs[rs]]
+    g2 = j.graph
+    estimate = _estimate(graph, cluster, g2, sched, loads, rule, lower_bound(g2, cluster, c2), devs, stage)
+    p.estimate = Estimate.from_dict(estimate)
     return p
