@@ -156,7 +156,7 @@ def test_os_dpos_starts_from_the_data_parallel_graph_when_the_model_fits():
                                         "overhead_s": 2e-6, "global_batch": 8, "collectives": "ring"}
     sg = p.derived
     assert {sg.node_extra[v]["origin"] for v in range(sg.n) if "origin" in (sg.node_extra[v] or {})} == set(g.ids)
-    dp = registry.place(g, cl, "data-parallel")
+    dp = registry.place(g, cl, "data-parallel", params={"collectives": "ring"})  # the strategy it starts from
     ms = simulate(g, cl, p)["makespan_s"]
     assert ms == pytest.approx(p.estimate["makespan_s"])
     assert ms <= simulate(g, cl, dp)["makespan_s"] + 1e-12  # data parallelism is the starting strategy
