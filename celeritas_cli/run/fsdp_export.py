@@ -81,9 +81,6 @@ import statistics
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-
 '''
 
 _HOW = {
@@ -100,6 +97,13 @@ _HOW = {
 }
 
 _BODY = '''
+
+if __name__ == "__main__":      # a wrong process count or file stops here, before torch loads
+    launch_check()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
 
 def build_model():
     """The model as `placer profile` built it: MODEL with CONFIG, its parameters drawn under SEED."""
