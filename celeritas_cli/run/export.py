@@ -511,15 +511,15 @@ def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
     * a micro-batched, pipelined or hybrid one: a ``torch.distributed.pipelining`` program or
       placer's own code (:func:`~.derived_export.export_derived`);
     * an fsdp plan: an FSDP2 / ZeRO program on a DeviceMesh (:func:`~.fsdp_export.fsdp_source`),
-      launched with torchrun.
+      launched with torchrun; a plain data-parallel one: the same program with DDP.
 
     Raises
     ------
     InvalidInput
-        A plain data-parallel placement (one model per process: torch DistributedDataParallel),
-        or a plan the exporters cannot write (one line saying why).
+        A plan the exporters cannot write (one line saying why).
     """
     from .api import Prepared
+    from .data_parallel import DPPrepared
     from .fsdp_run import FSDPPrepared
     from .plan import DerivedPrepared
 
@@ -537,9 +537,14 @@ def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
         src, what = export_derived(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint)
         nproc = re.search(r"torchrun --nproc-per-node (\d+)", what)
         return src, what, torchrun_line(int(nproc.group(1)), path) if nproc else None
+    if isinstance(pre, DPPrepared):
+        from .fsdp_export import fsdp_source
+
+        src = fsdp_source(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint, path=path)
+        return src, (f"a DistributedDataParallel program ({pre.k} replicas of batch {pre.replica_batch} on a "
+                     f"DeviceMesh)"), torchrun_line(pre.k, path)
     if not isinstance(pre, Prepared):
-        raise InvalidInput(f"{label}: a data-parallel placement is not exported (it is one model per process: use "
-                           f"torch DistributedDataParallel); run it with placer run --backend gloo")
+        raise InvalidInput(f"{label}: placer export cannot write this plan ({type(pre).__name__})")
     src = export_source(pre.prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
                         algorithm=algorithm, fingerprint=fingerprint)
     return src, (f"{len(pre.prog.sequence)} nodes on {len(pre.prog.devices)} device(s), {len(pre.prog.transfers)} "
@@ -547,11 +552,10 @@ def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
 
 
 def check_exportable(pre, label: str) -> None:
-    """Refuse, before a run, what :func:`export_program` cannot write: a plain data-parallel placement."""
+    """Refuse, before a run, what :func:`export_program` cannot write (one line)."""
     from .api import Prepared
-    from .fsdp_run import FSDPPrepared
+    from .data_parallel import DPPrepared
     from .plan import DerivedPrepared
 
-    if not isinstance(pre, (Prepared, DerivedPrepared, FSDPPrepared)):
-        raise InvalidInput(f"{label}: a data-parallel placement is not exported (it is one model per process: use "
-                           f"torch DistributedDataParallel); run it with placer run --backend gloo")
+    if not isinstance(pre, (Prepared, DerivedPrepared, DPPrepared)):
+        raise InvalidInput(f"{label}: placer export cannot write this plan ({type(pre).__name__})")

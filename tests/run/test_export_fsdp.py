@@ -1,6 +1,6 @@
 """``placer export`` of fsdp plans (celeritas_cli/run/fsdp_export.py): one program on a DeviceMesh
 launched with torchrun, FSDP2 ``fully_shard`` per unit (stages 2-3), DDP with
-ZeroRedundancyOptimizer (stage 1).
+ZeroRedundancyOptimizer (stage 1); a data-parallel plan as the same program with DDP ("stage 0").
 
 The default suite checks the written program (it compiles, its tables, the torchrun line in its
 docstring and on stderr, the refusals); the slow tests launch it with ``torchrun`` (gloo, CPU) and
@@ -46,20 +46,22 @@ def step_of(spec: str, batch: int):
 
 def export_fsdp(tmp_path, stage: int, *, k: int = 2, batch: int = 4, spec: str = MLP, name: str = "fsdp.py",
                 **params) -> tuple[Path, str, str]:
-    """Profile *spec* (graph g.json), place it with fsdp at *stage* on k CPU devices (c.json), export
-    it to tmp_path/name: ``(path, source, torchrun line)``."""
+    """Profile *spec* (graph g.json), place it with fsdp at *stage* (0: data-parallel) on k CPU
+    devices (c.json), export it to tmp_path/name: ``(path, source, torchrun line)``."""
     step = step_of(spec, batch)
     write_json(step.doc, str(tmp_path / "g.json"))
     cluster = uniform(k, dtype="cpu", name=f"{k}cpu")
     write_json(cluster.to_dict(), str(tmp_path / "c.json"))
     graph = Graph.from_dict(step.doc)
-    placement = registry.place(graph, cluster, "fsdp", params={"stage": stage, **params})
+    placement = (registry.place(graph, cluster, "fsdp", params={"stage": stage, **params}) if stage else
+                 registry.place(graph, cluster, "data-parallel", params=params))
     pre = api.prepare(spec, batch, placement, cluster, label="p.json", config=CFG, graph=graph,
                       graph_label=str(tmp_path / "g.json"), step=step)
     fp = fingerprint(graph=pre.sim_graph.name, graph_path=str(tmp_path / "g.json"), cluster=cluster, spec=spec)
     path = tmp_path / name
-    src, what, line = export_program(pre, cluster, label="p.json", algorithm="fsdp", fingerprint=fp, path=str(path))
-    assert f"ZeRO stage {stage}" in what
+    src, what, line = export_program(pre, cluster, label="p.json", algorithm=placement.algorithm, fingerprint=fp,
+                                     path=str(path))
+    assert (f"ZeRO stage {stage}" if stage else "DistributedDataParallel program") in what
     path.write_text(src)
     return path, src, line
 
@@ -72,17 +74,20 @@ def tables(src: str) -> dict:
 
 
 # ----------------------------------------------------------------------- fast
-@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_each_stage_is_written_as_its_torch_mapping(tmp_path, stage):
     path, src, line = export_fsdp(tmp_path, stage)
     ns = tables(src)
     assert line == f"torchrun --nproc-per-node 2 {path}" and f"    {line}\n" in src.split('"""')[1]
     assert (ns["STAGE"], ns["PROCESSES"], ns["GLOBAL_BATCH"], ns["MODEL"], ns["CONFIG"]) == (stage, 2, 4, MLP, CFG)
     assert ns["RESHARD_AFTER_FORWARD"] is (stage == 3)
-    # the module policy gives one unit per top-level Linear of TinyMLP; stage 1 (DDP + ZeRO-1) has none
-    assert ns["UNITS"] == ([] if stage == 1 else [("l1", ["l1"]), ("l2", ["l2"]), ("l3", ["l3"])])
+    # the module policy gives one unit per top-level Linear of TinyMLP; DDP (stages 0, 1) has none
+    assert ns["UNITS"] == ([] if stage <= 1 else [("l1", ["l1"]), ("l2", ["l2"]), ("l3", ["l3"])])
     assert ("ZeroRedundancyOptimizer(net.parameters()" in src) and ("fully_shard(mods" in src)
-    assert {1: "ZeRO-1", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[stage] in src.split('"""')[1]
+    doc = src.split('"""')[1]
+    assert {0: "Data parallelism: DistributedDataParallel", 1: "ZeRO-1", 2: "SHARD_GRAD_OP",
+            3: "FULL_SHARD"}[stage] in doc
+    assert doc.startswith(f"{'Data-parallel' if stage == 0 else f'ZeRO stage {stage}'} plan of tinymlp_b4 ")
     assert ns["PARAMETER_SHAPES"] == [("l1.weight", (16, 32)), ("l1.bias", (16,)), ("l2.weight", (16, 16)),
                                       ("l2.bias", (16,)), ("l3.weight", (10, 16)), ("l3.bias", (10,))]
     assert ns["SIMULATED_STEP_S"] > 0
@@ -191,7 +196,7 @@ def check_against_reference(tmp_path, k: int, batch: int, prefix: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage,params", [(1, {}), (2, {}), (3, {}), (2, {"unit_mb": 2500 / 2**20})])
+@pytest.mark.parametrize("stage,params", [(0, {}), (1, {}), (2, {}), (3, {}), (2, {"unit_mb": 2500 / 2**20})])
 def test_exported_program_under_torchrun_matches_the_unplaced_step(tmp_path, stage, params):
     path, _, _ = export_fsdp(tmp_path, stage, **params)
     r = torchrun(tmp_path, 2, path, "--steps", "2", env={"PLACER_EXPORT_OUT": str(tmp_path / "out")})
