@@ -131,17 +131,18 @@ def prepare_step(command: str, model, batch_size, config, placement_path, graph_
 
 
 def check_exportable(pre, label: str) -> None:
-    """Refuse what export cannot write (:func:`celeritas_cli.run.export.check_exportable`)."""
-    from ..run.export import check_exportable as check
+    """Refuse what export cannot write (:func:`celeritas_cli.run.export_plan.check_exportable`)."""
+    from ..run.export_plan import check_exportable as check
 
     check(pre, label)
 
 
 def write_source(pre, inp: Inputs, path: str, say: Callable[[str], None] | None = None) -> None:
     """Write the program of the placed step *pre* to *path* (``-``: stdout), made for the inputs'
-    graph file, cluster and model (:func:`celeritas_cli.run.export.export_program`), and say what
+    graph file, cluster and model (:func:`celeritas_cli.run.export_plan.export_program`), and say what
     it wrote and, for a multi-process program, the torchrun line that launches it."""
-    from ..run.export import export_program, fingerprint
+    from ..run.export import fingerprint
+    from ..run.export_plan import export_program
 
     graph_path = inp.graph_label if inp.graph is not None and inp.graph_label != "<stdin>" else None
     fp = fingerprint(graph=pre.sim_graph.name, graph_path=graph_path, cluster=inp.cluster, spec=inp.spec)

@@ -8,6 +8,27 @@ copies (once per tensor and destination device, right after the producer),
 device>)``; torch.fx generates the code.  The module written around it has
 a ``DEVICES`` table (cluster device -> torch device, editable), the helpers,
 ``placed_step(...)`` and a ``PlacedStep`` class for a training loop.
+
+What every exporter shares lives here too (no exporter imports another's
+module for it; :mod:`.export_plan` picks the exporter):
+
+* :func:`torchrun_line` - the exact command that launches a program of N
+  processes, for its docstring and for ``placer export``'s stderr;
+* :func:`fingerprint` - what a program was exported for: the graph file's
+  sha256, the cluster's name and digest, the model file's sha256;
+* :func:`launch_check_source` - the launch checks a program carries
+  (``launch_check(argv)``, ``model_check(model)``): a wrong launch stops in
+  one line, exit status 1, before any step.  Checkable at launch: the
+  process count (``WORLD_SIZE``, 1 without torchrun); the graph file when
+  it is given (``--graph FILE``) or still where it was exported from; the
+  cluster when it is given (``--cluster NAME|FILE``: name and digest; a
+  launch cannot tell which cluster its machines are otherwise); the model's
+  parameter names and shapes against the capture's (``PARAMETER_SHAPES``:
+  the profiled graph's, since export refuses a graph the capture does not
+  match) and, those equal, the model file's sha256.  A zoo model or an
+  importable module has no file to hash: its shapes are checked.
+  ``PLACER_IGNORE_FINGERPRINT=1`` skips the graph, cluster and model-file
+  checks, never the process count or the shapes.
 """
 
 from __future__ import annotations
@@ -120,7 +141,7 @@ def launch_check(argv=None):
     than it was exported for: WORLD_SIZE (1 without torchrun) is not PROCESSES; the graph file
     (``--graph FILE``, else the one it was exported from when it is still where it was) has
     another sha256; ``--cluster NAME|FILE`` is another cluster (name or digest).
-    PLACER_IGNORE_FINGERPRINT=1 skips the file checks (not the process count)."""
+    PLACER_IGNORE_FINGERPRINT=1 skips the graph and cluster checks (not the process count)."""
     import os
     import sys
 
@@ -501,61 +522,3 @@ def _wrap(items: list) -> str:
         return text
     return "[\n" + textwrap.indent(",\n".join(repr(x) for x in items), "    ") + ",\n]"
 
-
-def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | None = None,
-                   path: str = "-") -> tuple[str, str, str | None]:
-    """The program ``placer export`` writes for the prepared plan *pre* (:func:`~.api.prepare`):
-    ``(source, what it is, the torchrun line or None for a one-process module)``.
-
-    * a plain placement: placer's own code (:func:`export_source`), one process;
-    * a micro-batched, pipelined or hybrid one: a ``torch.distributed.pipelining`` program or
-      placer's own code (:func:`~.derived_export.export_derived`);
-    * an fsdp plan: an FSDP2 / ZeRO program on a DeviceMesh (:func:`~.fsdp_export.fsdp_source`),
-      launched with torchrun; a plain data-parallel one: the same program with DDP.
-
-    Raises
-    ------
-    InvalidInput
-        A plan the exporters cannot write (one line saying why).
-    """
-    from .api import Prepared
-    from .data_parallel import DPPrepared
-    from .fsdp_run import FSDPPrepared
-    from .plan import DerivedPrepared
-
-    name = pre.sim_graph.name
-    if isinstance(pre, FSDPPrepared):
-        from .fsdp_export import fsdp_source
-
-        src = fsdp_source(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint, path=path)
-        line = torchrun_line(pre.k, path)
-        return src, (f"an FSDP program (ZeRO stage {pre.stage}, {len(pre.units)} unit(s), {pre.k} replicas of "
-                     f"batch {pre.replica_batch} on a DeviceMesh)"), line
-    if isinstance(pre, DerivedPrepared):
-        from .derived_export import export_derived
-
-        src, what = export_derived(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint)
-        nproc = re.search(r"torchrun --nproc-per-node (\d+)", what)
-        return src, what, torchrun_line(int(nproc.group(1)), path) if nproc else None
-    if isinstance(pre, DPPrepared):
-        from .fsdp_export import fsdp_source
-
-        src = fsdp_source(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint, path=path)
-        return src, (f"a DistributedDataParallel program ({pre.k} replicas of batch {pre.replica_batch} on a "
-                     f"DeviceMesh)"), torchrun_line(pre.k, path)
-    if not isinstance(pre, Prepared):
-        raise InvalidInput(f"{label}: placer export cannot write this plan ({type(pre).__name__})")
-    src = export_source(pre.prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
-                        algorithm=algorithm, fingerprint=fingerprint)
-    return src, (f"{len(pre.prog.sequence)} nodes on {len(pre.prog.devices)} device(s), {len(pre.prog.transfers)} "
-                 f"copies"), None
-
-
-def check_exportable(pre, label: str) -> None:
-    """Refuse, before a run, what :func:`export_program` cannot write (one line)."""
-    from .api import Prepared
-    from .data_parallel import DPPrepared
-    from .plan import DerivedPrepared
-
-    if not isinstance(pre, (Prepared, DerivedPrepared, DPPrepared)):
-        raise InvalidInput(f"{label}: placer export cannot write this plan ({type(pre).__name__})")

@@ -27,7 +27,8 @@ from celeritas_cli.model.graph import Graph  # noqa: E402
 from celeritas_cli.model.jsonio import write_json  # noqa: E402
 from celeritas_cli.profile.models import resolve_model  # noqa: E402
 from celeritas_cli.run import api  # noqa: E402
-from celeritas_cli.run.export import export_program, fingerprint, torchrun_line  # noqa: E402
+from celeritas_cli.run.export import fingerprint, torchrun_line  # noqa: E402
+from celeritas_cli.run.export_plan import export_program  # noqa: E402
 from celeritas_cli.run.fsdp_export import unit_modules  # noqa: E402
 from celeritas_cli.run.step import capture_real  # noqa: E402
 

@@ -5,7 +5,7 @@ model whose parameters differ from the profiled graph's, a model file changed si
 
 Most tests call the generated ``launch_check`` / ``model_check`` in this process (the module run
 without its ``main``); two run the program as a process (``python fsdp.py``: no torchrun, so one
-process of a two-process plan), one under torchrun (slow)."""
+process of a two-process plan), one under torchrun."""
 
 from __future__ import annotations
 
@@ -204,8 +204,8 @@ def test_the_program_with_a_changed_model_stops_in_one_line_before_a_step(tmp_pa
     assert not list(tmp_path.glob("out.*"))
 
 
-@pytest.mark.slow
 def test_torchrun_with_another_process_count_says_so_once(tmp_path):
+    """(A few seconds: the programs stop before torch loads.)"""
     path, _, line = export_fsdp(tmp_path, 3)
     r = torchrun(tmp_path, 3, path, env={"PLACER_EXPORT_OUT": str(tmp_path / "out")})
     assert r.returncode != 0 and "loss " not in r.stdout
