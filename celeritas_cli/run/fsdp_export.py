@@ -37,9 +37,16 @@ How each ZeRO stage is written (Rajbhandari et al., "ZeRO", SC'20, section
 Units: the recipe's units (:func:`~celeritas_cli.transform.fsdp_units.fsdp_plan`,
 as :func:`~.fsdp_run.prepare_fsdp` rebuilds them) are sets of parameters;
 ``fully_shard`` wraps modules, so each unit becomes the largest modules all
-of whose parameters are in it (a list of modules is one FSDP2 group).  A
-unit that shares a module's parameters with another unit (``unit_mb`` cut
-inside a layer) cannot be written and is refused in one line.
+of whose parameters are in it and read only inside them (a list of modules
+is one FSDP2 group; :func:`unit_modules`).  Which module reads a parameter
+is found by one forward on the meta device (:func:`param_readers`): a
+parameter read outside its module - GPT's tied ``wte.weight``, read again by
+the root's output projection - cannot be resharded with that module (FSDP2
+would hand the root a sharded tensor), so, like a unit cut inside a module
+(``unit_mb``), it joins the root's group (``IN_ROOT``; FSDP's rule that a
+shared parameter belongs to the lowest common ancestor of its users).
+Deviation: such a parameter is gathered with the root, for the whole
+forward, not as its own unit.
 
 A plain data-parallel plan (``place --algo data-parallel``, :mod:`.data_parallel`)
 is the same program without sharding (``STAGE = 0``): ``DistributedDataParallel``
@@ -49,8 +56,13 @@ VLDB 2020).
 
 The numerics are the plan's yardstick (:func:`~.reference.replica_reference`):
 each replica's loss on its shard, the gradients averaged over the replicas
-(FSDP2 and DDP average), then Adam (``foreach=False``).  Deviation: no
-mixed precision, BatchNorm statistics per replica (as DDP).
+(FSDP2 and DDP average), then Adam (``foreach=False``).  Deviations: no
+mixed precision; BatchNorm statistics per replica (as DDP); random ops
+(dropout) draw their masks from each rank's own generator, all seeded alike,
+where ``placer run`` replays the reference's masks - so a model with dropout
+matches the unplaced step in distribution, not bit for bit (the zoo's
+Transformer and GPT, dropout replaced by the identity in both, match to
+2.4e-10 on 2 processes; measured, not a test).
 """
 
 from __future__ import annotations
@@ -246,35 +258,103 @@ if __name__ == "__main__":
 '''
 
 
-def unit_modules(model, units: list[tuple[str, list[str]]], label: str = "placement") -> list[tuple[str, list[str]]]:
-    """Per unit ``(name, parameter names)``: ``(name, module paths)``, the largest modules of
-    *model* whose parameters (shared ones counted once, by identity) all belong to the unit; a
-    unit whose modules do not hold exactly its parameters is refused (module docstring).
+def param_readers(model, batch: int) -> dict[str, set[str]]:
+    """Per parameter name: the paths of the modules in whose own forward (the innermost module
+    running) a torch function took it, found by one forward and loss of *model* (built on the
+    meta device) at *batch* under a ``TorchFunctionMode``.  A tied weight read by its module and
+    again by the root (``F.linear(x, self.wte.weight)``) has both ``"wte"`` and ``""``.
+
+    >>> import torch
+    >>> class Tied(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.emb = torch.nn.Embedding(5, 3)
+    ...     def forward(self, x):
+    ...         return torch.nn.functional.linear(self.emb(x), self.emb.weight)
+    ...     def example_inputs(self, b):
+    ...         return (torch.zeros(b, 2, dtype=torch.long),)
+    >>> with torch.device("meta"):
+    ...     m = Tied()
+    >>> param_readers(m, 2)
+    {'emb.weight': {'', 'emb'}}
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_leaves
+
+    canon = {id(p): n for n, p in model.named_parameters()}
+    path_of = {id(m): n for n, m in model.named_modules()}
+    stack = [""]
+    readers: dict[str, set[str]] = {}
+
+    class Reads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            for a in tree_leaves((args, kwargs or {})):
+                if isinstance(a, torch.nn.Parameter) and id(a) in canon:
+                    readers.setdefault(canon[id(a)], set()).add(stack[-1])
+            return func(*args, **(kwargs or {}))
+
+    def enter(mod, args) -> None:
+        stack.append(path_of.get(id(mod), stack[-1]))
+
+    def leave(mod, args, out) -> None:      # returns None: the output stays the module's
+        stack.pop()
+
+    hooks = []
+    for mod in model.modules():
+        hooks += [mod.register_forward_pre_hook(enter), mod.register_forward_hook(leave)]
+    try:
+        with torch.device("meta"):
+            inputs = tuple(model.example_inputs(batch))
+            target = model.example_target(batch) if hasattr(model, "example_target") else None
+        with Reads():
+            out = model(*inputs)
+            if hasattr(model, "loss"):
+                model.loss(out, target)
+    finally:
+        for h in hooks:
+            h.remove()
+    return readers
+
+
+def unit_modules(model, units: list[tuple[str, list[str]]],
+                 readers: dict[str, set[str]] | None = None) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """``fully_shard`` groups of the plan's units (module docstring): per unit ``(name, parameter
+    names)``, ``(name, module paths)`` - the largest modules whose parameters (shared ones counted
+    once, by identity) all belong to the unit, less those with a parameter that a module outside
+    the group reads (*readers*: :func:`param_readers`) - and the parameters no module left
+    holds, which the root's group holds instead (a tied weight the root reads, a unit cut
+    inside a module).
 
     >>> import torch
     >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
     >>> unit_modules(m, [("a", ["0.weight", "0.bias"]), ("b", ["1.0.weight", "1.0.bias"])])
-    [('a', ['0']), ('b', ['1'])]
-    >>> unit_modules(m, [("all", ["0.weight", "0.bias", "1.0.weight", "1.0.bias"])])
-    [('all', [''])]
+    ([('a', ['0']), ('b', ['1'])], [])
+    >>> unit_modules(m, [("a", ["0.weight"]), ("b", ["0.bias", "1.0.weight", "1.0.bias"])])
+    ([('a', []), ('b', ['1'])], ['0.weight', '0.bias'])
     """
+    readers = readers or {}
     canon = {id(p): n for n, p in model.named_parameters()}
     held = {path: {canon[id(p)] for p in mod.parameters()} for path, mod in model.named_modules()}
-    out = []
+
+    def inside(path: str, reader: str) -> bool:
+        return path == "" or reader == path or reader.startswith(path + ".")
+
+    out, rest = [], []
     for name, params in units:
         mine = set(params)
         full = [path for path, ps in held.items() if ps and ps <= mine]
-        top = [path for path in full
-               if not any(q != path and (q == "" or path.startswith(q + ".")) for q in full)]
+        top = [path for path in full if not any(q != path and inside(q, path) for q in full)]
+        while True:       # drop a module one of whose parameters a module outside the group reads
+            keep = [path for path in top
+                    if all(any(inside(t, r) for t in top) for q in held[path] for r in readers.get(q, ()))]
+            if keep == top:
+                break
+            top = keep
         got = set().union(*(held[p] for p in top)) if top else set()
-        if got != mine:
-            miss = sorted(mine - got)[0]
-            owner = miss.rsplit(".", 1)[0] if "." in miss else "the root module"
-            raise InvalidInput(f"{label}: fsdp unit '{name}' holds {miss} but not every parameter of {owner} "
-                               f"(fully_shard wraps whole modules): place it again with unit_mb=0 (one unit "
-                               f"per module)")
         out.append((name, top))
-    return out
+        rest += [q for q in params if q not in got]
+    return out, rest
 
 
 def fsdp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | None = None,
@@ -287,8 +367,8 @@ def fsdp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict |
     Raises
     ------
     InvalidInput
-        A unit that whole modules cannot hold (:func:`unit_modules`), or a batch the replicas
-        do not share evenly.
+        A model whose forward the meta device cannot run (:func:`param_readers`), or a batch
+        the replicas do not share evenly.
     """
     from ..profile.capture import build_meta
     from ..profile.models import resolve_model
@@ -300,9 +380,17 @@ def fsdp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict |
     if pre.global_batch % k:
         raise InvalidInput(f"{label}: {k} replicas cannot share a batch of {pre.global_batch} evenly")
     units: list = []
+    in_root: list[str] = []
     if stage > 1:
         factory, _ = resolve_model(step.spec, dict(step.config or {}))
-        units = unit_modules(build_meta(factory), [(n, [names[p] for p in ps]) for n, ps in pre.units], label)
+        model = build_meta(factory)
+        try:
+            readers = param_readers(model, pre.replica_batch)
+        except Exception as exc:  # noqa: BLE001 - a model the meta device cannot run
+            raise InvalidInput(f"{label}: cannot find which modules read each parameter (a forward on the meta "
+                               f"device failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                               f"), which fully_shard needs") from None
+        units, in_root = unit_modules(model, [(n, [names[p] for p in ps]) for n, ps in pre.units], readers)
     launch = torchrun_line(k, path)
     config = f" with config {step.config}" if step.config else ""
     title = f"ZeRO stage {stage}" if stage else "Data-parallel"
@@ -316,6 +404,9 @@ def fsdp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict |
               f"REPLICA_DEVICES = {[cluster.ids[d] for d in pre.devices]!r}\n"
               f"#: (unit, module paths fully_shard wraps together), in the plan's order (stages 2-3)\n"
               f"UNITS = [\n{unit_lines}]\n"
+              f"#: parameters of the units that no module of theirs holds whole or reads alone (a tied weight\n"
+              f"#: the root reads, a unit cut inside a module): the root's group holds them (stages 2-3)\n"
+              f"IN_ROOT = {in_root!r}\n"
               f"RESHARD_AFTER_FORWARD = {stage == 3!r}\n"
               f"#: the simulated step of the plan (placer's simulator, seconds)\n"
               f"SIMULATED_STEP_S = {float(pre.sim['makespan_s'])!r}\n"

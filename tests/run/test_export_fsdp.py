@@ -29,12 +29,48 @@ from celeritas_cli.profile.models import resolve_model  # noqa: E402
 from celeritas_cli.run import api  # noqa: E402
 from celeritas_cli.run.export import fingerprint, torchrun_line  # noqa: E402
 from celeritas_cli.run.export_plan import export_program  # noqa: E402
-from celeritas_cli.run.fsdp_export import unit_modules  # noqa: E402
+from celeritas_cli.run.fsdp_export import param_readers, unit_modules  # noqa: E402
 from celeritas_cli.run.step import capture_real  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MLP = f"{ROOT / 'examples' / 'tiny_mlp.py'}:TinyMLP"
 CFG = {"width": 16}
+#: a language model whose output projection is its embedding's weight, read by the root's forward
+#: (GPT's tied wte): FSDP2 cannot reshard it with its own module, so the root's group holds it
+TIED_LM = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TiedLM(nn.Module):
+    def __init__(self, width=16, vocab=11):
+        super().__init__()
+        self.vocab = vocab
+        self.wte = nn.Embedding(vocab, width)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(2)])
+        self.ln_f = nn.LayerNorm(width)
+
+    def forward(self, idx):
+        h = self.wte(idx)
+        for block in self.blocks:
+            h = h + block(h)
+        return F.linear(self.ln_f(h), self.wte.weight)
+
+    def example_inputs(self, batch):
+        return (torch.randint(0, self.vocab, (batch, 6)),)
+
+    def example_target(self, batch):
+        return torch.randint(0, self.vocab, (batch, 6))
+
+    def loss(self, out, target):
+        return F.cross_entropy(out.reshape(-1, self.vocab), target.reshape(-1))
+'''
+
+
+def tied_lm(tmp_path) -> str:
+    (tmp_path / "tied_lm.py").write_text(TIED_LM)
+    return f"{tmp_path / 'tied_lm.py'}:TiedLM"
 _STEPS: dict = {}
 
 
@@ -121,26 +157,50 @@ def test_size_policy_units_of_several_modules_are_one_fully_shard_group(tmp_path
     assert tables(src)["UNITS"] == [("unit0", ["l1", "l2"]), ("unit1", ["l3"])]
 
 
-def test_unit_modules_takes_the_largest_whole_modules_and_counts_a_tied_weight_once():
+def test_unit_modules_takes_the_largest_whole_modules_and_leaves_a_weight_read_outside_to_the_root():
     nn = torch.nn
 
     class Tied(nn.Module):
-        def __init__(self):
+        """emb.weight is read by emb, by head (the same Parameter) and, with *root_reads*, by the root."""
+
+        def __init__(self, root_reads=False):
             super().__init__()
+            self.root_reads = root_reads
             self.emb = nn.Embedding(5, 3)
             self.body = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
             self.head = nn.Linear(3, 5, bias=False)
             self.head.weight = self.emb.weight
 
-    m = Tied()
+        def forward(self, x):
+            h = self.body(self.emb(x))
+            return nn.functional.linear(h, self.emb.weight) if self.root_reads else self.head(h)
+
+        def example_inputs(self, b):
+            return (torch.zeros(b, 2, dtype=torch.long),)
+
+    with torch.device("meta"):
+        m, r = Tied(), Tied(root_reads=True)
     names = [n for n, _ in m.named_parameters()]
     assert names == ["emb.weight", "body.0.weight", "body.0.bias", "body.1.weight", "body.1.bias"]
-    got = unit_modules(m, [("emb", ["emb.weight"]), ("body", names[1:])])
-    assert got == [("emb", ["emb", "head"]), ("body", ["body"])]     # head holds only the tied weight
-    assert unit_modules(m, [("b0", names[1:3]), ("b1", names[3:]), ("emb", names[:1])])[:2] == [
-        ("b0", ["body.0"]), ("b1", ["body.1"])]
-    with pytest.raises(InvalidInput, match="fsdp unit 'half' holds body.0.weight but not every parameter of body.0"):
-        unit_modules(m, [("half", ["body.0.weight"])])
+    units = [("emb", ["emb.weight"]), ("body", names[1:])]
+    reads = param_readers(m, 2)
+    assert reads == {"emb.weight": {"emb", "head"}, "body.0.weight": {"body.0"}, "body.0.bias": {"body.0"},
+                     "body.1.weight": {"body.1"}, "body.1.bias": {"body.1"}}
+    # head holds only the tied weight: emb and head are one group, which reads it alone
+    assert unit_modules(m, units, reads) == ([("emb", ["emb", "head"]), ("body", ["body"])], [])
+    # the root reads it (GPT's tied output projection): the root's group holds it
+    assert param_readers(r, 2)["emb.weight"] == {"emb", ""}
+    assert unit_modules(r, units, param_readers(r, 2)) == ([("emb", []), ("body", ["body"])], ["emb.weight"])
+    # a unit cut inside a module (body.0's weight and bias apart): the root's group holds the cut parameters
+    got = unit_modules(m, [("w", ["body.0.weight"]), ("rest", names[2:])], reads)
+    assert got == ([("w", []), ("rest", ["body.1"])], ["body.0.weight", "body.0.bias"])
+
+
+def test_a_tied_weight_the_root_reads_is_left_to_the_root_group(tmp_path):
+    _, src, _ = export_fsdp(tmp_path, 3, spec=tied_lm(tmp_path))
+    ns = tables(src)
+    assert ns["UNITS"] == [("wte", []), ("blocks.0", ["blocks.0"]), ("blocks.1", ["blocks.1"]), ("ln_f", ["ln_f"])]
+    assert ns["IN_ROOT"] == ["wte.weight"]
 
 
 def test_torchrun_line_quotes_the_path():
@@ -157,14 +217,14 @@ def reference(spec: str, k: int, batch: int, replicas=None) -> tuple[float, dict
     torch.manual_seed(0)
     model = factory()
     torch.manual_seed(1)
-    x, y = model.example_inputs(batch)[0], model.example_target(batch)
+    xs, y = model.example_inputs(batch), model.example_target(batch)
     init = {n: p.detach().clone() for n, p in model.named_parameters()}
     b = batch // k
     grads: dict = {}
     losses = []
     for r in range(k):
         model.zero_grad()
-        loss = model.loss(model(x[r * b:(r + 1) * b]), y[r * b:(r + 1) * b])
+        loss = model.loss(model(*(x[r * b:(r + 1) * b] for x in xs)), y[r * b:(r + 1) * b])
         loss.backward()
         losses.append(float(loss.detach()))
         for n, p in model.named_parameters():
@@ -186,8 +246,8 @@ def torchrun(tmp_path, nproc: int, program: Path, *args: str, env: dict | None =
     return subprocess.run(cmd, cwd=tmp_path, env=e, capture_output=True, text=True, timeout=600)
 
 
-def check_against_reference(tmp_path, k: int, batch: int, prefix: Path) -> None:
-    want_loss, want, init = reference(MLP, k, batch)
+def check_against_reference(tmp_path, k: int, batch: int, prefix: Path, spec: str = MLP) -> None:
+    want_loss, want, init = reference(spec, k, batch)
     for r in range(k):
         got = torch.load(f"{prefix}.{r}")
         assert got["loss"] == pytest.approx(want_loss, rel=1e-4)
@@ -206,6 +266,15 @@ def test_exported_program_under_torchrun_matches_the_unplaced_step(tmp_path, sta
     lines = r.stdout.splitlines()
     assert any(ln.startswith("step: measured ") and "(median of 2), simulated " in ln for ln in lines), r.stdout
     assert sum(ln.startswith("loss ") for ln in lines) == 1                 # rank 0 reports
+
+
+@pytest.mark.slow
+def test_exported_program_with_a_tied_weight_in_the_root_group_matches(tmp_path):
+    spec = tied_lm(tmp_path)
+    path, _, _ = export_fsdp(tmp_path, 3, spec=spec)
+    r = torchrun(tmp_path, 2, path, "--steps", "1", env={"PLACER_EXPORT_OUT": str(tmp_path / "out")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    check_against_reference(tmp_path, 2, 4, tmp_path / "out", spec=spec)
 
 
 @pytest.mark.slow
