@@ -208,6 +208,9 @@ def full_parameters(model):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     launch_check(argv)
+    steps = os.environ.get("PLACER_STEPS") or _option(argv, "--steps") or "3"
+    if not steps.isdigit():
+        _wrong(f"--steps {steps}: expected the number of timed steps after the first (0 or more)")
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     model = build_model()
     model_check(model)
@@ -234,7 +237,7 @@ def main(argv=None):
         params = full_parameters(model)
         torch.save({"loss": loss, "params": params}, f"{out}.{rank}")
     walls = []
-    for _ in range(int(os.environ.get("PLACER_STEPS") or _option(argv, "--steps") or 3)):
+    for _ in range(int(steps)):
         dist.barrier()
         sync()
         t0 = time.perf_counter()

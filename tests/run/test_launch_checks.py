@@ -211,3 +211,10 @@ def test_torchrun_with_another_process_count_says_so_once(tmp_path):
     assert r.returncode != 0 and "loss " not in r.stdout
     assert r.stderr.count(f"fsdp.py: started as 3 process(es), but the plan runs 2: launch it with `{line}`") == 1
     assert not list(tmp_path.glob("out.*"))
+
+
+def test_a_bad_steps_argument_stops_in_one_line(tmp_path, launch_env):
+    path, _, _ = export_fsdp(tmp_path, 3)
+    mod = load(path)
+    assert stops(mod.main, ["--steps", "two"]) == ("fsdp.py: --steps two: expected the number of timed steps after "
+                                                   "the first (0 or more)")
