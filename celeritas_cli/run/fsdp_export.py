@@ -82,7 +82,8 @@ Launch it with
     {launch}
 
 (each process on cuda:LOCAL_RANK when its host has that GPU, else the CPU; NCCL when it is a GPU,
-else gloo).  Before any step every process checks the launch (launch_check, model_check: the
+else gloo; on H hosts, torchrun --nnodes H --nproc-per-node {k}/H --rdzv-backend c10d
+--rdzv-endpoint HOST:PORT on each, {k} processes in all).  Before any step every process checks the launch (launch_check, model_check: the
 process count, the graph and cluster it was exported for with --graph FILE / --cluster NAME|FILE,
 the model's parameter shapes and file) and stops in one line when it is wrong.  Rank 0 then prints
 the first step's loss and the measured step time (the median of --steps N timed steps after it,
