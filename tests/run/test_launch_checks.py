@@ -218,3 +218,29 @@ def test_a_bad_steps_argument_stops_in_one_line(tmp_path, launch_env):
     mod = load(path)
     assert stops(mod.main, ["--steps", "two"]) == ("fsdp.py: --steps two: expected the number of timed steps after "
                                                    "the first (0 or more)")
+
+
+def test_the_derived_export_checks_in_placed_step(tmp_path, launch_env):
+    """placer's own code for a micro-batched plan (one process) carries the same checks."""
+    from celeritas_cli.run.derived_export import export_derived
+    from tests.profile.test_profile_torch import TinyMLP
+
+    from .test_pipeline_run import MLP as MOD_MLP
+    from .test_pipeline_run import plan
+    from .test_pipeline_run import step_of as pipe_step
+
+    p, c = plan(MOD_MLP, 8, 2, "1f1b", recompute=True)
+    pre = api.prepare(MOD_MLP, 8, p, c, step=pipe_step(MOD_MLP, 8))
+    fp = fingerprint(graph=pre.sim_graph.name, graph_path=None, cluster=c, spec=MOD_MLP)
+    src, why = export_derived(pre, c, label="p.json", algorithm="pipeline", fingerprint=fp)
+    assert why.startswith("placer's own code") and fp["model_file"] is None      # a module: no file to hash
+    (tmp_path / "own.py").write_text(src)
+    mod = load(tmp_path / "own.py", "own_launch")
+    assert mod.PROCESSES == 1 and mod.FINGERPRINT == fp
+    assert stops(mod.PlacedStep, TinyMLP()).startswith("own.py: started as 2 process(es), but the plan runs 1")
+    launch_env.setenv("WORLD_SIZE", "1")
+    narrow = TinyMLP()
+    narrow.l2 = torch.nn.Linear(16, 3)
+    msg = stops(mod.PlacedStep, narrow)
+    assert msg.startswith(f"own.py: {MOD_MLP} no longer builds the profiled graph: parameter l2.weight is (3, 16)")
+    mod.PlacedStep(TinyMLP())
