@@ -21,7 +21,6 @@ from click.testing import CliRunner  # noqa: E402
 
 from celeritas_cli import registry  # noqa: E402
 from celeritas_cli.cli import main  # noqa: E402
-from celeritas_cli.errors import InvalidInput  # noqa: E402
 from celeritas_cli.model.cluster import uniform  # noqa: E402
 from celeritas_cli.model.graph import Graph  # noqa: E402
 from celeritas_cli.model.jsonio import write_json  # noqa: E402
