@@ -254,6 +254,7 @@ def main(argv=None):
             ratio = f", measured/simulated {med / SIMULATED_STEP_S:.2f}" if SIMULATED_STEP_S > 0 else ""
             print(f"step: measured {med:.6g} s (median of {len(walls)}), simulated {SIMULATED_STEP_S:.6g} s{ratio}")
         sys.stdout.flush()
+    dist.barrier()              # every rank done before any tears its connections down (gloo aborts otherwise)
     dist.destroy_process_group()
 
 
