@@ -114,9 +114,12 @@ class WrongLaunch(SystemExit):
 
 def _wrong(msg):
     import os
+    import time
 
-    first = int(os.environ.get("RANK", "0") or 0) == 0
-    raise WrongLaunch(f"{os.path.basename(__file__)}: {msg}" if first else 1)
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        raise WrongLaunch(f"{os.path.basename(__file__)}: {msg}")
+    time.sleep(2.0)     # the other ranks: torchrun stops the job at the first exit, so rank 0 says it first
+    raise WrongLaunch(1)
 
 
 def _sha256(path):

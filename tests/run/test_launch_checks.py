@@ -5,7 +5,7 @@ model whose parameters differ from the profiled graph's, a model file changed si
 
 Most tests call the generated ``launch_check`` / ``model_check`` in this process (the module run
 without its ``main``); two run the program as a process (``python fsdp.py``: no torchrun, so one
-process of a two-process plan), one under torchrun."""
+process of a two-process plan), one under torchrun (slow)."""
 
 from __future__ import annotations
 
@@ -78,10 +78,12 @@ def test_another_process_count_is_refused_with_the_torchrun_line(tmp_path, launc
     launch_env.setenv("WORLD_SIZE", "3")
     msg = stops(mod.launch_check, [])
     assert msg == f"fsdp.py: started as 3 process(es), but the plan runs 2: launch it with `{line}`"
-    launch_env.setenv("RANK", "2")                      # the other ranks stop quietly, with the same status
+    launch_env.setenv("RANK", "2")       # the other ranks stop quietly, with the same status, after a grace
+    slept = []
+    launch_env.setattr("time.sleep", slept.append)
     with pytest.raises(SystemExit) as exc:
         mod.launch_check([])
-    assert exc.value.code == 1
+    assert exc.value.code == 1 and slept == [2.0]
 
 
 def test_another_graph_file_is_refused(tmp_path, launch_env):
@@ -204,8 +206,10 @@ def test_the_program_with_a_changed_model_stops_in_one_line_before_a_step(tmp_pa
     assert not list(tmp_path.glob("out.*"))
 
 
+@pytest.mark.slow
 def test_torchrun_with_another_process_count_says_so_once(tmp_path):
-    """(A few seconds: the programs stop before torch loads.)"""
+    """(Seconds: torchrun starts; the programs stop before torch loads.  The in-process test of
+    the process count is the fast one.)"""
     path, _, line = export_fsdp(tmp_path, 3)
     r = torchrun(tmp_path, 3, path, env={"PLACER_EXPORT_OUT": str(tmp_path / "out")})
     assert r.returncode != 0 and "loss " not in r.stdout
