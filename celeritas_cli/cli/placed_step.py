@@ -11,7 +11,6 @@ from typing import Callable, NamedTuple
 
 import click
 
-from ..errors import InvalidInput
 from ..model.congestion import DEFAULT_CONGESTION
 from ..model.io import load_graph, load_placement
 from ..model.jsonio import label_of, write_bytes
@@ -132,37 +131,25 @@ def prepare_step(command: str, model, batch_size, config, placement_path, graph_
 
 
 def check_exportable(pre, label: str) -> None:
-    """Export writes one process's placed step, or a pipeline; a plain data-parallel placement is neither."""
-    from ..run.api import Prepared
-    from ..run.plan import DerivedPrepared
+    """Refuse what export cannot write (:func:`celeritas_cli.run.export_plan.check_exportable`)."""
+    from ..run.export_plan import check_exportable as check
 
-    from ..run.fsdp_run import FSDPPrepared
-
-    if isinstance(pre, FSDPPrepared):
-        raise InvalidInput(f"{label}: an fsdp placement is not exported (each process holds a shard of the model: "
-                           f"use torch FullyShardedDataParallel); run it with placer run --backend gloo")
-    if not isinstance(pre, (Prepared, DerivedPrepared)):
-        raise InvalidInput(f"{label}: a data-parallel placement is not exported (it is one model per process: use "
-                           f"torch DistributedDataParallel); run it with placer run --backend gloo")
+    check(pre, label)
 
 
 def write_source(pre, inp: Inputs, path: str, say: Callable[[str], None] | None = None) -> None:
-    """Write the placed step *pre* as Python source to *path* (``-``: stdout) and say what it wrote:
-    placer's own code (:mod:`celeritas_cli.run.export`), or for a micro-batched or pipelined placement
-    a ``torch.distributed.pipelining`` program where it can be (:mod:`celeritas_cli.run.derived_export`)."""
-    from ..run.plan import DerivedPrepared
+    """Write the program of the placed step *pre* to *path* (``-``: stdout), made for the inputs'
+    graph file, cluster and model (:func:`celeritas_cli.run.export_plan.export_program`), and say what
+    it wrote and, for a multi-process program, the torchrun line that launches it."""
+    from ..run.export import fingerprint
+    from ..run.export_plan import export_program
 
-    if isinstance(pre, DerivedPrepared):
-        from ..run.derived_export import export_derived
-
-        src, what = export_derived(pre, inp.cluster, label=inp.label, algorithm=inp.placement.algorithm)
-    else:
-        from ..run.export import export_source
-
-        src = export_source(pre.prog, inp.cluster.ids, pre.tdev, graph=pre.sim_graph.name, cluster=inp.cluster.name,
-                            label=inp.label, algorithm=inp.placement.algorithm)
-        what = (f"{len(pre.prog.sequence)} nodes on {len(pre.prog.devices)} device(s), {len(pre.prog.transfers)} "
-                f"copies")
+    graph_path = inp.graph_label if inp.graph is not None and inp.graph_label != "<stdin>" else None
+    fp = fingerprint(graph=pre.sim_graph.name, graph_path=graph_path, cluster=inp.cluster, spec=inp.spec)
+    src, what, line = export_program(pre, inp.cluster, label=inp.label, algorithm=inp.placement.algorithm,
+                                     fingerprint=fp, path=path)
     write_bytes(src.encode(), path)
     if say is not None:
         say(f"wrote {'the placed step' if path == '-' else path}: {what}")
+        if line:
+            say(f"launch it with: {line}")

@@ -18,7 +18,8 @@ from __future__ import annotations
 import operator
 import re
 
-from .export import _HELPERS, FxEmitter, _adam_marker, _to_marker, _wrap, preamble, python_source
+from .export import (_HELPERS, FxEmitter, _adam_marker, _to_marker, _wrap, launch_check_source, param_shapes, preamble,
+                     python_source)
 from .derived_executor import KeyedValues
 from .executor import ADAM
 
@@ -63,7 +64,10 @@ _CLASS = '''
 class PlacedStep:
     """Owns every replica's placed parameters, buffers and Adam state; call it once per batch."""
 
-    def __init__(self, model, lr=LR, betas=BETAS, eps=EPS):
+    def __init__(self, model, lr=LR, betas=BETAS, eps=EPS, check=True):
+        if check:               # one process, the exported graph's model (launch_check, model_check)
+            launch_check([])
+            model_check(model)
         named = dict(model.named_parameters())
         bufs = dict(model.named_buffers())
         if [n for n, _ in PARAMETERS[0]] != list(named) or [n for n, _ in BUFFERS[0]] != list(bufs):
@@ -211,9 +215,10 @@ class _DerivedEmitter(KeyedValues, FxEmitter):
 
 
 def derived_source(prog, cluster_ids: list[str], tdev: dict[int, str], *, graph: str, cluster: str, label: str,
-                     algorithm: str, why: str) -> str:
+                     algorithm: str, why: str, fingerprint: dict | None = None) -> str:
     """Python source of the derived placement *prog* as placer's own code
-    (module docstring); *why*: why it is not a pipelining schedule."""
+    (module docstring); *why*: why it is not a pipelining schedule; *fingerprint*: what it was
+    exported for (:func:`~.export.fingerprint`, checked by ``PlacedStep``)."""
     em = _DerivedEmitter(prog, cluster_ids)
     src = python_source(em.emit(), _ALL_HELPERS)
     sm, lay = prog.sm, prog.layout
@@ -233,11 +238,13 @@ def derived_source(prog, cluster_ids: list[str], tdev: dict[int, str], *, graph:
                   n_inst=len(lay.sizes), devices=repr({cluster_ids[d]: tdev[d] for d in prog.devices}),
                   replicas=lay.k, params=_wrap(params), buffers=_wrap(buffers),
                   updated=repr([(r, p) for r, p, _ in em.updates]), lr=ADAM["lr"], betas=ADAM["betas"], eps=ADAM["eps"])
-    head = preamble(_DOC, _TABLES, _ROWS).format(**fields)
+    checks = launch_check_source(processes=1, launch="python your_training_script.py (one process)",
+                                 fingerprint=fingerprint, parameters=param_shapes(whole))
+    head = preamble(_DOC, _TABLES, _ROWS, checks=checks).format(**fields)
     return head + src + _CLASS
 
 
-def export_derived(pre, cluster, *, label: str, algorithm: str) -> tuple[str, str]:
+def export_derived(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | None = None) -> tuple[str, str]:
     """Source of a derived placement (:class:`~.plan.DerivedPrepared`) and one
     line saying what it is: a ``torch.distributed.pipelining`` program where
     :func:`~.pipe_export.why_not` finds no reason against it, else placer's
@@ -256,6 +263,6 @@ def export_derived(pre, cluster, *, label: str, algorithm: str) -> tuple[str, st
                      f"split at {', '.join(plan.split_points)}, {plan.m} micro-batches; run it with torchrun "
                      f"--nproc-per-node {plan.p})")
     src = derived_source(prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
-                           algorithm=algorithm, why=why)
+                           algorithm=algorithm, why=why, fingerprint=fingerprint)
     return src, (f"placer's own code (torch.fx, one process: {prog.graph.n} derived nodes on {len(prog.devices)} "
                  f"device(s), {len(prog.transfers)} copies), not a pipelining schedule: {why}")

@@ -8,6 +8,27 @@ copies (once per tensor and destination device, right after the producer),
 device>)``; torch.fx generates the code.  The module written around it has
 a ``DEVICES`` table (cluster device -> torch device, editable), the helpers,
 ``placed_step(...)`` and a ``PlacedStep`` class for a training loop.
+
+What every exporter shares lives here too (no exporter imports another's
+module for it; :mod:`.export_plan` picks the exporter):
+
+* :func:`torchrun_line` - the exact command that launches a program of N
+  processes, for its docstring and for ``placer export``'s stderr;
+* :func:`fingerprint` - what a program was exported for: the graph file's
+  sha256, the cluster's name and digest, the model file's sha256;
+* :func:`launch_check_source` - the launch checks a program carries
+  (``launch_check(argv)``, ``model_check(model)``): a wrong launch stops in
+  one line, exit status 1, before any step.  Checkable at launch: the
+  process count (``WORLD_SIZE``, 1 without torchrun); the graph file when
+  it is given (``--graph FILE``) or still where it was exported from; the
+  cluster when it is given (``--cluster NAME|FILE``: name and digest; a
+  launch cannot tell which cluster its machines are otherwise); the model's
+  parameter names and shapes against the capture's (``PARAMETER_SHAPES``:
+  the profiled graph's, since export refuses a graph the capture does not
+  match) and, those equal, the model file's sha256.  A zoo model or an
+  importable module has no file to hash: its shapes are checked.
+  ``PLACER_IGNORE_FINGERPRINT=1`` skips the graph, cluster and model-file
+  checks, never the process count or the shapes.
 """
 
 from __future__ import annotations
@@ -37,7 +58,9 @@ Usage::
     for x, y in loader:
         loss = step(x, target=y)                # forward, backward and Adam update, placed
 
-Edit DEVICES to run the cluster devices on other torch devices.
+Edit DEVICES to run the cluster devices on other torch devices.  PlacedStep(model) first checks
+that this is one process (no torchrun) and that the model has the parameters the graph recorded
+(launch_check, model_check: one line, exit status 1; check=False skips them).
 """
 '''
 
@@ -83,12 +106,184 @@ _ADAM = '''def _adam(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, e
 '''
 
 
-def preamble(doc: str, tables: str, *helpers: str) -> str:
+#: the launch checks every exported program carries (:func:`launch_check_source`): plain source
+_CHECKS = '''
+class WrongLaunch(SystemExit):
+    """Launched otherwise than exported for: one line on stderr (rank 0's), exit status 1."""
+
+
+def _wrong(msg):
+    import os
+    import time
+
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        raise WrongLaunch(f"{os.path.basename(__file__)}: {msg}")
+    time.sleep(2.0)     # the other ranks: torchrun stops the job at the first exit, so rank 0 says it first
+    raise WrongLaunch(1)
+
+
+def _sha256(path):
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _option(argv, name):
+    """The value of ``NAME VALUE`` or ``NAME=VALUE`` in *argv*, or None."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg[len(name) + 1:]
+    return None
+
+
+def launch_check(argv=None):
+    """Stop in one line (WrongLaunch) before any step when this program is launched otherwise
+    than it was exported for: WORLD_SIZE (1 without torchrun) is not PROCESSES; the graph file
+    (``--graph FILE``, else the one it was exported from when it is still where it was) has
+    another sha256; ``--cluster NAME|FILE`` is another cluster (name or digest).
+    PLACER_IGNORE_FINGERPRINT=1 skips the graph and cluster checks (not the process count)."""
+    import os
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world != PROCESSES:
+        _wrong(f"started as {world} process(es), but the plan runs {PROCESSES}: launch it with `{LAUNCH}`")
+    fp = FINGERPRINT or {}
+    if os.environ.get("PLACER_IGNORE_FINGERPRINT") == "1":
+        return
+    graph = _option(argv, "--graph")
+    if graph is None and fp.get("graph_file") and os.path.isfile(fp["graph_file"]):
+        graph = fp["graph_file"]
+    if graph is not None and fp.get("graph_sha256"):
+        if not os.path.isfile(graph):
+            _wrong(f"--graph {graph}: no such file")
+        got = _sha256(graph)
+        if got != fp["graph_sha256"]:
+            _wrong(f"exported for graph {fp['graph']!r} ({fp['graph_file']}, sha256 {fp['graph_sha256'][:12]}), but "
+                   f"{graph} has sha256 {got[:12]}: launch the program exported from {graph}, or export again "
+                   f"(PLACER_IGNORE_FINGERPRINT=1 runs it anyway)")
+    cluster = _option(argv, "--cluster")
+    if cluster is not None and fp.get("cluster"):
+        from celeritas_cli.model.io import load_cluster
+
+        try:
+            c = load_cluster(cluster)
+        except Exception as exc:  # noqa: BLE001 - one line
+            _wrong(f"--cluster {cluster}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        if c.name != fp["cluster"] or c.digest() != fp.get("cluster_digest", c.digest()):
+            _wrong(f"exported for cluster {fp['cluster']!r} (digest {fp.get('cluster_digest')}), but --cluster "
+                   f"{cluster} is {c.name!r} (digest {c.digest()}): launch the program exported for it")
+
+
+def model_check(model):
+    """Stop in one line (WrongLaunch) before any step when *model* is not the model the graph
+    was profiled from: other parameter names or shapes than PARAMETER_SHAPES (the capture's), or,
+    the shapes the same, a model file whose sha256 is not FINGERPRINT's."""
+    import os
+
+    fp = FINGERPRINT or {}
+    source = fp.get("model_file") or fp.get("model") or "the model"
+    got = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    want = [(n, tuple(s)) for n, s in PARAMETER_SHAPES]
+    if got != want:
+        have, need = dict(got), dict(want)
+        why = next((f"it has no parameter {n} (the graph recorded {s})" for n, s in want if n not in have), None)
+        why = why or next((f"parameter {n} is {have[n]} but the graph recorded {s}" for n, s in want
+                           if have[n] != s), None)
+        why = why or next((f"it has a parameter {n} {s} the graph did not record" for n, s in got if n not in need),
+                          "its parameters are in another order than the graph recorded")
+        _wrong(f"{source} no longer builds the profiled graph: {why}; profile, place and export it again")
+    mfile = fp.get("model_file")
+    if (mfile and fp.get("model_sha256") and os.path.isfile(mfile)
+            and os.environ.get("PLACER_IGNORE_FINGERPRINT") != "1"):
+        now = _sha256(mfile)
+        if now != fp["model_sha256"]:
+            _wrong(f"model file {mfile} changed since the export (sha256 {fp['model_sha256'][:12]} then, {now[:12]} "
+                   f"now; the same parameter shapes): export again (PLACER_IGNORE_FINGERPRINT=1 runs it anyway)")
+
+
+'''
+
+
+def torchrun_line(nproc: int, path: str = "-") -> str:
+    """The command that starts an exported program of *nproc* processes written to *path*
+    (``-``: ``placed.py``, the name the generated docstrings use).
+
+    >>> torchrun_line(2, "out/fsdp.py")
+    'torchrun --nproc-per-node 2 out/fsdp.py'
+    >>> torchrun_line(4, "-")
+    'torchrun --nproc-per-node 4 placed.py'
+    """
+    import shlex
+
+    return f"torchrun --nproc-per-node {int(nproc)} {shlex.quote('placed.py' if path in ('-', '') else str(path))}"
+
+
+def model_file_of(spec: str) -> str | None:
+    """The Python file a ``--model path/to/file.py:attr`` spec loads (as
+    :func:`~celeritas_cli.profile.models.resolve_model` reads it), else None.
+
+    >>> model_file_of("examples/tiny_mlp.py:TinyMLP"), model_file_of("gpt2"), model_file_of("pkg.mod:Net")
+    ('examples/tiny_mlp.py', None, None)
+    """
+    import os
+
+    if ":" not in spec:
+        return None
+    left = spec.rsplit(":", 1)[0]
+    return left if left.endswith(".py") or "/" in left or os.sep in left else None
+
+
+def fingerprint(*, graph: str, graph_path: str | None, cluster, spec: str) -> dict:
+    """What an exported program was made for (its launch checks): the graph's name, its file and
+    the sha256 of the file's bytes (``None`` for a captured graph or stdin), the cluster's name and
+    :meth:`~celeritas_cli.model.cluster.Cluster.digest`, the ``--model`` spec, its file and that
+    file's sha256 (``None`` for a zoo name or an importable module).  Paths are recorded as given
+    (relative to where ``placer export`` ran), so the same inputs give the same bytes."""
+    import hashlib
+    import os
+
+    def sha(path):
+        if not path or not os.path.isfile(path):
+            return None
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+
+    gfile = graph_path if graph_path and graph_path != "-" else None
+    mfile = model_file_of(spec)
+    return {"graph": graph, "graph_file": gfile, "graph_sha256": sha(gfile), "cluster": cluster.name,
+            "cluster_digest": cluster.digest(), "model": spec, "model_file": mfile, "model_sha256": sha(mfile)}
+
+
+def launch_check_source(*, processes: int, launch: str, fingerprint: dict | None,
+                        parameters: list[tuple[str, tuple]]) -> str:
+    """Plain Python source (no format placeholders) of the launch checks every exported program
+    carries: the tables ``PROCESSES``, ``LAUNCH`` (the command line, :func:`torchrun_line`),
+    ``FINGERPRINT`` (:func:`fingerprint`, or None: no file checks) and ``PARAMETER_SHAPES``
+    (``(name, shape)`` of the capture's parameters, in ``named_parameters()`` order), then
+    ``launch_check(argv=None)`` (the process count, the graph file, ``--cluster``) and
+    ``model_check(model)`` (parameter names and shapes, then the model file's hash).  A program
+    calls both before its first step; a wrong launch stops in one line with exit status 1
+    (``WrongLaunch``, a ``SystemExit``; under torchrun rank 0 says it, the others exit 1 quietly)."""
+    fp = "None" if fingerprint is None else (
+        "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in fingerprint.items()) + "}")
+    shapes = _wrap([(n, tuple(int(x) for x in s)) for n, s in parameters])
+    return ("# launch checks (placer export): a wrong launch stops in one line, exit status 1, before any step\n"
+            f"PROCESSES = {int(processes)!r}\nLAUNCH = {launch!r}\nFINGERPRINT = {fp}\nPARAMETER_SHAPES = {shapes}\n\n"
+            + _CHECKS)
+
+
+def preamble(doc: str, tables: str, *helpers: str, checks: str = "") -> str:
     """The generated module up to ``placed_step``: *doc* (its docstring), the imports, the
     ``DEVICES`` table, *tables*, Adam's hyper-parameters, then ``_dev``, ``_to``, *helpers* and
-    ``_adam`` (format templates)."""
+    ``_adam`` (format templates), then *checks*: plain source (:func:`launch_check_source`, its
+    braces escaped here)."""
     return (doc + _IMPORTS + "DEVICES = {devices}\n" + tables + "LR, BETAS, EPS = {lr!r}, {betas!r}, {eps!r}\n\n\n"
-            + _DEV_TO + "".join(helpers) + _ADAM)
+            + _DEV_TO + "".join(helpers) + _ADAM + checks.replace("{", "{{").replace("}", "}}"))
 
 
 _CLASS = '''
@@ -96,7 +291,10 @@ _CLASS = '''
 class PlacedStep:
     """Owns the placed parameters, buffers and Adam state; call it once per batch."""
 
-    def __init__(self, model, lr=LR, betas=BETAS, eps=EPS):
+    def __init__(self, model, lr=LR, betas=BETAS, eps=EPS, check=True):
+        if check:               # one process, the exported graph's model (launch_check, model_check)
+            launch_check([])
+            model_check(model)
         named = dict(model.named_parameters())
         bufs = dict(model.named_buffers())
         if [n for n, _ in PARAMETERS] != list(named) or [n for n, _ in BUFFERS] != list(bufs):
@@ -281,7 +479,7 @@ class _Emitter(FxEmitter):
 
 
 def export_source(prog, cluster_ids: list[str], tdev: dict[int, str], *, graph: str, cluster: str, label: str,
-                  algorithm: str) -> str:
+                  algorithm: str, fingerprint: dict | None = None) -> str:
     """Python source of the placed step of *prog* (see the module docstring).
 
     Parameters
@@ -290,6 +488,8 @@ def export_source(prog, cluster_ids: list[str], tdev: dict[int, str], *, graph: 
     cluster_ids : cluster device ids, by index.
     tdev : cluster device index -> torch device (the initial ``DEVICES`` table).
     graph, cluster, label, algorithm : names for the docstring.
+    fingerprint : what it was exported for (:func:`fingerprint`), checked by ``PlacedStep``; None:
+        only the process count and the parameter shapes are checked.
     """
     em = _Emitter(prog, cluster_ids)
     src = python_source(em.emit(), _HELPERS)
@@ -307,8 +507,16 @@ def export_source(prog, cluster_ids: list[str], tdev: dict[int, str], *, graph: 
                   buffers=_wrap(buffers), inputs=repr(inputs), target=repr(target),
                   updated=repr([p for p, _ in em.updates]),
                   lr=ADAM["lr"], betas=ADAM["betas"], eps=ADAM["eps"])
-    head = preamble(_DOC, _TABLES).format(**fields)
+    checks = launch_check_source(processes=1, launch="python your_training_script.py (one process)",
+                                 fingerprint=fingerprint, parameters=param_shapes(step))
+    head = preamble(_DOC, _TABLES, checks=checks).format(**fields)
     return head + src + _CLASS
+
+
+def param_shapes(step) -> list[tuple[str, tuple]]:
+    """``(name, shape)`` of the parameters of a captured step (:class:`~.step.RealStep`), in
+    ``named_parameters()`` order: what the graph was profiled from (``PARAMETER_SHAPES``)."""
+    return [(step.sm.state_names[s], tuple(step.state[s].shape)) for s in range(step.sm.n_params)]
 
 
 def _wrap(items: list) -> str:
@@ -316,3 +524,4 @@ def _wrap(items: list) -> str:
     if len(text) <= 100:
         return text
     return "[\n" + textwrap.indent(",\n".join(repr(x) for x in items), "    ") + ",\n]"
+

@@ -394,7 +394,8 @@ def test_placements_that_split_operations_are_refused():
     assert dp_recipe(mlp_split(), "p.json") is None
 
 
-def test_cli_export_refuses_data_parallel(tmp_path, monkeypatch):
+def test_cli_exports_data_parallel_as_a_torchrun_program(tmp_path, monkeypatch):
+    """(tests/run/test_export_fsdp.py runs the program.)"""
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     assert runner.invoke(main, ["profile", "--model", MLP, "-b", "4", "-o", "g.json"]).exit_code == 0
@@ -402,7 +403,8 @@ def test_cli_export_refuses_data_parallel(tmp_path, monkeypatch):
                              "-p", "devices=2", "-o", "dp.json"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(main, ["export", "--graph", "g.json", "-P", "dp.json", "-o", "x.py"])
-    assert r.exit_code == 1 and "data-parallel placement is not exported" in r.stderr
+    assert r.exit_code == 0, r.output
+    assert "DistributedDataParallel program" in r.stderr and "torchrun --nproc-per-node 2 x.py" in r.stderr
 
 
 @pytest.mark.slow

@@ -211,12 +211,13 @@ def test_fsdp_uneven_batch_shares_are_refused_as_in_data_parallelism():
         api.prepare(CNN, 3, fsdp_placement(CNN, 3, stage=3), uniform(2), step=step_of(CNN, 3))
 
 
-def test_cli_refuses_to_export_an_fsdp_plan(tmp_path, monkeypatch):
+def test_cli_exports_an_fsdp_plan_as_a_torchrun_program(tmp_path, monkeypatch):
+    """(tests/run/test_export_fsdp.py runs the program.)"""
     runner = _profiled_and_placed(tmp_path, monkeypatch)
     r = runner.invoke(main, ["export", "--graph", "g.json", "-P", "f.json", "-o", "x.py"])
-    assert r.exit_code == 1 and "an fsdp placement is not exported" in r.stderr and r.stdout == ""
-    errors = [ln for ln in r.stderr.strip().splitlines() if not ln.startswith("placer export: ")]  # progress
-    assert len(errors) == 1 and errors[0].startswith("Error: f.json: ") and not (tmp_path / "x.py").exists()
+    assert r.exit_code == 0 and r.stdout == "", r.output
+    assert "placer export: launch it with: torchrun --nproc-per-node 2 x.py" in r.stderr
+    assert "fully_shard(" in (tmp_path / "x.py").read_text()
 
 
 @pytest.mark.slow

@@ -1,0 +1,72 @@
+"""Which exporter writes a prepared plan (``placer export``): :func:`export_program`
+dispatches to placer's own code (:mod:`.export`), the micro-batched / pipelined
+exporters (:mod:`.derived_export`) or the torchrun programs of data-parallel
+and fsdp plans (:mod:`.fsdp_export`).  Kept apart from :mod:`.export`, whose
+helpers (the launch checks, :func:`~.export.torchrun_line`) every exporter
+imports, so that no two modules import each other."""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import InvalidInput
+from .export import export_source, torchrun_line
+
+
+def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | None = None,
+                   path: str = "-") -> tuple[str, str, str | None]:
+    """The program ``placer export`` writes for the prepared plan *pre* (:func:`~.api.prepare`):
+    ``(source, what it is, the torchrun line or None for a one-process module)``.
+
+    * a plain placement: placer's own code (:func:`export_source`), one process;
+    * a micro-batched, pipelined or hybrid one: a ``torch.distributed.pipelining`` program or
+      placer's own code (:func:`~.derived_export.export_derived`);
+    * an fsdp plan: an FSDP2 / ZeRO program on a DeviceMesh (:func:`~.fsdp_export.fsdp_source`),
+      launched with torchrun; a plain data-parallel one: the same program with DDP.
+
+    Raises
+    ------
+    InvalidInput
+        A plan the exporters cannot write (one line saying why).
+    """
+    from .api import Prepared
+    from .data_parallel import DPPrepared
+    from .fsdp_run import FSDPPrepared
+    from .plan import DerivedPrepared
+
+    name = pre.sim_graph.name
+    if isinstance(pre, FSDPPrepared):
+        from .fsdp_export import fsdp_source
+
+        src = fsdp_source(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint, path=path)
+        line = torchrun_line(pre.k, path)
+        return src, (f"an FSDP program (ZeRO stage {pre.stage}, {len(pre.units)} unit(s), {pre.k} replicas of "
+                     f"batch {pre.replica_batch} on a DeviceMesh)"), line
+    if isinstance(pre, DerivedPrepared):
+        from .derived_export import export_derived
+
+        src, what = export_derived(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint)
+        nproc = re.search(r"torchrun --nproc-per-node (\d+)", what)
+        return src, what, torchrun_line(int(nproc.group(1)), path) if nproc else None
+    if isinstance(pre, DPPrepared):
+        from .fsdp_export import fsdp_source
+
+        src = fsdp_source(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint, path=path)
+        return src, (f"a DistributedDataParallel program ({pre.k} replicas of batch {pre.replica_batch} on a "
+                     f"DeviceMesh)"), torchrun_line(pre.k, path)
+    if not isinstance(pre, Prepared):
+        raise InvalidInput(f"{label}: placer export cannot write this plan ({type(pre).__name__})")
+    src = export_source(pre.prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
+                        algorithm=algorithm, fingerprint=fingerprint)
+    return src, (f"{len(pre.prog.sequence)} nodes on {len(pre.prog.devices)} device(s), {len(pre.prog.transfers)} "
+                 f"copies"), None
+
+
+def check_exportable(pre, label: str) -> None:
+    """Refuse, before a run, what :func:`export_program` cannot write (one line)."""
+    from .api import Prepared
+    from .data_parallel import DPPrepared
+    from .plan import DerivedPrepared
+
+    if not isinstance(pre, (Prepared, DerivedPrepared, DPPrepared)):
+        raise InvalidInput(f"{label}: placer export cannot write this plan ({type(pre).__name__})")
