@@ -132,8 +132,9 @@ def prepare_step(command: str, model, batch_size, config, placement_path, graph_
 
 
 def check_exportable(pre, label: str) -> None:
-    """Export writes one process's placed step, or a pipeline; a plain data-parallel placement is neither."""
+    """Export writes one process's placed step, a pipeline or a data-parallel plan; not an fsdp plan."""
     from ..run.api import Prepared
+    from ..run.data_parallel import DPPrepared
     from ..run.plan import DerivedPrepared
 
     from ..run.fsdp_run import FSDPPrepared
@@ -141,21 +142,28 @@ def check_exportable(pre, label: str) -> None:
     if isinstance(pre, FSDPPrepared):
         raise InvalidInput(f"{label}: an fsdp placement is not exported (each process holds a shard of the model: "
                            f"use torch FullyShardedDataParallel); run it with placer run --backend gloo")
-    if not isinstance(pre, (Prepared, DerivedPrepared)):
-        raise InvalidInput(f"{label}: a data-parallel placement is not exported (it is one model per process: use "
-                           f"torch DistributedDataParallel); run it with placer run --backend gloo")
+    if not isinstance(pre, (Prepared, DerivedPrepared, DPPrepared)):
+        raise InvalidInput(f"{label}: placer export does not write this kind of placement ({type(pre).__name__}); "
+                           f"run it with placer run --backend gloo")
 
 
 def write_source(pre, inp: Inputs, path: str, say: Callable[[str], None] | None = None) -> None:
     """Write the placed step *pre* as Python source to *path* (``-``: stdout) and say what it wrote:
     placer's own code (:mod:`celeritas_cli.run.export`), or for a micro-batched or pipelined placement
     a ``torch.distributed.pipelining`` program where it can be (:mod:`celeritas_cli.run.derived_export`)."""
+    from ..run.data_parallel import DPPrepared
     from ..run.plan import DerivedPrepared
 
+    program = "placed.py" if path == "-" else path     # the program's name in its torchrun line
     if isinstance(pre, DerivedPrepared):
         from ..run.derived_export import export_derived
 
-        src, what = export_derived(pre, inp.cluster, label=inp.label, algorithm=inp.placement.algorithm)
+        src, what = export_derived(pre, inp.cluster, label=inp.label, algorithm=inp.placement.algorithm,
+                                   program=program)
+    elif type(pre) is DPPrepared:                      # not its subclass FSDPPrepared
+        from ..run.pipe_export import export_dp
+
+        src, what = export_dp(pre, inp.cluster, label=inp.label, algorithm=inp.placement.algorithm, program=program)
     else:
         from ..run.export import export_source
 

@@ -394,7 +394,7 @@ def test_placements_that_split_operations_are_refused():
     assert dp_recipe(mlp_split(), "p.json") is None
 
 
-def test_cli_export_refuses_data_parallel(tmp_path, monkeypatch):
+def test_cli_export_writes_data_parallel_as_a_torchrun_program(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     assert runner.invoke(main, ["profile", "--model", MLP, "-b", "4", "-o", "g.json"]).exit_code == 0
@@ -402,7 +402,9 @@ def test_cli_export_refuses_data_parallel(tmp_path, monkeypatch):
                              "-p", "devices=2", "-o", "dp.json"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(main, ["export", "--graph", "g.json", "-P", "dp.json", "-o", "x.py"])
-    assert r.exit_code == 1 and "data-parallel placement is not exported" in r.stderr
+    assert r.exit_code == 0 and "launch it with: torchrun --nproc-per-node 2 x.py" in r.stderr
+    src = (tmp_path / "x.py").read_text()
+    assert "DP, PP, N_MICROBATCHES = 2, 1, 1" in src and "ROWS = [[(0, 2)], [(2, 2)]]" in src
 
 
 @pytest.mark.slow
