@@ -162,14 +162,13 @@ RECIPES = (["microbatch"], ["microbatch", "data-parallel"], ["data-parallel", "m
 
 def _replica_rows(lay, k: int, m: int) -> tuple[list[list[tuple[int, int]]], str]:
     """Per replica its micro-batches ``(first row, samples)`` in micro-batch order, and ``""``; or
-    ``([], why not)`` when a replica's micro-batches differ in size: ``torch.distributed.pipelining``
-    cuts the replica's rows with ``torch.tensor_split`` and each stage receives every micro-batch
-    into buffers of one shape, so only equal micro-batches are the plan's."""
+    ``([], why not)`` when a replica's micro-batches differ in size: ``pipeline()`` traces the stages
+    at one micro-batch's shape, and the program weighs every micro-batch of a replica alike."""
     rows = [[(lay.rows[(r, i)], lay.sizes[(r, i)]) for i in range(m)] for r in range(k)]
     for r, mine in enumerate(rows):
         if len({n for _, n in mine}) != 1:
             return [], (f"replica {r}'s micro-batches hold {[n for _, n in mine]} samples: "
-                        f"torch.distributed.pipelining runs micro-batches of one size")
+                        f"the exported stages are traced at one micro-batch size")
     return rows, ""
 
 
