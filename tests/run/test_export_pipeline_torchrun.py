@@ -258,21 +258,41 @@ def test_exported_data_parallel_program_under_torchrun_steps_like_the_unplaced_s
     matches_unplaced(tmp_path / "out", 2)
 
 
+def export_block(text: str) -> tuple[list[str], list[str]]:
+    """The page's bash block that exports a plan and launches it with torchrun (its last line), as
+    ``(lines the block needs from earlier blocks, the block's lines)``: an earlier line is needed
+    when it writes (``-o``) a file the block reads and does not write itself."""
+    blocks = [[ln.split("  #")[0].strip() for ln in b.splitlines() if ln.strip()]
+              for b in re.findall(r"```bash\n(.*?)```", text, re.S)]
+    at = next(i for i, b in enumerate(blocks) if b[-1].startswith("torchrun ")
+              and any(ln.startswith("placer export ") for ln in b))
+    block = blocks[at]
+    written = {m for ln in block for m in re.findall(r"-o (\S+)", ln)}
+    read = {f for ln in block for f in re.findall(r"(\S+\.json)\b", ln)} - written
+    earlier = [ln for b in blocks[:at] for ln in b if set(re.findall(r"-o (\S+)", ln)) & read]
+    return earlier, block
+
+
+def test_the_pages_blocks_export_then_launch():
+    for page, want in (("README.md", []), ("docs/running.md", ["cpu2.json"])):
+        earlier, block = export_block((ROOT / page).read_text())
+        assert [re.search(r"-o (\S+)", ln).group(1) for ln in earlier] == want
+        assert block[0].startswith("placer profile --model ") and block[-1].startswith("torchrun --nproc-per-node ")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", ["README.md", "docs/running.md"])
 def test_the_pages_export_then_torchrun_lines_run_verbatim(tmp_path, page):
-    """The page's bash block that ends in a torchrun line, every line as written, in a fresh clone
-    (tests/test_readme.py runs the placer lines of every page; this one runs the torchrun line too)."""
-    text = (ROOT / page).read_text()
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", text, re.S) if "\ntorchrun " in "\n" + b)
-    lines = [ln.split("  #")[0].strip() for ln in block.splitlines() if ln.strip()]
-    assert [ln.split()[0] for ln in lines][-1] == "torchrun"
+    """The page's block that ends in a torchrun line, every line as written (and the earlier lines
+    that make the files it reads), in a fresh clone: tests/test_readme.py runs the placer lines of
+    every page, this one the torchrun line too."""
+    earlier, block = export_block((ROOT / page).read_text())
     for name in ("celeritas_cli", "examples", "tests"):
         (tmp_path / name).symlink_to(ROOT / name)
     env = dict(os.environ, PYTHONPATH=str(ROOT),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    for line in lines:
+    for line in earlier + block:
         r = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=900)
         assert r.returncode == 0 and "Traceback" not in r.stderr, f"{line}\n{r.stderr[-3000:]}"
-    assert "step: measured" in r.stdout
+    assert re.search(r"^step: measured [\d.e-]+ s \(median of \d+\), simulated", r.stdout, re.M), r.stdout
