@@ -1,5 +1,6 @@
-"""A pipeline placement as a ``torch.distributed.pipelining`` program
-(``placer export``), and the pipeline schedule a placement's orders follow.
+"""Pipelines, replicated pipelines and data-parallel plans as one torchrun
+program on a ``(dp, pp)`` DeviceMesh (``placer export``), and the pipeline
+schedule a placement's orders follow.
 
 :func:`schedule_of` takes the schedule from the placement's recipe (the
 ``schedule`` its ``microbatch`` step records, one of
@@ -10,18 +11,18 @@ of the captured trace, and each device's order, read as forward / backward
 blocks of micro-batches, must be the rank's steps
 (:meth:`~celeritas_cli.pipelining.schedules.Schedule.steps`).
 
-:func:`pipelining_plan` says whether ``torch.distributed.pipelining`` can run
-the plan as it is, exactly when all of these hold (else :func:`why_not`
-names the first that fails and ``placer export`` writes placer's own code,
-:mod:`.derived_export`):
+:func:`why_not` says whether ``torch.distributed.pipelining`` can run the
+plan as it is, exactly when all of these hold (else it names the first that
+fails and ``placer export`` writes placer's own code, :mod:`.derived_export`):
 
-1. the recipe is one ``microbatch`` step (recomputation and data
-   parallelism are not expressed by a pipelining schedule);
+1. the recipe is one ``microbatch`` step, optionally with one
+   ``data-parallel`` step before or after it (:data:`RECIPES`; recomputation
+   is not expressed by a pipelining schedule);
 2. the recipe names the schedule and the orders follow it
-   (:func:`schedule_of`), on one device per stage (with model chunks:
-   stage ``j`` on rank ``j mod p``);
+   (:func:`schedule_of`), on one device per stage and replica (with model
+   chunks: stage ``j`` on rank ``j mod p``);
 3. every captured node's micro-batch copies, parameters and gradient
-   accumulation are on one device: its stage;
+   accumulation of one replica are on one device: its stage's;
 4. the stages are contiguous module segments of a chain: in the trace's
    forward order, stage ``j > 0`` starts at the first call of a submodule
    ``P`` (its parameters are all in stage ``j``; not a ``ModuleList``), the
@@ -31,13 +32,39 @@ names the first that fails and ``placer export`` writes placer's own code,
    the loss is on the last stage, and every backward node and update is on
    the stage of the forward node it is attributed to
    (:func:`~celeritas_cli.pipelining.cuts.attribution`): autograd runs
-   a stage's backward where its forward ran.
+   a stage's backward where its forward ran; every replica's pipeline is
+   replica 0's on its own devices;
+5. every replica's micro-batches are of one size (:func:`_replica_rows`).
+
+The program (:data:`_SOURCE`, :func:`pipelining_source`) is launched with
+``torchrun --nproc-per-node dp*p`` (:func:`torchrun_line`): its processes
+form ``init_device_mesh(device, (dp, p), mesh_dim_names=("dp", "pp"))``,
+replica ``r``'s pipeline rank ``j`` being global rank ``r p + j`` (PTD-P's
+layout, Narayanan et al. SC'21 3: the pipeline inside a data-parallel
+replica).  Over ``pp`` it runs the plan's torch schedule class on the
+plan's split points and micro-batches; over ``dp`` it sums the gradients
+with one ``all_reduce`` of their concatenation per rank after the schedule's
+step (one bucket after the last micro-batch, where the plan's ring runs and
+where Megatron-LM reduces; torch's ``DistributedDataParallel`` would need
+``no_sync`` for every micro-batch but the last, and its buckets are its own,
+not the plan's, so the program does not use it: the plan's ``bucket_mb``
+is not reproduced).  A micro-batch's loss is weighted by its share of the
+global batch (``scale_grads=False``), so the sum over micro-batches and
+replicas is the whole batch's gradient (GPipe 2.2, a mean loss), also with
+unequal replicas.  A plain data-parallel plan is the ``(k, 1)`` mesh
+(:func:`dp_plan`).  Deviation: the program measures the step barrier to
+barrier but not per node, so ``placer calibrate`` (which fits per-node
+times) cannot read it; ``placer run --node-times`` measures those.
 
 References
 ----------
 PyTorch ``torch.distributed.pipelining`` (``pipeline``, ``SplitPoint``,
 ``PipelineStage``, ``ScheduleGPipe``, ``Schedule1F1B``,
-``ScheduleInterleaved1F1B``); Narayanan et al., SC'21, 2.2.
+``ScheduleInterleaved1F1B``) and ``torch.distributed.device_mesh``
+(``init_device_mesh``); Narayanan et al., SC'21, 2.2 (schedules) and 3
+(PTD-P: data parallelism over pipelines); Huang et al., GPipe, NeurIPS'19,
+2.2; Li et al., "PyTorch Distributed", VLDB'20, 3.2 (DDP's gradient
+buckets, ``no_sync``).
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ def test_wrong_launches_stop_in_one_line_before_any_step(tmp_path, monkeypatch, 
 
 def test_plans_the_program_cannot_express_say_why_in_one_line(tmp_path, monkeypatch):
     # uneven micro-batches (7 samples in 4 + 3): placer's own code instead, the reason in the one line
-    _, src, what = export([[0], [1]], m=2, batch=7)
+    _, _, what = export([[0], [1]], m=2, batch=7)
     assert what.startswith("placer's own code") and what.endswith(
         "not a pipelining schedule: replica 0's micro-batches hold [4, 3] samples: the exported stages are traced "
         "at one micro-batch size")
