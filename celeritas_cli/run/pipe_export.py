@@ -393,11 +393,12 @@ def check_model(model):
         sys.exit(f"{{MODEL}} no longer builds the profiled model ({{diff}}): profile, place and export it again")
 
 
-def loss_of(model, scale):
-    """The model's loss (its `loss(output, target)`, else the output's mean) times *scale*."""
+def loss_of(model, scale, has_target):
+    """The model's loss as placer profile took it (its `loss(output, target)`, else the mean of the
+    output or of its first element) times *scale*."""
     if hasattr(model, "loss"):
-        return lambda out, target: model.loss(out, target) * scale
-    return lambda out, target=None: out.float().mean() * scale
+        return lambda out, target=None: model.loss(out, target if has_target else None) * scale
+    return lambda out, target=None: (out if torch.is_tensor(out) else out[0]).float().mean() * scale
 
 
 def build_schedule(model, pp_rank, mb_inputs, device, loss_fn, group=None):
@@ -482,7 +483,9 @@ def main():
     rows = torch.cat([torch.arange(a, a + n) for a, n in mine])
     inputs = [x.index_select(0, rows).to(device) for x in whole]
     target = whole_target.index_select(0, rows).to(device) if whole_target is not None else None
-    loss_fn = loss_of(model, mine[0][1] / BATCH)
+    loss_fn = loss_of(model, mine[0][1] / BATCH, whole_target is not None)
+    if PP > 1 and target is None:       # torch's schedule hands its loss_fn a chunk of some target
+        target = torch.zeros(len(rows), device=device)
     if PP > 1:
         schedule, modules = build_schedule(model, pp_rank, [torch.tensor_split(x, N_MICROBATCHES)[0] for x in inputs],
                                            device, loss_fn, mesh.get_group("pp"))

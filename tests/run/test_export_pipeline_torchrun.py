@@ -39,24 +39,49 @@ MLP = "tests.profile.test_profile_torch:TinyMLP"      # l1 = Linear(8, 16) -> Re
 _STEPS: dict = {}
 
 
-def step_of(batch: int = 8):
-    if batch not in _STEPS:
-        _STEPS[batch] = capture_real(MLP, batch)
-    return _STEPS[batch]
+class Deep(torch.nn.Module):
+    """Four Linear(8, 8) with ReLUs and cross-entropy: four stages, one module each."""
+
+    def __init__(self):
+        super().__init__()
+        self.l0, self.l1, self.l2, self.l3 = (torch.nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x):
+        return self.l3(torch.relu(self.l2(torch.relu(self.l1(torch.relu(self.l0(x)))))))
+
+    def example_inputs(self, b):
+        return (torch.randn(b, 8),)
+
+    def example_target(self, b):
+        return torch.arange(b) % 8
+
+    def loss(self, out, target):
+        return torch.nn.functional.cross_entropy(out, target)
 
 
-def pipeline_plan(groups, m: int = 2, schedule: str = "1f1b", batch: int = 8):
-    """Two stages cut where l2 starts; stage s on the devices groups[s] (one per replica)."""
-    g = Graph.from_dict(step_of(batch).doc)
+DEEP = f"{__name__}:Deep"
+
+
+def step_of(batch: int = 8, spec: str = MLP):
+    if (spec, batch) not in _STEPS:
+        _STEPS[(spec, batch)] = capture_real(spec, batch)
+    return _STEPS[(spec, batch)]
+
+
+def pipeline_plan(groups, m: int = 2, schedule: str = "1f1b", batch: int = 8, spec: str = MLP):
+    """``len(groups)`` stages, each starting at a Linear's addmm (MLP: cut where l2 starts); stage s on the
+    devices groups[s] (one per replica; with model chunks, stage s on the devices of stage s mod p)."""
+    g = Graph.from_dict(step_of(batch, spec).doc)
     fwd = forward_order(g, list(range(g.n)))
-    stage_of = stages_from_cuts(g, fwd, [0, fwd.index(g.index["addmm_1"])])
-    c = uniform(sum(len(x) for x in groups))
+    heads = [u for u in fwd if g.ids[u].startswith("addmm")][1:len(groups)]
+    stage_of = stages_from_cuts(g, fwd, [0] + [fwd.index(u) for u in heads])
+    c = uniform(len({d for x in groups for d in x}))
     return staged_plan(g, c, stage_of, groups, m, schedule), c
 
 
-def export(groups, m: int = 2, program: str = "pp.py", batch: int = 8):
-    p, c = pipeline_plan(groups, m, batch=batch)
-    pre = api.prepare(MLP, batch, p, c, step=step_of(batch))
+def export(groups, m: int = 2, program: str = "pp.py", batch: int = 8, spec: str = MLP, schedule: str = "1f1b"):
+    p, c = pipeline_plan(groups, m, schedule, batch, spec)
+    pre = api.prepare(spec, batch, p, c, step=step_of(batch, spec))
     src, what = export_derived(pre, c, label="p.json", algorithm="pipeline", program=program)
     return pre, src, what
 
@@ -129,6 +154,18 @@ def test_data_parallel_plan_is_a_kx1_mesh_with_contiguous_shards(tmp_path):
     mod = load(src, tmp_path, "dp_mesh")
     assert (mod.DP, mod.PP, mod.N_MICROBATCHES) == (2, 1, 1) and mod.ROWS == [[(0, 4)], [(4, 4)]]
     assert "torch.distributed.pipelining import" not in src and mod.RANK_DEVICES == ["gpu0", "gpu1"]
+
+
+def test_interleaved_replicated_pipeline_runs_two_chunks_per_rank(tmp_path):
+    # 4 stages (l0 | l1 | l2 | l3), stage s on the devices of stage s mod 2, x 2 replicas: 4 processes
+    _, src, what = export([[0, 2], [1, 3], [0, 2], [1, 3]], m=4, spec=DEEP, schedule="interleaved")
+    assert what.startswith("a torch.distributed.pipelining program (interleaved, 4 stages split at l1, l2, l3, "
+                           "4 micro-batches, x 2 replicas on a 2 x 2 (dp, pp) DeviceMesh)")
+    mod = load(src, tmp_path, "pp_interleaved")
+    assert "import ScheduleInterleaved1F1B as SCHEDULE" in src and (mod.DP, mod.PP) == (2, 2)
+    assert mod.stages_of(0) == [0, 2] and mod.stages_of(1) == [1, 3]
+    assert mod.STAGE_DEVICES == ["gpu0", "gpu1", "gpu0", "gpu1"] and mod.RANK_DEVICES == ["gpu0", "gpu1", "gpu2", "gpu3"]
+    assert mod.ROWS == [[(0, 1), (2, 1), (4, 1), (6, 1)], [(1, 1), (3, 1), (5, 1), (7, 1)]]
 
 
 # ---------------------------------------------------------------- fast: launch checks and refusals
@@ -219,10 +256,10 @@ def torchrun(program: Path, nproc: int, out: Path, cwd: Path = ROOT, *extra: str
                            "--save", str(out), *extra], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
-def matches_unplaced(out: Path, nproc: int, batch: int = 8):
+def matches_unplaced(out: Path, nproc: int, batch: int = 8, spec: str = MLP):
     """Every rank's parameters (each replica's copy) and the loss against the unplaced step, rtol 1e-4."""
-    ref = reference_step(step_of(batch))
-    names = step_of(batch).sm.state_names
+    ref = reference_step(step_of(batch, spec))
+    names = step_of(batch, spec).sm.state_names
     seen = set()
     for rank in range(nproc):
         got = torch.load(f"{out}.{rank}", weights_only=False)
@@ -235,16 +272,20 @@ def matches_unplaced(out: Path, nproc: int, batch: int = 8):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("groups", [[[0], [1]], [[0, 1], [2, 3]]], ids=["2-stages", "2-stages-x-2-replicas"])
-def test_exported_program_under_torchrun_steps_like_the_unplaced_step(tmp_path, groups):
-    nproc = sum(len(x) for x in groups)
-    _, src, _ = export(groups, program="pp.py")
+@pytest.mark.parametrize("groups, m, spec, schedule", [
+    ([[0], [1]], 2, MLP, "1f1b"),
+    ([[0, 1], [2, 3]], 2, MLP, "1f1b"),
+    ([[0, 2], [1, 3], [0, 2], [1, 3]], 4, DEEP, "interleaved"),
+], ids=["2-stages", "2-stages-x-2-replicas", "interleaved-2-ranks-x-2-replicas"])
+def test_exported_program_under_torchrun_steps_like_the_unplaced_step(tmp_path, groups, m, spec, schedule):
+    nproc = len({d for x in groups for d in x})
+    _, src, _ = export(groups, m, program="pp.py", spec=spec, schedule=schedule)
     (tmp_path / "pp.py").write_text(src)
     r = torchrun(tmp_path / "pp.py", nproc, tmp_path / "out")
     assert r.returncode == 0, r.stderr[-3000:]
     assert re.search(r"^step: measured [\d.e-]+ s \(median of 1\), simulated [\d.e-]+ s, measured/simulated",
                      r.stdout, re.M), r.stdout
-    matches_unplaced(tmp_path / "out", nproc)
+    matches_unplaced(tmp_path / "out", nproc, spec=spec)
 
 
 @pytest.mark.slow
