@@ -317,10 +317,10 @@ the last micro-batch's backward, as the plan's recipe and Megatron-LM's PTD-P do
 all-reduce at every micro-batch's backward unless wrapped in no_sync).  Then Adam, on each rank for
 its stages' parameters.  BatchNorm statistics are per micro-batch; dropout masks are torch's.
 
-It runs 1 + --warmup + --steps steps (default 1 + 1 + 5), the first one the step the plan was
-checked with (`--save PREFIX` writes each rank's parameters and loss after it to PREFIX.RANK), and
-rank 0 prints the measured step (median of the timed steps, barrier to barrier) next to the
-simulated one, as `placer run` does; `--report FILE` writes them as JSON with placer.run/v1's
+It runs 1 + --warmup + --steps steps (default 1 + 1 + 5); rank 0 prints the loss of the first
+(`--save PREFIX` writes each rank's parameters after it, and the loss, to PREFIX.RANK) and the
+measured step (median of the timed steps, barrier to barrier) next to the simulated one, as
+`placer run` does; `--report FILE` writes them as JSON with placer.run/v1's
 field names.  Started with another process count, or with a model whose parameters are not the
 profiled ones, it stops in one line before any step.
 """
@@ -575,8 +575,8 @@ def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: 
         title = "Pipeline plan" if plan.dp == 1 else "Pipeline x data-parallel plan"
         imports = ("from torch.distributed.pipelining import SplitPoint, pipeline\n"
                    f"from torch.distributed.pipelining import {sched.torch_class} as SCHEDULE\n")
-        pipeline_words = (f"Over the pp dimension: torch.distributed.pipelining, the model split with pipeline(..., "
-                          f"split_spec=SPLIT_SPEC)\ninto {len(plan.stage_devices)} stages (stage j on pipeline rank "
+        pipeline_words = (f"Over the pp dimension: torch.distributed.pipelining, the model split with\npipeline(..., "
+                          f"split_spec=SPLIT_SPEC) into {len(plan.stage_devices)} stages (stage j on pipeline rank "
                           f"j mod PP), {sched.words(plan.v)}\n(torch's {sched.torch_class}: its own step order, the "
                           f"placement's schedule), {plan.m} micro-batches per replica.\n")
         splits = ", ".join(f"{s!r}: SplitPoint.BEGINNING" for s in plan.split_points)
