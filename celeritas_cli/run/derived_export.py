@@ -244,13 +244,15 @@ def derived_source(prog, cluster_ids: list[str], tdev: dict[int, str], *, graph:
     return head + src + _CLASS
 
 
-def export_derived(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | None = None) -> tuple[str, str]:
+def export_derived(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | None = None,
+                   program: str = "placed.py") -> tuple[str, str]:
     """Source of a derived placement (:class:`~.plan.DerivedPrepared`) and one
-    line saying what it is: a ``torch.distributed.pipelining`` program where
-    :func:`~.pipe_export.why_not` finds no reason against it, else placer's
-    own code (:func:`derived_source`) and why."""
+    line saying what it is: a torchrun program on a ``(dp, pp)`` DeviceMesh
+    running ``torch.distributed.pipelining`` where :func:`~.pipe_export.why_not`
+    finds no reason against it (*program*: its file name in the torchrun line),
+    else placer's own code (:func:`derived_source`) and why."""
     from .derived_program import DerivedProgram
-    from .pipe_export import module_kinds, pipelining_source, why_not
+    from .pipe_export import describe, module_kinds, pipelining_source, why_not
 
     prog = DerivedProgram(pre)
     whole = pre.whole
@@ -258,11 +260,9 @@ def export_derived(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
     name = pre.sim_graph.name
     if plan is not None:
         src = pipelining_source(plan, prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
-                                algorithm=algorithm)
-        return src, (f"a torch.distributed.pipelining program ({plan.schedule}, {len(plan.stage_devices)} stages "
-                     f"split at {', '.join(plan.split_points)}, {plan.m} micro-batches; run it with torchrun "
-                     f"--nproc-per-node {plan.p})")
+                                algorithm=algorithm, program=program)
+        return src, describe(plan, program)
     src = derived_source(prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
-                           algorithm=algorithm, why=why, fingerprint=fingerprint)
+                         algorithm=algorithm, why=why, fingerprint=fingerprint)
     return src, (f"placer's own code (torch.fx, one process: {prog.graph.n} derived nodes on {len(prog.devices)} "
                  f"device(s), {len(prog.transfers)} copies), not a pipelining schedule: {why}")

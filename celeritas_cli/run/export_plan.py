@@ -45,7 +45,8 @@ def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
     if isinstance(pre, DerivedPrepared):
         from .derived_export import export_derived
 
-        src, what = export_derived(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint)
+        src, what = export_derived(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint,
+                                   program="placed.py" if path in ("-", "") else path)
         nproc = re.search(r"torchrun --nproc-per-node (\d+)", what)
         return src, what, torchrun_line(int(nproc.group(1)), path) if nproc else None
     if isinstance(pre, DPPrepared):

@@ -1,5 +1,6 @@
-"""A pipeline placement as a ``torch.distributed.pipelining`` program
-(``placer export``), and the pipeline schedule a placement's orders follow.
+"""Pipelines, replicated pipelines and data-parallel plans as one torchrun
+program on a ``(dp, pp)`` DeviceMesh (``placer export``), and the pipeline
+schedule a placement's orders follow.
 
 :func:`schedule_of` takes the schedule from the placement's recipe (the
 ``schedule`` its ``microbatch`` step records, one of
@@ -10,18 +11,18 @@ of the captured trace, and each device's order, read as forward / backward
 blocks of micro-batches, must be the rank's steps
 (:meth:`~celeritas_cli.pipelining.schedules.Schedule.steps`).
 
-:func:`pipelining_plan` says whether ``torch.distributed.pipelining`` can run
-the plan as it is, exactly when all of these hold (else :func:`why_not`
-names the first that fails and ``placer export`` writes placer's own code,
-:mod:`.derived_export`):
+:func:`why_not` says whether ``torch.distributed.pipelining`` can run the
+plan as it is, exactly when all of these hold (else it names the first that
+fails and ``placer export`` writes placer's own code, :mod:`.derived_export`):
 
-1. the recipe is one ``microbatch`` step (recomputation and data
-   parallelism are not expressed by a pipelining schedule);
+1. the recipe is one ``microbatch`` step, optionally with one
+   ``data-parallel`` step before or after it (:data:`RECIPES`; recomputation
+   is not expressed by a pipelining schedule);
 2. the recipe names the schedule and the orders follow it
-   (:func:`schedule_of`), on one device per stage (with model chunks:
-   stage ``j`` on rank ``j mod p``);
+   (:func:`schedule_of`), on one device per stage and replica (with model
+   chunks: stage ``j`` on rank ``j mod p``);
 3. every captured node's micro-batch copies, parameters and gradient
-   accumulation are on one device: its stage;
+   accumulation of one replica are on one device: its stage's;
 4. the stages are contiguous module segments of a chain: in the trace's
    forward order, stage ``j > 0`` starts at the first call of a submodule
    ``P`` (its parameters are all in stage ``j``; not a ``ModuleList``), the
@@ -31,23 +32,50 @@ names the first that fails and ``placer export`` writes placer's own code,
    the loss is on the last stage, and every backward node and update is on
    the stage of the forward node it is attributed to
    (:func:`~celeritas_cli.pipelining.cuts.attribution`): autograd runs
-   a stage's backward where its forward ran.
+   a stage's backward where its forward ran; every replica's pipeline is
+   replica 0's on its own devices;
+5. every replica's micro-batches are of one size (:func:`_replica_rows`).
+
+The program (:data:`_SOURCE`, :func:`pipelining_source`) is launched with
+``torchrun --nproc-per-node dp*p`` (:func:`torchrun_line`): its processes
+form ``init_device_mesh(device, (dp, p), mesh_dim_names=("dp", "pp"))``,
+replica ``r``'s pipeline rank ``j`` being global rank ``r p + j`` (PTD-P's
+layout, Narayanan et al. SC'21 3: the pipeline inside a data-parallel
+replica).  Over ``pp`` it runs the plan's torch schedule class on the
+plan's split points and micro-batches; over ``dp`` it sums the gradients
+with one ``all_reduce`` of their concatenation per rank after the schedule's
+step (one bucket after the last micro-batch, where the plan's ring runs and
+where Megatron-LM reduces; torch's ``DistributedDataParallel`` would need
+``no_sync`` for every micro-batch but the last, and its buckets are its own,
+not the plan's, so the program does not use it: the plan's ``bucket_mb``
+is not reproduced).  A micro-batch's loss is weighted by its share of the
+global batch (``scale_grads=False``), so the sum over micro-batches and
+replicas is the whole batch's gradient (GPipe 2.2, a mean loss), also with
+unequal replicas.  (A plain data-parallel plan is exported by
+:mod:`~.fsdp_export`, with DDP.)  Deviation: the program measures the step barrier to
+barrier but not per node, so ``placer calibrate`` (which fits per-node
+times) cannot read it; ``placer run --node-times`` measures those.
 
 References
 ----------
 PyTorch ``torch.distributed.pipelining`` (``pipeline``, ``SplitPoint``,
 ``PipelineStage``, ``ScheduleGPipe``, ``Schedule1F1B``,
-``ScheduleInterleaved1F1B``); Narayanan et al., SC'21, 2.2.
+``ScheduleInterleaved1F1B``) and ``torch.distributed.device_mesh``
+(``init_device_mesh``); Narayanan et al., SC'21, 2.2 (schedules) and 3
+(PTD-P: data parallelism over pipelines); Huang et al., GPipe, NeurIPS'19,
+2.2; Li et al., "PyTorch Distributed", VLDB'20, 3.2 (DDP's gradient
+buckets, ``no_sync``).
 """
 
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import InvalidInput
 from ..pipelining.schedules import SCHEDULES, Schedule
 from ..transform.passes import node_passes
+from .export import torchrun_line
 
 
 def _blocks(prog, passes) -> dict[int, list[tuple[str, int]]]:
@@ -129,47 +157,86 @@ def _collapse(seq: list) -> list:
 @dataclass
 class PipeliningPlan:
     """What :func:`pipelining_source` writes: the split points (module
-    paths, one per stage after the first), stage ``j``'s cluster device,
-    the schedule, micro-batches, chunks per rank."""
+    paths, one per stage after the first), stage ``j``'s cluster device in
+    replica 0, the schedule (``None`` for one stage: no pipeline), the
+    micro-batches, the pipeline ranks ``p``, chunks per rank ``v``; the
+    data-parallel replicas ``dp``, the cluster device of every global rank
+    (``rank_devices[r * p + j]``: replica ``r``'s pipeline rank ``j``), each
+    replica's micro-batches as ``(first row, samples)`` of the global batch
+    of ``batch`` samples (:class:`~.plan.Layout`)."""
 
     split_points: list[str]
     stage_devices: list[int]
-    schedule: str
+    schedule: str | None
     m: int
     p: int
     v: int
+    dp: int = 1
+    rank_devices: list[int] = field(default_factory=list)
+    rows: list[list[tuple[int, int]]] = field(default_factory=list)
+    batch: int = 0
+
+    @property
+    def nproc(self) -> int:
+        """Processes of the program: one per mesh rank, ``dp * p``."""
+        return self.dp * self.p
+
+
+#: the recipes a torchrun program expresses: micro-batches (a pipeline), replicated pipelines
+#: (micro-batched, then data-parallel: every micro-batch cut over the replicas, Narayanan et al.
+#: SC'21 3), and a pipeline per replica (data-parallel, then micro-batched)
+RECIPES = (["microbatch"], ["microbatch", "data-parallel"], ["data-parallel", "microbatch"])
+
+
+def _replica_rows(lay, k: int, m: int) -> tuple[list[list[tuple[int, int]]], str]:
+    """Per replica its micro-batches ``(first row, samples)`` in micro-batch order, and ``""``; or
+    ``([], why not)`` when a replica's micro-batches differ in size: ``pipeline()`` traces the stages
+    at one micro-batch's shape, and the program weighs every micro-batch of a replica alike."""
+    rows = [[(lay.rows[(r, i)], lay.sizes[(r, i)]) for i in range(m)] for r in range(k)]
+    for r, mine in enumerate(rows):
+        if len({n for _, n in mine}) != 1:
+            return [], (f"replica {r}'s micro-batches hold {[n for _, n in mine]} samples: "
+                        f"the exported stages are traced at one micro-batch size")
+    return rows, ""
 
 
 def why_not(prog, module_kinds: dict[str, str] | None = None) -> tuple[PipeliningPlan | None, str]:
-    """``(plan, "")`` when ``torch.distributed.pipelining`` can run the
-    placement (module docstring), else ``(None, reason)``.  *module_kinds*:
-    module path -> class name (``ModuleList`` and ``ModuleDict`` cannot be
-    split points), read from the model."""
+    """``(plan, "")`` when ``torch.distributed.pipelining`` (over the ``pp``
+    dimension of a ``(dp, pp)`` mesh) can run the placement (module docstring;
+    with ``data-parallel`` in the recipe every replica's pipeline must be
+    replica 0's on its own devices), else ``(None, reason)``.
+    *module_kinds*: module path -> class name (``ModuleList`` and
+    ``ModuleDict`` cannot be split points), read from the model."""
     from ..pipelining.cuts import attribution
 
     kinds = [s["transform"] for s in prog.pre.recipe]
-    if kinds != ["microbatch"]:
-        return None, f"the recipe is {' + '.join(kinds)}, not micro-batching alone"
+    if kinds not in RECIPES:
+        return None, (f"the recipe is {' + '.join(kinds)}, not micro-batching alone or with one data-parallel "
+                      f"step")
     sched, why = schedule_of(prog)
     if sched is None:
         return None, why
+    lay = prog.layout
+    rows, why = _replica_rows(lay, lay.k, lay.m)
+    if not rows:
+        return None, why
     graph = prog.base_graph
     passes = node_passes(graph)
-    device_of_v: dict[int, int] = {}
+    device_of_v: dict[tuple[int, int], int] = {}
     for x, info in enumerate(prog.infos):
-        if info.v is None:
+        if info.v is None or info.kind == "ring":
             continue
         d = prog.device_of[x]
-        if device_of_v.setdefault(info.v, d) != d:
+        if device_of_v.setdefault((info.v, info.r), d) != d:
             return None, f"node '{graph.ids[info.v]}' runs on more than one device (its micro-batches are split)"
     p, v = sched["p"], sched["v"]
-    by_rank = {r: d for d, r in sched["rank"].items()}
+    by_rank = [{j: d for d, j in sched["rank"].items() if sched["replica"][d] == r} for r in range(lay.k)]
     place = {u for u in range(graph.n) if graph.op[u] == "placeholder"}  # torch feeds the inputs to the first
     fwd = [u for u in range(graph.n) if passes[u] == "forward" and u not in place]  # stage, the target to the last
     stage_of: dict[int, int] = {}
     j = 0
     for u in fwd:  # forward nodes in trace order: stages are the runs of one device, in rank order
-        while by_rank[j % p] != device_of_v[u]:
+        while by_rank[0][j % p] != device_of_v[(u, 0)]:
             j += 1
             if j >= p * v:
                 return None, f"forward node '{graph.ids[u]}' is out of the stages' order (not a chain of segments)"
@@ -188,14 +255,17 @@ def why_not(prog, module_kinds: dict[str, str] | None = None) -> tuple[Pipelinin
     order = sorted(place) + fwd          # the inputs first: a node reading only them is on the first stage
     cuts = [0] + [order.index(next(u for u in fwd if stage_of[u] == s)) for s in range(1, p * v)]
     att = attribution(graph, order)
-    for u in range(graph.n):
+    for (u, r), d in sorted(device_of_v.items()):
         if u in place:
             continue
         want = bisect.bisect_right(cuts, att[u]) - 1
-        if by_rank[want % p] != device_of_v.get(u, by_rank[want % p]):
-            return None, f"{passes[u]} node '{graph.ids[u]}' is not on the device of its stage {want}"
-    return PipeliningPlan(split_points=splits, stage_devices=[by_rank[s % p] for s in range(p * v)],
-                          schedule=sched["schedule"], m=prog.layout.m, p=p, v=v), ""
+        if by_rank[r][want % p] != d:
+            where = f" of replica {r}" if lay.k > 1 else ""
+            return None, f"{passes[u]} node '{graph.ids[u]}'{where} is not on the device of its stage {want}"
+    return PipeliningPlan(split_points=splits, stage_devices=[by_rank[0][s % p] for s in range(p * v)],
+                          schedule=sched["schedule"], m=lay.m, p=p, v=v, dp=lay.k,
+                          rank_devices=[by_rank[r][j] for r in range(lay.k) for j in range(p)], rows=rows,
+                          batch=lay.total), ""
 
 
 def _split_point(sm, fwd, stage_of, start: int, s: int, kinds: dict) -> str | None:
@@ -218,97 +288,231 @@ def _split_point(sm, fwd, stage_of, start: int, s: int, kinds: dict) -> str | No
     return None
 
 
-_SOURCE = '''"""Pipeline plan of {graph} on cluster {cluster}: placement {label} ({algorithm}).
+_SOURCE = '''"""{title} of {graph} on cluster {cluster}: placement {label} ({algorithm}).
 
-Generated by `placer export` as a torch.distributed.pipelining program: {stages} stages,
-{schedule_words}, {m} micro-batches of the batch of {batch}, stage j on cluster device STAGE_DEVICES[j]
-(rank RANK_OF[STAGE_DEVICES[j]]).  The model is split with pipeline(split_spec=SPLIT_SPEC); the
-schedule is torch's {torch_class} (its own step order, the same schedule as the placement's).
-Gradients are averaged over the micro-batches (scale_grads=True: a mean loss{uneven}); BatchNorm
-statistics are per micro-batch.  Adam runs on each rank for its stages' parameters.
+Generated by `placer export`.  Launch it from the directory `placer profile` ran in (it builds the
+model {spec}{config_words} as profile did), one process per rank:
 
-Run {p} processes, one per rank (torch.distributed's environment variables):
+    {torchrun}
 
-    torchrun --nproc-per-node {p} this_file.py
+Each process takes cuda:LOCAL_RANK when the machine has that GPU (NCCL), else the CPU (gloo: the
+line above runs as it is on a CPU-only machine); `--device cpu` forces the CPU.  The processes form
+the {dp} x {p} DeviceMesh init_device_mesh(..., (DP, PP), mesh_dim_names=("dp", "pp")): global rank
+r * PP + j is replica r's pipeline rank j, on cluster device RANK_DEVICES[r * PP + j].
+{pipeline_words}
+Gradients: every micro-batch's loss is weighted by its share of the batch of {batch} (the loss is a
+mean over samples), so the micro-batches' gradients add up to the whole batch's (scale_grads=False);
+after the step the gradients of each stage are summed over the dp dimension by one explicit
+all_reduce of their flattened concatenation on the mesh's "dp" group (one DDP bucket, once, after
+the last micro-batch's backward, as the plan's recipe and Megatron-LM's PTD-P do; DDP itself would
+all-reduce at every micro-batch's backward unless wrapped in no_sync).  Then Adam, on each rank for
+its stages' parameters.  BatchNorm statistics are per micro-batch; dropout masks are torch's.
 
-or, in your own training loop, on every rank:
-
-    schedule, modules = build_schedule(model, rank, example_inputs)
-    opt = torch.optim.Adam([q for mod in modules for q in mod.parameters()])
-    loss = train_step(schedule, modules, opt, rank, inputs, target)
-
-Edit DEVICES to run the cluster devices on other torch devices.
+It runs 1 + --warmup + --steps steps (default 1 + 1 + 5); rank 0 prints the loss of the first
+(`--save PREFIX` writes each rank's parameters after it, and the loss, to PREFIX.RANK) and the
+measured step (median of the timed steps, barrier to barrier) next to the simulated one, as
+`placer run` does; `--report FILE` writes them as JSON with placer.run/v1's
+field names.  Started with another process count, or with a model whose parameters are not the
+profiled ones, it stops in one line before any step.
 """
 
+import argparse
+import importlib
+import importlib.util
+import json
 import os
+import statistics
+import sys
+import time
+import warnings
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import SplitPoint, pipeline
-from torch.distributed.pipelining import {torch_class} as SCHEDULE
+from torch.distributed.device_mesh import init_device_mesh
+{imports}
+warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)  # torch's own, when splitting
 
 MODEL, CONFIG, BATCH, SEED = {spec!r}, {config!r}, {batch!r}, {seed!r}
-N_MICROBATCHES = {m}
+DP, PP, N_MICROBATCHES = {dp}, {p}, {m}
+#: per replica: its micro-batches as (first row, samples) of the global batch
+ROWS = {rows!r}
 SPLIT_SPEC = {{{splits}}}
+#: cluster device of every stage (replica 0), of every global rank
 STAGE_DEVICES = {stage_devices!r}
-RANK_OF = {rank_of!r}
-DEVICES = {devices!r}
+RANK_DEVICES = {rank_devices!r}
+#: (name, shape) of every parameter of the profiled model
+PARAMETERS = {params}
+SIMULATED_STEP_S = {simulated!r}
 LR, BETAS, EPS = {lr!r}, {betas!r}, {eps!r}
+TORCHRUN = {torchrun!r}
 
 
-def stages_of(rank):
-    """The stage indices rank *rank* runs."""
-    return [j for j, d in enumerate(STAGE_DEVICES) if RANK_OF[d] == rank]
+def stages_of(pp_rank):
+    """The stage indices pipeline rank *pp_rank* runs (stage j on rank j mod PP)."""
+    return [j for j in range(len(STAGE_DEVICES)) if j % PP == pp_rank]
 
 
-def build_schedule(model, rank, example_inputs, loss_fn=None, group=None):
+def build_model():
+    """The model, as `placer profile --model MODEL` built it (zoo name, module:attr, file.py:attr)."""
+    if ":" not in MODEL:
+        from celeritas_cli.profile.zoo import ZOO  # the zoo's models come with placer
+        return ZOO[MODEL].factory(**CONFIG)
+    left, attr = MODEL.rsplit(":", 1)
+    if left.endswith(".py") or "/" in left or os.sep in left:
+        path = os.path.abspath(os.path.expanduser(left))
+        if not os.path.isfile(path):
+            sys.exit(f"{{MODEL}}: no such file {{path}}; run this program from the directory placer profile ran in")
+        sys.path.insert(0, os.path.dirname(path))
+        spec = importlib.util.spec_from_file_location(f"placer_model_{{os.path.basename(path)[:-3]}}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(left)
+    factory = module
+    for part in attr.split("."):
+        factory = getattr(factory, part)
+    return factory(**CONFIG)
+
+
+def check_model(model):
+    """Stop in one line when *model*'s parameters are not those of the profiled graph."""
+    got = [[n, list(q.shape)] for n, q in model.named_parameters()]
+    if got != PARAMETERS:
+        diff = next((f"{{g[0]}} is {{g[1]}}, was {{w[0]}} {{w[1]}}" for g, w in zip(got, PARAMETERS) if g != w),
+                    f"{{len(got)}} parameters, was {{len(PARAMETERS)}}")
+        sys.exit(f"{{MODEL}} no longer builds the profiled model ({{diff}}): profile, place and export it again")
+
+
+def loss_of(model, scale, has_target):
+    """The model's loss as placer profile took it (its `loss(output, target)`, else the mean of the
+    output or of its first element) times *scale*."""
+    if hasattr(model, "loss"):
+        return lambda out, target=None: model.loss(out, target if has_target else None) * scale
+    return lambda out, target=None: (out if torch.is_tensor(out) else out[0]).float().mean() * scale
+
+
+def build_schedule(model, pp_rank, mb_inputs, device, loss_fn, group=None):
     """This rank's stages of *model* and the schedule: ``(schedule, stage modules)``.
-    *example_inputs*: forward arguments of the whole batch (their first micro-batch traces the split)."""
-    mb = tuple(torch.tensor_split(x, N_MICROBATCHES)[0] for x in example_inputs)
-    pipe = pipeline(model, mb_args=mb, split_spec=SPLIT_SPEC)
-    stages = [pipe.build_stage(j, torch.device(DEVICES[STAGE_DEVICES[j]]), group) for j in stages_of(rank)]
-    if loss_fn is None:
-        loss_fn = model.loss if hasattr(model, "loss") else (lambda out, target: out.float().mean())
-    sched = SCHEDULE(stages if len(STAGE_DEVICES) > len(RANK_OF) else stages[0], n_microbatches=N_MICROBATCHES,
-                     loss_fn=loss_fn)
+    *mb_inputs*: the forward arguments of one micro-batch (they trace the split)."""
+    pipe = pipeline(model, mb_args=tuple(mb_inputs), split_spec=SPLIT_SPEC)
+    stages = [pipe.build_stage(j, device, group) for j in stages_of(pp_rank)]
+    sched = SCHEDULE(stages if len(stages) > 1 else stages[0], n_microbatches=N_MICROBATCHES, loss_fn=loss_fn,
+                     scale_grads=False)
     return sched, [s.submod for s in stages]
 
 
-def train_step(schedule, modules, opt, rank, inputs, target):
-    """One step on the whole batch: the pipeline's forward and backward, then Adam.
-    Returns the mean of the micro-batches' losses on the rank of the last stage, else None."""
-    mine = stages_of(rank)
-    first, last = 0 in mine, len(STAGE_DEVICES) - 1 in mine
-    dev = torch.device(DEVICES[STAGE_DEVICES[mine[0]]])
+def train_step(schedule, modules, opt, pp_rank, inputs, target, dp_group, loss_fn):
+    """One step on this replica's rows: the pipeline (or, with one stage, the micro-batches in turn),
+    the gradients summed over the dp group, Adam.  Returns this rank's share of the batch's loss
+    (its micro-batches' weighted losses on the last stage, else 0)."""
     opt.zero_grad()
-    losses = [] if last else None
-    args = tuple(x.to(dev) for x in inputs) if first else ()
-    schedule.step(*args, target=target.to(dev) if last else None, losses=losses)
+    total = torch.zeros((), dtype=torch.float64)
+    if schedule is None:
+        for mb in range(N_MICROBATCHES):
+            xs = [torch.tensor_split(x, N_MICROBATCHES)[mb] for x in inputs]
+            t = torch.tensor_split(target, N_MICROBATCHES)[mb] if target is not None else None
+            loss = loss_fn(modules[0](*xs), t)
+            loss.backward()
+            total += loss.detach().double().cpu()
+    else:
+        first, last = pp_rank == 0, pp_rank == PP - 1
+        losses = [] if last else None
+        schedule.step(*(inputs if first else ()), target=target if last else None, losses=losses)
+        if last:
+            total += sum(float(x.detach()) for x in losses)
+    if DP > 1:
+        grads = [q.grad for mod in modules for q in mod.parameters() if q.grad is not None]
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=dp_group)
+            at = 0
+            for g in grads:
+                g.copy_(flat[at:at + g.numel()].view_as(g))
+                at += g.numel()
     opt.step()
-    return torch.stack(losses).mean().detach() if last else None
+    return total
 
 
 def main():
-    from celeritas_cli.profile.models import resolve_model
-
-    dist.init_process_group("gloo" if all(v == "cpu" for v in DEVICES.values()) else "nccl")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5, help="timed steps after the first and the warm-up ones")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--save", metavar="PREFIX", default=os.environ.get("PLACER_EXPORT_OUT"))
+    ap.add_argument("--report", metavar="FILE")
+    args = ap.parse_args()
+    if "WORLD_SIZE" not in os.environ:
+        sys.exit(f"start this program with torchrun, one process per rank: {{TORCHRUN}}")
+    if int(os.environ["WORLD_SIZE"]) != DP * PP:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"torchrun started {{os.environ['WORLD_SIZE']}} processes but the plan has {{DP * PP}} ranks "
+                  f"({{DP}} replica(s) x {{PP}} pipeline rank(s)): {{TORCHRUN}}", file=sys.stderr)
+        sys.exit(1)
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = args.device != "cpu" and torch.cuda.is_available() and local < torch.cuda.device_count()
+    if args.device == "cuda" and not cuda:
+        sys.exit(f"--device cuda: this machine has no GPU cuda:{{local}}")
+    if cuda:
+        torch.cuda.set_device(local)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", DP * PP))))
+    device = torch.device(f"cuda:{{local}}" if cuda else "cpu")
+    dist.init_process_group("nccl" if cuda else "gloo")
+    mesh = init_device_mesh(device.type, (DP, PP), mesh_dim_names=("dp", "pp"))
+    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
     rank = dist.get_rank()
-    factory, _ = resolve_model(MODEL, CONFIG)
     torch.manual_seed(SEED)
-    model = factory()
+    model = build_model()
+    model.train(True)
+    check_model(model)
     torch.manual_seed(SEED + 1)
-    inputs = tuple(model.example_inputs(BATCH))
-    target = model.example_target(BATCH)
-    schedule, modules = build_schedule(model, rank, inputs)
-    opt = torch.optim.Adam([q for mod in modules for q in mod.parameters()], lr=LR, betas=BETAS, eps=EPS,
-                           foreach=False)
-    loss = train_step(schedule, modules, opt, rank, inputs, target)
-    if loss is not None:
-        print(f"rank {{rank}}: loss {{float(loss):.6f}}")
-    out = os.environ.get("PLACER_EXPORT_OUT")
-    if out:
-        torch.save({{n: q.detach().cpu() for mod in modules for n, q in mod.named_parameters()}} | {{"loss": loss}},
-                   f"{{out}}.{{rank}}")
+    with torch.no_grad():
+        whole = list(model.example_inputs(BATCH))
+        whole_target = model.example_target(BATCH) if hasattr(model, "example_target") else None
+    mine = ROWS[dp_rank]
+    rows = torch.cat([torch.arange(a, a + n) for a, n in mine])
+    inputs = [x.index_select(0, rows).to(device) for x in whole]
+    target = whole_target.index_select(0, rows).to(device) if whole_target is not None else None
+    loss_fn = loss_of(model, mine[0][1] / BATCH, whole_target is not None)
+    if PP > 1 and target is None:       # torch's schedule hands its loss_fn a chunk of some target
+        target = torch.zeros(len(rows), device=device)
+    if PP > 1:
+        schedule, modules = build_schedule(model, pp_rank, [torch.tensor_split(x, N_MICROBATCHES)[0] for x in inputs],
+                                           device, loss_fn, mesh.get_group("pp"))
+    else:
+        schedule, modules = None, [model.to(device)]
+    params = [q for mod in modules for q in mod.parameters()]
+    opt = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, foreach=False)
+    dp_group = mesh.get_group("dp") if DP > 1 else None
+    times, loss = [], None
+    for s in range(1 + args.warmup + args.steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        share = train_step(schedule, modules, opt, pp_rank, inputs, target, dp_group, loss_fn)
+        if cuda:
+            torch.cuda.synchronize()
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+        if s == 0:
+            dist.all_reduce(share)          # the shares of every replica's last stage: the batch's loss
+            loss = float(share)
+            if args.save:
+                torch.save({{n: q.detach().cpu() for mod in modules for n, q in mod.named_parameters()}}
+                           | {{"loss": torch.tensor(loss)}}, f"{{args.save}}.{{rank}}")
+    timed = times[1 + args.warmup:] or times
+    measured = statistics.median(timed)
+    if rank == 0:
+        ratio = measured / SIMULATED_STEP_S if SIMULATED_STEP_S > 0 else None
+        print(f"loss {{loss:.6f}} after the first step (the mean over the batch of {{BATCH}})")
+        print(f"step: measured {{measured:.6g}} s (median of {{len(timed)}}), simulated {{SIMULATED_STEP_S:.6g}} s"
+              + (f", measured/simulated {{ratio:.2f}}" if ratio else ""))
+        if args.report:
+            with open(args.report, "w") as f:
+                json.dump({{"model": MODEL, "batch_size": BATCH, "processes": DP * PP, "dist_backend":
+                           "nccl" if cuda else "gloo", "launcher": "torchrun", "loss": loss, "steps": len(timed),
+                           "warmup": 1 + args.warmup, "measured_step_s": measured, "measured_steps_s": timed,
+                           "simulated_step_s": SIMULATED_STEP_S, "measured_over_simulated": ratio}}, f, indent=1)
     dist.destroy_process_group()
 
 
@@ -317,26 +521,60 @@ if __name__ == "__main__":
 '''
 
 
-def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: dict[int, str], *, graph: str,
-                      cluster: str, label: str, algorithm: str) -> str:
-    """Python source of *plan* (:data:`_SOURCE`): run it with torchrun, or call its ``build_schedule``."""
+def describe(plan: PipeliningPlan, program: str) -> str:
+    """One line saying what :func:`pipelining_source` wrote for *plan* and how to launch it."""
+    if plan.schedule is None:
+        what = f"a data-parallel torchrun program ({plan.dp} replicas"
+    else:
+        what = (f"a torch.distributed.pipelining program ({plan.schedule}, {len(plan.stage_devices)} stages split at "
+                f"{', '.join(plan.split_points)}, {plan.m} micro-batches"
+                + (f", x {plan.dp} replicas" if plan.dp > 1 else ""))
+    return f"{what} on a {plan.dp} x {plan.p} (dp, pp) DeviceMesh; {torchrun_line(plan.nproc, program)})"
+
+
+def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: dict[int, str] | None = None, *,
+                      graph: str, cluster: str, label: str, algorithm: str, program: str = "placed.py") -> str:
+    """Python source of *plan* (:data:`_SOURCE`), a program for ``torchrun --nproc-per-node
+    plan.nproc`` (:func:`torchrun_line`; *program*: its file name in that line).  *prog*: the
+    :class:`~.derived_program.DerivedProgram` (or anything with ``.pre``, the prepared placement:
+    its unplaced step ``whole`` or ``step``, and its simulation).  *tdev* is not used: each
+    process takes its own device (the program's docstring)."""
     from .executor import ADAM
 
-    whole = prog.pre.whole
-    lay = prog.layout
-    sched = SCHEDULES[plan.schedule]
-    ranks = sorted({d for d in plan.stage_devices}, key=plan.stage_devices.index)
-    uneven = "" if len(set(lay.sizes.values())) == 1 else (
-        "; with micro-batches of unequal size this weighs each micro-batch equally, placer by its samples")
-    return _SOURCE.format(graph=graph, cluster=cluster, label=label, algorithm=algorithm,
-                          stages=len(plan.stage_devices), schedule_words=sched.words(plan.v), m=plan.m,
-                          batch=lay.total, torch_class=sched.torch_class, p=plan.p, uneven=uneven,
-                          spec=whole.spec, config=whole.config, seed=whole.seed,
-                          splits=", ".join(f"{s!r}: SplitPoint.BEGINNING" for s in plan.split_points),
+    pre = prog.pre
+    whole = getattr(pre, "whole", None) or pre.step
+    sm = whole.sm
+    params = [[sm.state_names[s], list(whole.state[s].shape)] for s in range(sm.n_params)]
+    line = torchrun_line(plan.nproc, program)
+    if plan.schedule is None:
+        title, imports, splits = "Data-parallel plan", "", ""
+        pipeline_words = (f"One stage: every rank runs the whole model on its replica's rows ({plan.m} "
+                          f"micro-batch(es) in turn).\n")
+    else:
+        sched = SCHEDULES[plan.schedule]
+        title = "Pipeline plan" if plan.dp == 1 else "Pipeline x data-parallel plan"
+        imports = ("from torch.distributed.pipelining import SplitPoint, pipeline\n"
+                   f"from torch.distributed.pipelining import {sched.torch_class} as SCHEDULE\n")
+        pipeline_words = (f"Over the pp dimension: torch.distributed.pipelining, the model split with\npipeline(..., "
+                          f"split_spec=SPLIT_SPEC) into {len(plan.stage_devices)} stages (stage j on pipeline rank "
+                          f"j mod PP), {sched.words(plan.v)}\n(torch's {sched.torch_class}: its own step order, the "
+                          f"placement's schedule), {plan.m} micro-batches per replica.\n")
+        splits = ", ".join(f"{s!r}: SplitPoint.BEGINNING" for s in plan.split_points)
+    config = whole.config or {}
+    return _SOURCE.format(title=title, graph=graph, cluster=cluster, label=label, algorithm=algorithm,
+                          spec=whole.spec, config_words=f" with config {config}" if config else "",
+                          torchrun=line, dp=plan.dp, p=plan.p, batch=plan.batch, pipeline_words=pipeline_words,
+                          imports=imports, config=config, seed=whole.seed, m=plan.m, rows=plan.rows, splits=splits,
                           stage_devices=[cluster_ids[d] for d in plan.stage_devices],
-                          rank_of={cluster_ids[d]: r for r, d in enumerate(ranks)},
-                          devices={cluster_ids[d]: tdev[d] for d in ranks}, lr=ADAM["lr"], betas=ADAM["betas"],
-                          eps=ADAM["eps"])
+                          rank_devices=[cluster_ids[d] for d in plan.rank_devices], params=_wrap(params),
+                          simulated=float(pre.sim["makespan_s"]), lr=ADAM["lr"], betas=ADAM["betas"], eps=ADAM["eps"])
+
+
+def _wrap(items: list) -> str:
+    text = repr(items)
+    if len(text) <= 100:
+        return text
+    return "[\n" + "".join(f"    {x!r},\n" for x in items) + "]"
 
 
 def module_kinds(spec: str, config: dict) -> dict[str, str]:

@@ -418,8 +418,8 @@ def test_export_falls_back_to_placers_own_code_which_trains_like_the_unplaced_st
     from celeritas_cli.run.reference import reference_step
 
     g = graph_of(MLP, 8)
-    if what == "hybrid":
-        p, c = hybrid_plan(g, uniform(4), at_l2(g), 2, "1f1b", 2), uniform(4)
+    if what == "hybrid":                        # replicated, then micro-batched, in no recorded schedule
+        p, c = hybrid_plan(g, uniform(4), at_l2(g), 2, "1f1b", 2, dp_first=True), uniform(4)
     elif what == "split":                       # stage 1 starts with relu: not where a module starts
         fwd = forward_order(g, list(range(g.n)))
         p, c = staged_plan(g, uniform(2), stages_from_cuts(g, fwd, [0, fwd.index(g.index["relu"])]), [0, 1], 2,
@@ -428,7 +428,7 @@ def test_export_falls_back_to_placers_own_code_which_trains_like_the_unplaced_st
         p, c = plan(MLP, 8, 2, "1f1b", recompute=True)
     pre = api.prepare(MLP, 8, p, c, step=step_of(MLP, 8))
     src, why = export_derived(pre, c, label="p.json", algorithm="x")
-    assert why.startswith("placer's own code") and {"recompute": "microbatch + recompute", "hybrid": "data-parallel",
+    assert why.startswith("placer's own code") and {"recompute": "microbatch + recompute", "hybrid": "names no pipeline schedule",
                                                     "split": "stage 1 does not start"}[what] in why
     (tmp_path / "own.py").write_text(src)
     mod = _load(tmp_path / "own.py", f"own_{what}")
