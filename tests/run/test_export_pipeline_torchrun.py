@@ -107,7 +107,7 @@ def test_replicated_pipeline_exports_a_2x2_mesh_program_with_its_torchrun_line(t
     pre, src, what = export([[0, 1], [2, 3]])
     compile(src, "pp.py", "exec")
     assert what == ("a torch.distributed.pipelining program (1f1b, 2 stages split at l2, 2 micro-batches, x 2 "
-                    "replicas on a 2 x 2 (dp, pp) DeviceMesh); launch it with: torchrun --nproc-per-node 4 pp.py")
+                    "replicas on a 2 x 2 (dp, pp) DeviceMesh; torchrun --nproc-per-node 4 pp.py)")
     doc = src.split('"""')[1]
     assert "\n    torchrun --nproc-per-node 4 pp.py\n" in doc and "Pipeline x data-parallel plan" in doc
     assert 'init_device_mesh(device.type, (DP, PP), mesh_dim_names=("dp", "pp"))' in src
@@ -149,7 +149,7 @@ def test_interleaved_replicated_pipeline_runs_two_chunks_per_rank(tmp_path):
     # 4 stages (l0 | l1 | l2 | l3), stage s on the devices of stage s mod 2, x 2 replicas: 4 processes
     _, src, what = export([[0, 2], [1, 3], [0, 2], [1, 3]], m=4, spec=DEEP, schedule="interleaved")
     assert what.startswith("a torch.distributed.pipelining program (interleaved, 4 stages split at l1, l2, l3, "
-                           "4 micro-batches, x 2 replicas on a 2 x 2 (dp, pp) DeviceMesh)")
+                           "4 micro-batches, x 2 replicas on a 2 x 2 (dp, pp) DeviceMesh; torchrun --nproc-per-node 4")
     mod = load(src, tmp_path, "pp_interleaved")
     assert "import ScheduleInterleaved1F1B as SCHEDULE" in src and (mod.DP, mod.PP) == (2, 2)
     assert mod.stages_of(0) == [0, 2] and mod.stages_of(1) == [1, 3]
