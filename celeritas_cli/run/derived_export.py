@@ -260,7 +260,7 @@ def export_derived(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
     name = pre.sim_graph.name
     if plan is not None:
         src = pipelining_source(plan, prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
-                                algorithm=algorithm, program=program)
+                                algorithm=algorithm, program=program, fingerprint=fingerprint)
         return src, describe(plan, program)
     src = derived_source(prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
                          algorithm=algorithm, why=why, fingerprint=fingerprint)

@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from ..errors import InvalidInput
 from ..pipelining.schedules import SCHEDULES, Schedule
 from ..transform.passes import node_passes
-from .export import torchrun_line
+from .export import launch_check_source, torchrun_line
 
 
 def _blocks(prog, passes) -> dict[int, list[tuple[str, int]]]:
@@ -441,6 +441,8 @@ def main():
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--save", metavar="PREFIX", default=os.environ.get("PLACER_EXPORT_OUT"))
     ap.add_argument("--report", metavar="FILE")
+    ap.add_argument("--graph", metavar="FILE", help="the graph file: checked against the one the plan was made for")
+    ap.add_argument("--cluster", metavar="FILE|NAME", help="checked against the cluster the plan was made for")
     args = ap.parse_args()
     if "WORLD_SIZE" not in os.environ:
         sys.exit(f"start this program with torchrun, one process per rank: {{TORCHRUN}}")
@@ -533,12 +535,15 @@ def describe(plan: PipeliningPlan, program: str) -> str:
 
 
 def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: dict[int, str] | None = None, *,
-                      graph: str, cluster: str, label: str, algorithm: str, program: str = "placed.py") -> str:
+                      graph: str, cluster: str, label: str, algorithm: str, program: str = "placed.py",
+                      fingerprint: dict | None = None) -> str:
     """Python source of *plan* (:data:`_SOURCE`), a program for ``torchrun --nproc-per-node
     plan.nproc`` (:func:`torchrun_line`; *program*: its file name in that line).  *prog*: the
     :class:`~.derived_program.DerivedProgram` (or anything with ``.pre``, the prepared placement:
     its unplaced step ``whole`` or ``step``, and its simulation).  *tdev* is not used: each
-    process takes its own device (the program's docstring)."""
+    process takes its own device (the program's docstring).  The program carries the launch checks
+    of :func:`~.export.launch_check_source` (*fingerprint*: the graph file, cluster and model file it
+    was exported for; the process count and the parameter shapes always)."""
     from .executor import ADAM
 
     pre = prog.pre
@@ -561,13 +566,20 @@ def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: 
                           f"placement's schedule), {plan.m} micro-batches per replica.\n")
         splits = ", ".join(f"{s!r}: SplitPoint.BEGINNING" for s in plan.split_points)
     config = whole.config or {}
-    return _SOURCE.format(title=title, graph=graph, cluster=cluster, label=label, algorithm=algorithm,
+    src = _SOURCE.format(title=title, graph=graph, cluster=cluster, label=label, algorithm=algorithm,
                           spec=whole.spec, config_words=f" with config {config}" if config else "",
                           torchrun=line, dp=plan.dp, p=plan.p, batch=plan.batch, pipeline_words=pipeline_words,
                           imports=imports, config=config, seed=whole.seed, m=plan.m, rows=plan.rows, splits=splits,
                           stage_devices=[cluster_ids[d] for d in plan.stage_devices],
                           rank_devices=[cluster_ids[d] for d in plan.rank_devices], params=_wrap(params),
-                          simulated=float(pre.sim["makespan_s"]), lr=ADAM["lr"], betas=ADAM["betas"], eps=ADAM["eps"])
+                         simulated=float(pre.sim["makespan_s"]), lr=ADAM["lr"], betas=ADAM["betas"], eps=ADAM["eps"])
+    checks = launch_check_source(processes=plan.nproc, launch=line, fingerprint=fingerprint,
+                                 parameters=[(n, tuple(shape)) for n, shape in params])
+    src = src.replace("\ndef main():\n", "\n" + checks + "\n\ndef main():\n", 1)
+    # the shared checks (graph file, --cluster, model file) after the program's own process-count check
+    src = src.replace('    local = int(os.environ.get("LOCAL_RANK", 0))\n',
+                      '    launch_check()\n    local = int(os.environ.get("LOCAL_RANK", 0))\n', 1)
+    return src.replace("    check_model(model)\n", "    check_model(model)\n    model_check(model)\n", 1)
 
 
 def _wrap(items: list) -> str:

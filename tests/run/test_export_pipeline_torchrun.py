@@ -315,3 +315,15 @@ def test_the_pages_export_then_torchrun_lines_run_verbatim(tmp_path, page):
                            text=True, timeout=900)
         assert r.returncode == 0 and "Traceback" not in r.stderr, f"{line}\n{r.stderr[-3000:]}"
     assert re.search(r"^step: measured [\d.e-]+ s \(median of \d+\), simulated", r.stdout, re.M), r.stdout
+
+
+def test_the_pipelining_program_carries_the_shared_launch_checks(tmp_path):
+    """run/export.launch_check_source: the process count and parameter shapes always, the files when exported
+    with their fingerprint; called before the first step (after the program's own process-count check)."""
+    _, src, _ = export([[0, 1], [2, 3]])
+    mod = load(src, tmp_path, "pp_checks")
+    assert mod.PROCESSES == 4 and mod.LAUNCH == "torchrun --nproc-per-node 4 pp.py"
+    assert mod.PARAMETER_SHAPES and all(isinstance(n, str) for n, _ in mod.PARAMETER_SHAPES)
+    main = src[src.index("def main():"):]
+    assert main.index("launch_check()") < main.index("dist.init_process_group")
+    assert main.index("check_model(model)") < main.index("model_check(model)")
