@@ -61,7 +61,8 @@ FSDP_STAGE = 3
 def fsdp_charge(graph: Graph, k: int, dp_charge: float) -> float:
     """What auto charges ``fsdp`` over *k* replicas of *graph*: the
     data-parallel member's charge *dp_charge* times the ratio of the two
-    derived graphs' nodes and edges, both counted without building them
+    derived graphs' nodes and edges - of one replica each, what the
+    symmetric judge builds and simulates - both counted without building them
     (:func:`~celeritas_cli.transform.fsdp_units.fsdp_size`,
     :func:`~celeritas_cli.transform.admit.data_parallel_size`).  Measured
     on one loaded core (building, simulating and judging the derived graph,
@@ -77,11 +78,9 @@ def fsdp_charge(graph: Graph, k: int, dp_charge: float) -> float:
     >>> round(fsdp_charge(g, 4, 24.0) / 24.0, 2) > 1.0  # per-unit gathers: a larger graph than the replicas'
     True
     """
-    try:
-        # the ring form's size, as charged before fsdp's nccl form (symmetric: one replica of each kind
-        # judged) existed; sizing fsdp by the symmetric judge's cost, as data-parallel is, is still to do
-        fs = fsdp_size(graph, fsdp_plan(graph, FSDP_STAGE), k, "ring")
-        dp = data_parallel_size(graph, k, DEFAULT_BUCKET_MB)
+    try:  # one replica of each, as the symmetric judge builds them (sim/symmetric.py)
+        fs = fsdp_size(graph, fsdp_plan(graph, FSDP_STAGE), k, "nccl", 1)
+        dp = data_parallel_size(graph, k, DEFAULT_BUCKET_MB, "nccl", 1)
     except PlacerError:
         return dp_charge
     return dp_charge * (fs[0] + fs[1]) / max(1, dp.nodes + dp.edges)

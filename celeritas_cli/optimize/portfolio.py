@@ -14,8 +14,8 @@ Which members run is decided from the graph's size and the time limit alone
   for the members that replicate the graph on every device: ``data-parallel``
   builds and judges one replica of each kind (the symmetric judge,
   :mod:`~celeritas_cli.sim.symmetric`), :data:`DP_SYMMETRIC_COST` whatever
-  ``k``; ``fsdp`` (explicit rings over ``k`` replicas) :data:`DP_COST` ``*
-  k**2`` scaled by its graph's size; ``os-dpos`` runs DPOS on the whole
+  ``k``; ``fsdp`` the same, scaled by its replica's size over data
+  parallelism's (:func:`~.planners.fsdp_charge`); ``os-dpos`` runs DPOS on the whole
   data-parallel graph for
   ``1 + 2 max_ops (k - 1)`` split trials, :data:`OS_DPOS_COST` ``* k**2 *
   (1 + 2 max_ops (k - 1))``); a member runs when its estimate is at most
@@ -97,9 +97,10 @@ not worth re-placing).
 ``data-parallel`` rings are DDP's 25 MiB gradient buckets by default; a
 bucket waits for its last gradient, which can cost more than the latency it
 saves (transformer on 4xV100-pcie: 1.78 s against 1.68 s with one ring per
-gradient), so auto also tries ``bucket_mb=0`` (one ring per gradient, a
-graph about ``1 + k/2`` times larger: :data:`UNBUCKETED_FACTOR`) under
-:data:`DP_SHARE` and the same :data:`DP_GATE` as ``dpos@data-parallel``.
+gradient), so auto also tries ``bucket_mb=0`` (one all-reduce per
+gradient: a collective node per gradient and replica, judged like the
+bucketed one at :data:`DP_SYMMETRIC_COST`) under :data:`DP_SHARE` and the
+same :data:`DP_GATE` as ``dpos@data-parallel``.
 
 A placement made on a derived graph (``derived``, with its recipe: FastT /
 FD-DPS operation splitting, data parallelism) is judged on that graph, as
@@ -127,11 +128,6 @@ __all__ = ["OVER_BUDGET", "OVER_SHARE", "RANK_COST", "RANK_MARGIN", "REFINE_SHAR
 COST = {"metis": 1.5, "scotch": 2.0, "m-topo": 0.3, "single-device": 0.2, "data-parallel": 2.0, "heft": 5.0,
         "dpos": 5.0, "adjusting": 7.0, "m-etf": 10.0, "order-place": 2.0, "fd-dps": 4.0, "m-sct": 8.0,
         "os-dpos": 60.0}
-#: data-parallel's cost per squared device count, in simulations of the input graph.  Measured with 25 MiB
-#: buckets on synthetic layered graphs (benchmarks/bench_time_limits.py --costs), building the replicas'
-#: validated graph and simulating it once: 1.3-2.0 k**2 on 4 devices and 1.3-3.1 k**2 on 8, for 1,000 to
-#: 36,000 nodes (0.21-0.38 k**2 before derived graphs were schema-checked on building)
-DP_COST = 1.5
 #: data-parallel in the symmetric form (nccl collectives): one replica built to name its nodes, one of each
 #: kind (at most two) built and simulated, in simulations of the input graph placed over the cluster.  Measured
 #: (one run, load 2-3): 11.3 layered 5,000 nodes on 8 GPUs, 4.4 on 128, 7.2 GPT 1.3B on 128, 10.9 GPT 1.3B
@@ -139,9 +135,6 @@ DP_COST = 1.5
 DP_SYMMETRIC_COST = 12.0
 #: os-dpos' cost per squared device count and split trial (measured as above: 3.4-4.9)
 OS_DPOS_COST = 4.0
-#: data-parallel with one ring per gradient (bucket_mb=0) costs about 1 + k * this times the bucketed one
-#: (graph sizes of the zoo models: 3x, 5x, 9x on 4, 8, 16 devices)
-UNBUCKETED_FACTOR = 0.5
 #: dpos@data-parallel and unbucketed data-parallel run only when data-parallel's makespan is at most
 #: this factor over the best so far
 DP_GATE = 1.5
@@ -253,7 +246,7 @@ def member_cost(spec: Spec, k: int) -> float:
     if spec.algo == "data-parallel":  # the symmetric judge: the same cost for any k, bucketed or not
         return DP_SYMMETRIC_COST if k > 1 else COST["data-parallel"]
     if spec.algo == "fsdp":  # as data-parallel; plan() scales it by the graphs' sizes (planners.fsdp_charge)
-        return max(COST["data-parallel"], DP_COST * k * k)
+        return DP_SYMMETRIC_COST if k > 1 else COST["data-parallel"]
     if spec.on == "data-parallel":
         return COST.get(spec.algo, 10.0) * k
     if spec.algo == "os-dpos":
