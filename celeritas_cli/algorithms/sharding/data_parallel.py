@@ -39,7 +39,7 @@ from ...registry import ASSUME_BATCH, DEVICES, Param, overhead_param, register, 
 from ...transform.admit import dp_batch
 from ...transform.allreduce import BUCKET_MB_MAX
 from ...transform.batch import balance_samples, whole_samples
-from ...transform.derivation import attach, data_parallel_step, recipe
+from ...transform.derivation import attach, data_parallel_step
 from ...transform.replicate import SCALINGS, data_parallel_graph
 from ...transform.split_cost import batch_profile, part_times
 from ...sim import symmetric
@@ -364,17 +364,8 @@ def _symmetric(graph: Graph, cluster: Cluster, costs: CostModel, devs: list[int]
     one = data_parallel_graph(graph, k, scaling=step["scaling"], overhead_s=step["overhead_s"],
                               shares=step.get("shares"), bucket_mb=step.get("bucket_mb", 0.0),
                               assume_batch=step.get("assume_batch"), represent=[0])
-    p = Placement(graph=graph.original_name, cluster=cluster.name, algorithm="data-parallel",
-                  assignment={nid: cluster.ids[devs[0]] for nid in one.ids}, seed=seed,
-                  derivation=recipe(graph, [step]), replicas={"devices": [[cluster.ids[d]] for d in devs]},
-                  cluster_digest=cluster.digest(), cluster_file=cluster.source)
-    j = symmetric.judge(graph, cluster, p, "data-parallel")
-    c2 = costs.for_graph(j.graph)
-    sched = run_schedule(j.graph, cluster, j.device_of, None, costs=c2, groups=j.groups)
-    judged = j.graph.memory_by(j.device_of, cluster.k)
-    loads = [0] * cluster.k
-    for r, rs in enumerate(j.kind_of):
-        loads[devs[r]] = judged[devs[rs]]
+    p, j, sched, c2 = symmetric.planned(graph, cluster, costs, "data-parallel", one.ids, devs, [step], seed)
+    loads = symmetric.replica_loads(j.graph.memory_by(j.device_of, cluster.k), devs, j.kind_of, cluster.k)
     lb = lower_bound(j.graph, cluster, c2)
     p.estimate = Estimate.from_dict(_estimate(graph, cluster, j.graph, sched, loads, lb, devs, step))
     return p

@@ -44,7 +44,7 @@ from ...sim.memory import peaks
 from ...sim.mfu import mfu
 from ...sim.simulator import lower_bound, run_schedule
 from ...transform.allreduce import check_form
-from ...transform.derivation import attach, recipe
+from ...transform.derivation import attach
 from ...transform.fsdp import check_fsdp, fsdp_graph, fsdp_step
 from ...transform.fsdp_units import UNIT_MB_MAX
 from .data_parallel import choose_devices, replica_devices, speed_samples
@@ -197,17 +197,9 @@ def _symmetric(graph: Graph, cluster: Cluster, costs: CostModel, devs: list[int]
     one = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples,
                      represent=[0])
     step = fsdp_step(k, stage, one.meta["fsdp"]["global_batch"], overhead_s, unit_mb, assumed, samples)
-    p = Placement(graph=graph.original_name, cluster=cluster.name, algorithm="fsdp",
-                  assignment={nid: cluster.ids[devs[0]] for nid in one.ids}, seed=seed,
-                  derivation=recipe(graph, [step]), replicas={"devices": [[cluster.ids[d]] for d in devs]},
-                  cluster_digest=cluster.digest(), cluster_file=cluster.source)
-    j = symmetric.judge(graph, cluster, p, "fsdp")
-    c2 = costs.for_graph(j.graph)
-    sched = run_schedule(j.graph, cluster, j.device_of, None, costs=c2, groups=j.groups)
+    p, j, sched, c2 = symmetric.planned(graph, cluster, costs, "fsdp", one.ids, devs, [step], seed)
     judged, rule = _loads(j.graph, sched, j.device_of, cluster.k)
-    loads = [0] * cluster.k
-    for r, rs in enumerate(j.kind_of):
-        loads[devs[r]] = judged[devs[rs]]
+    loads = symmetric.replica_loads(judged, devs, j.kind_of, cluster.k)
     g2 = j.graph
     estimate = _estimate(graph, cluster, g2, sched, loads, rule, lower_bound(g2, cluster, c2), devs, stage)
     p.estimate = Estimate.from_dict(estimate)
