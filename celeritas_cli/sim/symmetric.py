@@ -61,8 +61,7 @@ from ..transform.recipe_check import Context as RecipeContext, check_recipe
 #: the recipe steps a placement with ``replicas`` may end in
 REPLICATED = ("data-parallel", "fsdp")
 
-__all__ = ["ReplicaMap", "Judged", "replica_map", "kinds", "asymmetry", "judge", "expand", "expand_report",
-           "planned", "replica_loads"]
+__all__ = ["ReplicaMap", "Judged", "replica_map", "kinds", "asymmetry", "judge", "expand", "expand_report"]
 
 
 @dataclass(frozen=True)
@@ -338,32 +337,4 @@ def expand_report(report: dict, cluster: Cluster, judged: Judged) -> dict:
                        "words": f"one replica of each of {len(set(kind_of))} kind(s) simulated for {rmap.k} "
                                 f"replicas (placer simulate --full-sim simulates every replica)"}
     return report
-
-
-def planned(graph: Graph, cluster: Cluster, costs, algorithm: str, rep0_ids: list[str], devs: list[int],
-            steps: list[dict], seed: int | None):
-    """A replicating planner's plan in the symmetric form, judged: the
-    placement (replica 0's nodes *rep0_ids* on ``devs[0]``, replica ``r`` on
-    ``devs[r]``, the recipe *steps* from *graph*), the :class:`Judged`
-    copies, their schedule and cost model - the way ``placer simulate``
-    judges the file (data-parallel and fsdp use it)."""
-    from ..transform.derivation import recipe
-    from .simulator import run_schedule
-
-    p = Placement(graph=graph.original_name, cluster=cluster.name, algorithm=algorithm,
-                  assignment={nid: cluster.ids[devs[0]] for nid in rep0_ids}, seed=seed,
-                  derivation=recipe(graph, steps), replicas={"devices": [[cluster.ids[d]] for d in devs]},
-                  cluster_digest=cluster.digest(), cluster_file=cluster.source)
-    j = judge(graph, cluster, p, algorithm)
-    c2 = costs.for_graph(j.graph)
-    return p, j, run_schedule(j.graph, cluster, j.device_of, None, costs=c2, groups=j.groups), c2
-
-
-def replica_loads(judged: list[int], devs: list[int], kind_of: list[int], k: int) -> list[int]:
-    """Per device of the cluster (*k*), the judged copies' figure *judged*
-    given to every replica of their kind (replica ``r`` on ``devs[r]``)."""
-    loads = [0] * k
-    for r, rs in enumerate(kind_of):
-        loads[devs[r]] = judged[devs[rs]]
-    return loads
 

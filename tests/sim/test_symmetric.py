@@ -9,7 +9,6 @@ from celeritas_cli import registry
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.generate import layered
-from celeritas_cli.model.io import load_cluster
 from celeritas_cli.model.servers import make_doc
 from celeritas_cli.model.cluster import Cluster
 from celeritas_cli.sim import symmetric

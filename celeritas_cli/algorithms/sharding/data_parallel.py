@@ -43,6 +43,7 @@ from ...transform.derivation import attach, data_parallel_step
 from ...transform.replicate import SCALINGS, data_parallel_graph
 from ...transform.split_cost import batch_profile, part_times
 from ...sim import symmetric
+from .replicas import planned, replica_loads
 from ...sim.simulator import lower_bound, run_schedule
 
 
@@ -364,8 +365,8 @@ def _symmetric(graph: Graph, cluster: Cluster, costs: CostModel, devs: list[int]
     one = data_parallel_graph(graph, k, scaling=step["scaling"], overhead_s=step["overhead_s"],
                               shares=step.get("shares"), bucket_mb=step.get("bucket_mb", 0.0),
                               assume_batch=step.get("assume_batch"), represent=[0])
-    p, j, sched, c2 = symmetric.planned(graph, cluster, costs, "data-parallel", one.ids, devs, [step], seed)
-    loads = symmetric.replica_loads(j.graph.memory_by(j.device_of, cluster.k), devs, j.kind_of, cluster.k)
+    p, j, sched, c2 = planned(graph, cluster, costs, "data-parallel", one.ids, devs, [step], seed)
+    loads = replica_loads(j.graph.memory_by(j.device_of, cluster.k), devs, j.kind_of, cluster.k)
     lb = lower_bound(j.graph, cluster, c2)
     p.estimate = Estimate.from_dict(_estimate(graph, cluster, j.graph, sched, loads, lb, devs, step))
     return p

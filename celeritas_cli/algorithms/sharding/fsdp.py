@@ -40,6 +40,7 @@ from ...model.estimate import Estimate
 from ...model.params import COLLECTIVES, DEFAULT_OVERHEAD_S, DEFAULT_SHARES
 from ...registry import ASSUME_BATCH, DEVICES, Param, overhead_param, register, shares_param
 from ...sim import symmetric
+from .replicas import planned, replica_loads
 from ...sim.memory import peaks
 from ...sim.mfu import mfu
 from ...sim.simulator import lower_bound, run_schedule
@@ -197,9 +198,9 @@ def _symmetric(graph: Graph, cluster: Cluster, costs: CostModel, devs: list[int]
     one = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples,
                      represent=[0])
     step = fsdp_step(k, stage, one.meta["fsdp"]["global_batch"], overhead_s, unit_mb, assumed, samples)
-    p, j, sched, c2 = symmetric.planned(graph, cluster, costs, "fsdp", one.ids, devs, [step], seed)
+    p, j, sched, c2 = planned(graph, cluster, costs, "fsdp", one.ids, devs, [step], seed)
     judged, rule = _loads(j.graph, sched, j.device_of, cluster.k)
-    loads = symmetric.replica_loads(judged, devs, j.kind_of, cluster.k)
+    loads = replica_loads(judged, devs, j.kind_of, cluster.k)
     g2 = j.graph
     estimate = _estimate(graph, cluster, g2, sched, loads, rule, lower_bound(g2, cluster, c2), devs, stage)
     p.estimate = Estimate.from_dict(estimate)
