@@ -18,8 +18,8 @@ and, when the algorithm placed a graph it derived from the input:
   :mod:`celeritas_cli.transform.recompute`; docs/design.md, "Pipelines").  ``base``
   (``{"graph": name, "members": [[ids], ...]}``) is present when the
   algorithm's input was a coarse graph: its nodes' members, in order.
-* ``replicas`` (a symmetric plan whose recipe ends in data parallelism,
-  :mod:`celeritas_cli.sim.symmetric`): ``{"devices": [[device ids of
+* ``replicas`` (a symmetric plan whose recipe ends in data parallelism or
+  fsdp, :mod:`celeritas_cli.sim.symmetric`): ``{"devices": [[device ids of
   replica r], ...]}``, replica ``r``'s device for each of replica 0's; the
   ``assignment`` and ``order`` then name replica 0's nodes only, so the
   file's size does not grow with the replicas.
