@@ -214,6 +214,29 @@ class CostModel:
         """Transfer time of tensor *t* (its first edge's override applies)."""
         return self.comm(self.graph.tensor_edges[t][0], a, c)
 
+    def min_tensor_comm(self, t: int) -> float:
+        """The cheapest transfer of tensor *t* between two different devices:
+        :meth:`tensor_comm` minimised over ordered pairs - with the default
+        link rule on a cluster of servers, over the pairs that hold every
+        distinct link figure (``Cluster._summary_pairs``: O(GPUs per
+        server²), not O(devices²)) and the pairs the tensor's measured
+        ``comm_s_by_pair`` names."""
+        k = self.cluster.k
+        if k < 2:
+            return 0.0
+        if self._default_links and self.cluster.servers is not None:
+            pairs = list(self.cluster._summary_pairs())
+            override = self.graph.edge_comm[self.graph.tensor_edges[t][0]]
+            if override:
+                index = self.cluster.index
+                for key in override:
+                    a, _, c = key.partition("->")
+                    if a in index and c in index and a != c:
+                        pairs.append((index[a], index[c]))
+        else:
+            pairs = [(a, c) for a in range(k) for c in range(k) if a != c]
+        return min(self.tensor_comm(t, a, c) for a, c in pairs)
+
     @property
     def _default_links(self) -> bool:
         return type(self).link_time is CostModel.link_time

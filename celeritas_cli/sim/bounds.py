@@ -101,7 +101,7 @@ def edge_path_weights(graph: Graph, costs: CostModel) -> list[float]:
     longest path out of *v* (included), both with every node at its fastest
     device and no communication; ``comm_min(e)`` is the cheapest transfer of
     *e*'s tensor between two different devices
-    (:meth:`CostModel.tensor_comm` minimised over ordered device pairs).
+    (:meth:`CostModel.min_tensor_comm`).
 
     Why it is a lower bound: *u* cannot finish before ``head(u) +
     fastest(u)`` (every predecessor chain runs at least that long, whatever
@@ -112,16 +112,10 @@ def edge_path_weights(graph: Graph, costs: CostModel) -> list[float]:
     arrival (rule 2), and the makespan is at least *v*'s start plus the
     longest chain from *v* at fastest times.
     """
-    k = costs.cluster.k
     fastest = costs.fastest_time
     head = downward_rank(graph, fastest.__getitem__, lambda e: 0.0)
     tail = upward_rank(graph, fastest.__getitem__, lambda e: 0.0)
-    cmin_t: list[float] = []
-    for t in range(len(graph.tensor_src)):
-        if k < 2:
-            cmin_t.append(0.0)
-            continue
-        cmin_t.append(min(costs.tensor_comm(t, a, b) for a in range(k) for b in range(k) if a != b))
+    cmin_t = [costs.min_tensor_comm(t) for t in range(len(graph.tensor_src))]
     return [head[graph.edge_src[e]] + fastest[graph.edge_src[e]] + cmin_t[graph.edge_tensor[e]]
             + tail[graph.edge_dst[e]] for e in range(graph.m)]
 
