@@ -62,7 +62,7 @@ def test_a_planner_gets_what_the_members_before_it_leave():
     # full share would reach into the refinement's, and it gets what is left of the part
     g, c = layered(200, seed=1), uniform(4)
     squeezed = 0
-    for budget in range(100, 1000, 25):
+    for budget in range(50, 1000, 10):
         specs = plan(g, c, budget)
         names = [s.name for s, _ in specs]
         if "pipeline" not in names:  # a small budget: its share pays for no plan
