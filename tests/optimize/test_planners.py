@@ -5,6 +5,8 @@ the winner's plan in words."""
 
 from __future__ import annotations
 
+import pytest
+
 from celeritas_cli import registry
 from celeritas_cli.model.cluster import uniform
 from celeritas_cli.model.generate import layered
