@@ -20,7 +20,10 @@ For every listed forward node ``v`` whose activation a backward node reads:
   the recomputed activation until its backward readers finish.  It keeps
   ``v``'s colocation (in a plain graph ``v`` reads its parameters on its
   own device; in a micro-batched graph it reads ``params`` from the
-  ``weights`` node like ``v``).
+  ``weights`` node like ``v``).  The clone of a collective node (a
+  tensor-parallel all-reduce recomputed with its layer, as Megatron-LM's
+  full recomputation reruns it) is a collective of its own: group
+  ``<group>/recompute``, the same ``seq``.
 * Its inputs are ``v``'s inputs, from the clone of the producer when the
   producer is recomputed too (a recomputed segment is recomputed from its
   first input, Chen et al.'s checkpoint), else from the producer, which
@@ -170,6 +173,8 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
             nd["batch_line"] = {k: x for k, x in nd["batch_line"].items() if k != "memory_bytes"}
         nd["recompute_of"] = graph.ids[v]
         nd.setdefault("origin", graph.ids[v])  # what the clone copies: v's origin, or v
+        if isinstance(nd.get("collective"), dict):  # a recomputed collective is a collective of its own
+            nd["collective"] = {**nd["collective"], "group": f"{nd['collective'].get('group')}/recompute"}
         if resident:
             nd["resident_bytes"] = 0
         new_nodes.append(nd)
