@@ -164,13 +164,26 @@ def selective_nodes(graph: Graph) -> list[str]:
     return [graph.ids[v] for v in sorted(keep)]
 
 
-def _rank_of(g: Graph) -> list[int]:
-    """The tensor rank of every node of a derived graph: its ``tp_rank``, or
-    that of a neighbour (every edge of the derivations stays on one rank:
-    ``weights`` nodes, accumulations and gradient all-reduces are their
-    rank's)."""
-    ex = g.node_extra or [None] * g.n
-    rank = [int((x or {}).get("tp_rank", -1)) for x in ex]
+def _rank_of(d: Derived) -> list[int]:
+    """The tensor rank of every node of *d*'s graph: its ``tp_rank``, else
+    that of its ``origin`` in the graph it was derived from (micro-batched,
+    then tensor-parallel: a ``weights`` node, an accumulation), else that of
+    a neighbour (a gradient all-reduce: every edge of the derivations stays
+    on one rank)."""
+    chain = [d.graph] + ([d.mbg] if d.mbg is not d.graph else []) + [d.base]
+
+    def of(i: int, x: int) -> int:
+        g = chain[i]
+        ex = (g.node_extra[x] or {}) if g.node_extra else {}
+        if isinstance(ex.get("tp_rank"), int):
+            return ex["tp_rank"]
+        o = ex.get("origin")
+        if i + 1 < len(chain) and isinstance(o, str) and o in chain[i + 1].index:
+            return of(i + 1, chain[i + 1].index[o])
+        return -1
+
+    g = d.graph
+    rank = [of(0, x) for x in range(g.n)]
     changed = True
     while changed:
         changed = False
@@ -325,7 +338,7 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     d = derive_pipeline(tg, t_stage, [dp] * S, m, sched, v, recompute=ids, assume_batch=assume)
     devs = [[r * pp + s % pp for r in range(dp)] for s in range(S)]  # virtual: one device per (stage, replica)
     vdev, vorder = layout(d, t_stage, devs, sched, pp * dp)
-    rank = _rank_of(d.graph) if tp > 1 else [0] * d.graph.n
+    rank = _rank_of(d) if tp > 1 else [0] * d.graph.n
     device_of = [device_of_rank(rank[x], vd // pp, vd % pp, tp, dp) for x, vd in enumerate(vdev)]
     order = None
     if vorder is not None:
