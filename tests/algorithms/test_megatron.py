@@ -205,6 +205,42 @@ def test_deterministic(g, cl):
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
+# ------------------------------------------------------------------ the transforms' share (shared files)
+def _groups(d: Graph) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for x in range(d.n):
+        c = (d.node_extra[x] or {}).get("collective")
+        if c is not None:
+            out.setdefault(c["group"], []).append(c)
+    return out
+
+
+def test_microbatch_replicate_recompute_give_collectives_their_own_groups(g):
+    """transform/microbatch.py, replicate.py, recompute.py on a tensor-parallel graph: every copy of a collective is
+    a group of its own with ``ranks`` members, its micro-batch's / replica's share of the bytes, seq ordered."""
+    from celeritas_cli.transform.microbatch import microbatch_graph
+    from celeritas_cli.transform.recompute import recompute_graph
+    from celeritas_cli.transform.replicate import data_parallel_graph
+    from celeritas_cli.transform.tensor_parallel import tensor_parallel_graph
+
+    tg = tensor_parallel_graph(g, 2)
+    base = _groups(tg)["tp:emb/all-reduce0"][0]
+    assert base["bytes"] == R * H * 2 and base["seq"] == 0
+    mb = microbatch_graph(tg, 2)  # 2 micro-batches of 4 of the 8 samples
+    grp = _groups(mb)
+    assert all(len(v) == 2 for v in grp.values())  # the 2 tensor ranks, no more
+    assert [(c["bytes"], c["seq"]) for c in (grp["tp:emb/all-reduce0/mb0"][0], grp["tp:emb/all-reduce0/mb1"][0])] \
+        == [(R * H * 2 // 2, 0), (R * H * 2 // 2, 1)]
+    rc = recompute_graph(mb, ["emb/all-reduce0/tp0", "emb/all-reduce0/tp1"])  # an id's micro-batch copies
+    clones = {k: v for k, v in _groups(rc).items() if k.endswith("/recompute")}
+    assert sorted(clones) == ["tp:emb/all-reduce0/mb0/recompute", "tp:emb/all-reduce0/mb1/recompute"]
+    assert all(len(v) == 2 and v[0]["seq"] in (0, 1) for v in clones.values())
+    dp = data_parallel_graph(mb, 2)
+    grp = _groups(dp)
+    assert grp["tp:emb/all-reduce0/mb1/rep1"][0]["bytes"] == R * H * 2 // 4  # 2 of the 8 samples
+    assert all(len(v) == v[0]["ranks"] for k, v in grp.items() if k.startswith("tp:"))
+
+
 # ------------------------------------------------------------------ refusals
 @pytest.mark.parametrize("params,match", [
     ({"tp": 2, "pp": 2, "dp": 1}, r"dp x tp x pp = 1 x 2 x 2 = 4 GPUs, cluster '2x4' has 8"),
