@@ -180,6 +180,14 @@ def test_full_recompute_reruns_the_collectives_and_costs_time(g, cl):
     full = registry.place(g, cl, "megatron", params={**base, "recompute": "full"})
     assert full.estimate["recomputed"] > 0 and none.estimate["recomputed"] == 0
     assert full.estimate["makespan_s"] > none.estimate["makespan_s"]  # the forward runs again
+    listed = [x for s in full.derivation["steps"] if s["transform"] == "recompute" for x in s["nodes"]]
+    assert "fc/tp0" in listed and "emb/all-reduce0/tp1" in listed
+    # a node that runs once per step (the tied LM head's cast of the embedding table) is kept, never recomputed
+    from celeritas_cli.transform.microbatch import once_nodes
+    from celeritas_cli.transform.tensor_parallel import tensor_parallel_graph
+    tg = tensor_parallel_graph(g, 2)
+    once = once_nodes(tg)
+    assert once[tg.index["head_w/tp0"]] and not [x for x in listed if once[tg.index[x]]]
     d = _full_graph(g, cl, full)
     rc = [d.node_extra[x]["collective"]["group"] for x in range(d.n)
           if "recompute_of" in (d.node_extra[x] or {}) and "collective" in d.node_extra[x]]

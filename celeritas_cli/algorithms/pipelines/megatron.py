@@ -61,8 +61,9 @@ The plan, as a recipe the simulator rebuilds
    their inputs are ready (simulator rule 6), as Megatron-LM issues its
    all-reduces inline.
 
-Recompute: ``full`` recomputes every forward node whose activation only
-its own stage's backward reads (:func:`~celeritas_cli.pipelining.schedules.recomputable`),
+Recompute: ``full`` recomputes every forward node that runs per
+micro-batch (not a parameter's cast, which runs once per step) and whose
+activation only its own stage's backward reads (:func:`~celeritas_cli.pipelining.schedules.recomputable`),
 tensor-parallel collectives included (rerun, as Megatron-LM's forward
 rerun does): the stage keeps its input, Megatron-LM's
 ``--recompute-method uniform --recompute-num-layers 1`` keeps every layer's
@@ -114,6 +115,7 @@ from ...registry import ASSUME_BATCH, Param, register
 from ...sim.describe import megatron_words
 from ...transform.batch import declared_batch
 from ...transform.derivation import attach
+from ...transform.microbatch import once_nodes
 from ...transform.passes import node_passes
 from ...transform.tensor_parallel import TP_MAX, find_patterns, tensor_parallel_graph, tensor_parallel_step
 
@@ -326,7 +328,8 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
         t_stage = _tp_stages(tg, graph, stage_of)
     ids: list[str] = []
     if recompute == "full":
-        ids = stage_forward_nodes(tg, t_stage, range(S))
+        once = once_nodes(tg)  # parameter casts run once per step: kept, never recomputed
+        ids = [x for x in stage_forward_nodes(tg, t_stage, range(S)) if not once[tg.index[x]]]
     elif recompute == "selective":
         core = set(selective_nodes(graph))
         if not core:
