@@ -13,7 +13,7 @@ import json
 import pytest
 
 from celeritas_cli import registry
-from celeritas_cli.algorithms.pipelines.megatron import device_of_rank, megatron, selective_nodes
+from celeritas_cli.algorithms.pipelines.megatron import device_of_rank, layer_checkpoints, megatron, selective_nodes
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import Cluster
 from celeritas_cli.model.graph import Graph
@@ -181,7 +181,10 @@ def test_full_recompute_reruns_the_collectives_and_costs_time(g, cl):
     assert full.estimate["recomputed"] > 0 and none.estimate["recomputed"] == 0
     assert full.estimate["makespan_s"] > none.estimate["makespan_s"]  # the forward runs again
     listed = [x for s in full.derivation["steps"] if s["transform"] == "recompute" for x in s["nodes"]]
-    assert "fc/tp0" in listed and "emb/all-reduce0/tp1" in listed
+    # each layer's input is kept (Megatron-LM's uniform method, one layer): the embedding's all-reduced output here
+    assert layer_checkpoints(g) == ["emb"]
+    assert "fc/tp0" in listed and "fc2/all-reduce0/tp1" in listed and "ln1/tp0" in listed
+    assert not [x for x in listed if x.startswith("emb/")]
     # a node that runs once per step (the tied LM head's cast of the embedding table) is kept, never recomputed
     from celeritas_cli.transform.microbatch import once_nodes
     from celeritas_cli.transform.tensor_parallel import tensor_parallel_graph

@@ -61,14 +61,18 @@ The plan, as a recipe the simulator rebuilds
    their inputs are ready (simulator rule 6), as Megatron-LM issues its
    all-reduces inline.
 
-Recompute: ``full`` recomputes every forward node that runs per
+Recompute: ``full`` is Megatron-LM's ``--recompute-method uniform
+--recompute-num-layers 1``: every transformer layer's input is kept
+(:func:`layer_checkpoints`) and every other forward node that runs per
 micro-batch (not a parameter's cast, which runs once per step) and whose
-activation only its own stage's backward reads (:func:`~celeritas_cli.pipelining.schedules.recomputable`),
-tensor-parallel collectives included (rerun, as Megatron-LM's forward
-rerun does): the stage keeps its input, Megatron-LM's
-``--recompute-method uniform --recompute-num-layers 1`` keeps every layer's
-input (``2 s b h`` bytes a layer more than here; the same recomputed
-work).  ``selective`` (Korthikanti et al. 2022, section 5) recomputes the
+activation only its own stage's backward reads
+(:func:`~celeritas_cli.pipelining.schedules.recomputable`) is recomputed,
+tensor-parallel collectives included (rerun, as Megatron-LM's forward rerun
+does); the recompute transform starts a layer's clones when the gradient
+entering that layer's backward arrives, so one layer's activations are
+live again at a time.  The final LayerNorm, LM head and loss are
+recomputed with the last layer (Megatron-LM keeps them: a deviation).
+``selective`` (Korthikanti et al. 2022, section 5) recomputes the
 core attention only: the forward nodes between an attention pattern's QKV
 projections and its output projection (``Q K^T``, softmax, softmax dropout,
 attention over ``V``, or the fused attention op that does them), whose
@@ -117,9 +121,10 @@ from ...transform.batch import declared_batch
 from ...transform.derivation import attach
 from ...transform.microbatch import once_nodes
 from ...transform.passes import node_passes
+from ...transform.split_cost import batch_profile
 from ...transform.tensor_parallel import TP_MAX, find_patterns, tensor_parallel_graph, tensor_parallel_step
 
-__all__ = ["megatron", "device_of_rank", "selective_nodes"]
+__all__ = ["megatron", "device_of_rank", "layer_checkpoints", "selective_nodes"]
 
 RECOMPUTE_GRANULARITY = ("none", "full", "selective")
 
@@ -164,6 +169,39 @@ def selective_nodes(graph: Graph) -> list[str]:
                     stack.append(u)
         keep |= (down & up) - set(cols) - {b}
     return [graph.ids[v] for v in sorted(keep)]
+
+
+def layer_checkpoints(graph: Graph) -> list[str]:
+    """Ids of the nodes whose outputs are the transformer layers' inputs,
+    the checkpoints of Megatron-LM's full recomputation
+    (``--recompute-method uniform --recompute-num-layers 1``: each layer's
+    input kept, the layer recomputed from it before its backward): for each
+    attention pattern, the batch-dependent forward inputs of the first
+    normalization met walking up from its QKV projection (the residual
+    stream entering the layer's LayerNorm); graph order.
+
+    A graph without attention patterns has none (a stage is then recomputed
+    from its input)."""
+    pats = find_patterns(graph)
+    passes = node_passes(graph)
+    prof = batch_profile(graph)
+    out: set[int] = set()
+    for cols, _ in pats.attention:
+        seen: set[int] = set()
+        stack = [cols[0]]
+        while stack:
+            v = stack.pop()
+            for e in graph.in_edges[v]:
+                u = graph.edge_src[e]
+                if u in seen or passes[u] != "forward" or prof.fixed_tensor[graph.edge_tensor[e]]:
+                    continue
+                seen.add(u)
+                if "norm" in graph.op[u].lower():
+                    out.update(graph.edge_src[f] for f in graph.in_edges[u]
+                               if passes[graph.edge_src[f]] == "forward" and not prof.fixed_tensor[graph.edge_tensor[f]])
+                else:
+                    stack.append(u)
+    return [graph.ids[v] for v in sorted(out)]
 
 
 def _rank_of(d: Derived) -> list[int]:
@@ -329,7 +367,9 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     ids: list[str] = []
     if recompute == "full":
         once = once_nodes(tg)  # parameter casts run once per step: kept, never recomputed
-        ids = [x for x in stage_forward_nodes(tg, t_stage, range(S)) if not once[tg.index[x]]]
+        kept = set(layer_checkpoints(graph))
+        ids = [x for x in stage_forward_nodes(tg, t_stage, range(S)) if not once[tg.index[x]]
+               and ((tg.node_extra[tg.index[x]] or {}).get("origin", x) if tg is not graph else x) not in kept]
     elif recompute == "selective":
         core = set(selective_nodes(graph))
         if not core:
