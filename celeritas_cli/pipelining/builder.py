@@ -277,13 +277,17 @@ def check_pipelinable(graph: Graph) -> None:
 def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], n_microbatches: int,
                     schedule: str | Schedule = ONE_F_ONE_B, v: int = 1, *, recompute: Sequence[str] = (), except_last: bool = False,
                     overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
-                    shares: Sequence[float] | None = None, bucket_mb: float = 0.0) -> Derived:
+                    shares: Sequence[float] | None = None, bucket_mb: float = 0.0,
+                    recompute_segments: bool = False) -> Derived:
     """The derived graph of a pipeline with ``reps[s]`` replicas of stage
     ``s`` (module docstring; parameters as :func:`staged_plan`).  Depends
     on *stage_of* only through the recomputed nodes, so a planner that moves
     stage boundaries without recomputation reuses it (:func:`layout`).
     *bucket_mb* > 0 all-reduces the gradients in DDP buckets (one stage only:
-    a bucket must not mix the gradients of two stages).
+    a bucket must not mix the gradients of two stages).  *recompute_segments*
+    gates each connected part of a stage's clones on its own
+    (:func:`~celeritas_cli.transform.recompute.recompute_graph`'s
+    ``segments``: per transformer layer when the layers' inputs are kept).
 
     Raises
     ------
@@ -322,8 +326,8 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
         if except_last and m > 1:
             ids = _copies_but_last(mbg, set(ids), m)
         if ids:
-            steps.append(recompute_step(ids))
-            mbg = recompute_graph(mbg, ids)
+            steps.append(recompute_step(ids, recompute_segments))
+            mbg = recompute_graph(mbg, ids, segments=recompute_segments)
     derived = mbg
     if R > 1:  # the replicas in the symmetric form: one of each kind built (sim/symmetric.py)
         step = data_parallel_step(R, "strong", overhead_s, list(shares) if shares is not None else None, bucket_mb)

@@ -68,8 +68,9 @@ micro-batch (not a parameter's cast, which runs once per step) and whose
 activation only its own stage's backward reads
 (:func:`~celeritas_cli.pipelining.schedules.recomputable`) is recomputed,
 tensor-parallel collectives included (rerun, as Megatron-LM's forward rerun
-does); the recompute transform starts a layer's clones when the gradient
-entering that layer's backward arrives, so one layer's activations are
+does), the recompute step's ``segments`` gating each layer's clones (and
+each tensor rank's) on its own, so that a layer's clones wait for the
+gradient entering that layer's backward and one layer's activations are
 live again at a time.  The final LayerNorm, LM head and loss are
 recomputed with the last layer (Megatron-LM keeps them: a deviation).
 ``selective`` (Korthikanti et al. 2022, section 5) recomputes the
@@ -88,7 +89,7 @@ not the graph's (the graph's costs hold for its batch); what the schedule
 refuses (interleaved: ``pp >= 2``, ``m`` a multiple of ``pp``);
 ``sequence_parallel`` without ``tp > 1``; a coarse graph.
 
-Deviations: the stage cut (3), full recomputation's checkpoints, one
+Deviations: the stage cut (3), the final layers recomputed (above), one
 all-reduce per gradient tensor where Megatron-LM's distributed optimizer
 buckets them, and what the tensor-parallel derivation lists.
 
@@ -178,7 +179,7 @@ def layer_checkpoints(graph: Graph) -> list[str]:
     input kept, the layer recomputed from it before its backward): for each
     attention pattern, the batch-dependent forward inputs of the first
     normalization met walking up from its QKV projection (the residual
-    stream entering the layer's LayerNorm); graph order.
+    stream entering the layer's LayerNorm), in topological order.
 
     A graph without attention patterns has none (a stage is then recomputed
     from its input)."""
@@ -201,7 +202,8 @@ def layer_checkpoints(graph: Graph) -> list[str]:
                                if passes[graph.edge_src[f]] == "forward" and not prof.fixed_tensor[graph.edge_tensor[f]])
                 else:
                     stack.append(u)
-    return [graph.ids[v] for v in sorted(out)]
+    topo = graph.topo_index()
+    return [graph.ids[v] for v in sorted(out, key=lambda v: (topo[v], v))]
 
 
 def _rank_of(d: Derived) -> list[int]:
@@ -368,8 +370,8 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     if recompute == "full":
         once = once_nodes(tg)  # parameter casts run once per step: kept, never recomputed
         kept = set(layer_checkpoints(graph))
-        ids = [x for x in stage_forward_nodes(tg, t_stage, range(S)) if not once[tg.index[x]]
-               and ((tg.node_extra[tg.index[x]] or {}).get("origin", x) if tg is not graph else x) not in kept]
+        origin = (lambda x: (tg.node_extra[tg.index[x]] or {}).get("origin", x)) if tg is not graph else (lambda x: x)
+        ids = [x for x in stage_forward_nodes(tg, t_stage, range(S)) if not once[tg.index[x]] and origin(x) not in kept]
     elif recompute == "selective":
         core = set(selective_nodes(graph))
         if not core:
@@ -378,7 +380,8 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
         ids = [tg.ids[x] for x in range(tg.n)
                if ((tg.node_extra[x] or {}).get("origin", tg.ids[x]) if tg is not graph else tg.ids[x]) in core
                and not tg.op[x].startswith("collective.")]
-    d = derive_pipeline(tg, t_stage, [dp] * S, m, sched, v, recompute=ids, assume_batch=assume)
+    d = derive_pipeline(tg, t_stage, [dp] * S, m, sched, v, recompute=ids, assume_batch=assume,
+                        recompute_segments=True)
     devs = [[r * pp + s % pp for r in range(dp)] for s in range(S)]  # virtual: one device per (stage, replica)
     vdev, vorder = layout(d, t_stage, devs, sched, pp * dp)
     rank = _rank_of(d) if tp > 1 else [0] * d.graph.n
