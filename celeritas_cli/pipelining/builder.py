@@ -284,7 +284,7 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
                     schedule: str | Schedule = ONE_F_ONE_B, v: int = 1, *, recompute: Sequence[str] = (), except_last: bool = False,
                     overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
                     shares: Sequence[float] | None = None, bucket_mb: float = 0.0,
-                    symmetric: bool = True) -> Derived:
+                    symmetric: bool = True, recompute_segments: bool = False) -> Derived:
     """The derived graph of a pipeline with ``reps[s]`` replicas of stage
     ``s`` (module docstring; parameters as :func:`staged_plan`).  Depends
     on *stage_of* only through the recomputed nodes, so a planner that moves
@@ -293,6 +293,9 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
     a bucket must not mix the gradients of two stages).  *symmetric*: build
     one replica of each kind (:mod:`~celeritas_cli.sim.symmetric`; False on
     a cluster with ``hosts``, whose replicas are judged in full).
+    *recompute_segments* gates each connected part of a stage's clones on
+    its own (:func:`~celeritas_cli.transform.recompute.recompute_graph`'s
+    ``segments``: per transformer layer when the layers' inputs are kept).
 
     Raises
     ------
@@ -331,8 +334,8 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
         if except_last and m > 1:
             ids = _copies_but_last(mbg, set(ids), m)
         if ids:
-            steps.append(recompute_step(ids))
-            mbg = recompute_graph(mbg, ids)
+            steps.append(recompute_step(ids, recompute_segments))
+            mbg = recompute_graph(mbg, ids, segments=recompute_segments)
     derived = mbg
     if R > 1:  # the replicas in the symmetric form: one of each kind built (sim/symmetric.py)
         step = data_parallel_step(R, "strong", overhead_s, list(shares) if shares is not None else None, bucket_mb)

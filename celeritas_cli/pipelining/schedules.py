@@ -296,6 +296,8 @@ def stage_blocks(derived: Graph, graph: Graph, stage_of: Sequence[int]) -> list[
         ex = (derived.node_extra[x] or {}) if derived.node_extra else {}
         origin = ex.get("origin", derived.ids[x])
         v = index.get(origin if isinstance(origin, str) else derived.ids[x])
+        if v is None:  # a once node keeps its id, and the origin of an earlier derivation (tensor parallelism)
+            v = index.get(derived.ids[x])
         if v is None:
             raise InvalidInput(f"pipeline: node '{derived.ids[x]}' of the micro-batched graph does not come from a "
                                f"node of graph '{graph.name}'")

@@ -24,7 +24,9 @@ of ...`` with how it spreads them (:func:`replica_devices`).  A transform withou
 stages and schedule are not in its recipe (they are its orders): the
 ``pipeline`` family writes them in its estimate and :func:`pipeline_words`
 says them - ``"4-stage 1F1B, 16 micro-batches, stages 2xV100 | 2xP100,
-recompute off"``.
+recompute off"``; a tensor x pipeline x data plan (``megatron``) in
+:func:`megatron_words` - ``"TP 8 × PP 2 × DP 32, 1F1B interleaved ×2, 8
+micro-batches, sequence parallel, selective recompute"``.
 """
 
 from __future__ import annotations
@@ -162,6 +164,55 @@ def _fsdp(steps: list[dict], ctx: Context) -> str:
     return "; ".join(out)
 
 
+@describer("tensor-parallel")
+def _tensor_parallel(steps: list[dict], ctx: Context) -> str:
+    """Tensor (and sequence) parallelism (:mod:`celeritas_cli.transform.tensor_parallel`).
+
+    >>> _tensor_parallel([{"tp": 8, "sequence_parallel": True}], Context("gpt", 2206))
+    'tensor parallelism: every layer of gpt split over 8 ranks (Megatron-LM: MLP and attention column then row parallel, vocabulary-parallel embedding and cross entropy), sequence parallel (all-gather / reduce-scatter)'
+    """
+    out = []
+    for step in steps:
+        sp = ", sequence parallel (all-gather / reduce-scatter)" if step.get("sequence_parallel") else \
+            ", all-reduces in forward and backward"
+        out.append(f"tensor parallelism: every layer of {ctx.name} split over {step.get('tp')} ranks (Megatron-LM: "
+                   f"MLP and attention column then row parallel, vocabulary-parallel embedding and cross "
+                   f"entropy){sp}")
+    return "; ".join(out)
+
+
+#: the estimate fields of a 3D plan (tensor x pipeline x data; :func:`megatron_words`)
+MEGATRON_FIELDS = ("tp", "pp", "dp", "schedule", "virtual_stages", "microbatches", "sequence_parallel", "recompute")
+
+
+def megatron_words(est) -> str | None:
+    """A tensor x pipeline x data plan in words from its ``estimate`` fields
+    (:data:`MEGATRON_FIELDS`; the ``megatron`` row writes them), e.g.
+    ``"TP 8 × PP 2 × DP 32, 1F1B interleaved ×2, 8 micro-batches, sequence
+    parallel, selective recompute"``; None for other plans.
+
+    >>> megatron_words({"tp": 8, "pp": 2, "dp": 32, "schedule": "interleaved", "virtual_stages": 2,
+    ...                 "microbatches": 8, "sequence_parallel": True, "recompute": "selective"})
+    'TP 8 × PP 2 × DP 32, 1F1B interleaved ×2, 8 micro-batches, sequence parallel, selective recompute'
+    >>> megatron_words({"tp": 2, "pp": 1, "dp": 4, "schedule": "1f1b", "microbatches": 1, "recompute": "none"})
+    'TP 2 × PP 1 × DP 4, 1 micro-batch'
+    """
+    if not all(isinstance(est.get(f), int) and not isinstance(est.get(f), bool) for f in ("tp", "pp", "dp")):
+        return None
+    out = [f"TP {est['tp']} × PP {est['pp']} × DP {est['dp']}"]
+    v = est.get("virtual_stages") or 1
+    if est["pp"] > 1:
+        out.append(f"1F1B interleaved ×{v}" if est.get("schedule") == "interleaved" and v > 1 else "1F1B")
+    m = est.get("microbatches")
+    if isinstance(m, int):
+        out.append(f"{m} micro-batch{'es' if m != 1 else ''}")
+    if est.get("sequence_parallel"):
+        out.append("sequence parallel")
+    if est.get("recompute") in ("full", "selective"):
+        out.append(f"{est['recompute']} recompute")
+    return ", ".join(out)
+
+
 def _spread(ctx: Context) -> str:
     used = sorted(ctx.per_device.items(), key=lambda kv: (-kv[1], kv[0]))
     if len(used) == 1:
@@ -272,7 +323,9 @@ def describe_placement(placement, graph, cluster=None) -> str:
     est = placement.estimate if placement.estimate is not None else {}
     types = (lambda d: cluster.devices[cluster.index[d]].type if d in cluster.index else d) if cluster is not None \
         else None
-    words = pipeline_words(est, types)
+    words = megatron_words(est)
+    if words is None:
+        words = pipeline_words(est, types)
     if words is not None:
         return words
     base = (placement.derivation or {}).get("base") if isinstance(placement.derivation, dict) else None

@@ -240,12 +240,21 @@ def judge(graph: Graph, cluster: Cluster, placement: Placement, label: str = "pl
             if len(order[d]) != counts[d]:
                 raise InvalidInput(f"{label}: the order of {cluster.ids[d]} does not list every node of replica 0 "
                                    f"assigned to it exactly once")
-    groups: dict[str, list[int]] = {}
+    members: dict[str, list[int]] = {}
     for x in range(reduced.n):
         c = (reduced.node_extra[x] or {}).get("collective")
-        if isinstance(c, dict) and c.get("group") not in groups:
-            j = rmap.devices[int(reduced.node_extra[x].get("replica", 0))].index(device_of[x])
-            groups[c["group"]] = [rmap.devices[r][j] for r in range(rmap.k)]
+        if isinstance(c, dict):
+            members.setdefault(c.get("group"), []).append(x)
+    groups: dict[str, list[int]] = {}
+    ex = reduced.node_extra
+    for name, xs in members.items():
+        c = ex[xs[0]]["collective"]
+        if rmap.k > 1 and len(xs) == c.get("ranks") and len({int(ex[x].get("replica", 0)) for x in xs}) == 1:
+            groups[name] = sorted(device_of[x] for x in xs)  # a group inside one replica (tensor parallelism)
+            continue
+        # a group across the replicas: one rank per replica, on that replica's device for this rank's
+        j = rmap.devices[int(ex[xs[0]].get("replica", 0))].index(device_of[xs[0]])
+        groups[name] = [rmap.devices[r][j] for r in range(rmap.k)]
     # every simulation of this graph (auto's evaluations too) costs the collectives for the whole groups
     reduced.meta["collective_devices"] = groups
     return Judged(reduced, device_of, order, groups, rmap, kind_of)

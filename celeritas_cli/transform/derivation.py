@@ -281,9 +281,10 @@ STEPS: dict[str, StepKind] = {
         build=lambda g, st: microbatch_graph(g, st["m"], overhead_s=st["overhead_s"],
                                              assume_batch=st.get("assume_batch"))),
     "recompute": StepKind(  # transform/recompute.py (WP "pipe")
-        fields={"nodes": strings()}, required=("nodes",), check=_recompute_check,
-        size=lambda g, st: Size(*recompute_size(g, st["nodes"])), hint="fewer recomputed nodes",
-        build=lambda g, st: recompute_graph(g, st["nodes"])),
+        fields={"nodes": strings(), "segments": boolean}, required=("nodes",), check=_recompute_check,
+        size=lambda g, st: Size(*recompute_size(g, st["nodes"], st.get("segments", False))),
+        hint="fewer recomputed nodes",
+        build=lambda g, st: recompute_graph(g, st["nodes"], segments=st.get("segments", False))),
     "fsdp": StepKind(  # transform/fsdp.py (WP "fsdp")
         fields={"replicas": integer(1, at_most_devices=True), "stage": integer(1, 3), "global_batch": _BATCH,
                 "overhead_s": _OVERHEAD, "unit_mb": number(0, UNIT_MB_MAX), "samples": integers(1),

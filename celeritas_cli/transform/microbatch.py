@@ -28,7 +28,11 @@ Structure
   ``f = b_i / B`` (Standard Evaluation line, roofline at the smaller shape,
   else linear plus ``overhead_s``; never better than linear), activation
   ``ceil(f * act)``, ``flops``, ``bytes_moved``, ``output_bytes`` and
-  ``batch_line`` rescaled as for a data-parallel replica.  An edge between
+  ``batch_line`` rescaled as for a data-parallel replica; a collective node
+  (``collective``: a tensor-parallel all-reduce of an activation) becomes
+  one collective per micro-batch, group ``<group>/mb<i>``, ``seq`` =
+  ``seq m + i``, ``ceil(f * bytes)`` (a collective of once tensors, e.g.
+  a gradient all-reduce, is a once node).  An edge between
   copies carries ``ceil(f * bytes)`` of a batch-dependent tensor, the whole
   of a batch-independent one.
 * **Weights read once per device**: the batch-independent memory of ``v``
@@ -436,6 +440,12 @@ class _Builder:
         nd.update(out)
         nd["microbatch"] = i
         nd["origin"] = g.ids[v]
+        c = nd.get("collective")
+        if isinstance(c, dict):  # each micro-batch's collective is its own group, of its micro-batch's bytes
+            nbytes = c.get("bytes")
+            nd["collective"] = {**c, "group": f"{c.get('group')}/mb{i}",
+                                "seq": c["seq"] * self.m + i if isinstance(c.get("seq"), int) else c.get("seq"),
+                                "bytes": _share(nbytes, b, unit) if isinstance(nbytes, int) else nbytes}
         if self.resident:
             nd["resident_bytes"] = 0
         return nd

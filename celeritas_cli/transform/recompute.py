@@ -20,7 +20,10 @@ For every listed forward node ``v`` whose activation a backward node reads:
   the recomputed activation until its backward readers finish.  It keeps
   ``v``'s colocation (in a plain graph ``v`` reads its parameters on its
   own device; in a micro-batched graph it reads ``params`` from the
-  ``weights`` node like ``v``).
+  ``weights`` node like ``v``).  The clone of a collective node (a
+  tensor-parallel all-reduce recomputed with its layer, as Megatron-LM's
+  full recomputation reruns it) is a collective of its own: group
+  ``<group>/recompute``, the same ``seq``.
 * Its inputs are ``v``'s inputs, from the clone of the producer when the
   producer is recomputed too (a recomputed segment is recomputed from its
   first input, Chen et al.'s checkpoint), else from the producer, which
@@ -41,6 +44,12 @@ For every listed forward node ``v`` whose activation a backward node reads:
   backward of that micro-batch can start, as Megatron-LM and GPipe
   recompute, never earlier (the gradient goes to the clone's device anyway,
   for its backward readers; the extra edge carries no new traffic there).
+  With ``segments`` (the step's ``"segments": true``) each connected part
+  of a micro-batch's clones (clones reading each other) is gated on its
+  own: when every transformer layer's input is kept, a layer's clones wait
+  for the gradient entering that layer's backward, so one layer is
+  recomputed at a time (Megatron-LM's ``--recompute-method uniform``), and
+  the tensor ranks of a micro-batch are gated apart.
 
 Listed ids are ids of the graph, or the ``origin`` of micro-batch copies
 (all of them), so one step lists the model's nodes however many
@@ -73,9 +82,12 @@ from .splitting import edge_dicts, fresh_namer
 __all__ = ["apply_recompute_step", "recompute_graph", "recompute_size", "recompute_step", "resolve_nodes"]
 
 
-def recompute_step(nodes: list[str]) -> dict:
-    """The recipe step of :func:`recompute_graph`."""
-    return {"transform": "recompute", "nodes": [str(x) for x in nodes]}
+def recompute_step(nodes: list[str], segments: bool = False) -> dict:
+    """The recipe step of :func:`recompute_graph` (``segments`` written only when set)."""
+    step: dict[str, Any] = {"transform": "recompute", "nodes": [str(x) for x in nodes]}
+    if segments:
+        step["segments"] = True
+    return step
 
 
 def _extra(graph: Graph, v: int) -> dict:
@@ -115,7 +127,7 @@ def resolve_nodes(graph: Graph, ids: list[str]) -> list[int]:
     return sorted(chosen)
 
 
-def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
+def recompute_graph(graph: Graph, nodes: list[str], *, segments: bool = False) -> Graph:
     """*graph* with the activations of *nodes* recomputed in the backward
     (module docstring).
 
@@ -125,6 +137,9 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
         A training graph (plain, micro-batched, split or data-parallel).
     nodes : list of str
         Node ids, or origins of micro-batch copies.
+    segments : bool
+        Gate each *segment* of a micro-batch's clones on its own (module
+        docstring): recomputation per transformer layer, or per tensor rank.
 
     Returns
     -------
@@ -150,7 +165,7 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
     ['db']
     """
     moved = _moved(graph, resolve_nodes(graph, nodes))
-    check_size(Size(*recompute_size(graph, nodes)), f"recomputing {len(nodes)} nodes of graph '{graph.name}'",
+    check_size(Size(*recompute_size(graph, nodes, segments)), f"recomputing {len(nodes)} nodes of graph '{graph.name}'",
                "fewer recomputed nodes")
     passes = node_passes(graph)
     prof = batch_profile(graph)
@@ -170,6 +185,8 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
             nd["batch_line"] = {k: x for k, x in nd["batch_line"].items() if k != "memory_bytes"}
         nd["recompute_of"] = graph.ids[v]
         nd.setdefault("origin", graph.ids[v])  # what the clone copies: v's origin, or v
+        if isinstance(nd.get("collective"), dict):  # a recomputed collective is a collective of its own
+            nd["collective"] = {**nd["collective"], "group": f"{nd['collective'].get('group')}/recompute"}
         if resident:
             nd["resident_bytes"] = 0
         new_nodes.append(nd)
@@ -185,7 +202,7 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
             src = clone[s] if s in moved and t in moved[s] else graph.ids[s]
             extra_edges.append({**ed, "src": src, "dst": clone[d]})
     eds = edge_dicts(graph)
-    extra_edges += [{**eds[e], "dst": clone[v]} for e, v in _gates(graph, moved, passes)]
+    extra_edges += [{**eds[e], "dst": clone[v]} for e, v in _gates(graph, moved, passes, segments)]
     meta = dict(graph.meta)
     meta["recompute"] = list(graph.meta.get("recompute", [])) + [graph.ids[v] for v in sorted(moved)]
     doc = {"schema": GRAPH_SCHEMA, "name": graph.name if "recompute" in graph.meta else f"{graph.name}+rc",
@@ -193,17 +210,19 @@ def recompute_graph(graph: Graph, nodes: list[str]) -> Graph:
     return Graph.from_dict(doc, label=doc["name"])
 
 
-def _gates(graph: Graph, moved: dict[int, set[int]], passes: list[str]) -> list[tuple[int, int]]:
+def _gates(graph: Graph, moved: dict[int, set[int]], passes: list[str],
+           segments: bool = False) -> list[tuple[int, int]]:
     """``(edge, v)``: the clone of *v* also reads the tensor of *edge* (of
-    *graph*), so that the first clones of each micro-batch (replica) wait
-    for the gradients entering their backward (module docstring): a
-    backward node's input from a backward node that is not a reader of the
-    clones and does not descend from one."""
+    *graph*), so that the first clones of each micro-batch (replica), or of
+    each of its segments, wait for the gradients entering their backward
+    (module docstring): a backward node's input from a backward node that
+    is not a reader of the clones and does not descend from one."""
     topo = graph.topo_index()
     groups: dict[tuple, list[int]] = {}
+    seg = _segments(graph, moved) if segments else {}
     for v in moved:
         ex = _extra(graph, v)
-        groups.setdefault((str(ex.get("replica")), str(ex.get("microbatch"))), []).append(v)
+        groups.setdefault((str(ex.get("replica")), str(ex.get("microbatch")), seg.get(v, 0)), []).append(v)
     out = []
     for vs in groups.values():
         region = {graph.edge_dst[e] for v in vs for e in graph.out_edges[v]
@@ -227,6 +246,27 @@ def _gates(graph: Graph, moved: dict[int, set[int]], passes: list[str]) -> list[
     return out
 
 
+def _segments(graph: Graph, moved: dict[int, set[int]]) -> dict[int, int]:
+    """Recomputed node -> its segment: the connected parts of the clones
+    (a clone reading another clone joins its segment)."""
+    parent = {v: v for v in moved}
+
+    def root(v: int) -> int:
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for v in moved:
+        for e in graph.out_edges[v]:
+            d = graph.edge_dst[e]
+            if d in moved and graph.edge_tensor[e] in moved[v]:
+                a, b = root(v), root(d)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    return {v: root(v) for v in moved}
+
+
 def _moved(graph: Graph, chosen: list[int]) -> dict[int, set[int]]:
     """For each node of *chosen* that gets a clone: its tensors the clone
     sends (activations a backward node or another clone reads), decided
@@ -246,7 +286,7 @@ def _moved(graph: Graph, chosen: list[int]) -> dict[int, set[int]]:
     return moved
 
 
-def recompute_size(graph: Graph, nodes: list[str]) -> tuple[int, int]:
+def recompute_size(graph: Graph, nodes: list[str], segments: bool = False) -> tuple[int, int]:
     """``(nodes, edges)`` of :func:`recompute_graph`, counted without
     building it: a clone per recomputed node, a copy of each of its
     input edges, and the edges of the gradients the first clones wait for.
@@ -260,7 +300,7 @@ def recompute_size(graph: Graph, nodes: list[str]) -> tuple[int, int]:
     ((4, 3), (4, 3))
     """
     moved = _moved(graph, resolve_nodes(graph, nodes))
-    gates = _gates(graph, moved, node_passes(graph)) if moved else []
+    gates = _gates(graph, moved, node_passes(graph), segments) if moved else []
     return graph.n + len(moved), graph.m + sum(1 for d in graph.edge_dst if d in moved) + len(gates)
 
 
@@ -276,6 +316,6 @@ def apply_recompute_step(graph: Graph, step: dict, label: str) -> Graph:
         See :func:`resolve_nodes`.
     """
     nodes = step["nodes"]
-    if not isinstance(nodes, list):
+    if not isinstance(nodes, list) or not isinstance(step.get("segments", False), bool):
         raise TypeError(nodes)
-    return recompute_graph(graph, nodes)
+    return recompute_graph(graph, nodes, segments=step.get("segments", False))

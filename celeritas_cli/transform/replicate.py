@@ -31,7 +31,10 @@ Structure
   its share of the activations; ``pass`` is copied.
   Optimizer updates and batch-independent nodes run in full in every
   replica.  ``flops``, ``bytes_moved``, ``output_bytes`` and ``batch_line``
-  are rescaled the same way, so a replica node can be split again.
+  are rescaled the same way, so a replica node can be split again.  A
+  collective node of the graph (a tensor-parallel group, inside one
+  replica) becomes replica ``r``'s own group ``<group>/rep<r>`` of its
+  share of the bytes.
 * Edges inside a replica: the same tensors; bytes ``ceil(f * b)`` for
   tensors that scale with the batch, whole for batch-independent ones.
   Measured ``comm_s_by_pair`` entries are kept only on tensors whose size
@@ -293,6 +296,9 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
             nd = {"id": rep_id[r][v], **templates[r][v], "replica": r, "origin": graph.ids[v]}
             if graph.colocation[v] is not None:
                 nd["colocation"] = f"{graph.colocation[v]}/rep{r}"
+            if isinstance(nd.get("collective"), dict):  # a collective inside the replica (tensor parallelism)
+                nd["collective"] = _replica_collective(nd["collective"], r, k, prof.fixed_node[v] or not strong,
+                                                       shares[r] if shares else None)
             nodes.append(nd)
     reduce = k > 1
     edges: list[dict] = []
@@ -335,6 +341,22 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     name = f"{graph.name}+dp{k}"
     return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
                            label=name)
+
+
+def _replica_collective(c: dict, r: int, k: int, whole: bool, share: float | None) -> dict:
+    """The ``collective`` field of replica *r*'s copy of a collective node
+    of the replicated graph (a tensor-parallel group inside one replica):
+    its own group ``<group>/rep<r>``, the replica's share of the bytes
+    (whole when the node is batch-independent or under weak scaling).
+
+    >>> _replica_collective({"kind": "all-reduce", "group": "tp:x", "seq": 3, "bytes": 10, "ranks": 2}, 1, 4,
+    ...                     False, None)
+    {'kind': 'all-reduce', 'group': 'tp:x/rep1', 'seq': 3, 'bytes': 3, 'ranks': 2}
+    """
+    nbytes = c.get("bytes")
+    if isinstance(nbytes, int) and not whole and k > 1:
+        nbytes = _part_bytes(nbytes, k, share or 0.0, share is None)
+    return {**c, "group": f"{c.get('group')}/rep{r}", "bytes": nbytes}
 
 
 def _ring_index(graph: Graph, grads: list[int]) -> list[int]:
