@@ -53,7 +53,7 @@ def default_algorithms() -> list[str]:
 
 #: the parallelism planners: they derive a graph (replicas, micro-batches, stages, shards) and place it;
 #: names not registered (yet) are left out when a group is expanded
-PARALLELISM_PLANNERS = ("data-parallel", "pipeline", "gpipe", "pipedream", "alpa-stages", "fsdp")
+PARALLELISM_PLANNERS = ("data-parallel", "pipeline", "gpipe", "pipedream", "alpa-stages", "fsdp", "megatron")
 
 #: ``--algos`` group name -> what it holds (the help text); :func:`algorithm_group` expands it
 ALGORITHM_GROUPS = {

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Callable
 
-from ..pipelining.schedules import SCHEDULES
+from ..pipelining.schedules import INTERLEAVED, SCHEDULES
 
 
 @dataclass
@@ -202,7 +202,7 @@ def megatron_words(est) -> str | None:
     out = [f"TP {est['tp']} × PP {est['pp']} × DP {est['dp']}"]
     v = est.get("virtual_stages") or 1
     if est["pp"] > 1:
-        out.append(f"1F1B interleaved ×{v}" if est.get("schedule") == "interleaved" and v > 1 else "1F1B")
+        out.append(f"1F1B interleaved ×{v}" if est.get("schedule") == INTERLEAVED.name and v > 1 else "1F1B")
     m = est.get("microbatches")
     if isinstance(m, int):
         out.append(f"{m} micro-batch{'es' if m != 1 else ''}")

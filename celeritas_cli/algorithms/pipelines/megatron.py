@@ -278,7 +278,8 @@ def _servers_check(cluster: Cluster, tp: int) -> None:
                               min=1, max=TP_MAX),
                   "pp": Param(int, 1, "pipeline-model-parallel size (pipeline stages)", min=1, max=COUNT_MAX),
                   "dp": Param(int, 0, "data-parallel size; 0 = GPUs / (tp x pp)", min=0, max=COUNT_MAX),
-                  "micro_batch_size": Param(int, 1, "samples per micro-batch per data-parallel replica", min=1,
+                  "micro_batch_size": Param(int, 1, "samples each replica's pipeline takes in at a time (Megatron-LM's "
+                                            "micro_batch_size)", min=1,
                                             max=COUNT_MAX),
                   "global_batch_size": Param(int, 0, "samples per step over all replicas; 0 = the graph's batch",
                                              min=0, max=COUNT_MAX),
