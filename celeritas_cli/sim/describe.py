@@ -100,8 +100,9 @@ def _data_parallel(steps: list[dict], ctx: Context) -> str:
         batch = ("each on the whole batch (weak scaling)" if step.get("scaling") == "weak" else
                  "batch shares by device speed" if step.get("shares") else f"each on 1/{r} of the batch")
         bucket = step.get("bucket_mb") or 0
-        ring = (f"ring all-reduce of the gradients in {bucket:g} MiB buckets" if bucket else
-                "one ring all-reduce per gradient")
+        form = "explicit ring steps" if step.get("collectives") == "ring" else "NCCL"
+        ring = (f"all-reduce of the gradients in {bucket:g} MiB buckets ({form})" if bucket else
+                f"one all-reduce per gradient ({form})")
         rings = sum(ctx.per_device.values()) - r * ctx.nodes if isinstance(r, int) and r > 0 else 0
         if rings > 0 and len(steps) == 1:
             ring += f" ({rings // r:,} all-reduce nodes per replica)"
@@ -231,10 +232,10 @@ def describe(derivation: dict | None, ctx: Context) -> str:
     -------
     >>> describe({"steps": [{"transform": "data-parallel", "replicas": 4, "scaling": "strong",
     ...                      "bucket_mb": 25.0}]}, Context("transformer_b256", 1304))
-    'data parallelism: 4 replicas of transformer_b256, 1,304 nodes each, each on 1/4 of the batch + ring all-reduce of the gradients in 25 MiB buckets'
+    'data parallelism: 4 replicas of transformer_b256, 1,304 nodes each, each on 1/4 of the batch + all-reduce of the gradients in 25 MiB buckets (NCCL)'
     >>> describe({"steps": [{"transform": "data-parallel", "replicas": 2, "bucket_mb": 0}]},
     ...          Context("m", 100, 2, {"gpu0": 130, "gpu1": 130}))
-    'data parallelism: 2 replicas of m, 100 nodes each, each on 1/2 of the batch + one ring all-reduce per gradient (30 all-reduce nodes per replica)'
+    'data parallelism: 2 replicas of m, 100 nodes each, each on 1/2 of the batch + one all-reduce per gradient (NCCL) (30 all-reduce nodes per replica)'
     >>> describe(None, Context("g", 60, 4, {"gpu0": 40, "gpu1": 20}))
     'operator placement: 60 nodes of g over 2 of 4 devices (gpu0 40, gpu1 20)'
     """

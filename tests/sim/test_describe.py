@@ -37,7 +37,7 @@ def test_data_parallel_plan_counts_replicas_and_all_reduce_nodes():
     assert p.replicas is not None and p.derived is None
     text = describe_placement(p, g, c)
     assert text.startswith(f"data parallelism: 4 replicas of {g.name}, 80 nodes each, each on 1/4 of the batch")
-    assert "ring all-reduce of the gradients in 25 MiB buckets" in text
+    assert "all-reduce of the gradients in 25 MiB buckets (NCCL)" in text
     full = expand(g, c, p)
     d = derive(g, full.derivation, devices=c.k)
     assert set(full.assignment) == set(d.ids)

@@ -199,7 +199,7 @@ def replica_devices(graph: Graph, devs: list[int]) -> list[int]:
                                          "device's speed on the graph (not in the paper)"),
                   "bucket_mb": Param(float, DEFAULT_BUCKET_MB, "gradients all-reduced in buckets of this many MiB "
                                      "in the order they become ready (PyTorch DDP's bucket_cap_mb, not in "
-                                     "FastT); 0 = one ring all-reduce per gradient", min=0, max=BUCKET_MB_MAX),
+                                     "FastT); 0 = one all-reduce per gradient", min=0, max=BUCKET_MB_MAX),
                   "collectives": COLLECTIVES,
                   "assume_batch": ASSUME_BATCH},
           quick_params={})
