@@ -12,6 +12,8 @@ import json
 
 import pytest
 
+from tests.sim.test_symmetric import _same  # the symmetric judge against the full simulation
+
 from celeritas_cli import registry
 from celeritas_cli.algorithms.pipelines.megatron import device_of_rank, layer_checkpoints, megatron, selective_nodes
 from celeritas_cli.errors import InvalidInput
@@ -53,15 +55,6 @@ def cl():
 @pytest.fixture(scope="module")
 def plan(g, cl):
     return registry.place(g, cl, "megatron", params={"tp": 2, "pp": 2, "dp": 2, "micro_batch_size": 2})
-
-
-def _same(sym: dict, full: dict) -> None:
-    assert sym["makespan_s"] == pytest.approx(full["makespan_s"], rel=REL)
-    assert sym["status"] == full["status"]
-    for a, b in zip(sym["devices"], full["devices"]):
-        assert a["id"] == b["id"]
-        assert a["memory_bytes"] == b["memory_bytes"]
-        assert a["busy_s"] == pytest.approx(b["busy_s"], rel=REL, abs=1e-15)
 
 
 def _full_graph(g: Graph, cl: Cluster, p) -> Graph:
