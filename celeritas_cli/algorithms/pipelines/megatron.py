@@ -279,7 +279,8 @@ def _servers_check(cluster: Cluster, tp: int) -> None:
                   "pp": Param(int, 1, "pipeline-model-parallel size (pipeline stages)", min=1, max=COUNT_MAX),
                   "dp": Param(int, 0, "data-parallel size; 0 = GPUs / (tp x pp)", min=0, max=COUNT_MAX),
                   "micro_batch_size": Param(int, 1, "samples each replica's pipeline takes in at a time (Megatron-LM's "
-                                            "micro_batch_size)", min=1,
+                                            "micro_batch_size); 0 = the largest that gives each replica 4 x pp "
+                                            "micro-batches (1 without a pipeline)", min=0,
                                             max=COUNT_MAX),
                   "global_batch_size": Param(int, 0, "samples per step over all replicas; 0 = the graph's batch",
                                              min=0, max=COUNT_MAX),
@@ -290,7 +291,7 @@ def _servers_check(cluster: Cluster, tp: int) -> None:
                   "recompute": Param(str, "none", "activation recomputation granularity",
                                      choices=RECOMPUTE_GRANULARITY),
                   "assume_batch": ASSUME_BATCH},
-          quick_params={"tp": 1, "pp": 1})
+          quick_params={"tp": 1, "pp": 1, "micro_batch_size": 0})
 def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, tp: int = 1,
              pp: int = 1, dp: int = 0, micro_batch_size: int = 1, global_batch_size: int = 0,
              virtual_stages: int = 1, sequence_parallel: bool = False, recompute: str = "none",
@@ -351,6 +352,12 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     if gb != batch:
         raise InvalidInput(f"megatron: global_batch_size={gb}, but graph '{graph.name}' is costed at batch {batch}; "
                            f"profile the model at batch {gb} or leave global_batch_size unset")
+    if micro_batch_size == 0:  # not Megatron-LM's: the largest micro-batch giving 4 pp of them (Megatron's bubble)
+        if gb % dp:
+            raise InvalidInput(f"megatron: the global batch of {gb} does not split into dp = {dp} replicas")
+        per, want = gb // dp, (1 if pp == 1 else 4 * pp)
+        micro_batch_size = max((d for d in range(1, per + 1) if per % d == 0 and per // d >= min(want, per)),
+                               default=1)
     if gb % (micro_batch_size * dp):
         raise InvalidInput(f"megatron: the global batch of {gb} is not a whole number of micro-batches of "
                            f"micro_batch_size x dp = {micro_batch_size} x {dp} samples")
