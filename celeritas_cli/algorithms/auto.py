@@ -241,6 +241,10 @@ def _answer(search: Search, out, graph: Graph, cluster: Cluster, seed: int, cong
         warn(f"auto: {estimate['status'].lower()} placement, simulated makespan {out.score.makespan:.6g} s "
              f"(from {winner}{', refined' if out.refined_from else ''}: start {start:.6g} s), {spent}")
         warn(f"auto: the plan: {p.estimate['plan']}")
+        if estimate["status"] == "OOM":  # say what may fit, and how to let it be searched
+            warn("auto: no plan it judged fits in memory; a pipeline (which splits the model over the GPUs) may: "
+                 "raise --time-limit (e.g. 120) to let the pipeline planner search, or ask it directly with "
+                 "--algo pipeline (or --algo megatron -p recompute=full)")
     return p
 
 
