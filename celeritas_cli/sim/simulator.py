@@ -675,10 +675,10 @@ def simulate(graph: Graph, cluster: Cluster, placement: Placement, *, congestion
     if placement.replicas is not None:
         from . import symmetric  # a layer above this module's event loop
 
-        rmap, kind_of, _ = symmetric.prepare(graph, cluster, placement, label)
-        why = "asked (--full-sim)" if full else symmetric.asymmetry(cluster, rmap, kind_of)
+        prepared = symmetric.prepare(graph, cluster, placement, label)
+        why = "asked (--full-sim)" if full else symmetric.asymmetry(cluster, *prepared[:2])
         if why is None:
-            judged = symmetric.judge(graph, cluster, placement, label)
+            judged = symmetric.judge(graph, cluster, placement, label, prepared)
         else:
             if not full:
                 from ..log import warn

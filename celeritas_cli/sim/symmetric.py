@@ -54,7 +54,7 @@ from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..transform.admit import replica_kinds as kinds
-from ..transform.derivation import STEPS, base_graph, derive
+from ..transform.derivation import STEPS, base_graph, check_step, derive
 from ..transform.fsdp import fsdp_kinds
 from ..transform.recipe_check import Context as RecipeContext, check_recipe
 
@@ -116,12 +116,11 @@ def asymmetry(cluster: Cluster, rmap: ReplicaMap, kind_of: list[int]) -> str | N
     return None
 
 
-def _rep0_id(nid: str, r: int) -> str:
+def _as_replica(nid: str, r: int, to: int) -> str | None:
+    """The id of node *nid* of replica *r* in replica *to* (its last ``/rep<r>`` renamed), None without one."""
     suffix = f"/rep{r}"
     i = nid.rfind(suffix)
-    if i < 0:
-        return ""
-    return nid[:i] + "/rep0" + nid[i + len(suffix):]
+    return None if i < 0 else nid[:i] + f"/rep{to}" + nid[i + len(suffix):]
 
 
 @dataclass
@@ -140,8 +139,8 @@ class Judged:
 def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) -> tuple[ReplicaMap, list[int], dict]:
     """The replica map and kinds of a placement with ``replicas``, and its last recipe step."""
     der = placement.derivation
-    if der is not None:  # the recipe's fields first, each said in one line naming it
-        check_recipe(der, STEPS, RecipeContext(label, cluster.k, cluster.name))
+    ctx = RecipeContext(label, cluster.k, cluster.name)
+    checked = check_recipe(der, STEPS, ctx) if der is not None else []  # the fields first, in one line
     steps = der.get("steps") if isinstance(der, dict) else None
     if not steps or not isinstance(steps[-1], dict) or steps[-1].get("transform") not in REPLICATED:
         raise InvalidInput(f"{label}: field replicas: only a placement whose recipe ends in data parallelism or fsdp "
@@ -153,11 +152,10 @@ def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) ->
     if not isinstance(k, int) or k < 1:
         raise InvalidInput(f"{label}: field derivation.steps[{len(steps) - 1}].replicas must be a positive integer")
     base = base_graph(graph, der, label)
-    # every step checked (its fields, against the graph) as the full derivation would, one replica built
-    derive(base, der, label, devices=cluster.k, cluster=cluster.name, represent=[0])
-    rmap = replica_map(placement.replicas, cluster, k, label)
     prefix = derive(base, {"steps": steps[:-1]}, label, devices=cluster.k, cluster=cluster.name) \
         if len(steps) > 1 else base
+    check_step(prefix, len(steps) - 1, *checked[-1], ctx)  # the last step against its graph, as derive would
+    rmap = replica_map(placement.replicas, cluster, k, label)
     try:
         kind_of = (fsdp_kinds if last["transform"] == "fsdp" else kinds)(prefix, last)
     except InvalidInput as exc:
@@ -182,12 +180,14 @@ def alike(cluster: Cluster, rmap: ReplicaMap, kind_of: list[int]) -> list[int]:
     return out
 
 
-def judge(graph: Graph, cluster: Cluster, placement: Placement, label: str = "placement") -> Judged:
+def judge(graph: Graph, cluster: Cluster, placement: Placement, label: str = "placement",
+          prepared: tuple[ReplicaMap, list[int], dict] | None = None) -> Judged:
     """The judged copies of a placement with ``replicas`` (module docstring):
     their graph (the recipe with only one replica of each kind built), the
     devices and orders the replica map gives them, and every collective
-    group's whole device list."""
-    rmap, kind_of, _ = prepare(graph, cluster, placement, label)
+    group's whole device list.  *prepared*: :func:`prepare`'s answer, when
+    the caller already has it."""
+    rmap, kind_of, _ = prepared or prepare(graph, cluster, placement, label)
     reps = sorted(set(kind_of))
     reduced = derive(base_graph(graph, placement.derivation, label), placement.derivation, label,
                      devices=cluster.k, cluster=cluster.name, represent=reps)
@@ -197,7 +197,7 @@ def judge(graph: Graph, cluster: Cluster, placement: Placement, label: str = "pl
     rep0 = [""] * reduced.n
     for x in range(reduced.n):
         r = int((reduced.node_extra[x] or {}).get("replica", 0))
-        nid = reduced.ids[x] if r == 0 else _rep0_id(reduced.ids[x], r)
+        nid = reduced.ids[x] if r == 0 else (_as_replica(reduced.ids[x], r, 0) or "")
         did = assign.get(nid)
         if did is None or did not in cluster.index:
             raise InvalidInput(f"{label}: node '{nid or reduced.ids[x]}' of replica 0 has no device in the assignment"
@@ -296,10 +296,10 @@ def expand(graph: Graph | None, cluster: Cluster, placement: Placement, label: s
 
 
 def _rename(nid: str, r: int, label: str) -> str:
-    i = nid.rfind("/rep0")
-    if i < 0:
+    out = _as_replica(nid, 0, r)
+    if out is None:
         raise InvalidInput(f"{label}: node '{nid}' of replica 0 has no '/rep0' in its id")
-    return nid[:i] + f"/rep{r}" + nid[i + 5:]
+    return out
 
 
 def expand_report(report: dict, cluster: Cluster, judged: Judged) -> dict:

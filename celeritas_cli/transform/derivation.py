@@ -356,15 +356,29 @@ def apply_step(graph: Graph, step: Any, label: str = "derivation", *, devices: i
     return _apply(graph, 0, st, kind, ctx)
 
 
-def _apply(graph: Graph, i: int, step: dict, kind: StepKind, ctx: Context) -> Graph:
-    """Step *i* (fields already checked): against *graph*, sized, then built."""
-    where, label = f"derivation.steps[{i}]", ctx.label
+def check_step(graph: Graph, i: int, step: dict, kind: StepKind, ctx: Context) -> None:
+    """Step *i* (fields already checked by :func:`~.recipe_check.check_recipe`)
+    against the graph it applies to, in one line naming the field.
+
+    Raises
+    ------
+    InvalidInput
+        ``<label>: field derivation.steps[i].<field>: ...`` or
+        ``<label>: derivation.steps[i] (<transform>): ...``.
+    """
     if kind.check is not None:
         problem = kind.check(graph, step, ctx)
         if problem:
             name, why = problem
-            raise InvalidInput(f"{label}: field {where}.{name}: {why}" if name else
-                               f"{label}: {where} ({step['transform']}): {why}")
+            where = f"derivation.steps[{i}]"
+            raise InvalidInput(f"{ctx.label}: field {where}.{name}: {why}" if name else
+                               f"{ctx.label}: {where} ({step['transform']}): {why}")
+
+
+def _apply(graph: Graph, i: int, step: dict, kind: StepKind, ctx: Context) -> Graph:
+    """Step *i* (fields already checked): against *graph* (:func:`check_step`), sized, then built."""
+    where, label = f"derivation.steps[{i}]", ctx.label
+    check_step(graph, i, step, kind, ctx)
     check_size(kind.size(graph, step), f"{label}: {where} ({step['transform']})", kind.hint, ctx.devices)
     try:
         return kind.build(graph, step)
