@@ -158,7 +158,7 @@ def _collapse(seq: list) -> list:
 class PipeliningPlan:
     """What :func:`pipelining_source` writes: the split points (module
     paths, one per stage after the first), stage ``j``'s cluster device in
-    replica 0, the schedule (``None`` for one stage: no pipeline), the
+    replica 0, the schedule's name (:data:`~celeritas_cli.pipelining.schedules.SCHEDULES`), the
     micro-batches, the pipeline ranks ``p``, chunks per rank ``v``; the
     data-parallel replicas ``dp``, the cluster device of every global rank
     (``rank_devices[r * p + j]``: replica ``r``'s pipeline rank ``j``), each
@@ -167,7 +167,7 @@ class PipeliningPlan:
 
     split_points: list[str]
     stage_devices: list[int]
-    schedule: str | None
+    schedule: str
     m: int
     p: int
     v: int
@@ -525,12 +525,8 @@ if __name__ == "__main__":
 
 def describe(plan: PipeliningPlan, program: str) -> str:
     """One line saying what :func:`pipelining_source` wrote for *plan* and how to launch it."""
-    if plan.schedule is None:
-        what = f"a data-parallel torchrun program ({plan.dp} replicas"
-    else:
-        what = (f"a torch.distributed.pipelining program ({plan.schedule}, {len(plan.stage_devices)} stages split at "
-                f"{', '.join(plan.split_points)}, {plan.m} micro-batches"
-                + (f", x {plan.dp} replicas" if plan.dp > 1 else ""))
+    what = (f"a torch.distributed.pipelining program ({plan.schedule}, {len(plan.stage_devices)} stages split at "
+            f"{', '.join(plan.split_points)}, {plan.m} micro-batches" + (f", x {plan.dp} replicas" if plan.dp > 1 else ""))
     return f"{what} on a {plan.dp} x {plan.p} (dp, pp) DeviceMesh; {torchrun_line(plan.nproc, program)})"
 
 
@@ -551,20 +547,15 @@ def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: 
     sm = whole.sm
     params = [[sm.state_names[s], list(whole.state[s].shape)] for s in range(sm.n_params)]
     line = torchrun_line(plan.nproc, program)
-    if plan.schedule is None:
-        title, imports, splits = "Data-parallel plan", "", ""
-        pipeline_words = (f"One stage: every rank runs the whole model on its replica's rows ({plan.m} "
-                          f"micro-batch(es) in turn).\n")
-    else:
-        sched = SCHEDULES[plan.schedule]
-        title = "Pipeline plan" if plan.dp == 1 else "Pipeline x data-parallel plan"
-        imports = ("from torch.distributed.pipelining import SplitPoint, pipeline\n"
-                   f"from torch.distributed.pipelining import {sched.torch_class} as SCHEDULE\n")
-        pipeline_words = (f"Over the pp dimension: torch.distributed.pipelining, the model split with\npipeline(..., "
-                          f"split_spec=SPLIT_SPEC) into {len(plan.stage_devices)} stages (stage j on pipeline rank "
-                          f"j mod PP), {sched.words(plan.v)}\n(torch's {sched.torch_class}: its own step order, the "
-                          f"placement's schedule), {plan.m} micro-batches per replica.\n")
-        splits = ", ".join(f"{s!r}: SplitPoint.BEGINNING" for s in plan.split_points)
+    sched = SCHEDULES[plan.schedule]
+    title = "Pipeline plan" if plan.dp == 1 else "Pipeline x data-parallel plan"
+    imports = ("from torch.distributed.pipelining import SplitPoint, pipeline\n"
+               f"from torch.distributed.pipelining import {sched.torch_class} as SCHEDULE\n")
+    pipeline_words = (f"Over the pp dimension: torch.distributed.pipelining, the model split with\npipeline(..., "
+                      f"split_spec=SPLIT_SPEC) into {len(plan.stage_devices)} stages (stage j on pipeline rank "
+                      f"j mod PP), {sched.words(plan.v)}\n(torch's {sched.torch_class}: its own step order, the "
+                      f"placement's schedule), {plan.m} micro-batches per replica.\n")
+    splits = ", ".join(f"{s!r}: SplitPoint.BEGINNING" for s in plan.split_points)
     config = whole.config or {}
     src = _SOURCE.format(title=title, graph=graph, cluster=cluster, label=label, algorithm=algorithm,
                           spec=whole.spec, config_words=f" with config {config}" if config else "",
