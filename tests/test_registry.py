@@ -27,7 +27,7 @@ from celeritas_cli.sim import links, simulator
 from .conftest import SAMPLES
 
 G60 = str(SAMPLES / "layered_60.json")
-TIMED = ["auto", "hierarchical", "milp", "pipeline"]
+TIMED = ["3d", "auto", "hierarchical", "milp", "pipeline"]
 
 
 def _entries():
@@ -86,11 +86,11 @@ def test_a_deadline_already_past_stops_every_timed_algorithm(name, monkeypatch):
     params = {"time_limit": 30.0, **{"auto": {"quiet": True, "evaluations": 10**6},
                                      "hierarchical": {"iterations": 50, "samples_per_iteration": 2, "hidden": 8,
                                                       "progress": False},
-                                     "milp": {}, "pipeline": {"evaluations": 10**4}}[name]}
+                                     "milp": {}, "pipeline": {"evaluations": 10**4}, "3d": {"evaluations": 10**4}}[name]}
     late = registry.place(g, c, name, params=params, started=time.perf_counter() - 1000.0)
     assert "deadline" not in late.params  # a clock reading never lands in the file
     est = late.estimate
-    if name in ("auto", "pipeline"):  # the first plan is judged whatever the clock says: an answer
+    if name in ("auto", "pipeline", "3d"):  # the first plan is judged whatever the clock says: an answer
         assert est["clock_cut"] is True and est["evaluations"] < 100
     elif name == "hierarchical":
         assert est["iterations"] == 0 and est["repeatable"] is False

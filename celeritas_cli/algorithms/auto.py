@@ -46,7 +46,7 @@ from ..model.params import DEFAULT_TIME_LIMIT
 from ..optimize.search import Search
 from ..registry import ASSUME_BATCH, Param, congestion_param, evaluations_param, register, time_limit_param
 from ..registry import names as registered
-from ..sim.describe import PIPELINE_FIELDS, describe_placement
+from ..sim.describe import MEGATRON_FIELDS, PIPELINE_FIELDS, describe_placement
 from ..sim.mfu import mfu
 from .ranking import Ranking
 
@@ -177,7 +177,7 @@ def auto(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         p = measured.choose_measured(p, (id(out.graph), tuple(out.device_of)), search, graph, cluster, verify,
                                      run=runner, log=warn if talk else None)
         if p.estimate.get("verified_choice") not in (None, "auto"):  # another candidate measured faster: its words
-            for key in PIPELINE_FIELDS:
+            for key in PIPELINE_FIELDS + MEGATRON_FIELDS:
                 p.estimate.details.pop(key, None)
             p.estimate.details["plan"] = describe_placement(p, graph, cluster)
     return p
@@ -223,7 +223,8 @@ def _answer(search: Search, out, graph: Graph, cluster: Cluster, seed: int, cong
     if out.skipped:
         estimate["skipped"] = out.skipped
     won = out.winner.placement.estimate if out.winner is not None and out.graph is not graph else {}
-    estimate.update({key: won[key] for key in PIPELINE_FIELDS if key in won})  # a pipeline's plan, for its words
+    # a pipeline's or a tensor x pipeline x data plan's fields, for its words
+    estimate.update({key: won[key] for key in PIPELINE_FIELDS + MEGATRON_FIELDS if key in won})
     won_p = out.winner.placement if out.winner is not None else None
     if won_p is not None and won_p.replicas is not None and out.graph is not graph:  # a symmetric plan, as it came
         p = Placement(graph=graph.original_name, cluster=cluster.name, algorithm="auto",

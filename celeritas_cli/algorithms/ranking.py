@@ -29,7 +29,8 @@ placer already has, without building anything:
   gradient tensors in both); FSDP's prefetch overlaps them with the compute
   (FSDP 3.4), so the step is ``max(compute, communication)`` plus the
   first unit's gather and the last unit's reduce-scatter, which nothing
-  overlaps;
+  overlaps; ``inf`` when a replica's ``1/k`` of the state, its activations
+  and two gathered units are over its device's memory;
 * ``pipeline``: the pipeline model's best cut (:meth:`~.pipelines.model.Model.cut`)
   of one 1F1B shape per pipeline depth ``1 < p <=`` :data:`RANK_DEPTH_MAX`
   dividing ``k`` (``k / p``
@@ -40,6 +41,13 @@ placer already has, without building anything:
   the plans only the planner makes; its ``p = 1, m = 1`` plan is
   ``data-parallel``'s.  Every depth then has ``4 k`` micro-batches in all,
   so the node times are computed at one batch fraction (the costly part).
+
+* ``3d``: the 3D planner's own estimate of every tensor x pipeline x data
+  configuration it searches (:class:`~.pipelines.three_d.Space`: node
+  times divided by ``tp`` where the tensor-parallel plan splits them, its
+  collectives by the NCCL formula, the pipeline's ``m + (p - 1) / v``
+  slots, the gradient all-reduce the last backward does not hide), the
+  best that fits.
 
 A plan the model says does not fit memory is estimated ``inf``.  The
 estimates are 0.82-1.00 of the simulated step on the zoo (the simulator
@@ -60,13 +68,14 @@ import math
 
 from ..errors import PlacerError
 from ..model.cluster import Cluster
-from ..model.costs import CostModel
+from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..optimize.runner import Spec
 from ..pipelining.layers import LayerSequence
 from ..transform.batch import declared_batch, whole_samples
 from ..transform.fsdp_units import fsdp_plan
 from .pipelines.model import Model, Plan, Shape
+from .pipelines.three_d import Space
 from ..pipelining.params import SEARCHED_MICROBATCHES
 from ..pipelining.schedules import ONE_F_ONE_B
 from .pipelines.search import device_rank
@@ -133,6 +142,8 @@ class Ranking:
             return self.fsdp_time(True)
         if spec.algo == "pipeline" and not params:
             return self.pipeline_time()
+        if spec.algo == "3d" and not params:
+            return self.three_d_time()
         return None
 
     @property
@@ -202,16 +213,32 @@ class Ranking:
         return [self.graph.tensor_bytes[t] for t in unit.grads]
 
     def fsdp_time(self, proportional: bool) -> float:
-        """FSDP stage 3's step (module docstring)."""
-        fw, bw, once, _ = self._replica(proportional)
+        """FSDP stage 3's step (module docstring); ``inf`` when a replica's
+        memory - its ``1/k`` of the state, its activations at its share of
+        the batch, two units gathered (the one running and the one
+        prefetched, FSDP 3.4) - is over its device's."""
+        fw, bw, once, shape = self._replica(proportional)
         compute = fw + bw + once / self.cluster.k
         units = self._units()
+        seq, k = self.model.seq, self.cluster.k
+        state = seq.resident[seq.n] + seq.gradients[seq.n]
+        gathered = 2 * max((u.gather_bytes for u in units), default=0)
+        for d, x in enumerate(shape.shares or (1.0 / k,) * k):
+            if seq.memory(0, seq.n, x, 1) - state + state / k + gathered > self.cluster.devices[d].memory:
+                return math.inf
         if not units:
             return compute
         comm = math.fsum(2 * self._step("all-gather", u.gather_bytes) + self._step("reduce-scatter", u.grad_bytes)
                          for u in units)
         return max(compute, comm) + self._step("all-gather", units[0].gather_bytes) + \
             self._step("reduce-scatter", units[-1].grad_bytes)
+
+    def three_d_time(self) -> float:
+        """The 3D planner's best estimate that fits (:class:`~.pipelines.three_d.Space`: tensor x pipeline x
+        data parallelism, its own model, the one the planner orders its judgements by); ``inf`` if none."""
+        space = Space(self.graph, self.cluster, cost_model(self.graph, self.cluster, self.costs), self.batch)
+        guesses = [space.estimate(c) for c in space.configs({})]
+        return min((q.time_s for q in guesses if q.fits), default=math.inf)
 
     def pipeline_time(self) -> float:
         """The pipeline planner's plans beyond ``data-parallel``'s (module docstring)."""

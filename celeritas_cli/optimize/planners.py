@@ -47,7 +47,7 @@ from ..transform.fsdp_units import fsdp_plan, fsdp_size
 from .runner import Spec
 
 #: members that plan the step with a budget of their own
-PLANNERS = ("pipeline",)
+PLANNERS = ("pipeline", "3d")
 #: their share of auto's evaluations, together
 PLAN_SHARE = 0.3
 #: building a derived graph costs about this many simulations of it, and the pipeline model's phase about

@@ -117,7 +117,7 @@ from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.residency import resident_list
 from ..transform.split_cost import batch_profile
-from .planners import PLANNERS, fsdp_charge, planner_charge, planner_need
+from .planners import PLAN_SHARE, PLANNERS, fsdp_charge, planner_charge, planner_need
 from .runner import Candidate, Runner, Spec, available, run_portfolio
 
 __all__ = ["OVER_BUDGET", "OVER_SHARE", "RANK_COST", "RANK_MARGIN", "REFINE_SHARE", "Candidate", "Runner", "Spec",
@@ -166,9 +166,9 @@ RANK_COST = 30.0
 #: the reason plan() gives for a contender the whole budget cannot pay for
 OVER_BUDGET = "near the best estimate, but over what is left of the whole budget"
 #: the members that run right after metis when one data-parallel replica cannot fit the smallest device
-TIGHT_FIRST = ("fsdp", "pipeline")
+TIGHT_FIRST = ("fsdp", "pipeline", "3d")
 #: the members that split the batch (replicas, micro-batches, shards): left out where it cannot be split
-BATCH_SPLITTERS = ("data-parallel", "dpos@data-parallel", "fsdp", "pipeline")
+BATCH_SPLITTERS = ("data-parallel", "dpos@data-parallel", "fsdp", "pipeline", "3d")
 #: a member this cheap (its charge + its judgement, in simulations) runs even where the members before it reached
 #: into the refinement's share: single-device (1.2) and m-topo (1.3), the baselines a tiny graph may need (layered
 #: 60 on moirai-inter-server, 150 evaluations: all on one device, 0.79 ms, beats every other member)
@@ -193,9 +193,10 @@ GRANULARITY = (4, 16, 64)
 #: the order members are offered in: an algorithm on the input graph, or ``16`` for the coarse graph of
 #: about 16 nodes per device (all of :data:`COARSE` on it).  Partitioners, data parallelism (when
 #: registered) and list schedulers on coarse graphs first (cheap, strong starts), then list schedulers on
-#: the input graph, then the rest.
+#: the input graph, then the rest; the 3D planner last (it runs early where the ranking makes it a contender, or
+#: where a replica does not fit memory: :data:`TIGHT_FIRST`).
 PRIORITY = ("metis", "data-parallel", "fsdp", "dpos@data-parallel", "pipeline", 16, "dpos", "heft", "adjusting", 4, 64,
-            "scotch", "m-etf", "single-device", "fd-dps", "m-topo", "order-place", "m-sct", "os-dpos")
+            "scotch", "m-etf", "single-device", "fd-dps", "m-topo", "order-place", "m-sct", "os-dpos", "3d")
 MILP_MAX_NODES = 40
 #: a named ``milp`` (-p algos=milp) runs on the input graph up to this size, else on the largest coarse graph
 #: within it
@@ -491,6 +492,8 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
             used = spent_before + spent + dp_spent + plan_spent
             if spec.algo in PLANNERS:  # a budget of its own, out of what the members before it leave of the part
                 room = part - used
+                if spec not in ranked:  # the planners share PLAN_SHARE of the budget (a contender may take more)
+                    room = min(room, PLAN_SHARE * budget - plan_spent)
                 if spec in ranked:  # a contender: at least its model and one plan, while the whole budget pays
                     room = max(room, min(budget - used, planner_need(k) + 1))
                 charge, why = planner_charge(spec, budget, k, room)

@@ -107,7 +107,7 @@ def test_the_protocol_check_sees_a_wrong_default():
 
 
 #: algorithms that split the batch (replicas, micro-batches) and so refuse a coarse graph
-BATCH_SPLITTERS = ("data-parallel", "pipeline", "gpipe", "pipedream", "alpa-stages", "fsdp", "megatron")
+BATCH_SPLITTERS = ("data-parallel", "pipeline", "gpipe", "pipedream", "alpa-stages", "fsdp", "megatron", "3d")
 
 
 def _run(name: str, graph: Graph, cluster, params: dict):
