@@ -107,11 +107,33 @@ def row(name: str, mbs: int, cache: Path) -> dict:
     return cell
 
 
+def searched(name: str, cache: Path, algo: str | None) -> dict:
+    """``placer place G --cluster C`` (default ``auto``, 10 s) or ``--algo 3d`` as a user types it, in its own
+    process: wall seconds, the step, its status and the plan."""
+    _, _, _, _, _, gpus, _, _ = TABLE1[name]
+    path = graph_for(name, cache)
+    cfile = cache / f"{gpus // 8}xA100-80GB.json"
+    if not cfile.exists():
+        cfile.write_text(json.dumps(make_doc(name=f"{gpus // 8}xA100-80GB", servers=gpus // 8, gpus_per_server=8,
+                                             gpu="A100-80GB", intra="nvswitch", inter="ib-hdr-200", nics=8)))
+    out = cache / f"{name}_{algo or 'auto'}.json"
+    cmd = [sys.executable, "-m", "celeritas_cli", "place", str(path), "--cluster", str(cfile), "-o", str(out)] + \
+        (["--algo", algo] if algo else [])
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    wall = time.perf_counter() - t0
+    if r.returncode:
+        return {"wall_s": wall, "error": (r.stderr.strip().splitlines() or ["?"])[-1][:160]}
+    est = json.loads(out.read_text())["estimate"]
+    return {"wall_s": wall, "step_s": est["makespan_s"], "status": est["status"], "plan": est.get("plan", "")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=",".join(TABLE1))
     ap.add_argument("--micro-batch-size", type=int, default=4)
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "placer-bench-megatron"))
+    ap.add_argument("--no-search", action="store_true", help="only the rows, not default auto and --algo 3d")
     args = ap.parse_args()
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
@@ -120,6 +142,10 @@ def main() -> None:
     for name in args.shapes.split(","):
         cells.append(row(name, args.micro_batch_size, cache))
         print(f"  {json.dumps(cells[-1])}", file=sys.stderr, flush=True)
+        if not args.no_search:
+            for algo in (None, "3d"):
+                cells[-1][algo or "auto"] = searched(name, cache, algo)
+                print(f"  {algo or 'auto'}: {json.dumps(cells[-1][algo or 'auto'])}", file=sys.stderr, flush=True)
     print("## Megatron-LM's Table 1 as `megatron` rows (bench_megatron.py, issue 35)\n")
     print(f"GPT decoders, sequence {SEQ}, vocabulary {VOCAB:,}, bf16, A100-80GB servers of 8; -p recompute=full, "
           f"micro_batch_size {args.micro_batch_size}; load {load[0]:.1f} at the start.  TFLOP/s per GPU by the "
@@ -133,6 +159,24 @@ def main() -> None:
             continue
         print(f"| {c['model']} | {c['gpus']} | {c['plan']} | {c['derived_nodes']:,} | {c['step_s']:.3f} | "
               f"{c['status']} | {c['tflops']:.0f} | {c['table_tflops']} | {c['ratio']:.2f} | {c['place_s']:.1f} |")
+    if args.no_search:
+        return
+    print("\nThe same graphs and clusters planned by default `placer place` (auto, its 10 s) and by `--algo 3d` (its "
+          "default 10 s), each as a user types it in its own process; the row (the table's configuration, above) for "
+          "comparison.  auto / row < 1: auto's plan is faster.\n")
+    print("| model | row step (s) | 3d step (s) | 3d plan | 3d wall (s) | auto step (s) | status | auto plan | auto wall (s) "
+          "| auto / row |")
+    print("|---|---:|---:|---|---:|---:|---|---|---:|---:|")
+    for c in cells:
+        a, d = c.get("auto", {}), c.get("3d", {})
+        rs = c.get("step_s")
+
+        def fmt(x):
+            return f"{x['step_s']:.3f}" if "step_s" in x else "-"
+        ratio = f"{a['step_s'] / rs:.2f}" if "step_s" in a and rs else "-"
+        print(f"| {c['model']} | {rs if rs is None else f'{rs:.3f}'} | {fmt(d)} | {d.get('plan', d.get('error', ''))} | "
+              f"{d.get('wall_s', 0):.1f} | {fmt(a)} | {a.get('status', 'refused')} | {a.get('plan', a.get('error', ''))[:90]} | "
+              f"{a.get('wall_s', 0):.1f} | {ratio} |")
 
 
 if __name__ == "__main__":

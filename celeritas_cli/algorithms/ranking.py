@@ -72,13 +72,13 @@ from ..model.costs import CostModel, cost_model
 from ..model.graph import Graph
 from ..optimize.runner import Spec
 from ..pipelining.layers import LayerSequence
+from ..pipelining.params import SEARCHED_MICROBATCHES
+from ..pipelining.schedules import ONE_F_ONE_B
 from ..transform.batch import declared_batch, whole_samples
 from ..transform.fsdp_units import fsdp_plan
 from .pipelines.model import Model, Plan, Shape
-from .pipelines.three_d import Space
-from ..pipelining.params import SEARCHED_MICROBATCHES
-from ..pipelining.schedules import ONE_F_ONE_B
 from .pipelines.search import device_rank
+from .pipelines.three_d import Space
 from .sharding.data_parallel import DEFAULT_BUCKET_MB, proportional_shares
 
 #: FSDP's stage inside auto (the fsdp row's default, FULL_SHARD)

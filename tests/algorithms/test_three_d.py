@@ -9,12 +9,12 @@ import math
 import pytest
 
 from celeritas_cli import registry
+from celeritas_cli.algorithms.pipelines.three_d import Config, Space, three_d
 from celeritas_cli.errors import InvalidInput
 from celeritas_cli.model.cluster import Cluster
 from celeritas_cli.model.costs import cost_model
 from celeritas_cli.model.servers import make_doc
 from celeritas_cli.pipelining.layers import LayerSequence
-from celeritas_cli.algorithms.pipelines.three_d import Config, Space, three_d
 from celeritas_cli.transform.passes import node_passes
 from celeritas_cli.transform.split_cost import batch_profile
 
