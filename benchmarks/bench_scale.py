@@ -7,7 +7,8 @@ on clusters of DGX A100 servers (8 GPUs on NVSwitch, 8 HDR 200 Gb/s NICs):
 and ``placer clusters make --servers 8 / 32``).  For each, every command as a
 user types it, in its own process: default ``placer place`` (auto, its 10 s
 limit), ``--algo data-parallel``, ``--algo fsdp``, ``--algo pipeline``
-(``--time-limit 60``), and ``placer simulate`` of auto's answer.  Reported: the
+(``--time-limit 60``), ``--algo 3d`` (its 10 s), and ``placer simulate`` of
+auto's answer.  Reported: the
 command's wall time and peak memory (its own ``ru_maxrss``), the simulated
 step, status, the placement file's size.  Wall times are one run each on a
 shared machine; the load is printed.
@@ -30,7 +31,7 @@ from pathlib import Path
 
 CLUSTERS = {16: ("2xDGX-A100", None), 64: (None, 8), 256: (None, 32), 1024: ("128xDGX-A100", None)}
 ROWS = (("auto", []), ("data-parallel", ["--algo", "data-parallel"]), ("fsdp", ["--algo", "fsdp"]),
-        ("pipeline", ["--algo", "pipeline", "--time-limit", "60"]))
+        ("pipeline", ["--algo", "pipeline", "--time-limit", "60"]), ("3d", ["--algo", "3d"]))
 #: a child runs one placer command in-process and reports its own peak memory on its last stderr line
 CHILD = ("import resource, sys\n"
          "from celeritas_cli.cli import main\n"
@@ -74,10 +75,12 @@ def cluster_for(gpus: int, cache: Path) -> str:
     return str(path)
 
 
-def row(model: str, gpus: int, cache: Path, tmp: Path) -> list[dict]:
+def row(model: str, gpus: int, cache: Path, tmp: Path, only: set[str] | None = None) -> list[dict]:
     g, c = graph_for(model, gpus, cache), cluster_for(gpus, cache)
     out = []
     for name, extra in ROWS:
+        if only and name not in only:
+            continue
         pfile = tmp / f"{model}_{gpus}_{name}.json"
         code, wall, rss, err = placer(["place", str(g), "--cluster", c, *extra, "--no-timings", "-o", str(pfile)])
         cell = {"model": model, "gpus": gpus, "row": name, "place_s": wall, "place_mib": rss}
@@ -109,6 +112,8 @@ def main() -> None:
     ap.add_argument("--gpus", default="16,64,256,1024")
     ap.add_argument("--models", default="gpt_1.3b,gpt_6.7b")
     ap.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "placer-bench-scale"))
+    ap.add_argument("--rows", default="", help="comma-separated rows to run (default all: auto,data-parallel,fsdp,"
+                                               "pipeline,3d)")
     args = ap.parse_args()
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
@@ -117,7 +122,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models.split(","):
             for gpus in (int(x) for x in args.gpus.split(",")):
-                cells += row(model, gpus, cache, Path(tmp))
+                cells += row(model, gpus, cache, Path(tmp), {x for x in args.rows.split(",") if x} or None)
     print("## Plans for 16 to 1,024 GPUs (bench_scale.py, issue 34)\n")
     print(f"GPT decoders, bf16, 8 sequences per GPU, DGX A100 servers of 8 GPUs; one run each, load "
           f"{load[0]:.1f} at the start.  Wall time and peak memory are the whole command's (process start, "
