@@ -62,9 +62,11 @@ Which members run is decided from the graph's size and the time limit alone
 
 Ranking (issue 33.3): before anything is built, ``auto`` estimates the
 members that plan the whole step (``data-parallel``, ``fsdp``,
-``pipeline``: :mod:`celeritas_cli.algorithms.ranking`, charged
+``pipeline``, ``3d``: :mod:`celeritas_cli.algorithms.ranking`, charged
 :data:`RANK_COST`); the :func:`contenders` - within :data:`RANK_MARGIN` of
-the best estimate - are planned first, best estimate first, each whatever
+the best estimate - are planned first (after METIS on the input graph, a
+fraction of a simulation, so that a contender whose run outlasts the
+clock still leaves an answer), best estimate first, each whatever
 its share, while the whole budget pays for it (the refinement's share
 included), so a member the fixed order would leave out over its share is
 judged when it may be the answer.  The other members follow as above.
@@ -451,8 +453,8 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
 
     *estimate* (``auto``'s :class:`~celeritas_cli.algorithms.ranking.Ranking`)
     ranks the members it has a model for; the :func:`contenders` - within
-    :data:`RANK_MARGIN` of the best estimate - are planned first, best
-    estimate first, each whatever its share, as long as the members before
+    :data:`RANK_MARGIN` of the best estimate - are planned first (after
+    ``metis`` on the input graph), best estimate first, each whatever its share, as long as the members before
     it leave enough of the whole *budget* (the refinement's share included;
     a planner: at least what its model and one plan need), and written to
     *near*; the other members follow in :data:`PRIORITY` order under the
@@ -468,9 +470,11 @@ def plan(graph: Graph, cluster: Cluster, budget: float, names: list[str] | None 
     ranked = contenders(offers, estimate) if estimate is not None and not names else {}
     if near is not None:
         near.update(ranked)
-    if ranked:  # the contenders first, best estimate first (ties in PRIORITY order: the sort is stable)
-        offers = sorted((g for g in offers if g[0][0] in ranked), key=lambda g: ranked[g[0][0]]) + \
-            [g for g in offers if g[0][0] not in ranked]
+    if ranked:  # the contenders first, best estimate first (ties in PRIORITY order: the sort is stable), after
+        # metis on the input graph (a fraction of a simulation): an answer whatever a contender's run costs
+        first = [g for g in offers[:1] if g[0][0] == Spec("metis")]
+        offers = first + sorted((g for g in offers if g[0][0] in ranked), key=lambda g: ranked[g[0][0]]) + \
+            [g for g in offers[len(first):] if g[0][0] not in ranked]
     tight = not names and COST["metis"] + 1 > MEMBER_SHARE * budget
     if tight:  # a huge graph: the cheap, usually feasible partitioners first
         offers.sort(key=lambda group: group[0][0].algo not in ANCHORS or group[0][0].R is not None)

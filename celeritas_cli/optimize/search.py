@@ -261,7 +261,8 @@ class Search:
         self.near.update(near)
         if self.near:
             self._hold_for_refinement(specs)
-            self.log(f"auto: near the best cheap estimate (within {100 * RANK_MARGIN:g} %), planned first: " +
+            self.log(f"auto: near the best cheap estimate (within {100 * RANK_MARGIN:g} %), planned first "
+                     f"(after metis): " +
                      ", ".join(f"{spec.name} {x:.4g} s" for spec, x in sorted(self.near.items(), key=lambda kv: kv[1])))
         over = [name for name, why in notes if why.startswith(OVER_SHARE)]
         for name, why in notes:
