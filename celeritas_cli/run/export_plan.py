@@ -35,7 +35,6 @@ def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
     from .data_parallel import DPPrepared
     from .fsdp_run import FSDPPrepared
     from .plan import DerivedPrepared
-
     from .tp_run import TPPrepared
 
     name = pre.sim_graph.name

@@ -174,8 +174,9 @@ def register_attention_rules():
 
 
 def styles():
-    """The parallel style of each TP_PLAN entry (module docstring)."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    """The parallel style of each TP_PLAN entry (module docstring): ``(first, second)``, the
+    plans of two parallelize_module passes (the second wraps outputs the first already made)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
     from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -326,12 +327,10 @@ def full_parameters(model):
     return out
 
 
-def setup(rank, device):
-    """Build the model, check it, the mesh, the plan, Adam and this rank's micro-batches."""
+def setup(model, device):
+    """The mesh, the plan applied to *model* (built and checked), Adam and this rank's micro-batches."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    model = build_model()
-    model_check(model)
     mesh = init_device_mesh(device.type, (DP, TP), mesh_dim_names=("dp", "tp"))
     inputs, target = example_batch(model)
     batches = []
@@ -343,10 +342,11 @@ def setup(rank, device):
     return model, opt, allreduce, batches, mesh
 
 
-def run(rank, device, steps, out=None):
-    """The checked first step and *steps* timed ones on this rank: ``(loss of the step, whole
-    parameters after the first step or None, wall seconds of the timed steps)``."""
-    model, opt, allreduce, batches, mesh = setup(rank, device)
+def run(model, device, steps, out=None):
+    """The first step and *steps* timed ones of *model* (built_model(), checked) on this rank:
+    ``(the step's loss, whole parameters after the first step when *out*, else None, wall
+    seconds of the timed steps)``."""
+    model, opt, allreduce, batches, mesh = setup(model, device)
 
     def sync():
         if device.type == "cuda":
@@ -376,13 +376,15 @@ def main(argv=None):
     if not steps.isdigit():
         _wrong(f"--steps {steps}: expected the number of timed steps after the first (0 or more)")
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    model = build_model()
+    model_check(model)          # before the process group: a wrong model file stops every rank alike
     cuda = torch.cuda.is_available() and local < torch.cuda.device_count()
     device = torch.device(f"cuda:{local}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
     out = os.environ.get("PLACER_EXPORT_OUT")
-    loss, params, walls = run(rank, device, steps, out)
+    loss, params, walls = run(model, device, steps, out)
     if out:
         torch.save({"loss": loss, "params": params}, f"{out}.{rank}")
     if rank == 0:

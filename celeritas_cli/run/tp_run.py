@@ -101,10 +101,11 @@ def tp_recipe(placement, label: str) -> list[dict] | None:
     >>> steps = [{"transform": "tensor-parallel", "tp": 2}, {"transform": "data-parallel", "replicas": 2}]
     >>> [s["transform"] for s in tp_recipe(NS(derivation={"steps": steps}), "p")]
     ['tensor-parallel', 'data-parallel']
-    >>> tp_recipe(NS(derivation={"steps": steps + [{"transform": "fsdp"}]}), "p")
-    Traceback (most recent call last):
-    ...
-    celeritas_cli.errors.InvalidInput: p: a tensor-parallel plan with an fsdp step (a ZeRO dimension) is not executed; placer runs tensor-parallel plans with micro-batches, recomputation and data parallelism
+    >>> try:
+    ...     tp_recipe(NS(derivation={"steps": steps + [{"transform": "fsdp"}]}), "p")
+    ... except InvalidInput as exc:
+    ...     print(str(exc)[:69])
+    p: a tensor-parallel plan with an fsdp step (a ZeRO dimension) is not
     """
     d = placement.derivation or {}
     steps = list(d.get("steps") or [])
@@ -175,8 +176,9 @@ def module_plan(graph, tp: int, sp: bool, model, label: str = "placement") -> tu
     """The parallel style of every module the tensor-parallel derivation of *graph* splits
     *tp* ways (module docstring; :mod:`.tp_export` for the styles): ``(plan, tied, layers)``:
     *plan* ``[(module path, style, options)]`` in *model*'s module order (styles ``colwise``
-    (option ``split_factor``: a fused projection's parts, ``dtensor_output``), ``rowwise``,
-    ``embedding``, ``head``, ``sequence``); *tied*: the LM head reads a vocabulary-parallel
+    (option ``split_factor``: the parts of a fused projection), ``rowwise``, ``embedding``,
+    ``head``, ``sequence``), then ``head_input`` (under sequence parallelism, the module whose
+    output a tied LM head reads: gathered over the sequence); *tied*: the LM head reads a vocabulary-parallel
     embedding's table (no module of its own); *layers*: the module paths of the transformer
     layers (the closest module holding an attention and the MLP after it).  *model*: the
     model built on the meta device.
@@ -377,7 +379,9 @@ def tp_rank_main(rank: int, job: dict) -> dict:
     device = torch.device(job["rank_devices"][rank])
     more = job["warmup"] - 1 + job["steps"]
     c0 = time.process_time()
-    loss, params, walls = ns["run"](rank, device, more, out=True)
+    model = ns["build_model"]()
+    ns["model_check"](model)
+    loss, params, walls = ns["run"](model, device, more, out=True)
     cpu = (time.process_time() - c0) / (1 + more)
     return {"rank": rank, "device": job["ranks"][rank], "loss": loss, "params": params,
             "walls": walls[job["warmup"] - 1:], "cpu": cpu}
@@ -391,15 +395,16 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
 
     from ..profile.launch import launch
     from .checks import job_core
-    from .executor import torch_threads
-    from .reference import reference_step
+    from .executor import ADAM, torch_threads
+    from .reference import Reference, adam_reference, reference_grads
     from .report import build_report, compare
     from .tp_export import tp_source
 
     say = progress or (lambda msg: None)
     with torch_threads(threads):
         say(f"running the unplaced step on the CPU ({threads} thread(s))")
-        ref = reference_step(pre.step, "cpu", seed=pre.step.seed)
+        loss, grads, _ = reference_grads(pre.step, "cpu", seed=pre.step.seed)
+        ref = Reference(loss=loss.cpu(), params=adam_reference(pre.step, grads, ADAM), device="cpu")
     src = tp_source(pre, cluster, label=label, algorithm=placement.algorithm)
     job = job_core(pre.step, pre.devices, pre.tdev, None, steps=steps, warmup=warmup, threads=threads,
                    timeout=timeout)
@@ -417,17 +422,20 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
         numerics["match"] = False
     worst_rel = max((float(((got[p] - ref.params[p]).abs() / ref.params[p].abs().clamp_min(atol)).max())
                      for p in got), default=0.0)
+    noisy = noise_note(got, ref, grads, rtol=rtol, atol=atol, names=names) if not numerics["match"] else None
     walls = [max(ws) for ws in zip(*(r["walls"] for r in results))]
     med = statistics.median(walls)
     measured = {"walls": walls, "busy": {r["device"]: med for r in results},
                 "cpu": {r["device"]: r["cpu"] for r in results}, "link": {}, "link_bytes_unknown": True}
     notes = list(pre.notes) + [
-        f"tensor parallelism: a mesh of {pre.dp} replica(s) x {pre.tp} tensor ranks running the program placer "
-        f"export writes (parallelize_module over mesh['tp']{', sequence parallel' if pre.sp else ''}); the "
-        f"yardstick is the unplaced step on the global batch of {pre.global_batch}; the ranks' gathered "
-        f"parameters differ by at most {spread:.3g}",
-        "per-device busy time is the step's wall time (the program times steps, not nodes); collectives are "
-        "DTensor's and torch.distributed's, bytes per link are the simulated plan's only"]
+        (f"tensor parallelism: a mesh of {pre.dp} replica(s) x {pre.tp} tensor ranks running the program placer "
+         f"export writes (parallelize_module over mesh['tp']{', sequence parallel' if pre.sp else ''}); the "
+         f"yardstick is the unplaced step on the global batch of {pre.global_batch}; the ranks' gathered "
+         f"parameters differ by at most {spread:.3g}"),
+        ("per-device busy time is the step's wall time (the program times steps, not nodes); collectives are "
+         "DTensor's and torch.distributed's, bytes per link are the simulated plan's only")]
+    if noisy:
+        notes.append(noisy)
     counts = {d: len(pre.step.sm.ids) for d in pre.devices}
     report = build_report(step=pre.step, counts=counts, placement=placement, label=label, cluster=cluster,
                           sim=pre.sim, sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=pre.tdev,
@@ -440,6 +448,24 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
                                  "modules": [[p, s, o] for p, s, o in pre.module_plan],
                                  "params_max_rel_diff": worst_rel}
     return report
+
+
+def noise_note(got: dict, ref, grads: dict, *, rtol: float, atol: float, names: list[str]) -> str | None:
+    """When the only parameters off the unplaced step are ones whose gradient there is below 10x
+    Adam's ``eps`` (zero in exact arithmetic: a key bias, since softmax ignores a constant added
+    to every key), a note saying so: the first Adam update divides such a gradient's rounding
+    noise by its own size, so any other order of the same sums moves it by up to ``lr``."""
+    import torch
+
+    from .executor import ADAM
+
+    off = [p for p in got if not torch.allclose(got[p].to(ref.params[p].dtype), ref.params[p], rtol=rtol, atol=atol)]
+    if not off or any(p not in grads or float(grads[p].abs().max()) >= 10 * ADAM["eps"] for p in off):
+        return None
+    worst = max(float(grads[p].abs().max()) for p in off)
+    return (f"off the unplaced step: {', '.join(names[p] for p in off)} only, whose gradients there are at most "
+            f"{worst:.3g} (below 10x Adam's eps {ADAM['eps']:g}; zero in exact arithmetic): Adam's first update "
+            f"amplifies their rounding noise, which any other order of the same sums changes")
 
 
 if __name__ == "__main__":
