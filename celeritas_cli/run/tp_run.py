@@ -128,10 +128,29 @@ def tp_recipe(placement, label: str) -> list[dict] | None:
 
 
 # ------------------------------------------------------------------ modules
+#: single-input ops a weight or an activation passes through unchanged but for its type (mixed precision)
+CASTS = frozenset({"_to_copy", "to", "clone", "contiguous", "detach"})
+
+
+def _short(op: str) -> str:
+    return op.rsplit(".", 1)[-1]
+
+
+def through_casts(graph, u: int) -> int:
+    """The node whose output *u* casts (``_to_copy`` under autocast, a clone), or *u* itself."""
+    for _ in range(4):
+        pred = list(dict.fromkeys(graph.pred[u]))
+        if _short(graph.op[u]) not in CASTS or len(pred) != 1:
+            return u
+        u = pred[0]
+    return u
+
+
 def node_param(graph, v: int, pats=None) -> str | None:
     """The name of the parameter (weight) node *v* of *graph* reads: its own ``colocation``
     ``param:<name>``, else that of a parameter source feeding it, else the name in one of its
-    weight tensors (``<node>:<name>``, a tied weight forwarded by its owner).
+    weight tensors (``<node>:<name>``, a tied weight forwarded by its owner), looking through
+    casts (the half copies of mixed precision).
 
     >>> from celeritas_cli.model.graph import build
     >>> g = build("g", [{"id": "w", "compute_s": 0, "memory_bytes": 4, "colocation": "param:fc.weight"},
@@ -145,20 +164,29 @@ def node_param(graph, v: int, pats=None) -> str | None:
         c = graph.colocation[u]
         return c[len("param:"):] if isinstance(c, str) and c.startswith("param:") else None
 
+    def named(t: int) -> str | None:
+        name = graph.tensor_name[t]
+        return name.split(":", 1)[1] if ":" in name and "." in name.split(":", 1)[1] else None
+
     if of(v):
         return of(v)
     mm = pats.matmuls.get(v) if pats is not None else None
     for u in (mm.sources if mm is not None else []) + [u for u in graph.pred[v] if not graph.in_edges[u]]:
         if of(u):
             return of(u)
-    tensors = mm.weights if mm is not None else []
-    for t in tensors:
-        name = graph.tensor_name[t]
-        if ":" in name and "." in name.split(":", 1)[1]:
-            return name.split(":", 1)[1]
-    for u in graph.pred[v]:         # a weight read through a cast of its parameter (mixed precision)
-        if of(u) and len(graph.pred[u]) == 0:
-            return of(u)
+    for t in (mm.weights if mm is not None else []):
+        if named(t):
+            return named(t)
+        src = next((graph.edge_src[e] for e in range(graph.m) if graph.edge_tensor[e] == t), None)
+        if src is None:
+            continue
+        if _short(graph.op[src]) in CASTS:     # a half copy of the weight (autocast): what it casts
+            for e in graph.in_edges[src]:
+                if named(graph.edge_tensor[e]):
+                    return named(graph.edge_tensor[e])
+            src = through_casts(graph, src)
+        if of(src):
+            return of(src)
     return None
 
 
@@ -248,7 +276,7 @@ def module_plan(graph, tp: int, sp: bool, model, label: str = "placement") -> tu
     if tied and sp:                 # the tied head's input, all-gathered over the sequence (Megatron)
         act = pats.matmuls[pats.head].act
         src = next((graph.edge_src[e] for e in graph.in_edges[pats.head] if graph.edge_tensor[e] == act), None)
-        param = node_param(graph, src) if src is not None else None
+        param = node_param(graph, through_casts(graph, src)) if src is not None else None
         if param is not None:
             extra.append((_owner(model, param, label, "LM head's input")[0], "head_input", {}))
     if sp:
@@ -436,6 +464,10 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
          "DTensor's and torch.distributed's, bytes per link are the simulated plan's only")]
     if noisy:
         notes.append(noisy)
+    if pre.precision != "fp32":
+        notes.append(f"{pre.precision} mixed precision (torch.autocast): the split matmuls round their half products "
+                     f"otherwise than the unplaced step, beyond rtol {rtol:g}; a model profiled in fp32 (a "
+                     f"module:attr or file.py:attr spec) checks the numerics")
     counts = {d: len(pre.step.sm.ids) for d in pre.devices}
     report = build_report(step=pre.step, counts=counts, placement=placement, label=label, cluster=cluster,
                           sim=pre.sim, sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=pre.tdev,
