@@ -114,3 +114,24 @@ def test_cli_placer_run_of_a_tp_x_dp_plan_matches_the_unplaced_step(tmp_path, gp
     check(rep, gpt, 2, 2)
     assert rep["tensor_parallel"]["sequence_parallel"] is True
     assert [d["id"] for d in rep["devices"]] == ["gpu0", "gpu1", "gpu2", "gpu3"]
+
+
+def test_module_plan_of_the_bf16_zoo_gpt_reads_weights_through_their_half_copies():
+    """Under autocast each weight reaches its matmul through an ``_to_copy``; the tied LM head's is a
+    copy of wte.weight, ln_f's output reaches the head through another."""
+    from celeritas_cli.model.graph import Graph
+    from celeritas_cli.profile import capture_model
+    from celeritas_cli.profile.capture import build_meta
+    from celeritas_cli.profile.models import resolve_model
+    from celeritas_cli.run.tp_run import module_plan
+
+    from .test_export_tp import PLAN
+
+    cfg = {"layers": 2, "d_model": 32, "heads": 4, "vocab": 64, "seq": 16}
+    g = Graph.from_dict(capture_model("gpt_1.3b", 2, config=cfg))
+    assert g.meta["precision"] == "bf16"
+    model = build_meta(resolve_model("gpt_1.3b", cfg)[0])
+    plan, tied, layers = module_plan(g, 2, True, model)
+    norms = [(f"blocks.{b}.{ln}", "sequence", {}) for b in (0, 1) for ln in ("ln1", "ln2")] + [("ln_f", "sequence", {})]
+    assert sorted(plan) == sorted(PLAN + norms + [("ln_f", "head_input", {})])
+    assert tied and layers == ["blocks.0", "blocks.1"]
