@@ -483,21 +483,32 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
 
 
 def noise_note(got: dict, ref, grads: dict, *, rtol: float, atol: float, names: list[str]) -> str | None:
-    """When the only parameters off the unplaced step are ones whose gradient there is below 10x
-    Adam's ``eps`` (zero in exact arithmetic: a key bias, since softmax ignores a constant added
-    to every key), a note saying so: the first Adam update divides such a gradient's rounding
-    noise by its own size, so any other order of the same sums moves it by up to ``lr``."""
+    """When every element off the unplaced step is one whose gradient there is below 10x Adam's
+    ``eps`` (zero in exact arithmetic: a key bias, since softmax ignores a constant added to every
+    key), a note saying so: the first Adam update divides such a gradient's rounding noise by its
+    own size, so any other order of the same sums moves it by up to ``lr``."""
     import torch
 
     from .executor import ADAM
 
-    off = [p for p in got if not torch.allclose(got[p].to(ref.params[p].dtype), ref.params[p], rtol=rtol, atol=atol)]
-    if not off or any(p not in grads or float(grads[p].abs().max()) >= 10 * ADAM["eps"] for p in off):
+    off, worst = [], 0.0
+    for p in sorted(got):
+        want = ref.params[p]
+        bad = ~torch.isclose(got[p].to(want.dtype), want, rtol=rtol, atol=atol)
+        if not bool(bad.any()):
+            continue
+        if p not in grads:
+            return None
+        g = float(grads[p].to(want.dtype)[bad].abs().max())
+        if g >= 10 * ADAM["eps"]:
+            return None
+        off.append(f"{names[p]} ({int(bad.sum())} of {want.numel()})")
+        worst = max(worst, g)
+    if not off:
         return None
-    worst = max(float(grads[p].abs().max()) for p in off)
-    return (f"off the unplaced step: {', '.join(names[p] for p in off)} only, whose gradients there are at most "
-            f"{worst:.3g} (below 10x Adam's eps {ADAM['eps']:g}; zero in exact arithmetic): Adam's first update "
-            f"amplifies their rounding noise, which any other order of the same sums changes")
+    return (f"off the unplaced step: elements of {', '.join(off)} only, whose gradients there are at most "
+            f"{worst:.3g} (below 10x Adam's eps {ADAM['eps']:g}; zero in exact arithmetic, as a key bias's): "
+            f"Adam's first update amplifies their rounding noise, which any other order of the same sums changes")
 
 
 if __name__ == "__main__":
