@@ -95,8 +95,8 @@ Launch it with
 
     {launch}
 
-(each process on cuda:LOCAL_RANK when its host has that GPU, else the CPU; NCCL when it is a GPU,
-else gloo; on H hosts, torchrun --nnodes H --nproc-per-node {n}/H --rdzv-backend c10d
+(each process on cuda:LOCAL_RANK when its host has a GPU for each of its processes, else every
+process on the CPU; NCCL on GPUs, else gloo; on H hosts, torchrun --nnodes H --nproc-per-node {n}/H --rdzv-backend c10d
 --rdzv-endpoint HOST:PORT on each, {n} processes in all).  Before any step every process checks the
 launch (launch_check, model_check: the process count, the graph and cluster it was exported for with
 --graph FILE / --cluster NAME|FILE, the model's parameter shapes and file) and stops in one line when
@@ -378,7 +378,8 @@ def main(argv=None):
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     model = build_model()
     model_check(model)          # before the process group: a wrong model file stops every rank alike
-    cuda = torch.cuda.is_available() and local < torch.cuda.device_count()
+    # one GPU per process of this host, else every process on the CPU (one backend for all ranks)
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     device = torch.device(f"cuda:{local}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
