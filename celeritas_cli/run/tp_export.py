@@ -181,28 +181,43 @@ def register_attention_rules():
 def styles():
     """The parallel style of each TP_PLAN entry (module docstring): ``(first, second)``, the
     plans of two parallelize_module passes (the second wraps outputs the first already made)."""
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    class HeadsColwiseParallel(ColwiseParallel):
-        """ColwiseParallel of a fused projection laid out [split_factor, heads, head size]: each rank
-        holds its heads of every part (_StridedShard), its DTensor output is kept as it is."""
+    class HeadsColwiseParallel(ParallelStyle):
+        """Column parallelism of a fused projection laid out [split_factor, heads, head size] (Q, K, V):
+        each rank holds its heads of every part (_StridedShard(0, split_factor)) and multiplies them
+        locally, as Megatron-LM's column-parallel layer: the input gathered over the sequence under
+        sequence parallelism (f), its gradient declared a partial sum (all-reduced, or reduce-scattered,
+        by f's backward), the output a DTensor sharded by heads, so the model's reshapes into heads
+        run on global shapes.  (DTensor has no matmul rule for _StridedShard: a plain ColwiseParallel
+        of these weights would gather the output gradient and the weight in the backward.)"""
 
-        def __init__(self, split_factor, **kw):
-            super().__init__(use_local_output=False, **kw)
-            self.split_factor = split_factor
+        def __init__(self, split_factor, input_layouts):
+            super().__init__()
+            self.split_factor, self.input_layouts = split_factor, input_layouts
 
-        def _partition_linear_fn(self, name, module, device_mesh):
-            for pname, param in module.named_parameters():
-                dist_param = torch.nn.Parameter(
-                    distribute_tensor(param, device_mesh, [_StridedShard(0, split_factor=self.split_factor)]),
-                    requires_grad=param.requires_grad)
-                module.register_parameter(pname, dist_param)
+        def _apply(self, module, mesh):
+            strided = _StridedShard(0, split_factor=self.split_factor)
+            for pname, param in list(module.named_parameters(recurse=False)):
+                module.register_parameter(pname, torch.nn.Parameter(distribute_tensor(param.data, mesh, [strided]),
+                                                                    requires_grad=param.requires_grad))
+            layout, sf = self.input_layouts, self.split_factor
 
-        @staticmethod
-        def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
-            return outputs
+            def forward(x):
+                if not isinstance(x, DTensor):
+                    x = DTensor.from_local(x, mesh, [layout], run_check=False)
+                x = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+                bias = module.bias.to_local() if module.bias is not None else None
+                out = torch.nn.functional.linear(x, module.weight.to_local(), bias)
+                shape = (*out.shape[:-1], out.shape[-1] * mesh.size())
+                stride = tuple(int(torch.tensor(shape[k + 1:]).prod()) for k in range(len(shape)))
+                return DTensor.from_local(out, mesh, [_StridedShard(out.dim() - 1, split_factor=sf)],
+                                          run_check=False, shape=torch.Size(shape), stride=stride)
+
+            module.forward = forward
+            return module
 
     from torch.distributed.tensor.parallel import PrepareModuleOutput
 
@@ -319,6 +334,10 @@ def train_step(model, opt, allreduce, batches, device):
         total += float(loss.detach()) * weight
     if allreduce is not None:
         allreduce.wait()
+    for p in model.parameters():    # partial sums over the tensor ranks (sequence parallelism's LayerNorm
+        g = p.grad                  # gradients, Megatron's allreduce_layernorm_grads): reduced once, not per op
+        if isinstance(g, DTensor) and any(q.is_partial() for q in g.placements):
+            p.grad = g.redistribute(g.device_mesh, p.placements)
     opt.step()
     return total
 
