@@ -26,21 +26,22 @@ LM head tied to the embedding          none: the root reads the split table, the
 LayerNorm under sequence parallelism   ``SequenceParallel()`` (Korthikanti et al. 2022, 4.2.2)
 =====================================  =====================================================
 
-Attention heads: the QKV projection's output stays a DTensor
-(``use_local_output=False``), so the model's own reshapes into heads run on
-global shapes and no per-rank head count has to be patched (torchtitan
-rewrites ``n_heads``; the zoo's GPT derives its head size from the input
-width, which that would break).  A fused QKV projection laid out ``[3,
-heads, head size]`` (GPT-2's ``c_attn``, the zoo's GPT) is split with
-DTensor's ``_StridedShard(0, split_factor=3)``, so that each rank holds
-its heads of Q, K and V (what Megatron-LM's head-major fused layout gives
-with a plain column split); the reshape into heads then gives
-``Shard(heads)`` and the attention runs on each rank's heads.  The CPU
-flash-attention kernel has no DTensor rule in torch 2.13, so the program
-registers one (``register_sharding``: batch or heads sharded; CUDA's
-kernels have theirs).  Any other layout still computes the right step:
-DTensor redistributes what it cannot keep sharded (extra collectives,
-never other numbers).
+Attention heads: a fused QKV projection laid out ``[3, heads, head size]``
+(GPT-2's ``c_attn``, the zoo's GPT; the 3 is its width over the hidden
+size) is held as DTensor's ``_StridedShard(0, split_factor=3)``: each rank
+holds its heads of Q, K and V (what Megatron-LM's head-major layout gives
+with a plain column split), multiplies them locally as Megatron-LM's
+column-parallel layer (its input gradient a partial sum: f's all-reduce, or
+reduce-scatter, in the backward) and returns a DTensor sharded by heads, so
+the model's own reshapes into heads run on global shapes and give
+``Shard(heads)``: no per-rank head count is patched (torchtitan rewrites
+``n_heads``; the zoo's GPT derives its head size from the input width, which
+that would break).  Separate Q, K and V projections are ``ColwiseParallel``
+with a DTensor output.  The CPU flash-attention kernel has no DTensor rule in
+torch 2.13, so the program registers one (``register_sharding``: batch or
+heads sharded; CUDA's kernels have theirs).  Any other layout still computes
+the right step: DTensor redistributes what it cannot keep sharded (extra
+collectives, never other numbers).
 
 Under sequence parallelism the residual stream stays a DTensor sharded on
 dimension 1 (the sequence of batch-first models) from the embedding (whose
@@ -48,6 +49,20 @@ output is reduce-scattered) to the last LayerNorm; a column-parallel input
 is all-gathered, a row-parallel output reduce-scattered, as Megatron-LM.
 Plain tensors that meet DTensors (a position embedding, a target) are taken
 as replicated (``implicit_replication``).
+
+The whole step runs on DTensors: every parameter the plan does not split is
+a replicated DTensor, every style keeps DTensor outputs, and a partial
+gradient over the tensor ranks (sequence parallelism's LayerNorm and
+position-embedding gradients) is all-reduced once before Adam (Megatron-LM's
+``allreduce_layernorm_grads``).  The collectives of a step are the
+derivation's (checked in tests/run/test_export_tp.py with ``CommDebugMode``)
+but for three deviations: ``loss_parallel``'s cross entropy all-reduces the
+max, the sum of exponentials and the target logit apart (the derivation:
+one collective); under sequence parallelism autograd keeps a column-parallel
+layer's gathered input for its weight gradient (Megatron-LM gathers it
+again: one all-gather less per layer and pass) and a row-parallel bias's
+gradient is summed from the gathered output gradient (the derivation
+all-reduces it before its update).
 
 Data parallelism over ``mesh["dp"]``: every replica trains on its rows of
 the global batch (the recipe's instances, :func:`~.plan.batch_layout`); each

@@ -9,6 +9,7 @@ step with the unplaced one, computed here by hand in eager PyTorch."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -292,3 +293,68 @@ def test_torchrun_with_another_process_count_is_refused_before_any_step(tmp_path
     r = torchrun(tmp_path, 4, path)
     assert r.returncode != 0 and "loss " not in r.stdout
     assert f"tp.py: started as 4 process(es), but the plan runs 2: launch it with `{line}`" in r.stderr
+
+
+#: runs the exported program's step once under torch's CommDebugMode and prints, on rank 0, the
+#: collectives of the forward (with the update) and of the backward pass by kind (JSON)
+COUNT = '''
+import json, sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor.debug import CommDebugMode
+
+ns = {"__name__": "placed", "__file__": sys.argv[1]}
+exec(compile(open(sys.argv[1]).read(), sys.argv[1], "exec"), ns)
+dist.init_process_group("gloo")
+model, opt, allreduce, batches, mesh = ns["setup"](ns["build_model"](), torch.device("cpu"))
+mode = CommDebugMode()
+with mode:
+    ns["train_step"](model, opt, allreduce, batches, torch.device("cpu"))
+if dist.get_rank() == 0:
+    glob = mode.comm_module_counts["Global"]
+    print(json.dumps({p: {str(k).rsplit(".", 1)[-1]: v for k, v in glob[p].items()} for p in ("forward", "backward")}))
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sp", [False, True])
+def test_the_programs_collectives_are_the_derivations(tmp_path, gpt, sp):
+    """Two independent paths to the same plan: the collectives torch's DTensor issues for the program
+    (counted by CommDebugMode, one micro-batch) against those the tensor-parallel derivation puts in the
+    simulated graph, up to the documented deviations: loss_parallel's cross entropy all-reduces the max,
+    the sum of exponentials and the target logit apart (3, the derivation 1); under sequence
+    parallelism autograd keeps a column-parallel layer's gathered input for its weight gradient
+    (Megatron gathers it again) and a row-parallel bias's gradient comes from the gathered output
+    gradient (the derivation all-reduces it before its update)."""
+    from collections import Counter
+
+    from celeritas_cli.model.graph import Graph
+    from celeritas_cli.transform.tensor_parallel import COL_DW, plan_tensor_parallel
+
+    path, _, _, _, pre = export_tp(tmp_path, gpt, 2, tp=2, sequence_parallel=sp, micro_batch_size=BATCH)
+    assert len(pre.instances) == 1
+    (tmp_path / "count.py").write_text(COUNT)
+    r = torchrun(tmp_path, 2, tmp_path / "count.py", str(path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    g = Graph.from_dict(step_of(gpt).doc)
+    plan = plan_tensor_parallel(g, 2, sp)
+    rowwise = {p for p, s, _ in pre.module_plan if s == "rowwise"}
+    want: Counter = Counter()
+    for c in plan.collectives:
+        use = c.consumers[0]
+        what = (g.node_extra[use] or {}).get("pass")
+        if c.kind == "all-gather" and what == "backward" and plan.role.get(use) == COL_DW:
+            continue                                     # gathered again for the weight gradient
+        if what == "update" and g.ids[use].removeprefix("adam.").rsplit(".", 1)[0] in rowwise:
+            continue                                     # a row-parallel bias's gradient
+        want[("backward" if what == "backward" else "forward", c.kind)] += 1
+    want[("forward", "all-reduce")] += 2                 # the cross entropy's three statistics, not one
+    names = {"all-reduce": "all_reduce", "all-gather": "all_gather_into_tensor",
+             "reduce-scatter": "reduce_scatter_tensor"}
+    have = Counter({(p, k): got[p].get(names[k], 0) for p in ("forward", "backward") for k in names})
+    assert +have == +want
+    assert sum(v for k, v in got["backward"].items() if k not in names.values()) == 0     # nothing else
