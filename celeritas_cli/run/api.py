@@ -84,6 +84,13 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
     from .step import capture_real
 
     say = progress or (lambda msg: None)
+    from .tp_run import prepare_tp, tp_recipe
+
+    tp_steps = tp_recipe(placement, label)
+    if tp_steps is not None:        # tensor parallelism (+ micro-batches, recomputation, data parallelism)
+        return prepare_tp(spec, batch, placement, cluster, tp_steps, label=label, config=config, graph=graph,
+                          graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
+                          progress=progress, step=step)
     placement = executable(placement, cluster, label)
     kind, recipe = plan_of(placement, label)
     if kind != "plain":
@@ -171,7 +178,12 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
                               graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
                               progress=progress)
     from .plan import DerivedPrepared
+    from .tp_run import TPPrepared
 
+    if isinstance(pre, TPPrepared):
+        return _run_tp(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
+                       threads=threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
+                       progress=progress, node_times=node_times, launcher=launcher)
     if isinstance(pre, DerivedPrepared):
         from .derived_run import run_derived
 
@@ -283,6 +295,24 @@ def _run_fsdp(pre, placement, cluster, *, label, backend, steps, warmup, threads
     report["plan"] = "fsdp"
     if node_times:
         _keep_plan(report, placement, "fsdp plans")
+    return report
+
+
+def _run_tp(pre, placement, cluster, *, label, backend, steps, warmup, threads, timeout, rtol, atol, congestion,
+            progress, node_times, launcher) -> dict:
+    from .report import load_average
+    from .tp_run import run_tp
+
+    if backend != "gloo":
+        raise InvalidInput(f"{label}: a tensor-parallel plan runs with --backend gloo (one process per rank)")
+    if launcher is not None:
+        raise InvalidInput(f"{label}: under torchrun placer run executes plain and data-parallel placements; run a "
+                           f"tensor-parallel plan with --backend gloo, or launch the program placer export writes")
+    report = run_tp(pre, placement, cluster, label=label, steps=steps, warmup=warmup,
+                    threads=default_threads("gloo", pre.k, threads, pre.sim_graph, cluster), timeout=timeout,
+                    rtol=rtol, atol=atol, congestion=congestion, load=load_average(), progress=progress)
+    if node_times:
+        _keep_plan(report, placement, "tensor-parallel plans")
     return report
 
 

@@ -22,7 +22,9 @@ def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
     * a micro-batched, pipelined or hybrid one: a ``torch.distributed.pipelining`` program or
       placer's own code (:func:`~.derived_export.export_derived`);
     * an fsdp plan: an FSDP2 / ZeRO program on a DeviceMesh (:func:`~.fsdp_export.fsdp_source`),
-      launched with torchrun; a plain data-parallel one: the same program with DDP.
+      launched with torchrun; a plain data-parallel one: the same program with DDP;
+    * a tensor-parallel plan (TP, TP x DP): a ``parallelize_module`` program on a ("dp", "tp")
+      DeviceMesh (:func:`~.tp_export.tp_source`), launched with torchrun.
 
     Raises
     ------
@@ -33,8 +35,16 @@ def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
     from .data_parallel import DPPrepared
     from .fsdp_run import FSDPPrepared
     from .plan import DerivedPrepared
+    from .tp_run import TPPrepared
 
     name = pre.sim_graph.name
+    if isinstance(pre, TPPrepared):
+        from .tp_export import tp_source
+
+        src = tp_source(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint, path=path)
+        sp = ", sequence parallel" if pre.sp else ""
+        return src, (f"a tensor-parallel program (parallelize_module on a DeviceMesh of {pre.dp} replica(s) x "
+                     f"{pre.tp} tensor ranks{sp}, {len(pre.module_plan)} modules split)"), torchrun_line(pre.k, path)
     if isinstance(pre, FSDPPrepared):
         from .fsdp_export import fsdp_source
 
@@ -68,6 +78,7 @@ def check_exportable(pre, label: str) -> None:
     from .api import Prepared
     from .data_parallel import DPPrepared
     from .plan import DerivedPrepared
+    from .tp_run import TPPrepared
 
-    if not isinstance(pre, (Prepared, DerivedPrepared, DPPrepared)):
+    if not isinstance(pre, (Prepared, DerivedPrepared, DPPrepared, TPPrepared)):
         raise InvalidInput(f"{label}: placer export cannot write this plan ({type(pre).__name__})")

@@ -1,0 +1,492 @@
+"""``placer export`` of a tensor-parallel plan (``place --algo megatron -p
+tp=T -p pp=1``: tensor parallelism, micro-batches, optional recomputation,
+data parallelism over ``D`` replicas) as one PyTorch program launched with
+``torchrun --nproc-per-node T*D``.
+
+The program builds a two-dimensional :class:`DeviceMesh` ``("dp", "tp")``
+of ``D x T`` processes (``init_device_mesh``, rank ``r T + t`` is tensor
+rank ``t`` of replica ``r``: Megatron-LM's order, tensor ranks innermost,
+``parallel_state``), then applies
+``torch.distributed.tensor.parallel.parallelize_module`` over ``mesh["tp"]``
+with the plan's module styles (:func:`~.tp_run.module_plan`: the derivation's
+patterns - :func:`~celeritas_cli.transform.tensor_parallel.find_patterns` on
+the profiled graph - mapped to the model's module paths through the
+parameters their nodes read):
+
+=====================================  =====================================================
+pattern (Shoeybi et al. 2019, 3)       torch style
+=====================================  =====================================================
+MLP ``fc`` / attention QKV (columns)   ``ColwiseParallel`` (attention: DTensor output)
+MLP ``fc2`` / attention projection     ``RowwiseParallel``
+word embedding (vocabulary-parallel)   ``RowwiseParallel(input_layouts=Replicate())``
+LM head (its own ``nn.Linear``)        ``ColwiseParallel(output_layouts=Shard(-1))``, logits
+                                       kept vocabulary-sharded, ``loss_parallel()``
+LM head tied to the embedding          none: the root reads the split table, the logits
+                                       come out vocabulary-sharded, ``loss_parallel()``
+LayerNorm under sequence parallelism   ``SequenceParallel()`` (Korthikanti et al. 2022, 4.2.2)
+=====================================  =====================================================
+
+Attention heads: a fused QKV projection laid out ``[3, heads, head size]``
+(GPT-2's ``c_attn``, the zoo's GPT; the 3 is its width over the hidden
+size) is held as DTensor's ``_StridedShard(0, split_factor=3)``: each rank
+holds its heads of Q, K and V (what Megatron-LM's head-major layout gives
+with a plain column split), multiplies them locally as Megatron-LM's
+column-parallel layer (its input gradient a partial sum: f's all-reduce, or
+reduce-scatter, in the backward) and returns a DTensor sharded by heads, so
+the model's own reshapes into heads run on global shapes and give
+``Shard(heads)``: no per-rank head count is patched (torchtitan rewrites
+``n_heads``; the zoo's GPT derives its head size from the input width, which
+that would break).  Separate Q, K and V projections are ``ColwiseParallel``
+with a DTensor output.  The CPU flash-attention kernel has no DTensor rule in
+torch 2.13, so the program registers one (``register_sharding``: batch or
+heads sharded; CUDA's kernels have theirs).  Any other layout still computes
+the right step: DTensor redistributes what it cannot keep sharded (extra
+collectives, never other numbers).
+
+Under sequence parallelism the residual stream stays a DTensor sharded on
+dimension 1 (the sequence of batch-first models) from the embedding (whose
+output is reduce-scattered) to the last LayerNorm; a column-parallel input
+is all-gathered, a row-parallel output reduce-scattered, as Megatron-LM.
+Plain tensors that meet DTensors (a position embedding, a target) are taken
+as replicated (``implicit_replication``).
+
+The whole step runs on DTensors: every parameter the plan does not split is
+a replicated DTensor, every style keeps DTensor outputs, and a partial
+gradient over the tensor ranks (sequence parallelism's LayerNorm and
+position-embedding gradients) is all-reduced once before Adam (Megatron-LM's
+``allreduce_layernorm_grads``).  The collectives of a step are the
+derivation's (checked in tests/run/test_export_tp.py with ``CommDebugMode``)
+but for three deviations: ``loss_parallel``'s cross entropy all-reduces the
+max, the sum of exponentials and the target logit apart (the derivation:
+one collective); under sequence parallelism autograd keeps a column-parallel
+layer's gathered input for its weight gradient (Megatron-LM gathers it
+again: one all-gather less per layer and pass) and a row-parallel bias's
+gradient is summed from the gathered output gradient (the derivation
+all-reduces it before its update).
+
+Data parallelism over ``mesh["dp"]``: every replica trains on its rows of
+the global batch (the recipe's instances, :func:`~.plan.batch_layout`); each
+micro-batch's loss is weighted by its share of the global batch and the
+gradients accumulate, then every gradient is all-reduced (summed) over the
+replica group - one all-reduce per gradient tensor as the plan's
+data-parallel step, started as soon as autograd has accumulated it on the
+last micro-batch (``register_post_accumulate_grad_hook``; DDP's buckets are
+not used: torch's ``DistributedDataParallel`` takes no DTensor
+parameters) - and Adam (``foreach=False``) updates each rank's shards.
+Recomputation (``-p recompute=full``): every transformer layer (the
+module holding an attention and the MLP after it) runs under
+``torch.utils.checkpoint`` (Megatron-LM's ``--recompute-granularity full
+--recompute-method uniform --recompute-num-layers 1``); ``selective`` is
+not applied (the program keeps every activation; the numbers are the same).
+
+Deviations: mixed precision is ``torch.autocast`` of the profiled
+precision without a loss scale; dropout masks are DTensor's (seeded alike
+on every rank, not the unplaced step's); the sequence dimension is taken to
+be dimension 1; a pipeline (``pp > 1``) is refused (:mod:`.tp_run`).
+
+References
+----------
+Shoeybi et al., "Megatron-LM", 2019, section 3; Narayanan et al., SC'21,
+2.3; Korthikanti et al., "Reducing Activation Recomputation in Large
+Transformer Models", 2022, 4.2.2; PyTorch ``torch.distributed.tensor.parallel``
+(``parallelize_module``, ``ColwiseParallel``, ``RowwiseParallel``,
+``SequenceParallel``, ``loss_parallel``).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from .export import launch_check_source, param_shapes, torchrun_line
+
+_DOC = '''"""Tensor-parallel plan of {graph} on cluster {cluster}: placement {label} ({algorithm}).
+
+{summary}
+
+'''
+#: the summary paragraph of the docstring (wrapped at 100 columns by :func:`tp_source`)
+_SUMMARY = ("Generated by `placer export` from model {spec}{config}: {n} processes on a DeviceMesh (\"dp\", \"tp\") "
+            "of {dp} x {tp} (rank r*{tp}+t is tensor rank t of replica r; cluster devices {devices}).  Over \"tp\" "
+            "the model is split with torch.distributed.tensor.parallel.parallelize_module (TP_PLAN: "
+            "ColwiseParallel, RowwiseParallel{sp_word}, the LM head's logits vocabulary-sharded under "
+            "loss_parallel); over \"dp\" replica r trains on its rows of the global batch of {total} samples "
+            "({mbs}), every gradient is all-reduced over the replicas, and Adam updates each rank's shards.{recompute}")
+_LAUNCH = '''Launch it with
+
+    {launch}
+
+(each process on cuda:LOCAL_RANK when its host has a GPU for each of its processes, else every
+process on the CPU; NCCL on GPUs, else gloo; on H hosts, torchrun --nnodes H --nproc-per-node {n}/H
+--rdzv-backend c10d --rdzv-endpoint HOST:PORT on each, {n} processes in all).  Before any step every process checks the
+launch (launch_check, model_check: the process count, the graph and cluster it was exported for with
+--graph FILE / --cluster NAME|FILE, the model's parameter shapes and file) and stops in one line when
+it is wrong.  Rank 0 then prints the first step's loss and the measured step time (the median of
+--steps N timed steps after it, default 3, the slowest rank's) next to the simulated one, as
+`placer run` prints them:
+
+    step: measured 0.0123 s (median of 3), simulated 0.0100 s, measured/simulated 1.23
+
+With PLACER_EXPORT_OUT=PREFIX each rank saves the first step's loss and the whole updated
+parameters to PREFIX.<rank> (torch.save).
+"""
+
+import os
+import statistics
+import sys
+import time
+
+'''
+
+_BODY = '''
+
+if __name__ == "__main__":      # a wrong process count or file stops here, before torch loads
+    launch_check()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def build_model():
+    """The model as `placer profile` built it: MODEL with CONFIG, its parameters drawn under SEED."""
+    from celeritas_cli.profile.models import resolve_model
+
+    factory, _ = resolve_model(MODEL, CONFIG)
+    torch.manual_seed(SEED)
+    model = factory()
+    model.train(True)
+    return model
+
+
+def example_batch(model):
+    """The global batch the profiled step used, ``(inputs, target)``, drawn under SEED + 1."""
+    torch.manual_seed(SEED + 1)
+    with torch.no_grad():
+        inputs = tuple(model.example_inputs(GLOBAL_BATCH))
+        target = model.example_target(GLOBAL_BATCH) if hasattr(model, "example_target") else None
+    return inputs, target
+
+
+def step_loss(model, out, target):
+    """The loss the profiled step took: ``model.loss(out, target)``, else the output's mean."""
+    if hasattr(model, "loss"):
+        return model.loss(out, target)
+    return (out if torch.is_tensor(out) else out[0]).float().mean()
+
+
+def register_attention_rules():
+    """DTensor rules for the CPU flash-attention kernels (torch has them for CUDA's): batch or
+    heads sharded, the same on every input and output, or all replicated."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.experimental import register_sharding
+
+    aten = torch.ops.aten
+    fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if fwd is None:
+        return
+
+    @register_sharding(fwd.default)
+    def _fwd(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+        return [([p, p], [p, p, p, None, None]) for p in (Replicate(), Shard(0), Shard(1))]
+
+    @register_sharding(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+    def _bwd(grad, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
+        return [([p] * 3, [p] * 6 + [None, None]) for p in (Replicate(), Shard(0), Shard(1))]
+
+
+def styles():
+    """The parallel style of each TP_PLAN entry (module docstring): ``(first, second)``, the
+    plans of two parallelize_module passes (the second wraps outputs the first already made)."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    class HeadsColwiseParallel(ParallelStyle):
+        """Column parallelism of a fused projection laid out [split_factor, heads, head size] (Q, K, V):
+        each rank holds its heads of every part (_StridedShard(0, split_factor)) and multiplies them
+        locally, as Megatron-LM's column-parallel layer: the input gathered over the sequence under
+        sequence parallelism (f), its gradient declared a partial sum (all-reduced, or reduce-scattered,
+        by f's backward), the output a DTensor sharded by heads, so the model's reshapes into heads
+        run on global shapes.  (DTensor has no matmul rule for _StridedShard: a plain ColwiseParallel
+        of these weights would gather the output gradient and the weight in the backward.)"""
+
+        def __init__(self, split_factor, input_layouts):
+            super().__init__()
+            self.split_factor, self.input_layouts = split_factor, input_layouts
+
+        def _apply(self, module, mesh):
+            strided = _StridedShard(0, split_factor=self.split_factor)
+            for pname, param in list(module.named_parameters(recurse=False)):
+                module.register_parameter(pname, torch.nn.Parameter(distribute_tensor(param.data, mesh, [strided]),
+                                                                    requires_grad=param.requires_grad))
+            layout, sf = self.input_layouts, self.split_factor
+
+            def forward(x):
+                if not isinstance(x, DTensor):
+                    x = DTensor.from_local(x, mesh, [layout], run_check=False)
+                x = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
+                bias = module.bias.to_local() if module.bias is not None else None
+                out = torch.nn.functional.linear(x, module.weight.to_local(), bias)
+                shape = (*out.shape[:-1], out.shape[-1] * mesh.size())
+                stride = tuple(int(torch.tensor(shape[k + 1:]).prod()) for k in range(len(shape)))
+                return DTensor.from_local(out, mesh, [_StridedShard(out.dim() - 1, split_factor=sf)],
+                                          run_check=False, shape=torch.Size(shape), stride=stride)
+
+            module.forward = forward
+            return module
+
+    from torch.distributed.tensor.parallel import PrepareModuleOutput
+
+    seq = Shard(1) if SEQUENCE_PARALLEL else Replicate()
+    first, second = {}, {}
+    for path, style, opts in TP_PLAN:
+        if style == "colwise" and opts.get("split_factor", 1) > 1:
+            first[path] = HeadsColwiseParallel(opts["split_factor"], input_layouts=seq)
+        elif style == "colwise":
+            first[path] = ColwiseParallel(input_layouts=seq, use_local_output=False)
+        elif style == "rowwise":
+            first[path] = RowwiseParallel(output_layouts=seq, use_local_output=False)
+        elif style == "embedding":
+            first[path] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq, use_local_output=False)
+        elif style == "head":
+            first[path] = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False)
+        elif style == "sequence":
+            first[path] = SequenceParallel()
+        elif style == "head_input":     # the tied head's input, gathered over the sequence first (Megatron)
+            second[path] = PrepareModuleOutput(output_layouts=seq, desired_output_layouts=Replicate(),
+                                               use_local_output=False)
+        else:
+            raise ValueError(f"unknown style {style!r} of {path}")
+    return first, second
+
+
+def replicate_rest(model, mesh):
+    """Every parameter the plan does not split becomes a replicated DTensor, so that the whole
+    step runs on DTensors (a plain tensor that needs a gradient never meets a DTensor)."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    for mod in model.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if not isinstance(p, DTensor):
+                mod.register_parameter(name, torch.nn.Parameter(distribute_tensor(p.data, mesh, [Replicate()]),
+                                                                requires_grad=p.requires_grad))
+
+
+def checkpoint_layers(model):
+    """Recomputation: each of RECOMPUTE_LAYERS runs under torch.utils.checkpoint."""
+    from torch.utils.checkpoint import checkpoint
+
+    for path in RECOMPUTE_LAYERS:
+        mod = model.get_submodule(path)
+        fwd = mod.forward
+
+        def run(*args, _fwd=fwd, **kw):
+            return checkpoint(_fwd, *args, use_reentrant=False, **kw)
+
+        mod.forward = run
+
+
+def parallelize(model, mesh, device):
+    """Apply the plan to *model* on *mesh* ("dp", "tp"): the TP styles over mesh["tp"], the layers
+    to recompute; returns the gradient all-reduce of the replicas (or None with one replica)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    register_attention_rules()
+    model.to(device)
+    first, second = styles()
+    parallelize_module(model, mesh["tp"], first)
+    if second:
+        parallelize_module(model, mesh["tp"], second)
+    replicate_rest(model, mesh["tp"])
+    checkpoint_layers(model)
+    return GradAllReduce(model, mesh["dp"]) if DP > 1 else None
+
+
+class GradAllReduce:
+    """Every gradient (its local shard) summed over the replica group as soon as autograd has
+    accumulated it on the last micro-batch (one all-reduce per gradient tensor, async)."""
+
+    def __init__(self, model, dp_mesh):
+        self.group, self.works, self.armed = dp_mesh.get_group(), [], False
+        for p in model.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self.hook)
+
+    def hook(self, p):
+        if self.armed:
+            g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            self.works.append(dist.all_reduce(g, group=self.group, async_op=True))
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
+        self.works = []
+
+
+def my_rows(dp_rank):
+    """This replica's micro-batches: ``[(first row, samples)]`` of the global batch (INSTANCES)."""
+    return [(row, n) for r, row, n in INSTANCES if r == dp_rank]
+
+
+def train_step(model, opt, allreduce, batches, device):
+    """One step: every micro-batch's loss weighted by its share of the global batch, gradients
+    accumulated, all-reduced over the replicas, Adam.  Returns this replica's weighted loss."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.experimental import implicit_replication
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    opt.zero_grad(set_to_none=True)
+    total = torch.zeros(1, dtype=torch.float64, device=device)
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(PRECISION)
+    for i, (inputs, target, weight) in enumerate(batches):
+        if allreduce is not None:
+            allreduce.armed = i == len(batches) - 1
+        with implicit_replication(), loss_parallel():
+            with torch.autocast(device.type, dtype=half or torch.bfloat16, enabled=half is not None):
+                out = model(*inputs)
+                loss = step_loss(model, out, target)
+            (loss * weight).backward()
+        loss = loss.full_tensor() if isinstance(loss, DTensor) else loss
+        total += float(loss.detach()) * weight
+    if allreduce is not None:
+        allreduce.wait()
+    for p in model.parameters():    # partial sums over the tensor ranks (sequence parallelism's LayerNorm
+        g = p.grad                  # gradients, Megatron's allreduce_layernorm_grads): reduced once, not per op
+        if isinstance(g, DTensor) and any(q.is_partial() for q in g.placements):
+            p.grad = g.redistribute(g.device_mesh, p.placements)
+    opt.step()
+    return total
+
+
+def full_parameters(model):
+    """Every parameter whole (a gather of the tensor shards: every rank calls it), on the CPU."""
+    out = {}
+    for name, p in model.named_parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[name] = t.detach().cpu().clone()
+    return out
+
+
+def setup(model, device):
+    """The mesh, the plan applied to *model* (built and checked), Adam and this rank's micro-batches."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (DP, TP), mesh_dim_names=("dp", "tp"))
+    inputs, target = example_batch(model)
+    batches = []
+    for row, n in my_rows(mesh["dp"].get_local_rank()):
+        batches.append((tuple(x[row:row + n].to(device) for x in inputs),
+                        None if target is None else target[row:row + n].to(device), n / GLOBAL_BATCH))
+    allreduce = parallelize(model, mesh, device)
+    opt = torch.optim.Adam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, foreach=False)
+    return model, opt, allreduce, batches, mesh
+
+
+def run(model, device, steps, out=None):
+    """The first step and *steps* timed ones of *model* (built_model(), checked) on this rank:
+    ``(the step's loss, whole parameters after the first step when *out*, else None, wall
+    seconds of the timed steps)``."""
+    model, opt, allreduce, batches, mesh = setup(model, device)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    mine = train_step(model, opt, allreduce, batches, device)
+    dist.all_reduce(mine, group=mesh["dp"].get_group())       # the weighted losses of the replicas
+    loss = float(mine)
+    params = full_parameters(model) if out else None
+    walls = []
+    for _ in range(int(steps)):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        train_step(model, opt, allreduce, batches, device)
+        sync()
+        wall = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+        walls.append(float(wall))
+    return loss, params, walls
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    launch_check(argv)
+    steps = os.environ.get("PLACER_STEPS") or _option(argv, "--steps") or "3"
+    if not steps.isdigit():
+        _wrong(f"--steps {steps}: expected the number of timed steps after the first (0 or more)")
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    model = build_model()
+    model_check(model)          # before the process group: a wrong model file stops every rank alike
+    # one GPU per process of this host, else every process on the CPU (one backend for all ranks)
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device = torch.device(f"cuda:{local}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    out = os.environ.get("PLACER_EXPORT_OUT")
+    loss, params, walls = run(model, device, steps, out)
+    if out:
+        torch.save({"loss": loss, "params": params}, f"{out}.{rank}")
+    if rank == 0:
+        print(f"loss {loss:.6f} (first step, over {DP} replica(s) of {TP} tensor ranks)")
+        if walls:
+            med = statistics.median(walls)
+            ratio = f", measured/simulated {med / SIMULATED_STEP_S:.2f}" if SIMULATED_STEP_S > 0 else ""
+            print(f"step: measured {med:.6g} s (median of {len(walls)}), simulated {SIMULATED_STEP_S:.6g} s{ratio}")
+        sys.stdout.flush()
+    dist.barrier()              # every rank done before any tears its connections down (gloo aborts otherwise)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def tp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | None = None,
+              path: str = "-") -> str:
+    """The program of the tensor-parallel plan *pre* (:class:`~.tp_run.TPPrepared`) on *cluster*
+    (module docstring): its docstring with the torchrun line for *path*, the plan's tables
+    (``TP_PLAN``, ``INSTANCES``, ...), the launch checks (:func:`~.export.launch_check_source`) and
+    the step.  The same inputs give the same bytes."""
+    from .executor import ADAM
+
+    step = pre.step
+    n = pre.tp * pre.dp
+    launch = torchrun_line(n, path)
+    config = f" with config {step.config}" if step.config else ""
+    sizes = sorted({s for _, _, s in pre.instances})
+    per = len(pre.instances) // pre.dp
+    mbs = (f"{per} micro-batch{'es' if per > 1 else ''} of {'/'.join(map(str, sizes))} sample(s) each, gradients "
+           f"accumulated")
+    recompute = (f"  Recomputation: {', '.join(pre.recompute_layers)} run under torch.utils.checkpoint."
+                 if pre.recompute_layers else
+                 ("  Recomputation (selective) is not applied: the program keeps every activation."
+                  if pre.recompute else ""))
+    summary = _SUMMARY.format(spec=step.spec, config=config, n=n, dp=pre.dp, tp=pre.tp,
+                              devices=", ".join(cluster.ids[d] for d in pre.devices), total=pre.global_batch,
+                              mbs=mbs, sp_word=", SequenceParallel" if pre.sp else "", recompute=recompute)
+    doc = (_DOC.format(graph=pre.sim_graph.name, cluster=cluster.name, label=label, algorithm=algorithm,
+                       summary=textwrap.fill(summary, 100, break_on_hyphens=False))
+           + _LAUNCH.format(n=n, launch=launch))
+    plan_lines = "".join(f"    ({p!r}, {s!r}, {o!r}),\n" for p, s, o in pre.module_plan)
+    inst_lines = "".join(f"    {x!r},\n" for x in pre.instances)
+    tables = (f"MODEL, CONFIG, GLOBAL_BATCH, SEED = {step.spec!r}, {dict(step.config or {})!r}, "
+              f"{pre.global_batch!r}, {step.seed!r}\n"
+              f"#: the profiled precision (bf16 / fp16: torch.autocast, no loss scale)\n"
+              f"PRECISION = {pre.precision!r}\n"
+              f"#: the mesh: DP replicas x TP tensor ranks; the cluster device of each rank\n"
+              f"DP, TP = {pre.dp!r}, {pre.tp!r}\n"
+              f"RANK_DEVICES = {[cluster.ids[d] for d in pre.devices]!r}\n"
+              f"SEQUENCE_PARALLEL = {pre.sp!r}\n"
+              f"#: (module path, style, options) over mesh['tp'], in the model's module order\n"
+              f"TP_PLAN = [\n{plan_lines}]\n"
+              f"#: (replica, first row, samples) of every micro-batch, in the order each replica runs them\n"
+              f"INSTANCES = [\n{inst_lines}]\n"
+              f"#: transformer layers run under torch.utils.checkpoint (recompute=full)\n"
+              f"RECOMPUTE_LAYERS = {pre.recompute_layers!r}\n"
+              f"#: the simulated step of the plan (placer's simulator, seconds)\n"
+              f"SIMULATED_STEP_S = {float(pre.sim['makespan_s'])!r}\n"
+              f"LR, BETAS, EPS = {ADAM['lr']!r}, {ADAM['betas']!r}, {ADAM['eps']!r}\n\n")
+    checks = launch_check_source(processes=n, launch=launch, fingerprint=fingerprint, parameters=param_shapes(step))
+    return doc + tables + checks + _BODY.lstrip("\n")
