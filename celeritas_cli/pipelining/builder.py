@@ -124,7 +124,7 @@ def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int],
                 schedule: str | Schedule = ONE_F_ONE_B, *, recompute: Sequence[str] = (), except_last: bool = False,
                 overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
                 shares: Sequence[float] | None = None, algorithm: str = "pipeline", params: dict | None = None,
-                seed: int | None = 0, estimate: dict | None = None) -> Placement:
+                seed: int | None = 0, estimate: dict | None = None, zero: int = 0) -> Placement:
     """The placement of a pipeline with replicated stages (module docstring).
 
     Parameters
@@ -158,6 +158,8 @@ def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int],
         equal), e.g. in proportion to the speed of its devices.
     algorithm, params, seed, estimate
         Written into the placement (*estimate* is extended).
+    zero : int
+        ZeRO stage (0-2) over the replicas (module docstring).
 
     Returns
     -------
@@ -192,7 +194,7 @@ def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int],
     p, v, reps = plan_shape(devs, sched)
     d = derive_pipeline(graph, stage_of, reps, n_microbatches, sched, v, recompute=recompute,
                         except_last=except_last, overhead_s=overhead_s, assume_batch=assume_batch, shares=shares,
-                        symmetric=judged_by_kind(cluster))
+                        symmetric=judged_by_kind(cluster), zero=zero)
     device_of, order = layout(d, stage_of, devs, sched, cluster.k)
     est = {**plan_estimate(d, devs, cluster, sched, n_microbatches), **(estimate or {})}
     return placement_of(d, cluster, device_of, order, algorithm=algorithm, seed=seed, estimate=est,

@@ -101,15 +101,19 @@ def _bucket_head(graph: Graph, b: int, ts: list[int], ring_j: int | None) -> tup
 
 def zero_collectives(graph: Graph, b: int, ts: list[int], seq: int, k: int, rep_id: list[list[str]], fresh,
                      nodes: list[dict], edges: list[dict], ring_j: int | None, reps: list[int],
-                     gather: tuple[int, list[int], int] | None) -> None:
+                     gather: tuple[int, list[int], int] | None, *, in_place: bool = False,
+                     extra: dict | None = None) -> None:
     """Append bucket *ts*'s all-reduce split into its halves, ZeRO's
     sharded optimizer (Rajbhandari et al. SC'20, 5.1 and 7.2.1; the
     ``zero`` option of :mod:`~.replicate`): on every built replica ``q`` a
     ``collective.reduce-scatter`` ``<prefix>/rs/rep<q>`` of the bucket's
     bytes ``G`` (``seq``), fed by its gradients, whose output - the reduced
-    ``ceil(G / k)`` shard, a new buffer (``memory_bytes``) - feeds every
-    consumer of every gradient (``ceil(bytes / k)`` of each: the update
-    runs on its shard); and, when *gather* = ``(seq, updates, bytes)``,
+    ``ceil(G / k)`` shard: a new buffer (``memory_bytes``; ZeRO-2's
+    gradient partition), or with *in_place* a view of the whole gradient
+    buffer (Megatron-LM's distributed optimizer reduce-scatters into its
+    persistent gradient buffer: no bytes) - feeds every consumer of every
+    gradient (``ceil(bytes / k)`` of each: the update runs on its shard);
+    and, when *gather* = ``(seq, updates, bytes)``,
     a ``collective.all-gather`` ``<prefix>/ag/rep<q>`` of the updated
     parameters (*bytes*), fed by those update nodes (zero-byte edges, tensor
     ``updated``) and written into the replicated parameters (no new
@@ -117,14 +121,15 @@ def zero_collectives(graph: Graph, b: int, ts: list[int], seq: int, k: int, rep_
     and both carry its ``allreduce`` field with ``phase``
     ``reduce-scatter`` / ``all-gather``: ZeRO's two halves of it, the same
     ``2 (k-1)/k`` of the data per replica when the parameters are as large
-    as the gradients."""
+    as the gradients.  *extra* fields (``resident_bytes`` 0, ``pass``) go on
+    every node."""
     size = sum(graph.tensor_bytes[t] for t in ts)
     prefix, head, out_name = _bucket_head(graph, b, ts, ring_j)
-    shard = -(-size // k)
+    shard = 0 if in_place else -(-size // k)
     group = fresh(f"{prefix}/rs")
     for q in reps:
         nid = collective_node(nodes, fresh(f"{prefix}/rs/rep{q}"), "reduce-scatter", q, group, seq, k, size,
-                              field="allreduce", head=head, memory=shard)
+                              field="allreduce", head=head, memory=shard, extra=extra)
         for t in ts:
             edges.append({"src": rep_id[q][graph.tensor_src[t]], "dst": nid, "bytes": graph.tensor_bytes[t],
                           "tensor": graph.tensor_name[t]})
@@ -137,7 +142,8 @@ def zero_collectives(graph: Graph, b: int, ts: list[int], seq: int, k: int, rep_
     group = fresh(f"{prefix}/ag")
     for q in reps:
         nid = collective_node(nodes, fresh(f"{prefix}/ag/rep{q}"), "all-gather", q, group, ag_seq, k, nbytes,
-                              field="allreduce", head=head)
+                              field="allreduce", head=head,
+                              extra={**extra, "pass": "update"} if extra and "pass" in extra else extra)
         for u in updates:
             edges.append({"src": rep_id[q][u], "dst": nid, "bytes": 0, "tensor": "updated"})
 

@@ -187,8 +187,10 @@ def check_fsdp(graph: Graph, replicas: int, stage: int, assume_batch: int | None
     InvalidInput
         ``replicas < 1``, a stage not 1-3, a coarse graph (its nodes hide
         which state is parameters, gradients and optimizer state), one
-        already data-parallel, sharded, split or micro-batched (sharding
-        comes first), a graph that declares no batch, fewer samples than
+        already data-parallel, sharded or split (sharding comes first), a
+        micro-batched one (stage 3: not modelled, as DeepSpeed refuses
+        ZeRO-3 with pipelines; stages 1-2: the data-parallel step's
+        ``zero``, :mod:`~.replicate`), a graph that declares no batch, fewer samples than
         replicas, or *samples* that are not ``k`` whole numbers >= 1 summing
         to the batch.
     """
@@ -200,8 +202,15 @@ def check_fsdp(graph: Graph, replicas: int, stage: int, assume_batch: int | None
         raise InvalidInput(f"fsdp: graph '{graph.name}' is coarse: its nodes group operators, so parameters, "
                            f"gradients and optimizer state cannot be told apart; shard the original graph "
                            f"'{graph.original_name}' instead")
-    for key, what in (("data_parallel", "data-parallel"), ("fsdp", "sharded"), ("splits", "split"),
-                      ("microbatch", "micro-batched")):
+    if graph.meta.get("microbatch"):
+        if stage == 3:
+            raise InvalidInput(f"fsdp: graph '{graph.name}' is micro-batched: stage 3 over micro-batches or a "
+                               f"pipeline is not modelled (every micro-batch would all-gather each unit again; "
+                               f"DeepSpeed refuses ZeRO-3 with pipeline parallelism too); shard the model's graph")
+        raise InvalidInput(f"fsdp: graph '{graph.name}' is micro-batched: ZeRO stage {stage} over a pipeline's "
+                           f"replicas is the data-parallel step's zero={stage} (-p zero={stage}), after the "
+                           f"micro-batches")
+    for key, what in (("data_parallel", "data-parallel"), ("fsdp", "sharded"), ("splits", "split")):
         if graph.meta.get(key):
             raise InvalidInput(f"fsdp: graph '{graph.name}' is already {what}; sharded data parallelism applies to "
                                f"the model's graph, before any other rewrite")

@@ -89,6 +89,48 @@ Structure
   bucket, in ``2·(k-1)`` transfers instead of ``2·(k-1)`` per gradient:
   fewer link latencies and fewer nodes, but a bucket waits for its last
   gradient.
+* ZeRO (``zero`` = 1 or 2, the nccl form; Rajbhandari et al., "ZeRO",
+  SC'20, 5.1 ``P_os`` and 5.2 ``P_os+g``; Megatron-LM's distributed
+  optimizer, ``--use-distributed-optimizer``, is stage 1): what a node
+  holds as parameters, gradient buffers and optimizer state is read from
+  the graph as fsdp reads it (:func:`~.fsdp_units.fsdp_plan`), so the same
+  rules hold on a micro-batched (pipelined) or tensor-parallel graph,
+  whose ``weights`` nodes hold the parameters.  Each bucket's all-reduce
+  is split into its two halves: a ``collective.reduce-scatter``
+  ``<prefix>/rs/rep<q>`` of the bucket's ``G`` bytes, whose output is the
+  reduced ``ceil(G / k)`` shard that the updates read (``ceil(bytes / k)``
+  of each gradient) - in stage 1 a view of the whole gradient buffer
+  (Megatron-LM reduce-scatters in place: no bytes), in stage 2 a buffer of
+  its own (DeepSpeed's gradient partition) - and, after the updates whose
+  last bucket it is, a ``collective.all-gather`` ``<prefix>/ag/rep<q>``
+  of their updated parameters (the parameters of the updates' colocation
+  groups; a group whose parameters the graph does not tell counts its
+  gradients), fed by those updates and written into the replicated
+  parameters (no buffer): per replica the all-reduce's ``2 (k-1)/k``
+  volume when parameters and gradients are alike (ZeRO 7.2.1).  Issue
+  order (``seq``): the reduce-scatters in the buckets' ready order, then
+  the all-gathers in the same order (Megatron-LM: reduce-scatter the
+  gradients, step, all-gather the parameters).  Every update runs on its
+  ``1/k`` of the parameters (time ``t/k + overhead_s``, never above
+  ``t``; memory, ``flops``, ``bytes_moved`` ``1/k``:
+  :func:`~.fsdp_units.sharded_node`), a holder keeps ``1/k`` of its
+  optimizer state (and, stage 2, of its resident gradient buffers).
+  Stage 1 keeps the whole gradient live until the update (its edge to the
+  update stays, as Megatron-LM's persistent gradient buffer); stage 2
+  frees it after its reduce-scatter (only the shard lives on).  Over
+  micro-batches the accumulated gradient is whole until the last
+  micro-batch in both stages (each replica accumulates its own;
+  DeepSpeed's ZeRO-2 with gradient accumulation reduces every
+  micro-batch instead, not modelled).  ``meta.data_parallel`` adds
+  ``zero``, ``allgather_bytes``, ``collective_bytes_per_device`` (the
+  reduce-scatters' and all-gathers' ``(k-1) x // k``),
+  ``optimizer_state_bytes`` (unsharded) and ``saved_bytes_per_replica``.
+  Deviation: mixed-precision fp32 master weights held by a parameter
+  holder stay whole (fsdp counts them as parameters, sharded by its
+  stage 3 only), where Megatron-LM's distributed optimizer shards them
+  with the Adam state (12 of its 18 bytes per parameter).  Stage 3 is
+  refused (:data:`ZERO3_REFUSED`: ``fsdp`` builds it, on the model's
+  graph).
 * ``meta.data_parallel``: ``replicas``, ``scaling``, ``batch_fraction``,
   ``global_batch`` / ``replica_batch`` (when ``meta.batch_size`` is known),
   ``gradients`` (count), ``gradient_bytes`` and
@@ -102,7 +144,11 @@ FastT (Yi et al., CoNEXT 2020), 5.2 and 6.2 (DP baseline, strong and weak
 scaling); Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
 clusters of workstations", JPDC 2009 (the ring: ``2(k-1)/k`` of the data per
 node); Li et al., "PyTorch Distributed", VLDB 2020 (DDP: replicated
-optimizer, local BatchNorm statistics).
+optimizer, local BatchNorm statistics).  Rajbhandari et al., "ZeRO: Memory
+Optimizations Toward Training Trillion Parameter Models", SC'20, 5.1-5.2
+and 7.2.1 (``zero``); Narayanan et al., SC'21 and Megatron-LM's
+``--use-distributed-optimizer`` (ZeRO stage 1 over the data-parallel
+group).
 """
 
 from __future__ import annotations
@@ -112,7 +158,7 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
-from ..model.residency import memory_fields, resident_of
+from ..model.residency import declares, memory_fields, resident_of
 from .admit import check_replicable, check_shares, data_parallel_size, dp_batch, gradient_plan
 from .allreduce import (
     bucket_cap,
@@ -124,6 +170,7 @@ from .allreduce import (
     zero_collectives,
 )
 from .fsdp_units import Plan, fsdp_plan, shard_cut, sharded_node
+from .passes import declares_passes
 from .size import Size, check_size
 from .split_cost import (
     DEFAULT_OVERHEAD_S,
@@ -347,13 +394,17 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         issue = _issue_order(graph, buckets)  # DDP issues the all-reduces in the order the buckets become ready
         seq_of = {b: i for i, b in enumerate(issue)}
         gathers = _zero_gathers(graph, buckets, issue, prof, plan) if plan is not None else None
+        zero_extra: dict[str, Any] = {"resident_bytes": 0} if declares(graph) else {}
+        if declares_passes(graph):
+            zero_extra["pass"] = "backward"
         for b, ts in enumerate(buckets):
             if gathers is None:
                 bucket_collective(graph, b, ts, seq_of[b], k, rep_id, fresh, nodes, edges, ring_of[ts[0]], reps)
                 continue
             ag = gathers[seq_of[b]]
             zero_collectives(graph, b, ts, seq_of[b], k, rep_id, fresh, nodes, edges, ring_of[ts[0]], reps,
-                             (len(buckets) + seq_of[b], ag[0], ag[1]) if ag is not None else None)
+                             (len(buckets) + seq_of[b], ag[0], ag[1]) if ag is not None else None,
+                             in_place=zero == 1, extra=zero_extra)
             gathered += ag[1] if ag is not None else 0
         buckets_done = True
     else:
