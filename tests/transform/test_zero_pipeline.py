@@ -246,3 +246,22 @@ def test_megatron_use_distributed_optimizer():
     assert rep["makespan_s"] == pytest.approx(p.estimate["makespan_s"], rel=REL)
     rep0 = simulate(g, cl, plain)
     assert sum(d["memory_bytes"] for d in rep["devices"]) < sum(d["memory_bytes"] for d in rep0["devices"])
+
+
+def test_megatron_3d_with_the_distributed_optimizer_on_a_tiny_gpt():
+    # TP 2 x PP 2 x DP 2: every tensor rank's gradients reduce-scattered over its dp group, judged symmetric = full
+    from ..algorithms.test_megatron import gpt8, servers
+
+    g, cl = gpt8(), servers()
+    args = {"tp": 2, "pp": 2, "dp": 2, "micro_batch_size": 2}
+    plain = registry.place(g, cl, "megatron", params=args)
+    p = registry.place(g, cl, "megatron", params={**args, "use_distributed_optimizer": True})
+    assert p.estimate["plan"].endswith(", ZeRO-1 distributed optimizer")
+    steps = p.derivation["steps"]
+    assert [s["transform"] for s in steps][0] == "tensor-parallel" and steps[-1]["zero"] == 1
+    rep, full = simulate(g, cl, p), simulate(g, cl, p, full=True)
+    _same(rep, full)
+    assert rep["makespan_s"] == pytest.approx(p.estimate["makespan_s"], rel=REL)
+    rep0 = simulate(g, cl, plain)
+    assert all(a["memory_bytes"] <= b["memory_bytes"] for a, b in zip(rep["devices"], rep0["devices"]))
+    assert sum(d["memory_bytes"] for d in rep["devices"]) < sum(d["memory_bytes"] for d in rep0["devices"])
