@@ -88,7 +88,7 @@ def test_collectives_and_their_bytes_by_hand(zero):
             rs, ag = f"b0/accum1/allreduce0/rs/rep{r}", f"b0/accum1/allreduce0/ag/rep{r}"
             ins = {(g.ids[g.edge_src[e]], g.edge_bytes[e]) for e in g.in_edges[g.index[f"u0/rep{r}"]]}
             assert (rs, 50) in ins  # the update reads its reduced shard
-            assert (("b0/accum1/rep%d" % r, 100) in ins) == (zero == 1)  # stage 1 keeps the whole gradient live
+            assert ((f"b0/accum1/rep{r}", 100) in ins) == (zero == 1)  # stage 1 keeps the whole gradient live
             assert [g.ids[g.edge_src[e]] for e in g.in_edges[g.index[ag]]] == [f"u0/rep{r}"]
         info = g.meta["data_parallel"]
         # ZeRO 7.2.1: reduce-scatter + all-gather send what the all-reduce sent, (k-1)/k x (G + P) per device
@@ -167,8 +167,8 @@ def _zero_plan():
 
 @pytest.mark.parametrize("value,why", [
     (5, r"must be 0\.\.3, got 5"), ("1", "must be an integer, got '1'"), (True, "must be an integer, got True"),
-    (3, r"zero=3 \(parameters sharded too\) is not modelled over micro-batches or a pipeline: .*DeepSpeed refuses "
-        r"ZeRO-3 with pipeline parallelism")])
+    (3, (r"zero=3 \(parameters sharded too\) is not modelled over micro-batches or a pipeline: .*DeepSpeed refuses "
+         r"ZeRO-3 with pipeline parallelism"))])
 def test_a_forged_zero_is_refused_in_one_line_naming_the_field(value, why):
     g, cl, p = _zero_plan()
     q = copy.deepcopy(p)
@@ -236,7 +236,7 @@ def test_the_pipeline_row_takes_zero_on_the_command_line(tmp_path):
 def test_megatron_use_distributed_optimizer():
     g = layered(40, seed=1)
     cl = uniform(4)
-    args = dict(pp=2, dp=2, micro_batch_size=2, assume_batch=16)
+    args = {"pp": 2, "dp": 2, "micro_batch_size": 2, "assume_batch": 16}
     plain = registry.place(g, cl, "megatron", params=args)
     p = registry.place(g, cl, "megatron", params={**args, "use_distributed_optimizer": True})
     assert p.estimate["plan"] == "TP 1 × PP 2 × DP 2, 1F1B, 4 micro-batches, ZeRO-1 distributed optimizer"
@@ -258,7 +258,7 @@ def test_megatron_3d_with_the_distributed_optimizer_on_a_tiny_gpt():
     p = registry.place(g, cl, "megatron", params={**args, "use_distributed_optimizer": True})
     assert p.estimate["plan"].endswith(", ZeRO-1 distributed optimizer")
     steps = p.derivation["steps"]
-    assert [s["transform"] for s in steps][0] == "tensor-parallel" and steps[-1]["zero"] == 1
+    assert steps[0]["transform"] == "tensor-parallel" and steps[-1]["zero"] == 1
     rep, full = simulate(g, cl, p), simulate(g, cl, p, full=True)
     _same(rep, full)
     assert rep["makespan_s"] == pytest.approx(p.estimate["makespan_s"], rel=REL)
