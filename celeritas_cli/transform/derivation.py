@@ -190,7 +190,8 @@ def _dp_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] 
     if zero == 3:
         return "zero", ZERO3_REFUSED
     if zero and step.get("collectives", "nccl") != "nccl":
-        return "zero", "ZeRO is built in the nccl collectives form only, not with collectives: ring"
+        return "zero", (f"ZeRO (zero={zero}) is modelled in the nccl collectives form only, not with collectives: "
+                        f"ring (placer run and placer export, which execute explicit ring steps, do not run it)")
     shares = step.get("shares")
     if shares is not None:
         if not strong:

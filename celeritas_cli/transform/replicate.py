@@ -454,8 +454,8 @@ def check_zero(zero, collectives: str = "nccl") -> int:
         raise InvalidInput(f"data-parallel: zero must be 0 (replicated optimizer state), 1 (optimizer state sharded, "
                            f"ZeRO-1) or 2 (+ gradients, ZeRO-2), got {zero!r}")
     if zero and collectives != "nccl":
-        raise InvalidInput(f"data-parallel: zero={zero} is built in the nccl collectives form only (one "
-                           f"reduce-scatter and one all-gather per rank); the explicit ring form is not")
+        raise InvalidInput(f"data-parallel: zero={zero} is modelled in the nccl collectives form only (one "
+                           f"reduce-scatter and one all-gather per rank), not as explicit ring steps")
     return int(zero)
 
 

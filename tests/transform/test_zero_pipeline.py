@@ -183,7 +183,8 @@ def test_zero_with_ring_collectives_and_a_dropped_zero_are_refused():
     g, cl, p = _zero_plan()
     q = copy.deepcopy(p)
     q.derivation["steps"][-1]["collectives"] = "ring"
-    with pytest.raises(InvalidInput, match=r"^p.json: field derivation.steps\[1\].zero: ZeRO is built in the nccl"):
+    with pytest.raises(InvalidInput, match=r"^p.json: field derivation.steps\[1\].zero: ZeRO \(zero=1\) is modelled in the nccl "
+                                           r"collectives form only, not with collectives: ring \(placer run"):
         derive(g, q.derivation, "p.json")
     q = copy.deepcopy(p)
     del q.derivation["steps"][-1]["zero"]  # the recipe's all-reduces are nodes the assignment does not place
