@@ -230,8 +230,10 @@ def test_the_pipeline_row_takes_zero_on_the_command_line(tmp_path):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["simulate", str(SAMPLES / "layered_60.json"), "-P", str(out)], catch_exceptions=False)
     assert r.exit_code == 0 and '"status"' in r.output
-    bad = CliRunner().invoke(main, ["place", str(SAMPLES / "layered_60.json"), "--algo", "pipeline", "-p", "zero=3"])
-    assert bad.exit_code != 0 and "zero" in bad.output and "Traceback" not in bad.output
+    for z, why in (("3", "DeepSpeed refuses ZeRO-3 with pipeline parallelism"), ("4", "zero")):
+        bad = CliRunner().invoke(main, ["place", str(SAMPLES / "layered_60.json"), "--algo", "pipeline", "-p",
+                                        f"zero={z}", "--assume-batch", "32"])
+        assert bad.exit_code == 1 and why in bad.output and "Traceback" not in bad.output
 
 
 def test_megatron_use_distributed_optimizer():

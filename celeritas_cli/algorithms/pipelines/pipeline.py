@@ -60,6 +60,7 @@ from ...pipelining.params import AUTO, N_MICROBATCHES, RECOMPUTE, SCHEDULE
 from ...pipelining.schedules import get_schedule
 from ...sim.describe import pipeline_words
 from ...transform.batch import declared_batch
+from ...transform.replicate import ZERO3_REFUSED
 from .search import Fixed, PipelineSearch, default_budget, estimate_of, fits_text, parse_groups, shape_fields
 
 
@@ -83,7 +84,8 @@ from .search import Fixed, PipelineSearch, default_budget, estimate_of, fits_tex
                                                    "time_limit and the graph size, as auto)"),
                   "assume_batch": ASSUME_BATCH,
                   "zero": Param(int, 0, "ZeRO stage over the pipeline's replicas: 0 replicated optimizer state, 1 "
-                                        "sharded (Megatron-LM's distributed optimizer), 2 + gradients", min=0, max=2),
+                                        "sharded (Megatron-LM's distributed optimizer), 2 + gradients (3 is refused: "
+                                        "ZeRO-3 over a pipeline)", min=0, max=3),
                   "beat_s": Param(float, 0.0, "give up (before building anything) when the model predicts no plan "
                                               "within 5 % of this step time (s; auto passes its best so far); "
                                               "0 = never", min=0, max=TIME_MAX),
@@ -145,6 +147,8 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     ('FEASIBLE', 'simulator')
     """
     check_pipelinable(graph)
+    if zero == 3:
+        raise InvalidInput(f"'pipeline' parameter zero: {ZERO3_REFUSED}")
     costs = cost_model(graph, cluster, costs)
     assume = assume_batch or None
     batch = declared_batch(graph, assume, what="micro-batching a pipeline")
