@@ -94,6 +94,11 @@ def describer(transform: str):
 
 @describer("data-parallel")
 def _data_parallel(steps: list[dict], ctx: Context) -> str:
+    """Data parallelism (:mod:`celeritas_cli.transform.replicate`), with its ZeRO stage.
+
+    >>> _data_parallel([{"replicas": 4, "zero": 1}], Context("gpt", 100)).split(" + ")[1]
+    'ZeRO-1 distributed optimizer: a reduce-scatter per gradient, each update on 1/4 of the parameters, an all-gather of the updated parameters (NCCL)'
+    """
     out = []
     for step in steps:
         r = step.get("replicas")
