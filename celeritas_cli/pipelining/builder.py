@@ -21,6 +21,13 @@ replicas ``groups[s][r]``.  How a replicated stage shares the work:
   gradients all-reduced by one ring per gradient after the last
   accumulation).  Replica ``r`` of the pipeline runs stage ``s`` on
   ``groups[s][r]``, its ``m`` micro-batches in the schedule's order.
+  With ``zero`` = 1 (Megatron-LM's distributed optimizer, ZeRO's
+  ``P_os``) or 2 (``P_os+g``) the data-parallel step shards the optimizer
+  state over the ``R`` replicas of each stage: a reduce-scatter of each
+  accumulated gradient, each replica's update on ``1/R`` of the
+  parameters, an all-gather of the updated parameters
+  (:mod:`~celeritas_cli.transform.replicate`, "ZeRO").  Stage 3 is
+  refused (:data:`~celeritas_cli.transform.replicate.ZERO3_REFUSED`).
 * **Round-robin replicas** (stages replicated unevenly, as PipeDream's and
   Alpa's planners may choose): micro-batch ``i`` of stage ``s`` runs on
   lane ``i mod R_s`` (PipeDream's 1F1B-RR, Narayanan et al., SOSP'19, 3.3:
@@ -66,7 +73,7 @@ from ..transform.admit import replica_kinds as kinds
 from ..transform.derivation import attach, data_parallel_step
 from ..transform.microbatch import microbatch_graph, microbatch_step
 from ..transform.recompute import recompute_graph, recompute_step
-from ..transform.replicate import data_parallel_graph
+from ..transform.replicate import check_zero, data_parallel_graph
 from ..transform.split_cost import DEFAULT_OVERHEAD_S
 from .cuts import _device, check_chain
 from .schedules import ONE_F_ONE_B, Schedule, block_order, get_schedule, recomputable, stage_blocks
@@ -117,7 +124,7 @@ def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int],
                 schedule: str | Schedule = ONE_F_ONE_B, *, recompute: Sequence[str] = (), except_last: bool = False,
                 overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
                 shares: Sequence[float] | None = None, algorithm: str = "pipeline", params: dict | None = None,
-                seed: int | None = 0, estimate: dict | None = None) -> Placement:
+                seed: int | None = 0, estimate: dict | None = None, zero: int = 0) -> Placement:
     """The placement of a pipeline with replicated stages (module docstring).
 
     Parameters
@@ -151,6 +158,8 @@ def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int],
         equal), e.g. in proportion to the speed of its devices.
     algorithm, params, seed, estimate
         Written into the placement (*estimate* is extended).
+    zero : int
+        ZeRO stage (0-2) over the replicas (module docstring).
 
     Returns
     -------
@@ -185,7 +194,7 @@ def staged_plan(graph: Graph, cluster: Cluster, stage_of: Sequence[int],
     p, v, reps = plan_shape(devs, sched)
     d = derive_pipeline(graph, stage_of, reps, n_microbatches, sched, v, recompute=recompute,
                         except_last=except_last, overhead_s=overhead_s, assume_batch=assume_batch, shares=shares,
-                        symmetric=judged_by_kind(cluster))
+                        symmetric=judged_by_kind(cluster), zero=zero)
     device_of, order = layout(d, stage_of, devs, sched, cluster.k)
     est = {**plan_estimate(d, devs, cluster, sched, n_microbatches), **(estimate or {})}
     return placement_of(d, cluster, device_of, order, algorithm=algorithm, seed=seed, estimate=est,
@@ -284,7 +293,7 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
                     schedule: str | Schedule = ONE_F_ONE_B, v: int = 1, *, recompute: Sequence[str] = (), except_last: bool = False,
                     overhead_s: float = DEFAULT_OVERHEAD_S, assume_batch: int | None = None,
                     shares: Sequence[float] | None = None, bucket_mb: float = 0.0,
-                    symmetric: bool = True, recompute_segments: bool = False) -> Derived:
+                    symmetric: bool = True, recompute_segments: bool = False, zero: int = 0) -> Derived:
     """The derived graph of a pipeline with ``reps[s]`` replicas of stage
     ``s`` (module docstring; parameters as :func:`staged_plan`).  Depends
     on *stage_of* only through the recomputed nodes, so a planner that moves
@@ -296,6 +305,8 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
     *recompute_segments* gates each connected part of a stage's clones on
     its own (:func:`~celeritas_cli.transform.recompute.recompute_graph`'s
     ``segments``: per transformer layer when the layers' inputs are kept).
+    *zero*: 1 or 2 shards the optimizer state (and gradients) over the
+    replicas (module docstring; nothing to shard without replicas).
 
     Raises
     ------
@@ -306,6 +317,7 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
     m = n_microbatches
     sched = get_schedule(schedule)
     check_pipelinable(graph)
+    zero = check_zero(zero)
     if len(stage_of) != graph.n or any(not 0 <= s < S for s in stage_of):
         raise InvalidInput(f"pipeline: stage_of must give every node of graph '{graph.name}' a stage 0..{S - 1}")
     check_chain(graph, stage_of)
@@ -338,11 +350,12 @@ def derive_pipeline(graph: Graph, stage_of: Sequence[int], reps: Sequence[int], 
             mbg = recompute_graph(mbg, ids, segments=recompute_segments)
     derived = mbg
     if R > 1:  # the replicas in the symmetric form: one of each kind built (sim/symmetric.py)
-        step = data_parallel_step(R, "strong", overhead_s, list(shares) if shares is not None else None, bucket_mb)
+        step = data_parallel_step(R, "strong", overhead_s, list(shares) if shares is not None else None, bucket_mb,
+                                  zero=zero)
         built = sorted(set(kinds(mbg, step))) if symmetric else None
         derived = data_parallel_graph(mbg, R, scaling="strong", overhead_s=overhead_s,
                                       shares=list(shares) if shares is not None else None, bucket_mb=bucket_mb,
-                                      represent=built)
+                                      represent=built, zero=zero)
         steps.append(step)
     return Derived(graph, derived, mbg, steps, R, list(reps), lane_mb, list(mb["micro_batches"]),
                    len(mbg.meta.get("recompute", [])), not uniform_reps)

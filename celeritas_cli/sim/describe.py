@@ -94,6 +94,11 @@ def describer(transform: str):
 
 @describer("data-parallel")
 def _data_parallel(steps: list[dict], ctx: Context) -> str:
+    """Data parallelism (:mod:`celeritas_cli.transform.replicate`), with its ZeRO stage.
+
+    >>> _data_parallel([{"replicas": 4, "zero": 1}], Context("gpt", 100)).split(" + ")[1]
+    'ZeRO-1 distributed optimizer: a reduce-scatter per gradient, each update on 1/4 of the parameters, an all-gather of the updated parameters (NCCL)'
+    """
     out = []
     for step in steps:
         r = step.get("replicas")
@@ -103,9 +108,13 @@ def _data_parallel(steps: list[dict], ctx: Context) -> str:
         form = "explicit ring steps" if step.get("collectives") == "ring" else "NCCL"
         ring = (f"all-reduce of the gradients in {bucket:g} MiB buckets ({form})" if bucket else
                 f"one all-reduce per gradient ({form})")
+        zero = step.get("zero") or 0
+        if zero:
+            ring = (f"{zero_words(zero)}: a reduce-scatter per gradient{' bucket' if bucket else ''}, each update on "
+                    f"1/{r} of the parameters, an all-gather of the updated parameters ({form})")
         rings = sum(ctx.per_device.values()) - r * ctx.nodes if isinstance(r, int) and r > 0 else 0
         if rings > 0 and len(steps) == 1:
-            ring += f" ({rings // r:,} all-reduce nodes per replica)"
+            ring += f" ({rings // r:,} {'collective' if zero else 'all-reduce'} nodes per replica)"
         spread = ctx.replicas_spread()
         head = "data parallelism: " if spread is None else "operator placement over a data-parallel graph of "
         words = f"{head}{r} replicas of {ctx.name}, {ctx.nodes:,} nodes each, {batch} + {ring}"
@@ -183,18 +192,23 @@ def _tensor_parallel(steps: list[dict], ctx: Context) -> str:
 
 
 #: the estimate fields of a 3D plan (tensor x pipeline x data; :func:`megatron_words`)
-MEGATRON_FIELDS = ("tp", "pp", "dp", "schedule", "virtual_stages", "microbatches", "sequence_parallel", "recompute")
+MEGATRON_FIELDS = ("tp", "pp", "dp", "schedule", "virtual_stages", "microbatches", "sequence_parallel", "recompute",
+                   "use_distributed_optimizer")
 
 
 def megatron_words(est) -> str | None:
     """A tensor x pipeline x data plan in words from its ``estimate`` fields
     (:data:`MEGATRON_FIELDS`; the ``megatron`` row writes them), e.g.
     ``"TP 8 × PP 2 × DP 32, 1F1B interleaved ×2, 8 micro-batches, sequence
-    parallel, selective recompute"``; None for other plans.
+    parallel, selective recompute, ZeRO-1 distributed optimizer"``; None
+    for other plans.
 
     >>> megatron_words({"tp": 8, "pp": 2, "dp": 32, "schedule": "interleaved", "virtual_stages": 2,
     ...                 "microbatches": 8, "sequence_parallel": True, "recompute": "selective"})
     'TP 8 × PP 2 × DP 32, 1F1B interleaved ×2, 8 micro-batches, sequence parallel, selective recompute'
+    >>> megatron_words({"tp": 1, "pp": 4, "dp": 2, "schedule": "1f1b", "microbatches": 16, "recompute": "full",
+    ...                 "use_distributed_optimizer": True})
+    'TP 1 × PP 4 × DP 2, 1F1B, 16 micro-batches, full recompute, ZeRO-1 distributed optimizer'
     >>> megatron_words({"tp": 2, "pp": 1, "dp": 4, "schedule": "1f1b", "microbatches": 1, "recompute": "none"})
     'TP 2 × PP 1 × DP 4, 1 micro-batch'
     """
@@ -211,6 +225,8 @@ def megatron_words(est) -> str | None:
         out.append("sequence parallel")
     if est.get("recompute") in ("full", "selective"):
         out.append(f"{est['recompute']} recompute")
+    if est.get("use_distributed_optimizer") and est["dp"] > 1:
+        out.append("ZeRO-1 distributed optimizer")
     return ", ".join(out)
 
 
@@ -254,7 +270,7 @@ def describe(derivation: dict | None, ctx: Context) -> str:
 
 #: the estimate fields of a pipeline plan (:func:`pipeline_words`), which ``auto`` copies from its winner
 PIPELINE_FIELDS = ("schedule", "stages", "pipeline_devices", "virtual_stages", "replicas", "microbatches",
-                   "stage_devices", "recomputed_stages", "shares_by_speed", "bucket_mb")
+                   "stage_devices", "recomputed_stages", "shares_by_speed", "bucket_mb", "zero")
 
 
 def _runs(names: list[str]) -> str:
@@ -281,6 +297,9 @@ def pipeline_words(est, device_type=None) -> str | None:
     >>> pipeline_words({"schedule": "1f1b", "pipeline_devices": 1, "replicas": [4], "microbatches": 2,
     ...                 "stage_devices": [["a", "b", "c", "d"]], "recomputed_stages": []})
     'data parallelism x 4, 2 micro-batches accumulated, on a + b + c + d, recompute off'
+    >>> pipeline_words({"schedule": "1f1b", "pipeline_devices": 2, "replicas": [2, 2], "microbatches": 8,
+    ...                 "stage_devices": [["a", "b"], ["c", "d"]], "zero": 1})
+    '2-stage 1F1B x 2 replicas, 8 micro-batches each, stages a | c, recompute off, ZeRO-1 distributed optimizer'
     """
     if not isinstance(est.get("schedule"), str) or not isinstance(est.get("stage_devices"), list):
         return None
@@ -312,7 +331,18 @@ def pipeline_words(est, device_type=None) -> str | None:
     if p == 1 and R > 1 and "bucket_mb" in est:
         out += f", gradients in {est['bucket_mb']:g} MiB buckets" if est["bucket_mb"] else \
             ", one all-reduce ring per gradient"
+    if est.get("zero") and even and R > 1:
+        out += f", {zero_words(est['zero'])}"
     return out
+
+
+def zero_words(zero) -> str:
+    """ZeRO stage *zero* of data parallelism in words (:mod:`~celeritas_cli.transform.replicate`).
+
+    >>> zero_words(1), zero_words(2)
+    ('ZeRO-1 distributed optimizer', 'ZeRO-2 (optimizer state and gradients sharded)')
+    """
+    return "ZeRO-1 distributed optimizer" if zero == 1 else f"ZeRO-{zero} (optimizer state and gradients sharded)"
 
 
 def describe_placement(placement, graph, cluster=None) -> str:

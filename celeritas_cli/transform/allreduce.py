@@ -69,17 +69,7 @@ def bucket_collective(graph: Graph, b: int, ts: list[int], seq: int, k: int, rep
     ``bucket``), ``phase`` ``all-reduce`` and ``bytes``.  *reps*: the
     replicas built (default all ``k``; the symmetric judge builds some)."""
     size = sum(graph.tensor_bytes[t] for t in ts)
-    of = [graph.ids[graph.tensor_src[t]] for t in ts]
-    names = [graph.tensor_name[t] for t in ts]
-    if len(ts) == 1:
-        prefix, head = f"{of[0]}/allreduce{ring_j}", {"of": of[0], "tensor": names[0]}
-        out_name = names
-    else:
-        prefix, head = f"bucket{b}/allreduce", {"bucket": b, "of": of, "tensor": names}
-        seen: dict[str, int] = {}
-        for x in names:
-            seen[x] = seen.get(x, 0) + 1
-        out_name = [x if seen[x] == 1 else f"{pid}/{x}" for x, pid in zip(names, of)]
+    prefix, head, out_name = _bucket_head(graph, b, ts, ring_j)
     group = fresh(prefix)
     for q in range(k) if reps is None else reps:
         nid = collective_node(nodes, fresh(f"{prefix}/rep{q}"), "all-reduce", q, group, seq, k, size,
@@ -90,6 +80,72 @@ def bucket_collective(graph: Graph, b: int, ts: list[int], seq: int, k: int, rep
         for t, x in zip(ts, out_name):
             for d in dict.fromkeys(graph.edge_dst[e] for e in graph.tensor_edges[t]):
                 edges.append({"src": nid, "dst": rep_id[q][d], "bytes": graph.tensor_bytes[t], "tensor": x})
+
+
+def _bucket_head(graph: Graph, b: int, ts: list[int], ring_j: int | None) -> tuple[str, dict, list[str]]:
+    """``(prefix, head, names)`` of bucket *b*'s collectives (:func:`bucket_collective`):
+    ``<producer>/allreduce<j>`` and ``of`` / ``tensor`` of its one gradient,
+    or ``bucket<b>/allreduce`` and the lists; *names*: the tensor name each
+    gradient's consumers read (prefixed with its producer's id when two
+    gradients of the bucket share a name)."""
+    of = [graph.ids[graph.tensor_src[t]] for t in ts]
+    names = [graph.tensor_name[t] for t in ts]
+    if len(ts) == 1:
+        return f"{of[0]}/allreduce{ring_j}", {"of": of[0], "tensor": names[0]}, names
+    seen: dict[str, int] = {}
+    for x in names:
+        seen[x] = seen.get(x, 0) + 1
+    return (f"bucket{b}/allreduce", {"bucket": b, "of": of, "tensor": names},
+            [x if seen[x] == 1 else f"{pid}/{x}" for x, pid in zip(names, of)])
+
+
+def zero_collectives(graph: Graph, b: int, ts: list[int], seq: int, k: int, rep_id: list[list[str]], fresh,
+                     nodes: list[dict], edges: list[dict], ring_j: int | None, reps: list[int],
+                     gather: tuple[int, list[int], int] | None, *, in_place: bool = False,
+                     extra: dict | None = None) -> None:
+    """Append bucket *ts*'s all-reduce split into its halves, ZeRO's
+    sharded optimizer (Rajbhandari et al. SC'20, 5.1 and 7.2.1; the
+    ``zero`` option of :mod:`~.replicate`): on every built replica ``q`` a
+    ``collective.reduce-scatter`` ``<prefix>/rs/rep<q>`` of the bucket's
+    bytes ``G`` (``seq``), fed by its gradients, whose output - the reduced
+    ``ceil(G / k)`` shard: a new buffer (``memory_bytes``; ZeRO-2's
+    gradient partition), or with *in_place* a view of the whole gradient
+    buffer (Megatron-LM's distributed optimizer reduce-scatters into its
+    persistent gradient buffer: no bytes) - feeds every consumer of every
+    gradient (``ceil(bytes / k)`` of each: the update runs on its shard);
+    and, when *gather* = ``(seq, updates, bytes)``,
+    a ``collective.all-gather`` ``<prefix>/ag/rep<q>`` of the updated
+    parameters (*bytes*), fed by those update nodes (zero-byte edges, tensor
+    ``updated``) and written into the replicated parameters (no new
+    buffer).  ``<prefix>`` is the all-reduce's (:func:`bucket_collective`),
+    and both carry its ``allreduce`` field with ``phase``
+    ``reduce-scatter`` / ``all-gather``: ZeRO's two halves of it, the same
+    ``2 (k-1)/k`` of the data per replica when the parameters are as large
+    as the gradients.  *extra* fields (``resident_bytes`` 0, ``pass``) go on
+    every node."""
+    size = sum(graph.tensor_bytes[t] for t in ts)
+    prefix, head, out_name = _bucket_head(graph, b, ts, ring_j)
+    shard = 0 if in_place else -(-size // k)
+    group = fresh(f"{prefix}/rs")
+    for q in reps:
+        nid = collective_node(nodes, fresh(f"{prefix}/rs/rep{q}"), "reduce-scatter", q, group, seq, k, size,
+                              field="allreduce", head=head, memory=shard, extra=extra)
+        for t in ts:
+            edges.append({"src": rep_id[q][graph.tensor_src[t]], "dst": nid, "bytes": graph.tensor_bytes[t],
+                          "tensor": graph.tensor_name[t]})
+        for t, x in zip(ts, out_name):
+            for d in dict.fromkeys(graph.edge_dst[e] for e in graph.tensor_edges[t]):
+                edges.append({"src": nid, "dst": rep_id[q][d], "bytes": -(-graph.tensor_bytes[t] // k), "tensor": x})
+    if gather is None:
+        return
+    ag_seq, updates, nbytes = gather
+    group = fresh(f"{prefix}/ag")
+    for q in reps:
+        nid = collective_node(nodes, fresh(f"{prefix}/ag/rep{q}"), "all-gather", q, group, ag_seq, k, nbytes,
+                              field="allreduce", head=head,
+                              extra={**extra, "pass": "update"} if extra and "pass" in extra else extra)
+        for u in updates:
+            edges.append({"src": rep_id[q][u], "dst": nid, "bytes": 0, "tensor": "updated"})
 
 
 def chunk_sizes(nbytes: int, k: int) -> list[int]:

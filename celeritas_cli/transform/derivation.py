@@ -26,7 +26,9 @@ placed a coarse graph).  Steps, applied in order:
   batch strong scaling divided, which the graph must hold costs for;
   ``"assume_batch": B`` when the user asserted the batch of a graph that
   declares none; ``"collectives": "ring"`` for explicit ring steps, absent =
-  ``nccl``, one collective node per replica and bucket):
+  ``nccl``, one collective node per replica and bucket; ``"zero": 1 | 2``,
+  ZeRO's sharded optimizer state (and gradients) over the replicas,
+  absent = 0; 3 is refused, see :data:`~.replicate.ZERO3_REFUSED`):
   :func:`~celeritas_cli.transform.replicate.data_parallel_graph`;
 * ``{"transform": "split", "node": id, "dim": "batch" | "channel", "n": n,
   "overhead_s": s}`` (and ``"assume_batch"`` as above):
@@ -89,7 +91,7 @@ from typing import Any
 from ..errors import InvalidInput
 from ..model.graph import Graph
 from ..model.limits import TIME_MAX
-from .admit import DIMENSIONS, check_shares, data_parallel_size, replica_samples, split_refusal, split_size
+from .admit import DIMENSIONS, check_shares, replica_samples, split_refusal, split_size
 from .allreduce import BUCKET_MB_MAX, COLLECTIVE_FORMS
 from .batch import BATCH_MAX, declared_batch
 from .fsdp import fsdp_step_build, fsdp_step_check, fsdp_step_size
@@ -109,7 +111,7 @@ from .recipe_check import (
     strings,
 )
 from .recompute import recompute_graph, recompute_size, resolve_nodes
-from .replicate import SCALINGS, data_parallel_graph
+from .replicate import SCALINGS, ZERO3_REFUSED, data_parallel_graph, dp_size
 from .size import Size, check_size
 from .split_cost import DEFAULT_OVERHEAD_S
 from .splitting import split_operation
@@ -120,11 +122,12 @@ REL_TOL = 1e-9
 
 def data_parallel_step(replicas: int, scaling: str, overhead_s: float, shares: list[float] | None = None,
                        bucket_mb: float = 0.0, *, global_batch: int | None = None,
-                       assume_batch: int | None = None, collectives: str = "nccl") -> dict:
+                       assume_batch: int | None = None, collectives: str = "nccl", zero: int = 0) -> dict:
     """The recipe step of :func:`~.replicate.data_parallel_graph` (``shares``
     only when the batch shares are not equal, ``bucket_mb`` only when
     gradients are bucketed, ``global_batch`` the batch strong scaling
-    divided, ``assume_batch`` only when the user asserted it)."""
+    divided, ``assume_batch`` only when the user asserted it, ``zero`` only
+    when the optimizer state is sharded)."""
     step: dict[str, Any] = {"transform": "data-parallel", "replicas": int(replicas), "scaling": scaling,
                             "overhead_s": overhead_s}
     if shares is not None:
@@ -137,6 +140,8 @@ def data_parallel_step(replicas: int, scaling: str, overhead_s: float, shares: l
         step["assume_batch"] = int(assume_batch)
     if collectives != "nccl":
         step["collectives"] = collectives
+    if zero:
+        step["zero"] = int(zero)
     return step
 
 
@@ -181,6 +186,12 @@ def _dp_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] 
     fractions summing to 1, whole samples of the batch), ``global_batch``
     (the graph's batch)."""
     k, strong = step["replicas"], step["scaling"] == "strong"
+    zero = step.get("zero", 0)
+    if zero == 3:
+        return "zero", ZERO3_REFUSED
+    if zero and step.get("collectives", "nccl") != "nccl":
+        return "zero", (f"ZeRO (zero={zero}) is modelled in the nccl collectives form only, not with collectives: "
+                        f"ring (placer run and placer export, which execute explicit ring steps, do not run it)")
     shares = step.get("shares")
     if shares is not None:
         if not strong:
@@ -212,7 +223,7 @@ def _dp_build(graph: Graph, step: dict, represent: list[int] | None = None) -> G
     return data_parallel_graph(graph, step["replicas"], scaling=step["scaling"], overhead_s=step["overhead_s"],
                                shares=step.get("shares"), bucket_mb=step.get("bucket_mb", 0.0),
                                assume_batch=step.get("assume_batch"), collectives=step.get("collectives", "nccl"),
-                               represent=represent)
+                               represent=represent, zero=step.get("zero", 0))
 
 
 def _split_check(graph: Graph, step: dict, ctx: Context) -> tuple[str | None, str] | None:
@@ -261,11 +272,11 @@ STEPS: dict[str, StepKind] = {
     "data-parallel": StepKind(
         fields={"replicas": integer(1, at_most_devices=True), "scaling": choice(*SCALINGS), "overhead_s": _OVERHEAD,
                 "shares": numbers(), "bucket_mb": number(0, BUCKET_MB_MAX), "global_batch": _BATCH,
-                "assume_batch": _BATCH, "collectives": choice(*COLLECTIVE_FORMS)},
+                "assume_batch": _BATCH, "collectives": choice(*COLLECTIVE_FORMS), "zero": integer(0, 3)},
         required=("replicas",), defaults={"scaling": "strong", "overhead_s": DEFAULT_OVERHEAD_S},
         check=_dp_check, build=_dp_build,
-        size=lambda g, st: data_parallel_size(g, st["replicas"], st.get("bucket_mb", 0.0),
-                                              st.get("collectives", "nccl")),
+        size=lambda g, st: dp_size(g, st["replicas"], st.get("bucket_mb", 0.0), st.get("collectives", "nccl"),
+                                   zero=st.get("zero", 0)),
         hint="fewer replicas, or larger gradient buckets (bucket_mb)"),
     "split": StepKind(
         fields={"node": string(), "dim": choice(*DIMENSIONS), "n": integer(2, at_most_devices=True),
@@ -335,8 +346,8 @@ def represented(step: dict, kind: StepKind, reps: list[int], label: str) -> Step
     if step["transform"] == "fsdp":
         return replace(kind, size=lambda g, st: fsdp_step_size(g, st, len(reps)),
                        build=lambda g, st: fsdp_step_build(g, st, reps))
-    return replace(kind, size=lambda g, st: data_parallel_size(g, st["replicas"], st.get("bucket_mb", 0.0), "nccl",
-                                                                len(reps)),
+    return replace(kind, size=lambda g, st: dp_size(g, st["replicas"], st.get("bucket_mb", 0.0), "nccl", len(reps),
+                                                     st.get("zero", 0)),
                    build=lambda g, st: _dp_build(g, st, reps))
 
 

@@ -135,7 +135,7 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
-from ..model.residency import declares, memory_fields, resident_of
+from ..model.residency import declares
 from .allreduce import (
     check_form,
     chunk_sizes,
@@ -147,6 +147,7 @@ from .allreduce import (
 )
 from .batch import declared_batch, whole_samples
 from .fsdp_units import Plan, Unit, check_unit_mb, fsdp_plan, fsdp_size
+from .fsdp_units import sharded_node as _sharded
 from .replicate import _replica_template
 from .size import Size, check_size
 from .split_cost import DEFAULT_OVERHEAD_S, batch_profile
@@ -186,8 +187,10 @@ def check_fsdp(graph: Graph, replicas: int, stage: int, assume_batch: int | None
     InvalidInput
         ``replicas < 1``, a stage not 1-3, a coarse graph (its nodes hide
         which state is parameters, gradients and optimizer state), one
-        already data-parallel, sharded, split or micro-batched (sharding
-        comes first), a graph that declares no batch, fewer samples than
+        already data-parallel, sharded or split (sharding comes first), a
+        micro-batched one (stage 3: not modelled, as DeepSpeed refuses
+        ZeRO-3 with pipelines; stages 1-2: the data-parallel step's
+        ``zero``, :mod:`~.replicate`), a graph that declares no batch, fewer samples than
         replicas, or *samples* that are not ``k`` whole numbers >= 1 summing
         to the batch.
     """
@@ -199,8 +202,15 @@ def check_fsdp(graph: Graph, replicas: int, stage: int, assume_batch: int | None
         raise InvalidInput(f"fsdp: graph '{graph.name}' is coarse: its nodes group operators, so parameters, "
                            f"gradients and optimizer state cannot be told apart; shard the original graph "
                            f"'{graph.original_name}' instead")
-    for key, what in (("data_parallel", "data-parallel"), ("fsdp", "sharded"), ("splits", "split"),
-                      ("microbatch", "micro-batched")):
+    if graph.meta.get("microbatch"):
+        if stage == 3:
+            raise InvalidInput(f"fsdp: graph '{graph.name}' is micro-batched: stage 3 over micro-batches or a "
+                               f"pipeline is not modelled (every micro-batch would all-gather each unit again; "
+                               f"DeepSpeed refuses ZeRO-3 with pipeline parallelism too); shard the model's graph")
+        raise InvalidInput(f"fsdp: graph '{graph.name}' is micro-batched: ZeRO stage {stage} over a pipeline's "
+                           f"replicas is the data-parallel step's zero={stage} (-p zero={stage}), after the "
+                           f"micro-batches")
+    for key, what in (("data_parallel", "data-parallel"), ("fsdp", "sharded"), ("splits", "split")):
         if graph.meta.get(key):
             raise InvalidInput(f"fsdp: graph '{graph.name}' is already {what}; sharded data parallelism applies to "
                                f"the model's graph, before any other rewrite")
@@ -361,53 +371,6 @@ def fsdp_kinds(prefix: Graph, step: dict) -> list[int]:
     _, samples = check_fsdp(prefix, k, step["stage"], step.get("assume_batch"), step.get("samples"))
     first: dict[int, int] = {}
     return [first.setdefault(samples[r], r) for r in range(k)]
-
-
-def _shard_time(t: float, k: int, overhead_s: float) -> float:
-    return min(t, t / k + overhead_s) if t > 0 and k > 1 else t
-
-
-def _sharded(graph: Graph, v: int, nd: dict, plan: Plan, k: int, overhead_s: float) -> dict:
-    """Node document *nd* of a replica of *v* with its state sharded at the plan's stage."""
-    stage = plan.stage
-    if k == 1:
-        return nd
-    if plan.update[v] or (plan.source[v] and stage == 3):
-        return _whole(graph, v, nd, k, overhead_s)  # runs on its 1/k of the parameters
-    if plan.source[v]:
-        nd = _whole(graph, v, nd, 1, overhead_s)  # stages 1-2: every replica casts the whole parameter
-    elif not plan.params[v]:
-        return nd
-    # a holder: stage 3 moves a compute holder's parameters to the unit's shard; the rest of its state is sharded
-    cut = (plan.params[v] if stage == 3 else 0) + _cut(plan.grad_buf[v], k, stage >= 2) + _cut(plan.optim[v], k, True)
-    out = dict(nd)
-    out["memory_bytes"] = max(0, nd["memory_bytes"] - cut)
-    if "resident_bytes" in nd:
-        out["resident_bytes"] = max(0, min(nd["resident_bytes"] - cut, out["memory_bytes"]))
-    return out
-
-
-def _whole(graph: Graph, v: int, nd: dict, f: int, overhead_s: float) -> dict:
-    """*nd* with node *v*'s time, memory, resident bytes, ``flops``,
-    ``bytes_moved`` and ``output_bytes`` those of *v* on ``1/f`` of its
-    parameters (linear: ``t/f + overhead_s``, never above ``t``)."""
-    ex = (graph.node_extra[v] if graph.node_extra else None) or {}
-    out = {key: val for key, val in nd.items() if key not in ("resident_bytes", "pass")}
-    out["compute_s"] = _shard_time(graph.compute[v], f, overhead_s)
-    if graph.compute_by_type[v]:
-        out["compute_by_type"] = {t: _shard_time(x, f, overhead_s) for t, x in graph.compute_by_type[v].items()}
-    out["memory_bytes"] = -(-graph.memory[v] // f)
-    for key in ("flops", "bytes_moved", "output_bytes"):
-        x = ex.get(key)
-        if isinstance(x, (int, float)) and not isinstance(x, bool):
-            out[key] = x / f if isinstance(x, float) else -(-x // f)
-    out.update(memory_fields(graph, v, out["memory_bytes"], -(-resident_of(graph, v) // f)))
-    return out
-
-
-def _cut(x: int, k: int, on: bool) -> int:
-    """Bytes a replica no longer holds of *x* sharded ``k`` ways (when *on*)."""
-    return x - -(-x // k) if on else 0
 
 
 def _replica_edges(graph: Graph, plan: Plan, k: int, rep: list[list[str]], shares: list[float] | None,

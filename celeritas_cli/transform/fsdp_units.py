@@ -116,7 +116,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InvalidInput
 from ..model.graph import Graph
-from ..model.residency import declares, resident_of
+from ..model.residency import declares, memory_fields, resident_of
 from .allreduce import ready_order
 from .passes import node_passes
 from .split_cost import batch_profile
@@ -442,3 +442,62 @@ def fsdp_size(graph: Graph, plan: Plan, k: int, collectives: str = "nccl", reps:
             per += len(u.updates) + steps + (k if ring else 0)
         per += len(plan.waits.get(j, ())) + (1 if j else 0)
     return nodes, edges + r * per
+
+
+def shard_time(t: float, k: int, overhead_s: float) -> float:
+    """Time of work *t* done on ``1/k`` of the parameters: ``t/k + overhead_s``, never above *t*.
+
+    >>> shard_time(8.0, 4, 0.5), shard_time(1.0, 4, 1.0)
+    (2.5, 1.0)
+    """
+    return min(t, t / k + overhead_s) if t > 0 and k > 1 else t
+
+
+def sharded_node(graph: Graph, v: int, nd: dict, plan: Plan, k: int, overhead_s: float) -> dict:
+    """Node document *nd* of a replica of *v* with its state sharded ``k``
+    ways at the plan's stage (ZeRO section 5; :mod:`~.fsdp` and the
+    ``zero`` option of data parallelism, :mod:`~.replicate`): an update
+    runs on its ``1/k`` of every parameter (:func:`shard_whole`); a
+    holder keeps its parameters (stage 3: moved to the unit's shard) and
+    ``1/k`` of its optimizer state and, from stage 2, of its gradient
+    buffers (:func:`shard_cut`); other nodes are unchanged."""
+    stage = plan.stage
+    if k == 1:
+        return nd
+    if plan.update[v] or (plan.source[v] and stage == 3):
+        return shard_whole(graph, v, nd, k, overhead_s)  # runs on its 1/k of the parameters
+    if plan.source[v]:
+        nd = shard_whole(graph, v, nd, 1, overhead_s)  # stages 1-2: every replica casts the whole parameter
+    elif not plan.params[v]:
+        return nd
+    # a holder: stage 3 moves a compute holder's parameters to the unit's shard; the rest of its state is sharded
+    cut = (plan.params[v] if stage == 3 else 0) + shard_cut(plan.grad_buf[v], k, stage >= 2) + \
+        shard_cut(plan.optim[v], k, True)
+    out = dict(nd)
+    out["memory_bytes"] = max(0, nd["memory_bytes"] - cut)
+    if "resident_bytes" in nd:
+        out["resident_bytes"] = max(0, min(nd["resident_bytes"] - cut, out["memory_bytes"]))
+    return out
+
+
+def shard_whole(graph: Graph, v: int, nd: dict, f: int, overhead_s: float) -> dict:
+    """*nd* with node *v*'s time, memory, resident bytes, ``flops``,
+    ``bytes_moved`` and ``output_bytes`` those of *v* on ``1/f`` of its
+    parameters (linear: ``t/f + overhead_s``, never above ``t``)."""
+    ex = (graph.node_extra[v] if graph.node_extra else None) or {}
+    out = {key: val for key, val in nd.items() if key not in ("resident_bytes", "pass")}
+    out["compute_s"] = shard_time(graph.compute[v], f, overhead_s)
+    if graph.compute_by_type[v]:
+        out["compute_by_type"] = {t: shard_time(x, f, overhead_s) for t, x in graph.compute_by_type[v].items()}
+    out["memory_bytes"] = -(-graph.memory[v] // f)
+    for key in ("flops", "bytes_moved", "output_bytes"):
+        x = ex.get(key)
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            out[key] = x / f if isinstance(x, float) else -(-x // f)
+    out.update(memory_fields(graph, v, out["memory_bytes"], -(-resident_of(graph, v) // f)))
+    return out
+
+
+def shard_cut(x: int, k: int, on: bool) -> int:
+    """Bytes a replica no longer holds of *x* sharded ``k`` ways (when *on*)."""
+    return x - -(-x // k) if on else 0

@@ -89,6 +89,48 @@ Structure
   bucket, in ``2·(k-1)`` transfers instead of ``2·(k-1)`` per gradient:
   fewer link latencies and fewer nodes, but a bucket waits for its last
   gradient.
+* ZeRO (``zero`` = 1 or 2, the nccl form; Rajbhandari et al., "ZeRO",
+  SC'20, 5.1 ``P_os`` and 5.2 ``P_os+g``; Megatron-LM's distributed
+  optimizer, ``--use-distributed-optimizer``, is stage 1): what a node
+  holds as parameters, gradient buffers and optimizer state is read from
+  the graph as fsdp reads it (:func:`~.fsdp_units.fsdp_plan`), so the same
+  rules hold on a micro-batched (pipelined) or tensor-parallel graph,
+  whose ``weights`` nodes hold the parameters.  Each bucket's all-reduce
+  is split into its two halves: a ``collective.reduce-scatter``
+  ``<prefix>/rs/rep<q>`` of the bucket's ``G`` bytes, whose output is the
+  reduced ``ceil(G / k)`` shard that the updates read (``ceil(bytes / k)``
+  of each gradient) - in stage 1 a view of the whole gradient buffer
+  (Megatron-LM reduce-scatters in place: no bytes), in stage 2 a buffer of
+  its own (DeepSpeed's gradient partition) - and, after the updates whose
+  last bucket it is, a ``collective.all-gather`` ``<prefix>/ag/rep<q>``
+  of their updated parameters (the parameters of the updates' colocation
+  groups; a group whose parameters the graph does not tell counts its
+  gradients), fed by those updates and written into the replicated
+  parameters (no buffer): per replica the all-reduce's ``2 (k-1)/k``
+  volume when parameters and gradients are alike (ZeRO 7.2.1).  Issue
+  order (``seq``): the reduce-scatters in the buckets' ready order, then
+  the all-gathers in the same order (Megatron-LM: reduce-scatter the
+  gradients, step, all-gather the parameters).  Every update runs on its
+  ``1/k`` of the parameters (time ``t/k + overhead_s``, never above
+  ``t``; memory, ``flops``, ``bytes_moved`` ``1/k``:
+  :func:`~.fsdp_units.sharded_node`), a holder keeps ``1/k`` of its
+  optimizer state (and, stage 2, of its resident gradient buffers).
+  Stage 1 keeps the whole gradient live until the update (its edge to the
+  update stays, as Megatron-LM's persistent gradient buffer); stage 2
+  frees it after its reduce-scatter (only the shard lives on).  Over
+  micro-batches the accumulated gradient is whole until the last
+  micro-batch in both stages (each replica accumulates its own;
+  DeepSpeed's ZeRO-2 with gradient accumulation reduces every
+  micro-batch instead, not modelled).  ``meta.data_parallel`` adds
+  ``zero``, ``allgather_bytes``, ``collective_bytes_per_device`` (the
+  reduce-scatters' and all-gathers' ``(k-1) x // k``),
+  ``optimizer_state_bytes`` (unsharded) and ``saved_bytes_per_replica``.
+  Deviation: mixed-precision fp32 master weights held by a parameter
+  holder stay whole (fsdp counts them as parameters, sharded by its
+  stage 3 only), where Megatron-LM's distributed optimizer shards them
+  with the Adam state (12 of its 18 bytes per parameter).  Stage 3 is
+  refused (:data:`ZERO3_REFUSED`: ``fsdp`` builds it, on the model's
+  graph).
 * ``meta.data_parallel``: ``replicas``, ``scaling``, ``batch_fraction``,
   ``global_batch`` / ``replica_batch`` (when ``meta.batch_size`` is known),
   ``gradients`` (count), ``gradient_bytes`` and
@@ -102,7 +144,11 @@ FastT (Yi et al., CoNEXT 2020), 5.2 and 6.2 (DP baseline, strong and weak
 scaling); Patarasuk and Yuan, "Bandwidth optimal all-reduce algorithms for
 clusters of workstations", JPDC 2009 (the ring: ``2(k-1)/k`` of the data per
 node); Li et al., "PyTorch Distributed", VLDB 2020 (DDP: replicated
-optimizer, local BatchNorm statistics).
+optimizer, local BatchNorm statistics).  Rajbhandari et al., "ZeRO: Memory
+Optimizations Toward Training Trillion Parameter Models", SC'20, 5.1-5.2
+and 7.2.1 (``zero``); Narayanan et al., SC'21 and Megatron-LM's
+``--use-distributed-optimizer`` (ZeRO stage 1 over the data-parallel
+group).
 """
 
 from __future__ import annotations
@@ -112,10 +158,20 @@ from typing import Any
 
 from ..errors import InvalidInput
 from ..model.graph import GRAPH_SCHEMA, Graph
-from ..model.residency import memory_fields, resident_of
+from ..model.residency import declares, memory_fields, resident_of
 from .admit import check_replicable, check_shares, data_parallel_size, dp_batch, gradient_plan
-from .allreduce import bucket_cap, bucket_collective, bucket_ring, check_form, gradient_ring, ready_order
-from .size import check_size
+from .allreduce import (
+    bucket_cap,
+    bucket_collective,
+    bucket_ring,
+    check_form,
+    gradient_ring,
+    ready_order,
+    zero_collectives,
+)
+from .fsdp_units import Plan, fsdp_plan, shard_cut, sharded_node
+from .passes import declares_passes
+from .size import Size, check_size
 from .split_cost import (
     DEFAULT_OVERHEAD_S,
     BatchProfile,
@@ -125,6 +181,14 @@ from .split_cost import (
 from .splitting import edge_dicts, fresh_namer
 
 SCALINGS = ("strong", "weak")
+#: ``zero`` values of data parallelism: 0 replicated optimizer (DDP), 1 optimizer state sharded (ZeRO's P_os,
+#: Megatron-LM's distributed optimizer), 2 + gradients (P_os+g); 3 (+ parameters) is ``fsdp``'s stage 3
+ZERO_STAGES = (0, 1, 2)
+#: why ZeRO stage 3 is not an option of data parallelism (a pipeline's last step)
+ZERO3_REFUSED = ("zero=3 (parameters sharded too) is not modelled over micro-batches or a pipeline: every "
+                 "micro-batch's forward and backward would all-gather each layer's parameters again (DeepSpeed "
+                 "refuses ZeRO-3 with pipeline parallelism for that reason); use zero=1 or 2, or --algo fsdp "
+                 "(stage 3) without a pipeline")
 
 
 def _part_bytes(x: int, k: int, frac: float, equal: bool) -> int:
@@ -178,7 +242,7 @@ def _replica_template(graph: Graph, v: int, prof: BatchProfile, k: int, strong: 
 def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
                         overhead_s: float = DEFAULT_OVERHEAD_S, shares: list[float] | None = None,
                         bucket_mb: float = 0.0, assume_batch: int | None = None,
-                        collectives: str = "nccl", represent: list[int] | None = None) -> Graph:
+                        collectives: str = "nccl", represent: list[int] | None = None, zero: int = 0) -> Graph:
     """The data-parallel graph of *graph* with *replicas* replicas (see the
     module docstring).
 
@@ -221,6 +285,10 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         for the others): their nodes, ids and costs are those of the full
         graph, and their collectives still say ``ranks = k`` (the nccl form
         only).  ``meta.data_parallel.represented`` lists them.
+    zero : int
+        0 (default): every replica holds the whole optimizer state (DDP);
+        1: ZeRO stage 1 (Megatron-LM's distributed optimizer), 2: + the
+        gradients (module docstring, "ZeRO"); the nccl form only.
 
     Returns
     -------
@@ -262,6 +330,7 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     strong = scaling == "strong"
     cap = bucket_cap(bucket_mb)
     check_form(collectives, "data-parallel")
+    zero = check_zero(zero, collectives)
     reps = sorted(set(int(r) for r in represent)) if represent is not None else list(range(k))
     if represent is not None and (collectives != "nccl" or not reps or reps[0] < 0 or reps[-1] >= k):
         raise InvalidInput(f"data-parallel: represent {represent!r} must list replicas 0..{k - 1} of the nccl form")
@@ -274,7 +343,7 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         shares = None if len(set(samples)) == 1 else [b / batch for b in samples]
     elif shares is not None:
         shares = check_shares(shares, k)
-    check_size(data_parallel_size(graph, k, bucket_mb, collectives, len(reps)),
+    check_size(dp_size(graph, k, bucket_mb, collectives, len(reps), zero),
                f"data-parallel: {k} replicas of graph '{graph.name}'",
                "use fewer replicas (-p devices=N)" + (" or gradient buckets (-p bucket_mb=25)" if cap <= 0 else ""),
                devices=k)
@@ -289,6 +358,11 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         if shares is None else None
     templates = [base or [_replica_template(graph, v, prof, k, strong, overhead_s, fixed_out[v], shares[r])
                           for v in range(n)] for r in range(k)]
+    plan = fsdp_plan(graph, zero) if zero and k > 1 else None
+    if plan is not None:  # ZeRO: each update on 1/k of the parameters, its optimizer state 1/k
+        sharded = {id(row): [sharded_node(graph, v, nd, plan, k, overhead_s) for v, nd in enumerate(row)]
+                   for row in (templates if base is None else [base])}
+        templates = [sharded[id(row)] for row in templates]
     rep_id = [[fresh(f"{graph.ids[v]}/rep{r}") for v in range(n)] if r in reps else [] for r in range(k)]
     nodes: list[dict] = []
     for r in reps:
@@ -305,8 +379,8 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     for r in reps:
         for e, ed in enumerate(edge_dicts(graph)):
             t = graph.edge_tensor[e]
-            if reduce and prof.gradient[t]:
-                continue
+            if reduce and prof.gradient[t] and zero != 1:
+                continue  # ZeRO-1 keeps the whole gradient live until the update: the edge stays
             out = {**ed, "src": rep_id[r][graph.edge_src[e]], "dst": rep_id[r][graph.edge_dst[e]]}
             if strong and not prof.fixed_tensor[t]:
                 out["bytes"] = _part_bytes(ed["bytes"], k, shares[r] if shares else 0.0, shares is None)
@@ -315,13 +389,23 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
             edges.append(out)
     grads, buckets = gradient_plan(graph, k, cap)
     ring_of = {t: j for t, j in zip(grads, _ring_index(graph, grads))}
+    gathered = 0
     if collectives == "nccl" and buckets:
-        run = ready_order(graph)  # DDP issues the all-reduces in the order the buckets become ready
-        src = graph.tensor_src
-        issue = sorted(range(len(buckets)), key=lambda b: (max(run[src[t]] for t in buckets[b]), b))
+        issue = _issue_order(graph, buckets)  # DDP issues the all-reduces in the order the buckets become ready
         seq_of = {b: i for i, b in enumerate(issue)}
+        gathers = _zero_gathers(graph, buckets, issue, prof, plan) if plan is not None else None
+        zero_extra: dict[str, Any] = {"resident_bytes": 0} if declares(graph) else {}
+        if declares_passes(graph):
+            zero_extra["pass"] = "backward"
         for b, ts in enumerate(buckets):
-            bucket_collective(graph, b, ts, seq_of[b], k, rep_id, fresh, nodes, edges, ring_of[ts[0]], reps)
+            if gathers is None:
+                bucket_collective(graph, b, ts, seq_of[b], k, rep_id, fresh, nodes, edges, ring_of[ts[0]], reps)
+                continue
+            ag = gathers[seq_of[b]]
+            zero_collectives(graph, b, ts, seq_of[b], k, rep_id, fresh, nodes, edges, ring_of[ts[0]], reps,
+                             (len(buckets) + seq_of[b], ag[0], ag[1]) if ag is not None else None,
+                             in_place=zero == 1, extra=zero_extra)
+            gathered += ag[1] if ag is not None else 0
         buckets_done = True
     else:
         buckets_done = False
@@ -336,11 +420,143 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
     meta["data_parallel"] = _info(graph, k, scaling, shares, grads, buckets if cap > 0 else None, bucket_mb,
                                   batch, samples)
     meta["data_parallel"]["collectives"] = collectives
+    if plan is not None:
+        info = meta["data_parallel"]
+        sizes = [sum(graph.tensor_bytes[t] for t in ts) for ts in buckets]
+        info.update({"zero": zero, "allgather_bytes": gathered,
+                     "collective_bytes_per_device": sum((k - 1) * x // k for x in sizes) + (k - 1) * gathered // k,
+                     "optimizer_state_bytes": sum(plan.optim),
+                     "saved_bytes_per_replica": sum(_saved_bytes(graph, v, plan, k) for v in range(n))})
+    elif zero:
+        meta["data_parallel"]["zero"] = zero
     if represent is not None:
         meta["data_parallel"]["represented"] = reps
     name = f"{graph.name}+dp{k}"
     return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
                            label=name)
+
+
+def check_zero(zero, collectives: str = "nccl") -> int:
+    """*zero* when it is a ZeRO stage data parallelism builds
+    (:data:`ZERO_STAGES`) in the *collectives* form, else InvalidInput in
+    one line (3: :data:`ZERO3_REFUSED`).
+
+    >>> check_zero(1)
+    1
+    >>> check_zero(3)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    celeritas_cli.errors.InvalidInput: data-parallel: zero=3 (parameters sharded too) is not modelled over ...
+    """
+    if zero == 3 and not isinstance(zero, bool):
+        raise InvalidInput(f"data-parallel: {ZERO3_REFUSED}")
+    if isinstance(zero, bool) or zero not in ZERO_STAGES:
+        raise InvalidInput(f"data-parallel: zero must be 0 (replicated optimizer state), 1 (optimizer state sharded, "
+                           f"ZeRO-1) or 2 (+ gradients, ZeRO-2), got {zero!r}")
+    if zero and collectives != "nccl":
+        raise InvalidInput(f"data-parallel: zero={zero} is modelled in the nccl collectives form only (one "
+                           f"reduce-scatter and one all-gather per rank), not as explicit ring steps")
+    return int(zero)
+
+
+def _issue_order(graph: Graph, buckets: list[list[int]]) -> list[int]:
+    """The buckets in the order they become ready (:func:`~.allreduce.ready_order`), as DDP issues them."""
+    run = ready_order(graph)
+    src = graph.tensor_src
+    return sorted(range(len(buckets)), key=lambda b: (max(run[src[t]] for t in buckets[b]), b))
+
+
+def _zero_updates(graph: Graph, buckets: list[list[int]], issue: list[int], update: list[bool]
+                  ) -> list[list[int]]:
+    """For every position ``i`` of the issue order, the update nodes whose
+    last gradient bucket (in that order) is bucket ``issue[i]``: the ones
+    whose updated parameters its all-gather carries."""
+    pos = {b: i for i, b in enumerate(issue)}
+    last: dict[int, int] = {}
+    for b, ts in enumerate(buckets):
+        for t in ts:
+            for e in graph.tensor_edges[t]:
+                d = graph.edge_dst[e]
+                if update[d]:
+                    last[d] = max(last.get(d, -1), pos[b])
+    out: list[list[int]] = [[] for _ in issue]
+    for d in sorted(last):
+        out[last[d]].append(d)
+    return out
+
+
+def _zero_gathers(graph: Graph, buckets: list[list[int]], issue: list[int], prof: BatchProfile, plan: Plan
+                  ) -> list[tuple[list[int], int] | None]:
+    """Per position of the issue order, ``(updates, bytes)`` of its
+    all-gather of updated parameters (None: no update waits for that
+    bucket last).  *bytes*: the parameters of the updates' colocation
+    groups (:mod:`~.fsdp_units`: what a holder of the group holds as
+    parameters), each group counted once, at its last bucket; a group whose
+    parameters the graph does not tell (no ``state_bytes``) counts the
+    gradients its updates consume (a parameter is as large as its
+    gradient)."""
+    ups = _zero_updates(graph, buckets, issue, prof.update)
+    group = [graph.colocation[v] if graph.colocation[v] is not None else f"#{graph.ids[v]}" for v in range(graph.n)]
+    params: dict[str, int] = {}
+    for v in range(graph.n):
+        if plan.params[v]:
+            params[group[v]] = params.get(group[v], 0) + plan.params[v]
+    grads: dict[str, int] = {}
+    at: dict[str, int] = {}
+    for i, us in enumerate(ups):
+        for d in us:
+            at[group[d]] = max(at.get(group[d], -1), i)
+    for t in range(len(graph.tensor_src)):
+        if prof.gradient[t]:
+            for d in dict.fromkeys(graph.edge_dst[e] for e in graph.tensor_edges[t]):
+                if prof.update[d]:
+                    grads[group[d]] = grads.get(group[d], 0) + graph.tensor_bytes[t]
+    nbytes = [0] * len(issue)
+    for g, i in sorted(at.items()):
+        nbytes[i] += params.get(g) or grads.get(g, 0)
+    return [(us, nbytes[i]) if us else None for i, us in enumerate(ups)]
+
+
+def _saved_bytes(graph: Graph, v: int, plan: Plan, k: int) -> int:
+    """Bytes of node *v* a replica no longer holds under ZeRO (*plan*'s stage)."""
+    if plan.update[v]:
+        return graph.memory[v] - -(-graph.memory[v] // k)
+    if plan.source[v] or not plan.params[v]:
+        return 0
+    return shard_cut(plan.grad_buf[v], k, plan.stage >= 2) + shard_cut(plan.optim[v], k, True)
+
+
+def dp_size(graph: Graph, replicas: int, bucket_mb: float = 0.0, collectives: str = "nccl",
+            built: int | None = None, zero: int = 0) -> Size:
+    """Nodes and edges of :func:`data_parallel_graph` (:func:`~.admit.data_parallel_size`,
+    *built* replicas of ``k``), with ZeRO's (*zero* >= 1, ``k > 1``): per
+    bucket a reduce-scatter instead of the all-reduce (the same edges), an
+    all-gather per bucket some update waits for last and an edge into it
+    from each such update, and in stage 1 the gradient edges kept.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> g = build("m", [{"id": "w", "compute_s": 1, "memory_bytes": 0},
+    ...                 {"id": "u", "op": "optim.sgd", "compute_s": 1, "memory_bytes": 0}],
+    ...           [{"src": "w", "dst": "u", "bytes": 100}], meta={"batch_size": 4})
+    >>> [(lambda d: (d.n, d.m))(data_parallel_graph(g, 4, zero=z)) for z in (0, 1, 2)]
+    [(12, 8), (16, 16), (16, 12)]
+    >>> [(dp_size(g, 4, zero=z).nodes, dp_size(g, 4, zero=z).edges) for z in (0, 1, 2)]
+    [(12, 8), (16, 16), (16, 12)]
+    """
+    size = data_parallel_size(graph, replicas, bucket_mb, collectives, built)
+    k = int(replicas)
+    if not zero or k < 2:
+        return size
+    r = k if built is None else int(built)
+    grads, buckets = gradient_plan(graph, k, bucket_cap(bucket_mb))
+    prof = batch_profile(graph)
+    ups = _zero_updates(graph, buckets, _issue_order(graph, buckets), prof.update)
+    nodes = size.nodes + r * sum(1 for us in ups if us)
+    edges = size.edges + r * sum(len(us) for us in ups)
+    if zero == 1:
+        is_grad = set(grads)
+        edges += r * sum(1 for e in range(graph.m) if graph.edge_tensor[e] in is_grad)
+    return Size(nodes, edges)
 
 
 def _replica_collective(c: dict, r: int, k: int, whole: bool, share: float | None) -> dict:

@@ -24,6 +24,9 @@ data-parallel size (``world / (tp pp)``)        ``dp`` (0 = GPUs / (tp pp))
                                                 > 1: interleaved 1F1B)
 ``--sequence-parallel``                         ``sequence_parallel``
 ``--recompute-granularity``                     ``recompute`` (``none``, ``full``, ``selective``)
+``--use-distributed-optimizer``                 ``use_distributed_optimizer`` (ZeRO stage 1 over
+                                                the ``dp`` replicas: the data-parallel step's
+                                                ``zero=1``, :mod:`~celeritas_cli.transform.replicate`)
 =============================================  =====================
 
 The plan, as a recipe the simulator rebuilds
@@ -290,12 +293,15 @@ def _servers_check(cluster: Cluster, tp: int) -> None:
                                                           "(all-gather / reduce-scatter instead of all-reduce)"),
                   "recompute": Param(str, "none", "activation recomputation granularity",
                                      choices=RECOMPUTE_GRANULARITY),
+                  "use_distributed_optimizer": Param(bool, False, "shard the optimizer state over the dp replicas "
+                                                                  "(ZeRO-1: gradients reduce-scattered, parameters "
+                                                                  "all-gathered)"),
                   "assume_batch": ASSUME_BATCH},
           quick_params={"tp": 1, "pp": 1, "micro_batch_size": 0})
 def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, tp: int = 1,
              pp: int = 1, dp: int = 0, micro_batch_size: int = 1, global_batch_size: int = 0,
              virtual_stages: int = 1, sequence_parallel: bool = False, recompute: str = "none",
-             assume_batch: int = 0) -> Placement:
+             use_distributed_optimizer: bool = False, assume_batch: int = 0) -> Placement:
     """The placement of Megatron-LM's configuration (module docstring).
 
     Parameters
@@ -309,6 +315,9 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     costs : CostModel, optional
     tp, pp, dp, micro_batch_size, global_batch_size, virtual_stages, sequence_parallel, recompute
         Megatron-LM's arguments (module docstring).
+    use_distributed_optimizer : bool
+        Megatron-LM's ``--use-distributed-optimizer`` (ZeRO stage 1 over
+        the ``dp`` replicas).
     assume_batch : int
         The batch of a graph that declares none.
 
@@ -389,7 +398,7 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
                if ((tg.node_extra[x] or {}).get("origin", tg.ids[x]) if tg is not graph else tg.ids[x]) in core
                and not tg.op[x].startswith("collective.")]
     d = derive_pipeline(tg, t_stage, [dp] * S, m, sched, v, recompute=ids, assume_batch=assume,
-                        recompute_segments=True)
+                        recompute_segments=True, zero=1 if use_distributed_optimizer else 0)
     devs = [[r * pp + s % pp for r in range(dp)] for s in range(S)]  # virtual: one device per (stage, replica)
     vdev, vorder = layout(d, t_stage, devs, sched, pp * dp)
     rank = _rank_of(d) if tp > 1 else [0] * d.graph.n
@@ -405,7 +414,8 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     est = {"makespan_s": score.makespan, "makespan_by": "simulator", "status": "FEASIBLE" if score.feasible else "OOM",
            "judge": "simulator", "tp": tp, "pp": pp, "dp": dp, "micro_batch_size": micro_batch_size,
            "global_batch_size": gb, "virtual_stages": v, "sequence_parallel": bool(sequence_parallel),
-           "recompute": recompute, "schedule": sched.name, "microbatches": m,
+           "recompute": recompute, "use_distributed_optimizer": bool(use_distributed_optimizer),
+           "schedule": sched.name, "microbatches": m,
            "micro_batches": d.micro_batches, "recomputed": d.recomputed, "graph": "split",
            "graph_nodes": d.graph.n,
            "bubble_fraction": sched.bubble(pp, m, v),
@@ -413,7 +423,8 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
                              for s in range(S)]}
     est["plan"] = megatron_words(est)
     params = {"tp": tp, "pp": pp, "dp": dp, "micro_batch_size": micro_batch_size, "global_batch_size": gb,
-              "virtual_stages": v, "sequence_parallel": bool(sequence_parallel), "recompute": recompute}
+              "virtual_stages": v, "sequence_parallel": bool(sequence_parallel), "recompute": recompute,
+              "use_distributed_optimizer": bool(use_distributed_optimizer)}
     return _placement(graph, d, cluster, device_of, order, tp, dp, pp,
                       [tensor_parallel_step(tp, sequence_parallel)] if tp > 1 else [], params, est, seed)
 

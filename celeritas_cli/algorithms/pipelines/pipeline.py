@@ -23,7 +23,14 @@ non-chain DAGs (any cut of a topological order, the backward attributed to
 its forward; :mod:`~celeritas_cli.pipelining.cuts`), two orders
 (CPD-TOPO and as-late-as-possible), and a search over stages, replicas,
 ``m``, schedule and recomputation judged by the same simulator that judges
-every row.  The search is deterministic; its budget is counted in
+every row.
+
+``zero`` (not searched): 1 shards the optimizer state over the replicas of
+the pipeline (ZeRO stage 1, Megatron-LM's distributed optimizer; 2 also
+the gradients; :mod:`~celeritas_cli.transform.replicate`), in every plan
+with replicas.  The search's model still counts the whole optimizer state
+per replica, so a shape that fits only with ZeRO is predicted not to fit
+(name it with ``-p stages= replicas=`` and the simulator judges it).  The search is deterministic; its budget is counted in
 simulations (``evaluations``; by default derived from ``time_limit`` and the
 graph's size, like ``auto``) and the wall clock only caps it.
 
@@ -51,7 +58,9 @@ from ...registry import ASSUME_BATCH, Param, evaluations_param, register, time_l
 from ...pipelining.builder import check_pipelinable, placement_of
 from ...pipelining.params import AUTO, N_MICROBATCHES, RECOMPUTE, SCHEDULE
 from ...pipelining.schedules import get_schedule
+from ...sim.describe import pipeline_words
 from ...transform.batch import declared_batch
+from ...transform.replicate import ZERO3_REFUSED
 from .search import Fixed, PipelineSearch, default_budget, estimate_of, fits_text, parse_groups, shape_fields
 
 
@@ -74,6 +83,9 @@ from .search import Fixed, PipelineSearch, default_budget, estimate_of, fits_tex
                   "evaluations": evaluations_param("simulations of the input graph the search may make (0 = from "
                                                    "time_limit and the graph size, as auto)"),
                   "assume_batch": ASSUME_BATCH,
+                  "zero": Param(int, 0, "ZeRO stage over the pipeline's replicas: 0 replicated optimizer state, 1 "
+                                        "sharded (Megatron-LM's distributed optimizer), 2 + gradients (3 is refused: "
+                                        "ZeRO-3 over a pipeline)", min=0, max=3),
                   "beat_s": Param(float, 0.0, "give up (before building anything) when the model predicts no plan "
                                               "within 5 % of this step time (s; auto passes its best so far); "
                                               "0 = never", min=0, max=TIME_MAX),
@@ -83,7 +95,7 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
              replicas: int = 0, microbatches: int = N_MICROBATCHES.default, schedule: str = SCHEDULE.default,
              recompute: str = RECOMPUTE.default,
              groups: str = "", order: str = "auto", time_limit: float = DEFAULT_TIME_LIMIT, evaluations: int = 0,
-             assume_batch: int = 0, beat_s: float = 0.0, quiet: bool = True,
+             assume_batch: int = 0, zero: int = 0, beat_s: float = 0.0, quiet: bool = True,
              deadline: float | None = None) -> Placement:
     """Search for the best pipeline the simulator confirms (module docstring).
 
@@ -102,6 +114,8 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
         The budget (module docstring).
     assume_batch : int
         The batch of a graph that declares none (``--assume-batch``).
+    zero : int
+        ZeRO stage (0-2) of the replicas' data parallelism (module docstring).
     beat_s : float
         Give up when the model's best plan is predicted slower than this
         by more than :data:`~.search.BEAT_MARGIN` (``auto``'s
@@ -133,12 +147,14 @@ def pipeline(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
     ('FEASIBLE', 'simulator')
     """
     check_pipelinable(graph)
+    if zero == 3:
+        raise InvalidInput(f"'pipeline' parameter zero: {ZERO3_REFUSED}")
     costs = cost_model(graph, cluster, costs)
     assume = assume_batch or None
     batch = declared_batch(graph, assume, what="micro-batching a pipeline")
     fixed = Fixed(p=stages or None, R=replicas or None, n_microbatches=microbatches or None,
                   schedule=None if schedule == AUTO else get_schedule(schedule), recompute=recompute,
-                  groups=parse_groups(groups, cluster), order=None if order == "auto" else order)
+                  groups=parse_groups(groups, cluster), order=None if order == "auto" else order, zero=zero)
     _check(fixed, cluster, batch)
     budget = default_budget(graph, time_limit, evaluations, deadline)
     log = warn if chatty() and not quiet else None
@@ -170,10 +186,20 @@ def _answer(graph: Graph, cluster: Cluster, out, budget, seed: int) -> Placement
     est.update({"makespan_s": best.score.makespan, "makespan_by": "simulator", "status": fits_text(best.score),
                 "judge": "simulator"})
     est.update(_shape_fields(best, cluster))
+    zero = _zero_of(best)
+    if zero:
+        est["zero"] = zero
+        est["plan"] = pipeline_words(est, lambda d: cluster.devices[cluster.index[d]].type) or est["plan"]
     par = {"stages": best.plan.shape.p, "replicas": best.plan.shape.R, "microbatches": best.plan.shape.n_microbatches,
            "schedule": best.plan.shape.schedule.name}
     return placement_of(best.derived, cluster, best.device_of, best.order, algorithm="pipeline", params=par,
                         seed=seed, estimate=est, devs=[list(g) for g in best.plan.shape.groups])
+
+
+def _zero_of(best) -> int:
+    """The ZeRO stage of the best plan's data-parallel step (0: none, or no replicas)."""
+    last = best.derived.steps[-1]
+    return int(last.get("zero", 0)) if last.get("transform") == "data-parallel" else 0
 
 
 def _shape_fields(best, cluster: Cluster) -> dict:

@@ -102,6 +102,7 @@ class Fixed:
     recompute: str = "auto"
     groups: list[list[int]] | None = None
     order: str | None = None
+    zero: int = 0  # ZeRO stage over the replicas (transform/replicate.py), not searched
 
 
 @dataclass
@@ -254,7 +255,8 @@ class PipelineSearch:
             self.budget.charge(BUILD_COST * guess)
             d = derive_pipeline(self.graph, stage_of, [len(g) for g in shape.groups], shape.n_microbatches, shape.schedule,
                                 shape.v, recompute=ids, assume_batch=self.assume, shares=shape.shares,
-                                bucket_mb=shape.bucket_mb, symmetric=judged_by_kind(self.cluster))
+                                bucket_mb=shape.bucket_mb, symmetric=judged_by_kind(self.cluster),
+                                zero=self.fixed.zero)
             self._derived[key] = d
             while len(self._derived) > KEEP_DERIVED:  # derived graphs are large
                 self._derived.pop(next(iter(self._derived)))

@@ -28,10 +28,27 @@ gathered unit for the whole step), so ``status`` is ``OOM`` exactly when
 a model that does not fit one device with its optimizer state (a 6.7B GPT
 on 8 A100s: data parallelism needs about 100 GiB per GPU for the state
 alone).
+
+Activation recomputation (``recompute=full``; FSDP with activation
+checkpointing, ``torch.utils.checkpoint`` around each transformer block, as
+Megatron-LM's ``--recompute-granularity full --recompute-method uniform
+--recompute-num-layers 1``): every transformer layer's input is kept
+(:func:`~celeritas_cli.algorithms.pipelines.megatron.layer_checkpoints`)
+and every other forward node that runs per sample is recomputed before
+its backward (:func:`recompute_nodes`), each layer's clones gated on their
+own (the recompute step's ``segments``), the recipe ``recompute`` then
+``fsdp``.  Under stage 3 a recomputed forward reads its unit's parameters
+from the unit's *backward* all-gather
+(:mod:`~celeritas_cli.transform.fsdp_units`, "Readers"), as FSDP's
+backward pre-hook gathers them before the checkpointed forward reruns: the
+forward gather is freed after the forward, not kept alive for the
+recomputation.  A graph without attention patterns recomputes from the
+graph's inputs (no layer input is known).
 """
 
 from __future__ import annotations
 
+from ...errors import InvalidInput
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
@@ -48,6 +65,12 @@ from ...transform.allreduce import check_form
 from ...transform.derivation import attach
 from ...transform.fsdp import check_fsdp, fsdp_graph, fsdp_step
 from ...transform.fsdp_units import UNIT_MB_MAX
+from ...transform.microbatch import once_nodes
+from ...transform.passes import node_passes
+from ...transform.recompute import recompute_graph, recompute_step
+from ..pipelines.megatron import layer_checkpoints
+
+RECOMPUTE = ("none", "full")
 from .data_parallel import choose_devices, replica_devices, speed_samples
 
 
@@ -66,11 +89,14 @@ from .data_parallel import choose_devices, replica_devices, speed_samples
                   "shares": shares_param("equal batch shares, or whole samples in proportion to each device's "
                                          "speed on the graph (mixed devices; not in the papers)"),
                   "collectives": COLLECTIVES,
+                  "recompute": Param(str, "none", "activation recomputation: none, or full (each transformer "
+                                                  "layer's input kept, the layer recomputed before its backward)",
+                                     choices=RECOMPUTE),
                   "assume_batch": ASSUME_BATCH},
           quick_params={})
 def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, devices: str = "",
          stage: int = 3, unit_mb: float = 0.0, overhead_s: float = DEFAULT_OVERHEAD_S, shares: str = DEFAULT_SHARES,
-         assume_batch: int = 0, collectives: str = "nccl") -> Placement:
+         assume_batch: int = 0, collectives: str = "nccl", recompute: str = "none") -> Placement:
     """Sharded data-parallel placement of *graph* (module docstring).
 
     Parameters
@@ -105,6 +131,9 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         ``nccl`` (default: one collective node per replica and collective,
         the symmetric form) or ``ring`` (explicit ring steps, every
         replica's nodes listed); recorded in the recipe when ``ring``.
+    recompute : str
+        ``none`` (default) or ``full`` (module docstring): the recipe
+        starts with a ``recompute`` step.
 
     Returns
     -------
@@ -141,7 +170,16 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
     assumed = assume_batch or None
     check_form(collectives, "fsdp")
     batch, equal = check_fsdp(graph, k, stage, assumed)  # refuses what cannot be sharded before anything else
+    if recompute not in RECOMPUTE:
+        raise InvalidInput(f"fsdp: recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
     costs = cost_model(graph, cluster, costs)
+    pre: list[dict] = []
+    base = graph
+    if recompute == "full":
+        ids = recompute_nodes(graph)
+        if ids:
+            pre = [recompute_step(ids, True)]
+            base = recompute_graph(graph, ids, segments=True)
     samples = None
     if shares == "proportional":
         samples = speed_samples(graph, costs, devs, batch, overhead_s, f"fsdp over {k} replicas: the batch",
@@ -149,18 +187,42 @@ def fsdp(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | No
         samples = None if samples == equal else samples
     if collectives == "nccl" and k > 1 and symmetric.asymmetry(cluster, None, []) is None:
         # (a cluster with hosts: every replica built and listed, as data-parallel does)
-        return _symmetric(graph, cluster, costs, devs, stage, unit_mb, overhead_s, assumed, samples, seed)
-    g2 = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples,
+        return _symmetric(graph, cluster, costs, devs, stage, unit_mb, overhead_s, assumed, samples, seed, base, pre)
+    g2 = fsdp_graph(base, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples,
                     collectives=collectives)
     c2 = costs.for_graph(g2)
     device_of = replica_devices(g2, devs)
     sched = run_schedule(g2, cluster, device_of, None, costs=c2)
     loads, rule = _loads(g2, sched, device_of, cluster.k)
     estimate = _estimate(graph, cluster, g2, sched, loads, rule, lower_bound(g2, cluster, c2), devs, stage)
+    if pre:
+        estimate["recomputed"] = len(pre[0]["nodes"])
     p = Placement.from_indices(g2, cluster, device_of, algorithm="fsdp", seed=seed, estimate=estimate)
-    attach(p, graph, g2, [fsdp_step(k, stage, g2.meta["fsdp"]["global_batch"], overhead_s, unit_mb, assumed, samples,
-                                    collectives)])
+    attach(p, graph, g2, pre + [fsdp_step(k, stage, g2.meta["fsdp"]["global_batch"], overhead_s, unit_mb, assumed,
+                                          samples, collectives)])
     return p
+
+
+def recompute_nodes(graph: Graph) -> list[str]:
+    """Ids of the forward nodes ``recompute=full`` recomputes (module
+    docstring): every forward node that runs per sample (not a parameter's
+    cast, which runs once per step:
+    :func:`~celeritas_cli.transform.microbatch.once_nodes`) but the
+    transformer layers' inputs
+    (:func:`~celeritas_cli.algorithms.pipelines.megatron.layer_checkpoints`),
+    in graph order.
+
+    >>> from celeritas_cli.model.graph import build
+    >>> nd = lambda i, p: {"id": i, "compute_s": 1, "memory_bytes": 8, "pass": p}
+    >>> g = build("r", [nd("x", "forward"), nd("a", "forward"), nd("da", "backward")],
+    ...           [{"src": "x", "dst": "a", "bytes": 8}, {"src": "a", "dst": "da", "bytes": 8}])
+    >>> recompute_nodes(g)
+    ['x', 'a']
+    """
+    once = once_nodes(graph)
+    kept = set(layer_checkpoints(graph))
+    passes = node_passes(graph)
+    return [graph.ids[v] for v in range(graph.n) if passes[v] == "forward" and not once[v] and graph.ids[v] not in kept]
 
 
 def _loads(g2: Graph, sched, device_of: list[int], n: int) -> tuple[list[int], str]:
@@ -189,19 +251,23 @@ def _estimate(graph: Graph, cluster: Cluster, g2: Graph, sched, loads: list[int]
 
 
 def _symmetric(graph: Graph, cluster: Cluster, costs: CostModel, devs: list[int], stage: int, unit_mb: float,
-               overhead_s: float, assumed: int | None, samples: list[int] | None, seed: int) -> Placement:
+               overhead_s: float, assumed: int | None, samples: list[int] | None, seed: int, base: Graph,
+               pre: list[dict]) -> Placement:
     """The plan in its symmetric form (:mod:`~celeritas_cli.sim.symmetric`):
     replica 0's nodes on its device and the replica map, judged one replica
     of each kind (the same samples on alike devices and links) as ``placer
-    simulate`` judges it."""
+    simulate`` judges it.  *base*: the graph the fsdp step shards (*graph*
+    after the recipe's *pre* steps)."""
     k = len(devs)
-    one = fsdp_graph(graph, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples,
+    one = fsdp_graph(base, k, stage, unit_mb=unit_mb, overhead_s=overhead_s, assume_batch=assumed, samples=samples,
                      represent=[0])
     step = fsdp_step(k, stage, one.meta["fsdp"]["global_batch"], overhead_s, unit_mb, assumed, samples)
-    p, j, sched, c2 = planned(graph, cluster, costs, "fsdp", one.ids, devs, [step], seed)
+    p, j, sched, c2 = planned(graph, cluster, costs, "fsdp", one.ids, devs, pre + [step], seed)
     judged, rule = _loads(j.graph, sched, j.device_of, cluster.k)
     loads = replica_loads(judged, devs, j.kind_of, cluster.k)
     g2 = j.graph
     estimate = _estimate(graph, cluster, g2, sched, loads, rule, lower_bound(g2, cluster, c2), devs, stage)
+    if pre:
+        estimate["recomputed"] = len(pre[0]["nodes"])
     p.estimate = Estimate.from_dict(estimate)
     return p
