@@ -18,8 +18,11 @@ planner searches the space those rules span instead of applying them:
   :data:`PP_MAX` without them); ``dp = GPUs / (tp pp)`` dividing the batch;
 * the micro-batch size (a divisor of the replica's batch; with a pipeline
   at least ``pp`` micro-batches), the virtual stages (1, 2, 4: interleaved
-  1F1B, ``m`` a multiple of ``pp``) and the recomputation (none,
-  selective, full).
+  1F1B, ``m`` a multiple of ``pp``), the recomputation (none,
+  selective, full) and, with ``dp > 1``, Megatron-LM's distributed
+  optimizer (ZeRO-1 over the data-parallel replicas: gradients
+  reduce-scattered, each replica's updates and optimizer state on ``1/dp``,
+  the updated parameters all-gathered; Rajbhandari et al. SC'20 5.1).
 
 Every configuration is first **estimated** (:class:`Space`, below) without
 building anything - the compute of one micro-batch from the graph's own
@@ -113,11 +116,12 @@ class Config:
     virtual_stages: int
     recompute: str
     sequence_parallel: bool
+    zero: bool = False  # Megatron-LM's distributed optimizer (ZeRO-1 over the dp replicas)
 
     def params(self) -> dict:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "micro_batch_size": self.micro_batch_size,
                 "virtual_stages": self.virtual_stages, "recompute": self.recompute,
-                "sequence_parallel": self.sequence_parallel}
+                "sequence_parallel": self.sequence_parallel, "use_distributed_optimizer": self.zero}
 
     def words(self) -> str:
         out = f"TP {self.tp} × PP {self.pp} × DP {self.dp}"
@@ -128,6 +132,8 @@ class Config:
             out += ", sequence parallel"
         if self.recompute != "none":
             out += f", {self.recompute} recompute"
+        if self.zero:
+            out += ", ZeRO-1 distributed optimizer"
         return out
 
 
@@ -155,6 +161,7 @@ class _Split:
     core_act: float        # of which the core attention's (selective recompute drops them)
     ckpt_act: float        # bytes of the layers' inputs (full recompute keeps them)
     grad: float            # gradient bytes on one rank (the data-parallel all-reduce)
+    update: float          # fixed bytes of the optimizer updates on one rank (ZeRO-1 divides them by dp)
     coll: list[tuple[str, int, bool]]  # the tensor-parallel collectives: (kind, bytes at the whole batch, forward)
 
 
@@ -220,6 +227,7 @@ class Space:
                     vs = [fixed["virtual_stages"]] if fixed.get("virtual_stages") else \
                         [v for v in VIRTUAL if v == 1 or (pp > 1 and m % pp == 0 and pp * v <= pp_max)]
                     sps = [fixed["sequence_parallel"]] if fixed.get("sequence_parallel") is not None else [tp > 1]
+                    zs = [fixed["zero"]] if fixed.get("zero") is not None else [False, True]
                     for v in vs:
                         for rc in ([fixed["recompute"]] if fixed.get("recompute") else RECOMPUTE):
                             if rc == "selective" and not self.core:
@@ -227,7 +235,10 @@ class Space:
                             for sp in sps:
                                 if sp and tp < 2:
                                     continue
-                                out.append(Config(tp, pp, dp, mbs, m, v, rc, bool(sp)))
+                                for z in zs:
+                                    if z and dp < 2:
+                                        continue
+                                    out.append(Config(tp, pp, dp, mbs, m, v, rc, bool(sp), bool(z)))
         return out
 
     # ------------------------------------------------------------ the estimate
@@ -259,12 +270,14 @@ class Space:
             else:
                 work = sstate = sact = [1.0] * g.n
                 coll = []
-            state = act = core = ckpt = grad = 0.0
+            state = act = core = ckpt = grad = update = 0.0
             for v in range(g.n):
                 fixed = prof.fixed_memory[v]
                 state += fixed * sstate[v]
                 if self.passes[v] == "backward":
                     grad += fixed * sstate[v]
+                elif self.passes[v] == "update":
+                    update += fixed * sstate[v]
                 if self.once[v]:
                     continue
                 a = (g.memory[v] - fixed) * sact[v]
@@ -273,7 +286,7 @@ class Space:
                     core += a
                 if v in self.ckpt:
                     ckpt += a
-            self._splits[key] = _Split(work, state, act, core, ckpt, grad, coll)
+            self._splits[key] = _Split(work, state, act, core, ckpt, grad, update, coll)
         return self._splits[key]
 
     def _passes(self, tp: int, sp: bool, f: float) -> tuple[float, float, float, float]:
@@ -321,9 +334,14 @@ class Space:
             slot += 2 * self.costs.link_time(layer_in, a, b)
         pipe = (m + (pp - 1) / v) * slot
         dpg = tuple(device_of_rank(0, r, 0, tp, dp) for r in range(dp))
-        ring = self._collective(dpg, "all-reduce", max(1, math.ceil(s.grad / pp)))
-        hidden = bw / pp  # the last micro-batch's backward overlaps the all-reduce of its gradients
-        step = pipe + max(ring - hidden, 0.1 * ring) + once / pp
+        grads = max(1, math.ceil(s.grad / pp))
+        hidden = bw / pp  # the last micro-batch's backward overlaps the reduction of its gradients
+        if c.zero:  # ZeRO-1: reduce-scatter (hidden like the all-reduce), updates on 1/dp, all-gather after them
+            rs = self._collective(dpg, "reduce-scatter", grads)
+            step = pipe + max(rs - hidden, 0.1 * rs) + once / pp / dp + self._collective(dpg, "all-gather", grads)
+        else:
+            ring = self._collective(dpg, "all-reduce", grads)
+            step = pipe + max(ring - hidden, 0.1 * ring) + once / pp
         # memory: the first stage's state, its activations in flight
         flight = pp if v == 1 else min(m * v, 2 * (pp - 1) + (v - 1) * pp + 1) / v
         flight = min(flight, m)
@@ -335,7 +353,8 @@ class Space:
             act_mem = flight * (act - s.core_act * f / pp) + s.core_act * f / max(1, self.layers or pp)
         else:
             act_mem = flight * act
-        return Guess(c, step, s.state / pp + act_mem, self.capacity)
+        state = s.state - (s.update * (1 - 1 / dp) if c.zero else 0.0)
+        return Guess(c, step, state / pp + act_mem, self.capacity)
 
 
 # ---------------------------------------------------------------- the planner
@@ -352,6 +371,9 @@ class Space:
                                      choices=("auto",) + RECOMPUTE),
                   "sequence_parallel": Param(str, "auto", "sequence parallelism; auto = with tp > 1",
                                              choices=("auto", "on", "off")),
+                  "use_distributed_optimizer": Param(str, "auto", "Megatron-LM's distributed optimizer (ZeRO-1 "
+                                                                  "over the dp replicas); auto = search",
+                                                     choices=("auto", "on", "off")),
                   "width": Param(int, 3, "stop after this many judged plans fit", min=1, max=1000),
                   "time_limit": time_limit_param(DEFAULT_TIME_LIMIT, "wall-clock cap of the search"),
                   "evaluations": evaluations_param("simulations of the input graph the search may make (0 = from "
@@ -364,7 +386,7 @@ class Space:
           quick_params={"evaluations": 150, "width": 1})
 def three_d(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel | None = None, tp: int = 0,
             pp: int = 0, micro_batch_size: int = 0, virtual_stages: int = 0, recompute: str = "auto",
-            sequence_parallel: str = "auto", width: int = 3, time_limit: float = DEFAULT_TIME_LIMIT,
+            sequence_parallel: str = "auto", use_distributed_optimizer: str = "auto", width: int = 3, time_limit: float = DEFAULT_TIME_LIMIT,
             evaluations: int = 0, assume_batch: int = 0, beat_s: float = 0.0, quiet: bool = True,
             deadline: float | None = None) -> Placement:
     """The best PTD-P plan the simulator confirms (module docstring).
@@ -402,7 +424,8 @@ def three_d(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
     space = Space(graph, cluster, costs, batch)
     fixed = {"tp": tp, "pp": pp, "micro_batch_size": micro_batch_size, "virtual_stages": virtual_stages,
              "recompute": None if recompute == "auto" else recompute,
-             "sequence_parallel": None if sequence_parallel == "auto" else sequence_parallel == "on"}
+             "sequence_parallel": None if sequence_parallel == "auto" else sequence_parallel == "on",
+             "zero": None if use_distributed_optimizer == "auto" else use_distributed_optimizer == "on"}
     if tp > 1 and not space.layers:
         raise InvalidInput(f"3d: tp={tp}: graph '{graph.name}' has no attention pattern to split")
     if tp > 1 and (why := tp_refusal(graph, tp, space.pats)):
@@ -459,7 +482,8 @@ def three_d(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
         raise InvalidInput(f"3d: every configuration judged was refused ({judged[0]['refused']})")
     best_p.algorithm = "3d"
     best_p.params = {"tp": tp, "pp": pp, "micro_batch_size": micro_batch_size, "virtual_stages": virtual_stages,
-                     "recompute": recompute, "sequence_parallel": sequence_parallel, "width": width,
+                     "recompute": recompute, "sequence_parallel": sequence_parallel,
+                     "use_distributed_optimizer": use_distributed_optimizer, "width": width,
                      "evaluations": evaluations, "assume_batch": assume_batch}
     best_p.estimate.details.update({"configurations": len(configs), "configurations_fitting": len(fitting),
                                     "judged": judged, "evaluations": budget.used,
@@ -469,7 +493,8 @@ def three_d(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
 
 
 def _key(c: Config) -> tuple:
-    return (c.tp, c.pp, c.micro_batch_size, c.virtual_stages, RECOMPUTE.index(c.recompute), c.sequence_parallel)
+    return (c.tp, c.pp, c.micro_batch_size, c.virtual_stages, RECOMPUTE.index(c.recompute), c.sequence_parallel,
+            c.zero)
 
 
 def _better(a: Placement, b: Placement) -> bool:
