@@ -77,11 +77,18 @@ class TPPrepared:
     recompute: str | None = None    # the plan's recomputation (full, selective) or None
     recompute_layers: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    tied: bool = False              # the LM head reads the vocabulary-parallel embedding's table
+    pipe: Any = None                # the pipeline of a TP x PP plan (:class:`~.tp3d_export.PipePlan`), or None
+
+    @property
+    def pp(self) -> int:
+        """Pipeline ranks of the plan (1 without a pipeline)."""
+        return self.pipe.pp if self.pipe is not None else 1
 
     @property
     def k(self) -> int:
         """Processes of the plan."""
-        return self.tp * self.dp
+        return self.tp * self.dp * self.pp
 
 
 def tp_recipe(placement, label: str) -> list[dict] | None:
@@ -369,15 +376,24 @@ def prepare_tp(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
         step = capture_real(spec, batch, config=config, seed=seed)
     sim, sim_graph, _ = simulated(step, placement, cluster, label=label, graph=graph, graph_label=graph_label,
                                   congestion=congestion)
-    devices = rank_devices(placement, cluster, tp, dp, label)
+    from .tp3d_export import has_pipeline, pipe_plan
+
+    base = Graph.from_dict(step.doc, step.doc["name"])
+    factory, _ = resolve_model(spec, dict(config or {}))
+    model = build_meta(factory)
+    pipe = None
+    if has_pipeline(placement):     # TP x PP (x DP): the pipeline's stages, split points, mesh ranks
+        kinds = {name: type(mod).__name__ for name, mod in model.named_modules() if name}
+        pipe = pipe_plan(placement, cluster, base, step.sm, recipe, tp=tp, dp=dp, sp=sp, batch=batch, kinds=kinds,
+                         label=label)
+        devices = pipe.rank_devices
+    else:
+        devices = rank_devices(placement, cluster, tp, dp, label)
     layout = batch_layout(rest, batch, label)
     if layout.total != batch:
         raise InvalidInput(f"{label}: the recipe's global batch is {layout.total}, the graph's {batch}")
     instances = [(r, layout.rows[(r, i)], layout.sizes[(r, i)]) for r in range(layout.k) for i in range(layout.m)
                  if layout.sizes.get((r, i))]
-    factory, _ = resolve_model(spec, dict(config or {}))
-    model = build_meta(factory)
-    base = Graph.from_dict(step.doc, step.doc["name"])
     mplan, tied, layers = module_plan(base, tp, sp, model, label)
     rc = next((s for s in rest if s.get("transform") == "recompute"), None)
     recompute = None
@@ -391,7 +407,8 @@ def prepare_tp(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
     return TPPrepared(step=step, tp=tp, dp=dp, sp=sp, recipe=recipe, module_plan=mplan, instances=instances,
                       global_batch=layout.total, precision=str(step.doc.get("meta", {}).get("precision", "fp32")),
                       devices=devices, sim=sim, sim_graph=sim_graph, tdev=tdev, graph_from_file=graph is not None,
-                      recompute=recompute, recompute_layers=layers if recompute == "full" else [], notes=notes)
+                      recompute=recompute, recompute_layers=layers if recompute == "full" else [], notes=notes,
+                      tied=tied, pipe=pipe)
 
 
 # ------------------------------------------------------------------ run
