@@ -443,6 +443,7 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
     from .executor import ADAM, torch_threads
     from .reference import Reference, adam_reference, reference_grads
     from .report import build_report, compare
+    from .tp3d_export import tp3d_source
     from .tp_export import tp_source
 
     say = progress or (lambda msg: None)
@@ -450,19 +451,24 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
         say(f"running the unplaced step on the CPU ({threads} thread(s))")
         loss, grads, _ = reference_grads(pre.step, "cpu", seed=pre.step.seed)
         ref = Reference(loss=loss.cpu(), params=adam_reference(pre.step, grads, ADAM), device="cpu")
-    src = tp_source(pre, cluster, label=label, algorithm=placement.algorithm)
+    src = (tp3d_source if pre.pipe is not None else tp_source)(pre, cluster, label=label, algorithm=placement.algorithm)
     job = job_core(pre.step, pre.devices, pre.tdev, None, steps=steps, warmup=warmup, threads=threads,
                    timeout=timeout)
     job["source"] = src
-    say(f"starting {pre.k} processes: {pre.dp} replica(s) x {pre.tp} tensor ranks ({job['dist_backend']}, "
+    pipe_words = f" x {pre.pp} pipeline" if pre.pipe is not None else ""
+    say(f"starting {pre.k} processes: {pre.dp} replica(s){pipe_words} x {pre.tp} tensor ranks ({job['dist_backend']}, "
         f"{threads} thread(s) each): 1 checked step, {warmup - 1} more warm-up, {steps} timed")
     results = launch("celeritas_cli.run.tp_run", job, pre.k, timeout=timeout, what="placer run")
     names = pre.step.sm.state_names
     index = {names[s]: s for s in range(pre.step.sm.n_params)}
-    got = {index[n]: t for n, t in results[0]["params"].items() if index.get(n) in ref.params}
+    merged: dict = {}              # a pipeline's ranks hold their stages' parameters only: their union
+    for r in results:
+        for n, t in r["params"].items():
+            merged.setdefault(n, t)
+    got = {index[n]: t for n, t in merged.items() if index.get(n) in ref.params}
     numerics = compare(torch.tensor(results[0]["loss"]), got, ref, rtol=rtol, atol=atol)
-    spread = max((float((r["params"][n] - results[0]["params"][n]).abs().max()) for r in results[1:]
-                  for n in results[0]["params"]), default=0.0)
+    spread = max((float((t - merged[n]).abs().max()) for r in results for n, t in r["params"].items()),
+                 default=0.0)
     if spread > atol:
         numerics["match"] = False
     worst_rel = max((float(((got[p] - ref.params[p]).abs() / ref.params[p].abs().clamp_min(atol)).max())
@@ -473,8 +479,9 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
     measured = {"walls": walls, "busy": {r["device"]: med for r in results},
                 "cpu": {r["device"]: r["cpu"] for r in results}, "link": {}, "link_bytes_unknown": True}
     notes = list(pre.notes) + [
-        (f"tensor parallelism: a mesh of {pre.dp} replica(s) x {pre.tp} tensor ranks running the program placer "
-         f"export writes (parallelize_module over mesh['tp']{', sequence parallel' if pre.sp else ''}); the "
+        (f"tensor parallelism: a mesh of {pre.dp} replica(s){pipe_words} x {pre.tp} tensor ranks running the "
+         f"program placer export writes (parallelize_module over mesh['tp']{', sequence parallel' if pre.sp else ''}"
+         f"{', torch.distributed.pipelining ' + pre.pipe.torch_class + ' over mesh[' + repr('pp') + ']' if pre.pipe else ''}); the "
          f"yardstick is the unplaced step on the global batch of {pre.global_batch}; the ranks' gathered "
          f"parameters differ by at most {spread:.3g}"),
         ("per-device busy time is the step's wall time (the program times steps, not nodes); collectives are "
@@ -492,7 +499,7 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
                           warmup=warmup, numerics=numerics, measured=measured, congestion=congestion, load=load,
                           extra_notes=notes)
     report["plan"] = "tensor-parallel"
-    report["tensor_parallel"] = {"tp": pre.tp, "dp": pre.dp, "sequence_parallel": pre.sp,
+    report["tensor_parallel"] = {"tp": pre.tp, "dp": pre.dp, "pp": pre.pp, "sequence_parallel": pre.sp,
                                  "micro_batches": len(pre.instances) // pre.dp, "recompute": pre.recompute,
                                  "modules": [[p, s, o] for p, s, o in pre.module_plan],
                                  "params_max_rel_diff": worst_rel}
