@@ -158,11 +158,12 @@ def pipe_plan(placement, cluster, graph, sm, recipe: list, *, tp: int, dp: int, 
     if sched is None:
         raise InvalidInput(f"{label}: the recipe names no pipeline schedule (a placement made before placer "
                            f"recorded it); place it again")
-    dev: dict[tuple[str, int, int], str] = {}          # (base id, tensor rank, replica) -> device
-    for nid, did in placement.assignment.items():
-        mt = _TP_ID.match(nid)
-        if mt is not None and mt.group(3) in (None, "mb0", "weights"):
-            dev.setdefault((mt.group(1), int(mt.group(2)), int(mt.group(4) or 0)), did)
+    dev: dict[tuple[str, int, int], str] = {}          # (base id, tensor rank, replica) -> device: its first
+    for kind in ("mb0", None, "weights"):               # micro-batch's copy, else its once-per-step node
+        for nid, did in placement.assignment.items():
+            mt = _TP_ID.match(nid)
+            if mt is not None and mt.group(3) == kind:
+                dev.setdefault((mt.group(1), int(mt.group(2)), int(mt.group(4) or 0)), did)
     passes = node_passes(graph)
     place = {u for u in range(graph.n) if graph.op[u] == "placeholder"}
     fwd = [u for u in range(graph.n) if passes[u] == "forward" and u not in place
@@ -374,10 +375,12 @@ def setup(model, device):
     from torch.distributed.pipelining import SplitPoint, pipeline
     from torch.distributed.pipelining import schedules
 
+    import logging
     import warnings
 
     global LAST
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)  # torch's own, when splitting
+    logging.getLogger("torch.distributed.pipelining._IR").setLevel(logging.ERROR)     # "Skipping device modification"
     register_attention_rules()
     mesh = make_mesh(device)
     dp_rank, pp_rank = mesh["dp"].get_local_rank(), mesh["pp"].get_local_rank()

@@ -82,7 +82,7 @@ not applied (the program keeps every activation; the numbers are the same).
 Deviations: mixed precision is ``torch.autocast`` of the profiled
 precision without a loss scale; dropout masks are DTensor's (seeded alike
 on every rank, not the unplaced step's); the sequence dimension is taken to
-be dimension 1; a pipeline (``pp > 1``) is refused (:mod:`.tp_run`).
+be dimension 1; a pipeline (``pp > 1``) is the TP x PP program of :mod:`.tp3d_export`.
 
 References
 ----------

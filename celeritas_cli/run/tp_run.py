@@ -9,11 +9,11 @@ trusted that the capture can give):
 
 * the recipe (:func:`tp_recipe`): ``tensor-parallel`` first, then
   ``microbatch``, ``recompute`` and ``data-parallel`` steps only (what the
-  megatron row writes without a pipeline).  A pipeline (a tensor rank's
-  nodes on more than one device: ``pp > 1``) is refused in one line: the
-  TP x PP (3D) program would need ``torch.distributed.pipelining`` stages of
-  a tensor-parallel model, which neither exporter writes yet; so are an
-  ``fsdp`` step (a ZeRO dimension), weak scaling and uneven batch shares;
+  megatron row writes).  A pipeline (a tensor rank's nodes on more than
+  one device: ``pp > 1``) is read by :func:`~.tp3d_export.pipe_plan` and run
+  as the TP x PP program (:mod:`.tp3d_export`: ``torch.distributed.pipelining``
+  stages, each tensor-parallel); an ``fsdp`` step (a ZeRO dimension), weak
+  scaling and uneven batch shares are refused in one line;
 * the modules and their styles (:func:`module_plan`): the derivation's
   patterns (:func:`~celeritas_cli.transform.tensor_parallel.plan_tensor_parallel`
   of the captured graph, the same function the simulator rebuilds the plan
@@ -320,8 +320,7 @@ def rank_devices(placement, cluster, tp: int, dp: int, label: str) -> list[int]:
     for (r, t), ds in sorted(where.items()):
         if len(ds) > 1:
             raise InvalidInput(f"{label}: tensor rank {t} of replica {r} runs on {len(ds)} devices ({', '.join(sorted(ds))}): a "
-                               f"pipeline; TP x PP (3D) plans are not run or exported yet (no tensor-parallel "
-                               f"torch.distributed.pipelining program); place it with -p pp=1")
+                               f"pipeline, whose ranks tp3d_export.pipe_plan lays out (TP x PP)")
     if sorted(t for r, t in where if r == 0) != list(range(tp)):
         raise InvalidInput(f"{label}: the placement does not place tensor ranks 0..{tp - 1} of replica 0")
     first = [cluster.index[next(iter(where[(0, t)]))] for t in range(tp)]

@@ -219,17 +219,6 @@ def test_cli_export_of_a_tp_plan_says_the_torchrun_line_on_stderr(tmp_path, monk
     assert ns["SEQUENCE_PARALLEL"] is True
 
 
-def test_a_pipeline_tp_x_pp_is_refused_in_one_line(tmp_path, gpt, monkeypatch):
-    with pytest.raises(InvalidInput, match=r"a pipeline; TP x PP \(3D\) plans are not run or exported yet") as e:
-        prepared(tmp_path, gpt, 4, tp=2, pp=2)
-    assert "\n" not in str(e.value)
-    monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(main, ["export", "--graph", "g.json", "-P", "p.json", "--cluster", "c.json", "-o",
-                                  "out.py"])
-    assert r.exit_code == 1 and "TP x PP (3D)" in r.output and "Traceback" not in r.output
-    assert not (tmp_path / "out.py").exists()
-
-
 def test_a_wrong_process_count_or_graph_stops_before_torch_loads(tmp_path, gpt):
     path, _, _, line, _ = export_tp(tmp_path, gpt, 2, tp=2)
     r = python(tmp_path, path)                                   # no torchrun: one process
