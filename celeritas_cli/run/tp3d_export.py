@@ -219,14 +219,11 @@ def pipe_plan(placement, cluster, graph, sm, recipe: list, *, tp: int, dp: int, 
         col = {d: k for k, d in enumerate(rmap.devices[0])}
         if any(cell[j][t] not in col for j in range(p) for t in range(tp)):
             raise InvalidInput(f"{label}: the replica map does not cover replica 0's devices")
-        of = lambda r, j, t: rmap.devices[r][col[cell[j][t]]]          # noqa: E731
-    else:
-        of = lambda r, j, t: cell[j][t]                                 # noqa: E731
     devices = [0] * (tp * dp * p)
     for j in range(p):
         for r in range(dp):
             for t in range(tp):
-                devices[mesh_rank(t, r, j, tp, dp)] = of(r, j, t)
+                devices[mesh_rank(t, r, j, tp, dp)] = rmap.devices[r][col[cell[j][t]]] if dp > 1 else cell[j][t]
     if len(set(devices)) != len(devices):
         raise InvalidInput(f"{label}: two of the {len(devices)} ranks share a device")
     lay = batch_layout(recipe[1:], batch, label)

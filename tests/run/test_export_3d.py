@@ -23,12 +23,18 @@ from celeritas_cli.cli import main  # noqa: E402
 from celeritas_cli.errors import InvalidInput  # noqa: E402
 from celeritas_cli.run.tp3d_export import has_pipeline, mesh_rank, pipe_plan  # noqa: E402
 
-from .test_export_tp import (PLAN, export_tp, gpt, megatron_plan, prepared, python, reference,  # noqa: E402,F401
-                             tables, torchrun)
+from .test_export_tp import (PLAN, export_tp, megatron_plan, prepared, python, reference, tables,  # noqa: E402
+                             torchrun, write_model)
 
 ROOT = Path(__file__).resolve().parents[2]
 #: tp 2 x pp 2, one replica, 4 micro-batches of 1 sample (the batch is 4)
 TP_PP = {"tp": 2, "pp": 2, "dp": 1, "micro_batch_size": 1}
+
+
+@pytest.fixture(scope="module")
+def gpt(tmp_path_factory) -> str:
+    """The spec of test_export_tp's TinyGPT (tied head, no QKV bias, no dropout), written once per module."""
+    return write_model(tmp_path_factory.mktemp("tiny_gpt"))
 
 
 # ----------------------------------------------------------------------- fast
@@ -55,7 +61,7 @@ def test_the_mesh_is_megatrons_rank_order(tmp_path, gpt, monkeypatch):
     the device of every (t, r, j); the program's DeviceMesh puts each rank at mesh[r, j, t]."""
     from celeritas_cli.algorithms.pipelines.megatron import device_of_rank
 
-    pre, cluster, placement = prepared(tmp_path, gpt, 8, tp=2, pp=2, dp=2, micro_batch_size=1)
+    pre, cluster, _ = prepared(tmp_path, gpt, 8, tp=2, pp=2, dp=2, micro_batch_size=1)
     assert pre.k == 8 and pre.pipe.m == 2
     for j in range(2):
         for r in range(2):
@@ -124,11 +130,11 @@ def test_pipe_plan_refuses_stages_out_of_turn_and_a_recipe_without_a_schedule(tm
 
     from .test_export_tp import step_of
 
-    _, graph, cluster, placement = megatron_plan(tmp_path, gpt, 4, **TP_PP)
+    _, _, cluster, placement = megatron_plan(tmp_path, gpt, 4, **TP_PP)
     step = step_of(gpt)
     kinds = {"blocks": "ModuleList"}
     recipe = placement.derivation["steps"]
-    kw = dict(tp=2, dp=1, sp=False, batch=4, kinds=kinds, label="p.json")
+    kw = {"tp": 2, "dp": 1, "sp": False, "batch": 4, "kinds": kinds, "label": "p.json"}
     base = Graph.from_dict(step.doc, step.doc["name"])
     assert pipe_plan(placement, cluster, base, step.sm, recipe, **kw).split_points == ["blocks.1"]
     # ln_f's LayerNorm (of micro-batch 0) moved back to pipeline rank 0: gpu0, gpu2, gpu0, gpu2 - 4 stages

@@ -22,7 +22,6 @@ torch = pytest.importorskip("torch")
 from click.testing import CliRunner  # noqa: E402
 
 from celeritas_cli.cli import main  # noqa: E402
-from celeritas_cli.errors import InvalidInput  # noqa: E402
 from celeritas_cli.run.export import fingerprint  # noqa: E402
 from celeritas_cli.run.export_plan import export_program  # noqa: E402
 
