@@ -207,3 +207,32 @@ def test_placer_run_of_a_tp_x_pp_plan_matches_the_unplaced_step(tmp_path, gpt):
     tpd = report["tensor_parallel"]
     assert (tpd["tp"], tpd["dp"], tpd["pp"], tpd["micro_batches"]) == (2, 1, 2, 4)
     assert tpd["params_max_rel_diff"] < 1e-4 and report["params_compared"] == len(reference(gpt)[1])
+
+
+# ------------------------------------------------------------- the README's example
+EXAMPLE = f"{ROOT / 'examples' / 'tiny_gpt.py'}:TinyGPT"
+
+
+def test_the_readme_example_splits_its_own_head_and_interleaves_four_stages(tmp_path):
+    """examples/tiny_gpt.py (4 blocks, an LM head of its own): with 2 model chunks per pipeline rank the
+    plan's 4 stages are taken in turn by the 2 ranks (interleaved 1F1B), the head column-parallel."""
+    pre, _, _ = prepared(tmp_path, EXAMPLE, 4, virtual_stages=2, **TP_PP)
+    pipe = pre.pipe
+    assert (pipe.pp, pipe.v, pipe.n_stages, len(pipe.split_points)) == (2, 2, 4, 3)
+    assert (pipe.schedule, pipe.torch_class, pipe.m) == ("interleaved", "ScheduleInterleaved1F1B", 4)
+    assert not pre.tied and pre.module_plan[-1] == ("head", "head", {})
+    assert [p for p, s, _ in pre.module_plan if s == "colwise"] == [f"blocks.{b}.{m}" for b in range(4)
+                                                                     for m in ("qkv", "fc")]
+
+
+@pytest.mark.slow
+def test_placer_run_of_the_examples_interleaved_tp_x_pp_plan_matches(tmp_path):
+    from celeritas_cli.run import api
+
+    pre, cluster, placement = prepared(tmp_path, EXAMPLE, 4, virtual_stages=2, **TP_PP)
+    report = api.run_placement(EXAMPLE, 4, placement, cluster, label="p.json", backend="gloo", steps=1, warmup=1,
+                               prepared=pre)
+    assert report["match"], report["notes"]
+    # match: every element within rtol 1e-4 + atol 1e-5 (an update is lr = 1e-3)
+    assert report["tensor_parallel"]["pp"] == 2 and report["params_max_abs_diff"] < 1e-5
+    assert report["tensor_parallel"]["micro_batches"] == 4
