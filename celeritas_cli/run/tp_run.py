@@ -128,7 +128,7 @@ def tp_recipe(placement, label: str) -> list[dict] | None:
                 else "a coarse base graph" if d.get("base") else "split operations")
         raise InvalidInput(f"{label}: a tensor-parallel plan with {what} is not executed; placer runs "
                            f"tensor-parallel plans with micro-batches, recomputation and data parallelism")
-    for k in AFTER_TP:
+    for k in ("microbatch", "data-parallel"):        # recompute: one step per pipeline stage
         if kinds.count(k) > 1:
             raise InvalidInput(f"{label}: the recipe has {kinds.count(k)} {k} steps; one is executed")
     return steps

@@ -182,8 +182,11 @@ def check_stages_against_reference(prefix: Path, n: int, spec: str) -> float:
 
 
 @pytest.mark.slow
-def test_exported_tp_x_pp_program_under_torchrun_matches_the_unplaced_step(tmp_path, gpt):
-    path, _, _, _, _ = export_tp(tmp_path, gpt, 4, name="tp3d.py", **TP_PP)
+@pytest.mark.parametrize("extra", [{}, {"recompute": "full"}])
+def test_exported_tp_x_pp_program_under_torchrun_matches_the_unplaced_step(tmp_path, gpt, extra):
+    path, _, _, _, pre = export_tp(tmp_path, gpt, 4, name="tp3d.py", **TP_PP, **extra)
+    # full recomputation: one recompute step per stage in the recipe; every block checkpointed in its stage
+    assert pre.recompute_layers == (["blocks.0", "blocks.1"] if extra else [])
     r = torchrun(tmp_path, 4, path, "--steps", "1", env={"PLACER_EXPORT_OUT": str(tmp_path / "out")})
     assert r.returncode == 0, r.stderr[-3000:]
     assert check_stages_against_reference(tmp_path / "out", 4, gpt) < 1e-4
