@@ -22,7 +22,9 @@ pipeline sub-mesh):
 * pp: ``torch.distributed.pipelining.pipeline(model, mb_args, split_spec)``
   splits the model at the plan's stage cut (:func:`pipe_plan`: the split
   points are the module calls where the plan's stages begin in the trace's
-  forward order, found as :mod:`.pipe_export` finds them), stage ``s`` on
+  forward order - the forward nodes that run per micro-batch, placed where
+  tensor rank 0's first micro-batch runs them; a weight's once-per-step
+  cast stays with its owner - found as :mod:`.pipe_export` finds them), stage ``s`` on
   pipeline rank ``s mod P``, run by the torch schedule class of the plan's
   recorded schedule (``Schedule1F1B``, ``ScheduleInterleaved1F1B``) over the
   plan's micro-batches (``scale_grads=False``: each micro-batch's loss is
@@ -67,7 +69,9 @@ expect the whole sequence), a recipe without a recorded schedule, stages
 that are not contiguous module segments of the model (no split point),
 replicas not in the symmetric form, uneven micro-batches.
 
-Deviations: the stage cut is the plan's; torch's schedule orders each
+Mixed precision (``torch.autocast`` of the profiled precision, no loss
+scale), dropout masks (DTensor's) and the sequence dimension are as in
+:mod:`.tp_export`.  Deviations: the stage cut is the plan's; torch's schedule orders each
 rank's forward and backward blocks itself (the plan's orders are not
 re-checked); the tied head's copy (above); the program measures the step
 barrier to barrier, not per node.
@@ -158,12 +162,13 @@ def pipe_plan(placement, cluster, graph, sm, recipe: list, *, tp: int, dp: int, 
     if sched is None:
         raise InvalidInput(f"{label}: the recipe names no pipeline schedule (a placement made before placer "
                            f"recorded it); place it again")
-    dev: dict[tuple[str, int, int], str] = {}          # (base id, tensor rank, replica) -> device: its first
-    for kind in ("mb0", None, "weights"):               # micro-batch's copy, else its once-per-step node
-        for nid, did in placement.assignment.items():
-            mt = _TP_ID.match(nid)
-            if mt is not None and mt.group(3) == kind:
-                dev.setdefault((mt.group(1), int(mt.group(2)), int(mt.group(4) or 0)), did)
+    # (base id, tensor rank, replica) -> the device of its first micro-batch's copy: the forward nodes that
+    # run per micro-batch make the stages (a weight's once-per-step cast stays with its owner's stage)
+    dev: dict[tuple[str, int, int], str] = {}
+    for nid, did in placement.assignment.items():
+        mt = _TP_ID.match(nid)
+        if mt is not None and mt.group(3) == "mb0":
+            dev[(mt.group(1), int(mt.group(2)), int(mt.group(4) or 0))] = did
     passes = node_passes(graph)
     place = {u for u in range(graph.n) if graph.op[u] == "placeholder"}
     fwd = [u for u in range(graph.n) if passes[u] == "forward" and u not in place

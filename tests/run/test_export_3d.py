@@ -154,6 +154,27 @@ def test_pipe_plan_refuses_stages_out_of_turn_and_a_recipe_without_a_schedule(tm
         pipe_plan(placement, cluster, base, step.sm, unnamed, **kw)
 
 
+def test_the_stage_cut_of_the_bf16_zoo_gpt_leaves_a_weights_cast_with_its_owner():
+    """Under autocast the tied head reads wte.weight through a once-per-step cast that the plan keeps on
+    the first stage, beside wte: the stages are cut by the nodes that run per micro-batch."""
+    from celeritas_cli import registry
+    from celeritas_cli.model.cluster import uniform
+    from celeritas_cli.model.graph import Graph
+    from celeritas_cli.run.step import capture_real
+
+    cfg = {"layers": 2, "d_model": 32, "heads": 4, "vocab": 64, "seq": 16}
+    step = capture_real("gpt_1.3b", 4, config=cfg)
+    graph = Graph.from_dict(step.doc, step.doc["name"])
+    assert graph.meta["precision"] == "bf16"
+    cluster = uniform(4, dtype="cpu", name="4cpu")
+    placement = registry.place(graph, cluster, "megatron", params=TP_PP)
+    casts = [nid for nid in placement.assignment if nid.startswith("_to_copy") and "/mb" not in nid]
+    assert {placement.assignment[c] for c in casts} >= {"gpu0", "gpu2"}        # casts on both ranks' devices
+    pipe = pipe_plan(placement, cluster, graph, step.sm, placement.derivation["steps"], tp=2, dp=1, sp=False,
+                     batch=4, kinds={"blocks": "ModuleList"}, label="p.json")
+    assert (pipe.pp, pipe.v, pipe.split_points, pipe.rank_devices) == (2, 1, ["blocks.1"], [0, 1, 2, 3])
+
+
 def test_a_wrong_process_count_stops_before_torch_loads(tmp_path, gpt):
     path, _, _, line, _ = export_tp(tmp_path, gpt, 4, name="tp3d.py", **TP_PP)
     r = python(tmp_path, path)                                   # no torchrun: one process
