@@ -175,12 +175,17 @@ def test_the_stage_cut_of_the_bf16_zoo_gpt_leaves_a_weights_cast_with_its_owner(
     assert (pipe.pp, pipe.v, pipe.split_points, pipe.rank_devices) == (2, 1, ["blocks.1"], [0, 1, 2, 3])
 
 
-def test_a_wrong_process_count_stops_before_torch_loads(tmp_path, gpt):
+def test_a_wrong_process_count_or_graph_stops_before_torch_loads(tmp_path, gpt):
     path, _, _, line, _ = export_tp(tmp_path, gpt, 4, name="tp3d.py", **TP_PP)
     r = python(tmp_path, path)                                   # no torchrun: one process
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [
         f"tp3d.py: started as 1 process(es), but the plan runs 4: launch it with `{line}`"]
+    other = tmp_path / "other.json"
+    other.write_text((tmp_path / "g.json").read_text() + "\n")                   # other bytes
+    r = python(tmp_path, path, "--graph", str(other), env={"WORLD_SIZE": "4", "RANK": "0"})
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "exported for graph" in r.stderr and "other.json has sha256" in r.stderr
 
 
 # ----------------------------------------------------------------------- slow
