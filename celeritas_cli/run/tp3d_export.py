@@ -390,7 +390,8 @@ def setup(model, device):
     rows = my_rows(dp_rank)
     inputs = [x.index_select(0, rows) for x in inputs]
     target = target.index_select(0, rows) if target is not None else None
-    mb = [torch.tensor_split(x, N_MICROBATCHES)[0] for x in inputs]
+    mb = [torch.tensor_split(x, N_MICROBATCHES)[0].to(device) for x in inputs]
+    model.to(device)                # traced on the device it runs on (the trace keeps the devices it saw)
     pipe = pipeline(model, mb_args=tuple(mb), split_spec={p: SplitPoint.BEGINNING for p in SPLIT_POINTS})
     shared = shared_groups(pipe, mesh)
     LAST = pipe.get_stage_module(N_STAGES - 1)
