@@ -369,6 +369,10 @@ def prepare_tp(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
                            f"scaling (the replicas share the graph's batch)")
     if dpst is not None and (dpst.get("shares") is not None or dpst.get("samples") is not None):
         raise InvalidInput(f"{label}: its replicas run uneven batch shares; placer runs equal shares only")
+    if dpst is not None and dpst.get("zero"):
+        raise InvalidInput(f"{label}: its replicas shard the optimizer state (zero={dpst['zero']}, Megatron-LM's "
+                           f"distributed optimizer), which placer runs without tensor parallelism only; place it "
+                           f"with -p use_distributed_optimizer=off")
     dp = int(dpst["replicas"]) if dpst is not None else 1
     if step is None:
         say(f"capturing {spec} at batch {batch} (the graph's) with real parameters (seed {seed})")
