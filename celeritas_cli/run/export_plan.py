@@ -24,7 +24,9 @@ def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
     * an fsdp plan: an FSDP2 / ZeRO program on a DeviceMesh (:func:`~.fsdp_export.fsdp_source`),
       launched with torchrun; a plain data-parallel one: the same program with DDP;
     * a tensor-parallel plan (TP, TP x DP): a ``parallelize_module`` program on a ("dp", "tp")
-      DeviceMesh (:func:`~.tp_export.tp_source`), launched with torchrun.
+      DeviceMesh (:func:`~.tp_export.tp_source`), launched with torchrun;
+    * a TP x PP (x DP) plan: ``torch.distributed.pipelining`` stages each split with
+      ``parallelize_module`` on a ("dp", "pp", "tp") DeviceMesh (:func:`~.tp3d_export.tp3d_source`).
 
     Raises
     ------
@@ -38,6 +40,13 @@ def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
     from .tp_run import TPPrepared
 
     name = pre.sim_graph.name
+    if isinstance(pre, TPPrepared) and pre.pipe is not None:
+        from .tp3d_export import tp3d_source
+
+        src = tp3d_source(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint, path=path)
+        return src, (f"a TP x PP program (torch.distributed.pipelining stages, each split with parallelize_module, "
+                     f"on a DeviceMesh of {pre.dp} replica(s) x {pre.pp} pipeline x {pre.tp} tensor ranks, "
+                     f"{pre.pipe.torch_class}, {pre.pipe.m} micro-batches)"), torchrun_line(pre.k, path)
     if isinstance(pre, TPPrepared):
         from .tp_export import tp_source
 

@@ -82,7 +82,7 @@ not applied (the program keeps every activation; the numbers are the same).
 Deviations: mixed precision is ``torch.autocast`` of the profiled
 precision without a loss scale; dropout masks are DTensor's (seeded alike
 on every rank, not the unplaced step's); the sequence dimension is taken to
-be dimension 1; a pipeline (``pp > 1``) is refused (:mod:`.tp_run`).
+be dimension 1; a pipeline (``pp > 1``) is the TP x PP program of :mod:`.tp3d_export`.
 
 References
 ----------
@@ -137,6 +137,7 @@ import time
 
 '''
 
+#: the program's head and helpers, shared with the TP x PP program (:mod:`.tp3d_export`)
 _BODY = '''
 
 if __name__ == "__main__":      # a wrong process count or file stops here, before torch loads
@@ -193,9 +194,10 @@ def register_attention_rules():
         return [([p] * 3, [p] * 6 + [None, None]) for p in (Replicate(), Shard(0), Shard(1))]
 
 
-def styles():
-    """The parallel style of each TP_PLAN entry (module docstring): ``(first, second)``, the
-    plans of two parallelize_module passes (the second wraps outputs the first already made)."""
+def styles(plan=None):
+    """The parallel style of each entry of *plan* (default TP_PLAN; module docstring): ``(first,
+    second)``, the plans of two parallelize_module passes (the second wraps outputs the first
+    already made)."""
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
     from torch.distributed.tensor.placement_types import _StridedShard
@@ -238,7 +240,7 @@ def styles():
 
     seq = Shard(1) if SEQUENCE_PARALLEL else Replicate()
     first, second = {}, {}
-    for path, style, opts in TP_PLAN:
+    for path, style, opts in (TP_PLAN if plan is None else plan):
         if style == "colwise" and opts.get("split_factor", 1) > 1:
             first[path] = HeadsColwiseParallel(opts["split_factor"], input_layouts=seq)
         elif style == "colwise":
@@ -271,11 +273,11 @@ def replicate_rest(model, mesh):
                                                                 requires_grad=p.requires_grad))
 
 
-def checkpoint_layers(model):
-    """Recomputation: each of RECOMPUTE_LAYERS runs under torch.utils.checkpoint."""
+def checkpoint_layers(model, layers=None):
+    """Recomputation: each of *layers* (default RECOMPUTE_LAYERS) runs under torch.utils.checkpoint."""
     from torch.utils.checkpoint import checkpoint
 
-    for path in RECOMPUTE_LAYERS:
+    for path in (RECOMPUTE_LAYERS if layers is None else layers):
         mod = model.get_submodule(path)
         fwd = mod.forward
 
@@ -285,6 +287,10 @@ def checkpoint_layers(model):
         mod.forward = run
 
 
+'''
+
+#: the rest of the TP program (the 3D program, :mod:`.tp3d_export`, has its own)
+_TP_REST = '''
 def parallelize(model, mesh, device):
     """Apply the plan to *model* on *mesh* ("dp", "tp"): the TP styles over mesh["tp"], the layers
     to recompute; returns the gradient all-reduce of the replicas (or None with one replica)."""
@@ -489,4 +495,4 @@ def tp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | N
               f"SIMULATED_STEP_S = {float(pre.sim['makespan_s'])!r}\n"
               f"LR, BETAS, EPS = {ADAM['lr']!r}, {ADAM['betas']!r}, {ADAM['eps']!r}\n\n")
     checks = launch_check_source(processes=n, launch=launch, fingerprint=fingerprint, parameters=param_shapes(step))
-    return doc + tables + checks + _BODY.lstrip("\n")
+    return doc + tables + checks + _BODY.lstrip("\n") + _TP_REST.lstrip("\n")

@@ -9,11 +9,11 @@ trusted that the capture can give):
 
 * the recipe (:func:`tp_recipe`): ``tensor-parallel`` first, then
   ``microbatch``, ``recompute`` and ``data-parallel`` steps only (what the
-  megatron row writes without a pipeline).  A pipeline (a tensor rank's
-  nodes on more than one device: ``pp > 1``) is refused in one line: the
-  TP x PP (3D) program would need ``torch.distributed.pipelining`` stages of
-  a tensor-parallel model, which neither exporter writes yet; so are an
-  ``fsdp`` step (a ZeRO dimension), weak scaling and uneven batch shares;
+  megatron row writes).  A pipeline (a tensor rank's nodes on more than
+  one device: ``pp > 1``) is read by :func:`~.tp3d_export.pipe_plan` and run
+  as the TP x PP program (:mod:`.tp3d_export`: ``torch.distributed.pipelining``
+  stages, each tensor-parallel); an ``fsdp`` step (a ZeRO dimension), weak
+  scaling and uneven batch shares are refused in one line;
 * the modules and their styles (:func:`module_plan`): the derivation's
   patterns (:func:`~celeritas_cli.transform.tensor_parallel.plan_tensor_parallel`
   of the captured graph, the same function the simulator rebuilds the plan
@@ -77,11 +77,18 @@ class TPPrepared:
     recompute: str | None = None    # the plan's recomputation (full, selective) or None
     recompute_layers: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    tied: bool = False              # the LM head reads the vocabulary-parallel embedding's table
+    pipe: Any = None                # the pipeline of a TP x PP plan (:class:`~.tp3d_export.PipePlan`), or None
+
+    @property
+    def pp(self) -> int:
+        """Pipeline ranks of the plan (1 without a pipeline)."""
+        return self.pipe.pp if self.pipe is not None else 1
 
     @property
     def k(self) -> int:
         """Processes of the plan."""
-        return self.tp * self.dp
+        return self.tp * self.dp * self.pp
 
 
 def tp_recipe(placement, label: str) -> list[dict] | None:
@@ -121,7 +128,7 @@ def tp_recipe(placement, label: str) -> list[dict] | None:
                 else "a coarse base graph" if d.get("base") else "split operations")
         raise InvalidInput(f"{label}: a tensor-parallel plan with {what} is not executed; placer runs "
                            f"tensor-parallel plans with micro-batches, recomputation and data parallelism")
-    for k in AFTER_TP:
+    for k in ("microbatch", "data-parallel"):        # recompute: one step per pipeline stage
         if kinds.count(k) > 1:
             raise InvalidInput(f"{label}: the recipe has {kinds.count(k)} {k} steps; one is executed")
     return steps
@@ -313,8 +320,7 @@ def rank_devices(placement, cluster, tp: int, dp: int, label: str) -> list[int]:
     for (r, t), ds in sorted(where.items()):
         if len(ds) > 1:
             raise InvalidInput(f"{label}: tensor rank {t} of replica {r} runs on {len(ds)} devices ({', '.join(sorted(ds))}): a "
-                               f"pipeline; TP x PP (3D) plans are not run or exported yet (no tensor-parallel "
-                               f"torch.distributed.pipelining program); place it with -p pp=1")
+                               f"pipeline, whose ranks tp3d_export.pipe_plan lays out (TP x PP)")
     if sorted(t for r, t in where if r == 0) != list(range(tp)):
         raise InvalidInput(f"{label}: the placement does not place tensor ranks 0..{tp - 1} of replica 0")
     first = [cluster.index[next(iter(where[(0, t)]))] for t in range(tp)]
@@ -363,21 +369,34 @@ def prepare_tp(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
                            f"scaling (the replicas share the graph's batch)")
     if dpst is not None and (dpst.get("shares") is not None or dpst.get("samples") is not None):
         raise InvalidInput(f"{label}: its replicas run uneven batch shares; placer runs equal shares only")
+    if dpst is not None and dpst.get("zero"):
+        raise InvalidInput(f"{label}: its replicas shard the optimizer state (zero={dpst['zero']}, Megatron-LM's "
+                           f"distributed optimizer), which placer runs without tensor parallelism only; place it "
+                           f"with -p use_distributed_optimizer=off")
     dp = int(dpst["replicas"]) if dpst is not None else 1
     if step is None:
         say(f"capturing {spec} at batch {batch} (the graph's) with real parameters (seed {seed})")
         step = capture_real(spec, batch, config=config, seed=seed)
     sim, sim_graph, _ = simulated(step, placement, cluster, label=label, graph=graph, graph_label=graph_label,
                                   congestion=congestion)
-    devices = rank_devices(placement, cluster, tp, dp, label)
+    from .tp3d_export import has_pipeline, pipe_plan
+
+    base = Graph.from_dict(step.doc, step.doc["name"])
+    factory, _ = resolve_model(spec, dict(config or {}))
+    model = build_meta(factory)
+    pipe = None
+    if has_pipeline(placement):     # TP x PP (x DP): the pipeline's stages, split points, mesh ranks
+        kinds = {name: type(mod).__name__ for name, mod in model.named_modules() if name}
+        pipe = pipe_plan(placement, cluster, base, step.sm, recipe, tp=tp, dp=dp, sp=sp, batch=batch, kinds=kinds,
+                         label=label)
+        devices = pipe.rank_devices
+    else:
+        devices = rank_devices(placement, cluster, tp, dp, label)
     layout = batch_layout(rest, batch, label)
     if layout.total != batch:
         raise InvalidInput(f"{label}: the recipe's global batch is {layout.total}, the graph's {batch}")
     instances = [(r, layout.rows[(r, i)], layout.sizes[(r, i)]) for r in range(layout.k) for i in range(layout.m)
                  if layout.sizes.get((r, i))]
-    factory, _ = resolve_model(spec, dict(config or {}))
-    model = build_meta(factory)
-    base = Graph.from_dict(step.doc, step.doc["name"])
     mplan, tied, layers = module_plan(base, tp, sp, model, label)
     rc = next((s for s in rest if s.get("transform") == "recompute"), None)
     recompute = None
@@ -391,7 +410,8 @@ def prepare_tp(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
     return TPPrepared(step=step, tp=tp, dp=dp, sp=sp, recipe=recipe, module_plan=mplan, instances=instances,
                       global_batch=layout.total, precision=str(step.doc.get("meta", {}).get("precision", "fp32")),
                       devices=devices, sim=sim, sim_graph=sim_graph, tdev=tdev, graph_from_file=graph is not None,
-                      recompute=recompute, recompute_layers=layers if recompute == "full" else [], notes=notes)
+                      recompute=recompute, recompute_layers=layers if recompute == "full" else [], notes=notes,
+                      tied=tied, pipe=pipe)
 
 
 # ------------------------------------------------------------------ run
@@ -426,6 +446,7 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
     from .executor import ADAM, torch_threads
     from .reference import Reference, adam_reference, reference_grads
     from .report import build_report, compare
+    from .tp3d_export import tp3d_source
     from .tp_export import tp_source
 
     say = progress or (lambda msg: None)
@@ -433,19 +454,24 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
         say(f"running the unplaced step on the CPU ({threads} thread(s))")
         loss, grads, _ = reference_grads(pre.step, "cpu", seed=pre.step.seed)
         ref = Reference(loss=loss.cpu(), params=adam_reference(pre.step, grads, ADAM), device="cpu")
-    src = tp_source(pre, cluster, label=label, algorithm=placement.algorithm)
+    src = (tp3d_source if pre.pipe is not None else tp_source)(pre, cluster, label=label, algorithm=placement.algorithm)
     job = job_core(pre.step, pre.devices, pre.tdev, None, steps=steps, warmup=warmup, threads=threads,
                    timeout=timeout)
     job["source"] = src
-    say(f"starting {pre.k} processes: {pre.dp} replica(s) x {pre.tp} tensor ranks ({job['dist_backend']}, "
+    pipe_words = f" x {pre.pp} pipeline" if pre.pipe is not None else ""
+    say(f"starting {pre.k} processes: {pre.dp} replica(s){pipe_words} x {pre.tp} tensor ranks ({job['dist_backend']}, "
         f"{threads} thread(s) each): 1 checked step, {warmup - 1} more warm-up, {steps} timed")
     results = launch("celeritas_cli.run.tp_run", job, pre.k, timeout=timeout, what="placer run")
     names = pre.step.sm.state_names
     index = {names[s]: s for s in range(pre.step.sm.n_params)}
-    got = {index[n]: t for n, t in results[0]["params"].items() if index.get(n) in ref.params}
+    merged: dict = {}              # a pipeline's ranks hold their stages' parameters only: their union
+    for r in results:
+        for n, t in r["params"].items():
+            merged.setdefault(n, t)
+    got = {index[n]: t for n, t in merged.items() if index.get(n) in ref.params}
     numerics = compare(torch.tensor(results[0]["loss"]), got, ref, rtol=rtol, atol=atol)
-    spread = max((float((r["params"][n] - results[0]["params"][n]).abs().max()) for r in results[1:]
-                  for n in results[0]["params"]), default=0.0)
+    spread = max((float((t - merged[n]).abs().max()) for r in results for n, t in r["params"].items()),
+                 default=0.0)
     if spread > atol:
         numerics["match"] = False
     worst_rel = max((float(((got[p] - ref.params[p]).abs() / ref.params[p].abs().clamp_min(atol)).max())
@@ -456,8 +482,9 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
     measured = {"walls": walls, "busy": {r["device"]: med for r in results},
                 "cpu": {r["device"]: r["cpu"] for r in results}, "link": {}, "link_bytes_unknown": True}
     notes = list(pre.notes) + [
-        (f"tensor parallelism: a mesh of {pre.dp} replica(s) x {pre.tp} tensor ranks running the program placer "
-         f"export writes (parallelize_module over mesh['tp']{', sequence parallel' if pre.sp else ''}); the "
+        (f"tensor parallelism: a mesh of {pre.dp} replica(s){pipe_words} x {pre.tp} tensor ranks running the "
+         f"program placer export writes (parallelize_module over mesh['tp']{', sequence parallel' if pre.sp else ''}"
+         f"{', torch.distributed.pipelining ' + pre.pipe.torch_class + ' over mesh[' + repr('pp') + ']' if pre.pipe else ''}); the "
          f"yardstick is the unplaced step on the global batch of {pre.global_batch}; the ranks' gathered "
          f"parameters differ by at most {spread:.3g}"),
         ("per-device busy time is the step's wall time (the program times steps, not nodes); collectives are "
@@ -475,7 +502,7 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
                           warmup=warmup, numerics=numerics, measured=measured, congestion=congestion, load=load,
                           extra_notes=notes)
     report["plan"] = "tensor-parallel"
-    report["tensor_parallel"] = {"tp": pre.tp, "dp": pre.dp, "sequence_parallel": pre.sp,
+    report["tensor_parallel"] = {"tp": pre.tp, "dp": pre.dp, "pp": pre.pp, "sequence_parallel": pre.sp,
                                  "micro_batches": len(pre.instances) // pre.dp, "recompute": pre.recompute,
                                  "modules": [[p, s, o] for p, s, o in pre.module_plan],
                                  "params_max_rel_diff": worst_rel}

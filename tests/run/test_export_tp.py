@@ -22,7 +22,6 @@ torch = pytest.importorskip("torch")
 from click.testing import CliRunner  # noqa: E402
 
 from celeritas_cli.cli import main  # noqa: E402
-from celeritas_cli.errors import InvalidInput  # noqa: E402
 from celeritas_cli.run.export import fingerprint  # noqa: E402
 from celeritas_cli.run.export_plan import export_program  # noqa: E402
 
@@ -217,17 +216,6 @@ def test_cli_export_of_a_tp_plan_says_the_torchrun_line_on_stderr(tmp_path, monk
     ns = tables(src)
     assert ns["FINGERPRINT"]["graph_file"] == "g.json" and ns["FINGERPRINT"]["cluster"] == "2cpu"
     assert ns["SEQUENCE_PARALLEL"] is True
-
-
-def test_a_pipeline_tp_x_pp_is_refused_in_one_line(tmp_path, gpt, monkeypatch):
-    with pytest.raises(InvalidInput, match=r"a pipeline; TP x PP \(3D\) plans are not run or exported yet") as e:
-        prepared(tmp_path, gpt, 4, tp=2, pp=2)
-    assert "\n" not in str(e.value)
-    monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(main, ["export", "--graph", "g.json", "-P", "p.json", "--cluster", "c.json", "-o",
-                                  "out.py"])
-    assert r.exit_code == 1 and "TP x PP (3D)" in r.output and "Traceback" not in r.output
-    assert not (tmp_path / "out.py").exists()
 
 
 def test_a_wrong_process_count_or_graph_stops_before_torch_loads(tmp_path, gpt):

@@ -55,7 +55,7 @@ def test_rank_devices_put_tensor_ranks_innermost():
     pipe = NS(assignment={"a/tp0/mb0": "gpu0", "b/tp0/mb0": "gpu2", "a/tp1/mb0": "gpu1", "b/tp1/mb0": "gpu3"},
               replicas=None)
     with pytest.raises(InvalidInput, match=r"tensor rank 0 of replica 0 runs on 2 devices \(gpu0, gpu2\): a "
-                                           r"pipeline; TP x PP \(3D\)"):
+                                           r"pipeline, whose ranks tp3d_export.pipe_plan lays out"):
         rank_devices(pipe, c, 2, 1, "p")
     with pytest.raises(InvalidInput, match="two of the 2 ranks share a device"):
         rank_devices(NS(assignment={"a/tp0": "gpu1", "a/tp1": "gpu1"}, replicas=None), c, 2, 1, "p")
