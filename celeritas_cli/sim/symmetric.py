@@ -54,7 +54,7 @@ from ..model.cluster import Cluster
 from ..model.graph import Graph
 from ..model.placement import Placement
 from ..transform.admit import replica_kinds as kinds
-from ..transform.derivation import STEPS, base_graph, check_step, derive
+from ..transform.derivation import STEPS, base_graph, check_step, derive, derive_last
 from ..transform.fsdp import fsdp_kinds
 from ..transform.recipe_check import Context as RecipeContext, check_recipe
 
@@ -136,8 +136,22 @@ class Judged:
     kind_of: list[int]
 
 
-def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) -> tuple[ReplicaMap, list[int], dict]:
-    """The replica map and kinds of a placement with ``replicas``, and its last recipe step."""
+class Prepared(tuple):
+    """:func:`prepare`'s answer: ``(rmap, kind_of, last)``, and ``prefix``,
+    the graph of the recipe's steps before ``last``."""
+
+    prefix: Graph
+
+    def __new__(cls, rmap: "ReplicaMap", kind_of: list[int], last: dict, prefix: Graph) -> "Prepared":
+        out = super().__new__(cls, (rmap, kind_of, last))
+        out.prefix = prefix
+        return out
+
+
+def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) -> Prepared:
+    """The replica map and kinds of a placement with ``replicas``, its last
+    recipe step and the graph the steps before it give (``prefix``), which
+    :func:`judge` continues from."""
     der = placement.derivation
     ctx = RecipeContext(label, cluster.k, cluster.name)
     checked = check_recipe(der, STEPS, ctx) if der is not None else []  # the fields first, in one line
@@ -160,7 +174,7 @@ def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) ->
         kind_of = (fsdp_kinds if last["transform"] == "fsdp" else kinds)(prefix, last)
     except InvalidInput as exc:
         raise InvalidInput(f"{label}: derivation.steps[{len(steps) - 1}] ({last['transform']}): {exc}") from None
-    return rmap, alike(cluster, rmap, kind_of), last
+    return Prepared(rmap, alike(cluster, rmap, kind_of), last, prefix)
 
 
 def alike(cluster: Cluster, rmap: ReplicaMap, kind_of: list[int]) -> list[int]:
@@ -181,16 +195,17 @@ def alike(cluster: Cluster, rmap: ReplicaMap, kind_of: list[int]) -> list[int]:
 
 
 def judge(graph: Graph, cluster: Cluster, placement: Placement, label: str = "placement",
-          prepared: tuple[ReplicaMap, list[int], dict] | None = None) -> Judged:
+          prepared: Prepared | None = None) -> Judged:
     """The judged copies of a placement with ``replicas`` (module docstring):
     their graph (the recipe with only one replica of each kind built), the
     devices and orders the replica map gives them, and every collective
     group's whole device list.  *prepared*: :func:`prepare`'s answer, when
     the caller already has it."""
-    rmap, kind_of, _ = prepared or prepare(graph, cluster, placement, label)
+    prepared = prepared or prepare(graph, cluster, placement, label)
+    rmap, kind_of, _ = prepared
     reps = sorted(set(kind_of))
-    reduced = derive(base_graph(graph, placement.derivation, label), placement.derivation, label,
-                     devices=cluster.k, cluster=cluster.name, represent=reps)
+    reduced = derive_last(prepared.prefix, placement.derivation, label, devices=cluster.k, cluster=cluster.name,
+                          represent=reps)  # the steps before the last are prepare's
     col = {d: j for j, d in enumerate(rmap.devices[0])}
     assign = placement.assignment
     device_of = [-1] * reduced.n

@@ -325,6 +325,20 @@ def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices:
     return graph
 
 
+def derive_last(prefix: Graph, derivation: Any, label: str = "derivation", *, devices: int | None = None,
+                cluster: str = "", represent: list[int] | None = None) -> Graph:
+    """The last step of *derivation* applied to *prefix*, the graph its
+    other steps give (:func:`derive` of them): checked, sized and built as
+    :func:`derive` does, so a caller that needs that graph anyway (the
+    symmetric judge) does not build it twice."""
+    ctx = Context(label, devices, cluster)
+    steps = check_recipe(derivation, STEPS, ctx)
+    step, kind = steps[-1]
+    if represent is not None:
+        kind = represented(step, kind, represent, label)
+    return _apply(prefix, len(steps) - 1, step, kind, ctx)
+
+
 def represented(step: dict, kind: StepKind, reps: list[int], label: str) -> StepKind:
     """The last step of a recipe built for the symmetric judge
     (:mod:`~celeritas_cli.sim.symmetric`): a data-parallel or fsdp step in
