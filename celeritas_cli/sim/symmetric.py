@@ -37,6 +37,27 @@ costs, shared cores) is judged in full, and so is any plan under
 ``placer simulate --full-sim``: expanded (:func:`expand`) and simulated
 event by event.
 
+Tensor ranks
+------------
+Tensor parallelism (:mod:`~celeritas_cli.transform.tensor_parallel`,
+``megatron``) splits every layer of a replica over ``tp`` ranks in equal
+parts (the derivation refuses uneven splits), edges stay on their rank and
+the ranks meet only in collectives: so the copies are ``(replica r, tensor
+rank t)``, and the same induction holds for them.  A placement with
+``replicas.tensor`` (``tensor[t][i]``: the device of tensor rank ``t`` of
+replica 0 standing for rank 0's ``i``-th device, ``tensor[0]``; the rows
+share out ``devices[0]``) lists tensor rank 0's nodes of replica 0 only; the
+judge builds tensor rank 0 of one replica of each kind
+(:func:`~celeritas_cli.transform.derivation.derive`'s ``tensor_ranks``),
+costs every ``tp:`` collective over all ``tp`` devices of its group, and
+expands the report to every copy.  Rank ``t``'s node is rank 0's with its
+``/tp0`` token renamed ``/tp<t>``
+(:func:`~celeritas_cli.transform.tensor_parallel.rename_rank`), so a
+recompute step must list the same nodes on every rank (refused in one line
+otherwise).  A rank on devices or links unlike its rank 0's (:func:`asymmetry`)
+is simulated in full; without data parallelism ``devices`` has one row.
+tests/sim/test_symmetric_tp.py checks the equality with the full simulation.
+
 Not covered: lower bounds are computed on the judged copies (the critical
 path is the full graph's; the total-work bound divides their work by every
 device, so it is weaker than the full graph's); the Gantt chart and trace

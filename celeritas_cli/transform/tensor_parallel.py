@@ -8,7 +8,12 @@ each node at the shape it has on its rank, plus one ``collective.*`` node
 per rank for every collective (the collective-node representation of
 docs/design.md: ``collective`` = ``kind``, ``group``, ``seq``, ``bytes``,
 ``ranks``).  The recipe step is ``{"transform": "tensor-parallel", "tp": k,
-"sequence_parallel": bool}`` (:mod:`~.derivation`).
+"sequence_parallel": bool}`` (:mod:`~.derivation`).  Every rank does the
+same work on its equal split, so the symmetric judge builds rank 0 alone
+(``represent=[0]``: the full graph's rank-0 nodes and edges, collectives
+still of ``ranks = tp``; :mod:`~celeritas_cli.sim.symmetric`, "Tensor
+ranks") and names rank ``t``'s nodes by renaming their ``/tp0`` token
+(:func:`rename_rank`).
 
 The patterns (found from the graph's structure; :func:`find_patterns`)
 ----------------------------------------------------------------------

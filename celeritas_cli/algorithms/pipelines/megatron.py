@@ -39,7 +39,15 @@ The plan, as a recipe the simulator rebuilds
    then ``data-parallel`` over ``dp`` replicas in the symmetric form
    (replica 0's nodes and the replica map,
    :mod:`~celeritas_cli.sim.symmetric`), the gradients all-reduced per
-   gradient on each replica's collective stream.
+   gradient on each replica's collective stream.  The tensor ranks too are
+   judged as kinds (:func:`tensor_map`: every rank of every replica on
+   devices and links like its rank 0's, no ``hosts``): only tensor rank 0
+   is built (``tensor_parallel_graph(represent=[0])``), its collectives
+   costed over all ``tp`` GPUs of their group, the recompute steps list
+   every rank's nodes, and the placement lists tensor rank 0's nodes of
+   replica 0 with ``replicas.tensor`` (sim/symmetric.py, "Tensor ranks"):
+   the judgement costs ``1/(tp dp)`` of the full simulation, with the same
+   numbers.
 3. Stages: ``pp x virtual_stages`` stages balanced by time over the model's
    forward order (:func:`~celeritas_cli.pipelining.cuts.balanced_stages`),
    each node's backward and update with its forward, a tensor-parallel
