@@ -942,7 +942,7 @@ def tensor_parallel_graph(graph: Graph, tp: int, *, sequence_parallel: bool = Fa
         meta["tensor_parallel"]["represented"] = ranks
     name = f"{graph.name}+tp{tp}" + ("sp" if plan.sp else "")
     return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
-                           label=name)
+                           label=name, derived=True)
 
 
 def _info(graph: Graph, plan: Plan) -> dict[str, Any]:
