@@ -214,3 +214,21 @@ def test_bad_tensor_map_refused_in_one_line(g, tensor, match):
     with pytest.raises(InvalidInput, match=match) as exc:
         simulate(g, cl, q, label="p.json")
     assert "\n" not in str(exc.value) and str(exc.value).startswith("p.json: ")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params", [{"tp": 2, "pp": 2, "dp": 2, "recompute": "full"},
+                                    {"tp": 4, "pp": 2, "dp": 1, "recompute": "selective", "sequence_parallel": True}],
+                         ids=["tp2-pp2-dp2-full", "tp4sp-pp2-dp1-selective"])
+def test_profiled_gpt_ranks_as_kinds_equal_the_full_simulation(params):
+    """The zoo's GPT 1.3B (24 layers, each recomputed on its own): the same equality on a profiled model."""
+    import gzip
+    from pathlib import Path
+
+    with gzip.open(Path(__file__).resolve().parents[2] / "sample_graphs" / "zoo" / "gpt_1.3b.json.gz") as f:
+        gpt = Graph.from_dict(json.load(f), label="gpt_1.3b")
+    cl = servers(2, 4)
+    p = registry.place(gpt, cl, "megatron", params=params)
+    full = simulate(gpt, cl, p, full=True)
+    assert_equal_reports(simulate(gpt, cl, p), full)
+    assert _close(p.estimate["makespan_s"], full["makespan_s"])
