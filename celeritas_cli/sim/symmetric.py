@@ -238,7 +238,7 @@ def prepare(graph: Graph, cluster: Cluster, placement: Placement, label: str) ->
     replicated = bool(steps) and steps[-1]["transform"] in REPLICATED
     if not replicated and not (tensor and steps):
         raise InvalidInput(f"{label}: field replicas: only a placement whose recipe ends in data parallelism or fsdp "
-                           f"(or has tensor ranks, replicas.tensor) lists its replicas' devices")
+                           f"lists its replicas' devices")
     if placement.split_graph is not None:
         raise InvalidInput(f"{label}: a placement that lists its replicas' devices carries no split_graph")
     last = steps[-1] if replicated else None
@@ -403,7 +403,7 @@ def expand(graph: Graph | None, cluster: Cluster, placement: Placement, label: s
     k = last.get("replicas") if replicated else 1
     if not (replicated or tensor) or not isinstance(k, int) or k < 1:
         raise InvalidInput(f"{label}: field replicas: only a placement whose recipe ends in data parallelism or fsdp "
-                           f"(or has tensor ranks, replicas.tensor) lists its replicas' devices")
+                           f"lists its replicas' devices")
     tp = None
     if tensor:
         tp = next((st.get("tp") for st in steps if st.get("transform") == TP_TRANSFORM), None)
@@ -411,38 +411,37 @@ def expand(graph: Graph | None, cluster: Cluster, placement: Placement, label: s
             raise InvalidInput(f"{label}: field replicas.tensor: the recipe has no tensor-parallel step")
     rmap = replica_map(placement.replicas, cluster, k, label, tp)
     col = {d: j for j, d in enumerate(rmap.devices[0])}
-    # copy (0, 0)'s device -> (node renamer, column of devices[0]) for every tensor rank
+    # a device of copy (0, 0) -> the column of devices[0] standing for it on every tensor rank
     if rmap.tensor is None:
-        ranks = {d: [(None, j)] for d, j in col.items()}
+        ranks = {d: [j] for d, j in col.items()}
     else:
-        ranks = {d: [(t, col[row[i]]) for t, row in enumerate(rmap.tensor)] for i, d in enumerate(rmap.tensor[0])}
+        ranks = {d: [col[row[i]] for row in rmap.tensor] for i, d in enumerate(rmap.tensor[0])}
+    home = "tensor rank 0" if tensor else "replica 0"
     ids = cluster.ids
 
-    def names(nid: str) -> list[tuple[str, int]]:
-        return [(nid if t is None else _rank_renamed(nid, t, label), j) for t, j in here]
+    def copies(nid: str, t: int) -> list[str]:  # the ids of rank t's node in every replica
+        name = nid if rmap.tensor is None else _rank_renamed(nid, t, label)
+        return [_rename(name, r, label) for r in range(rmap.k)] if replicated else [name]
 
     assignment: dict[str, str] = {}
     for nid, did in placement.assignment.items():
-        here = ranks.get(cluster.index.get(did, -1))
-        if here is None:
-            raise InvalidInput(f"{label}: node '{nid}' is on {did}, which is not one of "
-                               f"{'tensor rank 0' if tensor else 'replica 0'}'s devices")
-        for name, j in names(nid):
-            for r in range(rmap.k):
-                assignment[_rename(name, r, label) if replicated else name] = ids[rmap.devices[r][j]]
+        cols = ranks.get(cluster.index.get(did, -1))
+        if cols is None:
+            raise InvalidInput(f"{label}: node '{nid}' is on {did}, which is not one of {home}'s devices")
+        for t, j in enumerate(cols):
+            for r, name in enumerate(copies(nid, t)):
+                assignment[name] = ids[rmap.devices[r][j]]
     order = None
     if placement.order is not None:
         order = {}
         for did, seq in placement.order.items():
-            here = ranks.get(cluster.index.get(did, -1))
-            if here is None:
-                raise InvalidInput(f"{label}: order names device '{did}', which is not one of "
-                                   f"{'tensor rank 0' if tensor else 'replica 0'}'s devices")
-            for t, (_, j) in enumerate(here):
-                seq_t = seq if rmap.tensor is None else [_rank_renamed(nid, t, label) for nid in seq]
+            cols = ranks.get(cluster.index.get(did, -1))
+            if cols is None:
+                raise InvalidInput(f"{label}: order names device '{did}', which is not one of {home}'s devices")
+            for t, j in enumerate(cols):
+                named = [copies(nid, t) for nid in seq]
                 for r in range(rmap.k):
-                    order[ids[rmap.devices[r][j]]] = [_rename(nid, r, label) for nid in seq_t] if replicated \
-                        else seq_t
+                    order[ids[rmap.devices[r][j]]] = [names[r] for names in named]
     out = copy.copy(placement)
     out.assignment, out.order, out.replicas = assignment, order, None
     out.derived = None
