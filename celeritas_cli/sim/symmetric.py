@@ -303,7 +303,11 @@ def judge(graph: Graph, cluster: Cluster, placement: Placement, label: str = "pl
     reps = sorted(set(kind_of))
     reduced = prefix if last is None else derive_last(prefix, placement.derivation, label, devices=cluster.k,
                                                        cluster=cluster.name, represent=reps)
-    col = {d: j for j, d in enumerate(rmap.devices[0])}
+    # the devices of copy (0, 0) the placement lists: replica 0's, or its tensor rank 0's
+    home = set(rmap.tensor[0]) if rmap.tensor is not None else set(rmap.devices[0])
+    col = {d: j for j, d in enumerate(rmap.devices[0]) if d in home}
+    where = "replica 0's devices (replicas.devices[0])" if rmap.tensor is None else \
+        "tensor rank 0's devices of replica 0 (replicas.tensor[0])"
     assign = placement.assignment
     device_of = [-1] * reduced.n
     rep0 = [""] * reduced.n
@@ -316,13 +320,13 @@ def judge(graph: Graph, cluster: Cluster, placement: Placement, label: str = "pl
                                if did is None else f"{label}: node '{nid}' is assigned to unknown device '{did}'")
         j = col.get(cluster.index[did])
         if j is None:
-            raise InvalidInput(f"{label}: node '{nid}' is on {did}, which is not one of replica 0's devices "
-                               f"(replicas.devices[0])")
+            raise InvalidInput(f"{label}: node '{nid}' is on {did}, which is not one of {where}")
         device_of[x] = rmap.devices[r][j]
         rep0[x] = nid
     n0 = sum(1 for x in range(reduced.n) if int((reduced.node_extra[x] or {}).get("replica", 0)) == 0)
     if len(assign) != n0:
-        extra = next((nid for nid in assign if nid not in set(rep0)), "?")
+        known = set(rep0)
+        extra = next((nid for nid in assign if nid not in known), "?")
         raise InvalidInput(f"{label}: assignment names node '{extra}', which is not a node of replica 0")
     order = None
     if placement.order is not None:
@@ -333,7 +337,7 @@ def judge(graph: Graph, cluster: Cluster, placement: Placement, label: str = "pl
         for did, seq in placement.order.items():
             j = col.get(cluster.index.get(did, -1))
             if j is None:
-                raise InvalidInput(f"{label}: order names device '{did}', which is not one of replica 0's devices")
+                raise InvalidInput(f"{label}: order names device '{did}', which is not one of {where}")
             for r in reps:
                 d = rmap.devices[r][j]
                 for nid in seq:

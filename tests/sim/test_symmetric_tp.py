@@ -232,3 +232,18 @@ def test_profiled_gpt_ranks_as_kinds_equal_the_full_simulation(params):
     full = simulate(gpt, cl, p, full=True)
     assert_equal_reports(simulate(gpt, cl, p), full)
     assert _close(p.estimate["makespan_s"], full["makespan_s"])
+
+
+def test_rank0_node_on_another_ranks_gpu_refused(g):
+    """The file lists tensor rank 0's nodes: one on rank 1's GPU is refused in one line (judged and full)."""
+    cl = _cluster(8)
+    p = registry.place(g, cl, "megatron", params=_params((2, False, 2, 2, "none")))
+    doc = p.to_dict()
+    nid = next(x for x, d in doc["assignment"].items() if d == "s0gpu0" and "collective" not in x)
+    doc["assignment"][nid] = "s0gpu1"
+    q = Placement.from_dict(doc, "p.json")
+    with pytest.raises(InvalidInput, match=r"^p.json: node '.*' is on s0gpu1, which is not one of tensor rank 0's "
+                                           r"devices of replica 0 \(replicas.tensor\[0\]\)$"):
+        simulate(g, cl, q, label="p.json")
+    with pytest.raises(InvalidInput, match=r"^p.json: node '.*' is on s0gpu1, which is not one of tensor rank 0's"):
+        simulate(g, cl, q, label="p.json", full=True)
