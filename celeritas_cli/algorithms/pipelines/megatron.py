@@ -126,6 +126,7 @@ from ...pipelining.cuts import balanced_stages, stage_forward_nodes
 from ...pipelining.schedules import INTERLEAVED, ONE_F_ONE_B, Schedule
 from ...registry import ASSUME_BATCH, Param, register
 from ...sim.describe import megatron_words
+from ...sim.symmetric import ReplicaMap, asymmetry
 from ...transform.batch import declared_batch
 from ...transform.derivation import attach
 from ...transform.microbatch import once_nodes
@@ -140,7 +141,7 @@ from ...transform.tensor_parallel import (
     tensor_parallel_step,
 )
 
-__all__ = ["megatron", "device_of_rank", "layer_checkpoints", "selective_nodes"]
+__all__ = ["megatron", "device_of_rank", "layer_checkpoints", "selective_nodes", "tensor_map"]
 
 RECOMPUTE_GRANULARITY = ("none", "full", "selective")
 
@@ -444,9 +445,14 @@ def tensor_map(cluster: Cluster, tp: int, dp: int, pp: int) -> list[list[int]] |
     pipeline rank, when the tensor ranks can be judged as kinds (rank 0
     built and simulated for all, :mod:`~celeritas_cli.sim.symmetric`):
     every rank of every replica on devices and links like its rank 0's, on
-    a cluster without ``hosts``; else None (every rank built)."""
-    from ...sim.symmetric import ReplicaMap, asymmetry
+    a cluster without ``hosts``; else None (every rank built).
 
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> tensor_map(uniform(8), 2, 2, 2)  # rank t of pipeline rank p on GPU t + 4 p
+    [[0, 4], [1, 5]]
+    >>> tensor_map(uniform(4, speeds=[1.0, 0.5, 1.0, 1.0]), 2, 2, 1) is None  # rank 1 of replica 0 is slower
+    True
+    """
     rows = [[device_of_rank(t, r, p, tp, dp) for p in range(pp) for t in range(tp)] for r in range(dp)]
     tensor = [[device_of_rank(t, 0, p, tp, dp) for p in range(pp)] for t in range(tp)]
     rmap = ReplicaMap(tuple(tuple(r) for r in rows), tuple(tuple(r) for r in tensor))
