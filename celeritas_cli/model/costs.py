@@ -219,13 +219,14 @@ class CostModel:
         :meth:`tensor_comm` minimised over ordered pairs - with the default
         link rule on a cluster of servers, over the pairs that hold every
         distinct link figure (``Cluster._summary_pairs``: O(GPUs per
-        server²), not O(devices²)) and the pairs the tensor's measured
-        ``comm_s_by_pair`` names."""
+        server²), not O(devices²); of those, one pair per distinct latency
+        and bandwidth, :attr:`_figure_pairs`) and the pairs the tensor's
+        measured ``comm_s_by_pair`` names."""
         k = self.cluster.k
         if k < 2:
             return 0.0
         if self._default_links and self.cluster.servers is not None:
-            pairs = list(self.cluster._summary_pairs())
+            pairs = list(self._figure_pairs)
             override = self.graph.edge_comm[self.graph.tensor_edges[t][0]]
             if override:
                 index = self.cluster.index
@@ -236,6 +237,19 @@ class CostModel:
         else:
             pairs = [(a, c) for a in range(k) for c in range(k) if a != c]
         return min(self.tensor_comm(t, a, c) for a, c in pairs)
+
+    @cached_property
+    def _figure_pairs(self) -> list[tuple[int, int]]:
+        """The first of ``Cluster._summary_pairs`` with each distinct
+        (latency, bandwidth): the default :meth:`link_time` of a pair is a
+        function of those two, so its minimum over them is the minimum over
+        every pair (a cluster of servers has a handful: its fabric, a rail,
+        across rails)."""
+        lat, bw = self.cluster.latency, self.cluster.bandwidth
+        first: dict[tuple[float, float], tuple[int, int]] = {}
+        for a, c in self.cluster._summary_pairs():
+            first.setdefault((lat[a][c], bw[a][c]), (a, c))
+        return list(first.values())
 
     @property
     def _default_links(self) -> bool:

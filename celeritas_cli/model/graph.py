@@ -231,8 +231,14 @@ class Graph:
 
     # --------------------------------------------------------- conversion
     @classmethod
-    def from_dict(cls, doc: Any, label: str = "graph") -> "Graph":
+    def from_dict(cls, doc: Any, label: str = "graph", *, derived: bool = False) -> "Graph":
         """Validate a ``placer.graph/v1`` document and build the model.
+
+        *derived*: the document is a derived graph that one of placer's
+        transforms built from a graph already loaded (never a file): the
+        JSON Schema check is skipped (a quarter of a megatron plan's
+        derivation time); duplicate ids, unknown endpoints, the limits on
+        values and totals and the cycle check still run.
 
         Raises
         ------
@@ -244,7 +250,8 @@ class Graph:
         CycleError
             The graph has a cycle (the message names one).
         """
-        validate(doc, GRAPH_SCHEMA, label)
+        if not derived:
+            validate(doc, GRAPH_SCHEMA, label)
         # building allocates a few lists per node and edge; the cyclic collector would rescan them
         # all many times over (a third of the time on a 36k-node graph) and there are no cycles to find
         paused = gc.isenabled()

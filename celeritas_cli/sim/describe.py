@@ -392,11 +392,27 @@ def nodes_per_device(placement) -> dict[str, int]:
     rows = _replica_rows(placement)
     if rows is None:
         return dict(counts)
+    counts = _tensor_counts(placement, counts)
     out: dict[str, int] = {}
     for row in rows:
         for a, b in zip(rows[0], row):
             if counts.get(a):
                 out[b] = out.get(b, 0) + counts[a]
+    return out
+
+
+def _tensor_counts(placement, counts: Counter) -> Counter:
+    """*counts* of tensor rank 0's nodes given to every tensor rank
+    (``replicas.tensor`` of a plan whose tensor ranks are judged as kinds:
+    rank ``t`` runs as many on ``tensor[t][i]`` as rank 0 on ``tensor[0][i]``)."""
+    tensor = placement.replicas.get("tensor") if isinstance(placement.replicas, dict) else None
+    if not isinstance(tensor, list) or not tensor or not all(isinstance(r, list) for r in tensor):
+        return counts
+    out = Counter(counts)
+    for row in tensor[1:]:
+        for a, b in zip(tensor[0], row):
+            if counts.get(a):
+                out[b] = counts[a]
     return out
 
 
@@ -417,7 +433,7 @@ def replica_devices(placement) -> dict[int, set[str]]:
         return {}
     rows = _replica_rows(placement)
     if rows is not None:  # a symmetric plan: replica r runs where the map sends replica 0's devices
-        used = set(placement.assignment.values())
+        used = set(_tensor_counts(placement, Counter(placement.assignment.values())))
         return {r: {b for a, b in zip(rows[0], row) if a in used} for r, row in enumerate(rows)}
     derived = getattr(placement, "derived", None)
     out: dict[int, set[str]] = {}

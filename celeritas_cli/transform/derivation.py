@@ -115,7 +115,7 @@ from .replicate import SCALINGS, ZERO3_REFUSED, data_parallel_graph, dp_size
 from .size import Size, check_size
 from .split_cost import DEFAULT_OVERHEAD_S
 from .splitting import split_operation
-from .tensor_parallel import TP_MAX, boolean, tp_step_build, tp_step_check, tp_step_size
+from .tensor_parallel import TP_MAX, boolean, rank_ids, tp_step_build, tp_step_check, tp_step_size
 
 REL_TOL = 1e-9
 
@@ -312,7 +312,7 @@ TRANSFORMS = tuple(STEPS)
 
 
 def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices: int | None = None,
-           cluster: str = "", represent: list[int] | None = None) -> Graph:
+           cluster: str = "", represent: list[int] | None = None, tensor_ranks: list[int] | None = None) -> Graph:
     """The derived graph: *graph* (the base, see :func:`base_graph`) with the
     recipe's steps applied in order.  Every step's fields are checked
     first (:func:`~.recipe_check.check_recipe`); then each step is checked
@@ -320,6 +320,9 @@ def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices:
     built (:func:`apply_step`).  *devices* (the cluster's device count, when
     known) bounds ``replicas`` and ``n``.  *represent*: build only these
     replicas of the last (data-parallel or fsdp) step (:func:`represented`).
+    *tensor_ranks*: build only these ranks of the tensor-parallel step, and
+    of every later recompute step only their nodes
+    (:func:`tensor_represented`).
 
     Raises
     ------
@@ -329,11 +332,48 @@ def derive(graph: Graph, derivation: Any, label: str = "derivation", *, devices:
     """
     ctx = Context(label, devices, cluster)
     steps = check_recipe(derivation, STEPS, ctx)
+    tp = None
     for i, (step, kind) in enumerate(steps):
+        if tensor_ranks is not None:
+            tp = step["tp"] if step["transform"] == "tensor-parallel" else tp
+            step, kind = tensor_represented(step, kind, tensor_ranks, tp, f"{label}: derivation.steps[{i}]")
         if represent is not None and i == len(steps) - 1:
             kind = represented(step, kind, represent, label)
         graph = _apply(graph, i, step, kind, ctx)
+    if tensor_ranks is not None and tp is None:
+        raise InvalidInput(f"{label}: only a recipe with a tensor-parallel step can be judged one tensor rank at a time")
     return graph
+
+
+def tensor_represented(step: dict, kind: StepKind, ranks: list[int], tp: int | None,
+                       where: str) -> tuple[dict, StepKind]:
+    """A step of a recipe built with only the tensor *ranks* (the symmetric
+    judge, :mod:`~celeritas_cli.sim.symmetric`): the tensor-parallel step
+    builds them alone; a recompute step after it lists their nodes alone,
+    and must list the same nodes on every rank (:func:`~.tensor_parallel.rank_ids`)."""
+    if step["transform"] == "tensor-parallel":
+        return step, replace(kind, size=lambda g, st: tp_step_size(g, st, len(ranks)),
+                             build=lambda g, st: tp_step_build(g, st, ranks))
+    if step["transform"] == "recompute" and tp is not None:
+        ids, why = rank_ids(step["nodes"], tp, ranks)
+        if why:
+            raise InvalidInput(f"{where} (recompute): {why}; judge it in full (placer simulate --full-sim)")
+        return {**step, "nodes": ids}, kind
+    return step, kind
+
+
+def derive_last(prefix: Graph, derivation: Any, label: str = "derivation", *, devices: int | None = None,
+                cluster: str = "", represent: list[int] | None = None) -> Graph:
+    """The last step of *derivation* applied to *prefix*, the graph its
+    other steps give (:func:`derive` of them): checked, sized and built as
+    :func:`derive` does, so a caller that needs that graph anyway (the
+    symmetric judge) does not build it twice."""
+    ctx = Context(label, devices, cluster)
+    steps = check_recipe(derivation, STEPS, ctx)
+    step, kind = steps[-1]
+    if represent is not None:
+        kind = represented(step, kind, represent, label)
+    return _apply(prefix, len(steps) - 1, step, kind, ctx)
 
 
 def represented(step: dict, kind: StepKind, reps: list[int], label: str) -> StepKind:

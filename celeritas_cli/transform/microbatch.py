@@ -336,7 +336,7 @@ class _Builder:
                               "accumulations": self.acc_nodes, "gradient_bytes": self.acc_bytes}
         name = f"{g.name}+mb{self.m}"
         return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": self.nodes,
-                                "edges": self.edges}, label=name)
+                                "edges": self.edges}, label=name, derived=True)
 
     def _copy(self, v: int) -> None:
         g, prof, m = self.g, self.prof, self.m

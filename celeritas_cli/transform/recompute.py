@@ -207,7 +207,7 @@ def recompute_graph(graph: Graph, nodes: list[str], *, segments: bool = False) -
     meta["recompute"] = list(graph.meta.get("recompute", [])) + [graph.ids[v] for v in sorted(moved)]
     doc = {"schema": GRAPH_SCHEMA, "name": graph.name if "recompute" in graph.meta else f"{graph.name}+rc",
            "meta": meta, "nodes": docs + new_nodes, "edges": edges + extra_edges}
-    return Graph.from_dict(doc, label=doc["name"])
+    return Graph.from_dict(doc, label=doc["name"], derived=True)
 
 
 def _gates(graph: Graph, moved: dict[int, set[int]], passes: list[str],

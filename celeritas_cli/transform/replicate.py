@@ -433,7 +433,7 @@ def data_parallel_graph(graph: Graph, replicas: int, *, scaling: str = "strong",
         meta["data_parallel"]["represented"] = reps
     name = f"{graph.name}+dp{k}"
     return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
-                           label=name)
+                           label=name, derived=True)
 
 
 def check_zero(zero, collectives: str = "nccl") -> int:

@@ -8,7 +8,12 @@ each node at the shape it has on its rank, plus one ``collective.*`` node
 per rank for every collective (the collective-node representation of
 docs/design.md: ``collective`` = ``kind``, ``group``, ``seq``, ``bytes``,
 ``ranks``).  The recipe step is ``{"transform": "tensor-parallel", "tp": k,
-"sequence_parallel": bool}`` (:mod:`~.derivation`).
+"sequence_parallel": bool}`` (:mod:`~.derivation`).  Every rank does the
+same work on its equal split, so the symmetric judge builds rank 0 alone
+(``represent=[0]``: the full graph's rank-0 nodes and edges, collectives
+still of ``ranks = tp``; :mod:`~celeritas_cli.sim.symmetric`, "Tensor
+ranks") and names rank ``t``'s nodes by renaming their ``/tp0`` token
+(:func:`rename_rank`).
 
 The patterns (found from the graph's structure; :func:`find_patterns`)
 ----------------------------------------------------------------------
@@ -155,6 +160,7 @@ in Large Transformer Models", 2022, sections 4.2.2 and 4 (memory).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,6 +176,8 @@ from .splitting import fresh_namer
 TRANSFORM = "tensor-parallel"
 #: the largest tensor-parallel degree accepted (Megatron-LM keeps it inside a server: 8)
 TP_MAX = 1024
+#: every tensor-parallel collective's group name starts so (``tp:<id>``; later derivations append to it)
+GROUP_PREFIX = "tp:"
 
 FULL, SPLIT, PARTIAL, SEQ = "full", "split", "partial", "seq"
 
@@ -732,12 +740,14 @@ def _plan(graph: Graph, tp: int, sp: bool, pats: Patterns) -> Plan:
     return Plan(tp, sp, pats, role, layout, tlayout, work, state, collectives, feed)
 
 
-def tensor_parallel_size(graph: Graph, tp: int, sequence_parallel: bool = False) -> Size:
-    """Nodes and edges of the derived graph, before it is built."""
+def tensor_parallel_size(graph: Graph, tp: int, sequence_parallel: bool = False, built: int | None = None) -> Size:
+    """Nodes and edges of the derived graph, before it is built (*built*:
+    the ranks built, :func:`tensor_parallel_graph`'s ``represent``; default all ``tp``)."""
     plan = plan_tensor_parallel(graph, tp, sequence_parallel)
     k = len(plan.collectives)
     conv_edges = sum(len(c.consumers) + 1 for c in plan.collectives)
-    return Size(tp * (graph.n + k), tp * (graph.m + conv_edges))
+    b = tp if built is None else built
+    return Size(b * (graph.n + k), b * (graph.m + conv_edges))
 
 
 # ------------------------------------------------------------------ building
@@ -827,8 +837,16 @@ def _io_ratio(graph: Graph, v: int, plan: Plan, prof) -> float:
     return part / whole if whole else (1.0 / tp if plan.work_split[v] else 1.0)
 
 
-def tensor_parallel_graph(graph: Graph, tp: int, *, sequence_parallel: bool = False) -> Graph:
+def tensor_parallel_graph(graph: Graph, tp: int, *, sequence_parallel: bool = False,
+                          represent: list[int] | None = None) -> Graph:
     """The tensor-parallel graph of *graph* over *tp* ranks (module docstring).
+
+    *represent*: build only these tensor ranks (the symmetric judge,
+    :mod:`~celeritas_cli.sim.symmetric`: every rank does the same work on
+    its equal split, so rank 0 stands for the others).  Their nodes are
+    exactly the full graph's (ids, costs, edges), every collective keeps
+    ``ranks`` = ``tp`` and its group name, and ``meta.tensor_parallel``
+    says ``represented``; the ranks left out are simply not there.
 
     Raises
     ------
@@ -864,7 +882,8 @@ def tensor_parallel_graph(graph: Graph, tp: int, *, sequence_parallel: bool = Fa
     """
     plan = plan_tensor_parallel(graph, tp, sequence_parallel)
     tp = plan.tp
-    check_size(tensor_parallel_size(graph, tp, sequence_parallel), f"tensor-parallel: tp={tp} of graph "
+    ranks = represented_ranks(represent, tp)
+    check_size(tensor_parallel_size(graph, tp, sequence_parallel, len(ranks)), f"tensor-parallel: tp={tp} of graph "
                f"'{graph.name}'", "a smaller tp", devices=tp)
     prof = batch_profile(graph)
     roof = _roofline_types(graph)
@@ -881,7 +900,7 @@ def tensor_parallel_graph(graph: Graph, tp: int, *, sequence_parallel: bool = Fa
     nodes: list[dict] = []
     edges: list[dict] = []
     declares = any("resident_bytes" in (x or {}) for x in graph.node_extra) if graph.node_extra else False
-    for r in range(tp):
+    for r in ranks:
         for v in range(n):
             nd = {"id": rid[r][v], **templates[v], "tp_rank": r, "origin": graph.ids[v]}
             if graph.colocation[v] is not None:
@@ -896,10 +915,10 @@ def tensor_parallel_graph(graph: Graph, tp: int, *, sequence_parallel: bool = Fa
             if p is not None:
                 nd["pass"] = p
             nd.update({"tp_rank": r, "origin": graph.ids[c.src],
-                       "collective": {"kind": c.kind, "group": f"tp:{c.base}", "seq": i, "bytes": c.nbytes,
+                       "collective": {"kind": c.kind, "group": f"{GROUP_PREFIX}{c.base}", "seq": i, "bytes": c.nbytes,
                                       "ranks": tp}})
             nodes.append(nd)
-    for r in range(tp):
+    for r in ranks:
         for e in range(graph.m):
             t = graph.edge_tensor[e]
             d = graph.edge_dst[e]
@@ -919,9 +938,11 @@ def tensor_parallel_graph(graph: Graph, tp: int, *, sequence_parallel: bool = Fa
                 edges.append({"src": cid[r][i], "dst": rid[r][w], "bytes": c.out_bytes, "tensor": f"{cid[r][i]}:0"})
     meta = dict(graph.meta)
     meta["tensor_parallel"] = _info(graph, plan)
+    if len(ranks) < tp:
+        meta["tensor_parallel"]["represented"] = ranks
     name = f"{graph.name}+tp{tp}" + ("sp" if plan.sp else "")
     return Graph.from_dict({"schema": GRAPH_SCHEMA, "name": name, "meta": meta, "nodes": nodes, "edges": edges},
-                           label=name)
+                           label=name, derived=True)
 
 
 def _info(graph: Graph, plan: Plan) -> dict[str, Any]:
@@ -964,9 +985,71 @@ def tp_step_check(graph: Graph, step: dict, ctx: Any) -> tuple[str | None, str] 
     return None
 
 
-def tp_step_size(graph: Graph, step: dict) -> Size:
-    return tensor_parallel_size(graph, step["tp"], step.get("sequence_parallel", False))
+def tp_step_size(graph: Graph, step: dict, built: int | None = None) -> Size:
+    return tensor_parallel_size(graph, step["tp"], step.get("sequence_parallel", False), built)
 
 
-def tp_step_build(graph: Graph, step: dict) -> Graph:
-    return tensor_parallel_graph(graph, step["tp"], sequence_parallel=step.get("sequence_parallel", False))
+def tp_step_build(graph: Graph, step: dict, represent: list[int] | None = None) -> Graph:
+    return tensor_parallel_graph(graph, step["tp"], sequence_parallel=step.get("sequence_parallel", False),
+                                 represent=represent)
+
+
+# ------------------------------------------------------------------ tensor ranks judged as kinds
+def represented_ranks(represent: Any, tp: int) -> list[int]:
+    """The tensor ranks to build: all ``tp`` (*represent* None), else
+    *represent* checked (distinct ranks ``0 .. tp-1``), sorted."""
+    if represent is None:
+        return list(range(tp))
+    ranks = sorted(set(represent))
+    if not ranks or len(ranks) != len(represent) or any(isinstance(r, bool) or not isinstance(r, int)
+                                                         or not 0 <= r < tp for r in ranks):
+        raise InvalidInput(f"tensor-parallel: the ranks to build must be distinct ranks 0..{tp - 1}, got {represent!r}")
+    return ranks
+
+
+_RANK_TOKEN = re.compile(r"/tp(\d+)(?=/|$)")
+
+
+def rank_token(nid: str) -> tuple[int, int, int] | None:
+    """``(start, end, rank)`` of the ``/tp<r>`` token of a derived node id:
+    the last one (the tensor-parallel step puts it right after the model's
+    id, and the later steps append ``/mb<i>``, ``/recompute``, ``/rep<r>``,
+    ...), None without one."""
+    last = None
+    for m in _RANK_TOKEN.finditer(nid):
+        last = m
+    return None if last is None else (last.start(), last.end(), int(last.group(1)))
+
+
+def rename_rank(nid: str, t: int) -> str | None:
+    """The id of node *nid*'s copy on tensor rank *t* (its ``/tp<r>``
+    token renamed), None when it has none.
+
+    >>> rename_rank("fc2/all-reduce0/tp0/mb3/recompute/rep1", 5)
+    'fc2/all-reduce0/tp5/mb3/recompute/rep1'
+    """
+    tok = rank_token(nid)
+    return None if tok is None else f"{nid[:tok[0]]}/tp{t}{nid[tok[1]:]}"
+
+
+def rank_ids(ids: list[str], tp: int, ranks: list[int]) -> tuple[list[str], str | None]:
+    """*ids* (a recompute step's nodes) restricted to the tensor *ranks*
+    built, and why that is not the same plan (None: it is): every rank
+    must list the same nodes (renamed) as rank ``ranks[0]``, so that the
+    ranks left out do what it does.  An id without a rank token, or with a
+    rank ``>= tp``, is kept (the step's own check then names it)."""
+    keep, by_rank = [], {}
+    built = set(ranks)
+    for nid in ids:
+        tok = rank_token(nid)
+        if tok is None or tok[2] >= tp:
+            keep.append(nid)
+            continue
+        by_rank.setdefault(tok[2], set()).add(f"{nid[:tok[0]]}/tp*{nid[tok[1]:]}")
+        if tok[2] in built:
+            keep.append(nid)
+    first = by_rank.get(ranks[0], set())
+    for t in range(tp):
+        if by_rank.get(t, set()) != first:
+            return keep, f"tensor rank {t} recomputes other nodes than rank {ranks[0]}"
+    return keep, None

@@ -42,7 +42,15 @@ The plan, as a recipe the simulator rebuilds
    then ``data-parallel`` over ``dp`` replicas in the symmetric form
    (replica 0's nodes and the replica map,
    :mod:`~celeritas_cli.sim.symmetric`), the gradients all-reduced per
-   gradient on each replica's collective stream.
+   gradient on each replica's collective stream.  The tensor ranks too are
+   judged as kinds (:func:`tensor_map`: every rank of every replica on
+   devices and links like its rank 0's, no ``hosts``): only tensor rank 0
+   is built (``tensor_parallel_graph(represent=[0])``), its collectives
+   costed over all ``tp`` GPUs of their group, the recompute steps list
+   every rank's nodes, and the placement lists tensor rank 0's nodes of
+   replica 0 with ``replicas.tensor`` (sim/symmetric.py, "Tensor ranks"):
+   the judgement costs ``1/(tp dp)`` of the full simulation, with the same
+   numbers.
 3. Stages: ``pp x virtual_stages`` stages balanced by time over the model's
    forward order (:func:`~celeritas_cli.pipelining.cuts.balanced_stages`),
    each node's backward and update with its forward, a tensor-parallel
@@ -121,14 +129,22 @@ from ...pipelining.cuts import balanced_stages, stage_forward_nodes
 from ...pipelining.schedules import INTERLEAVED, ONE_F_ONE_B, Schedule
 from ...registry import ASSUME_BATCH, Param, register
 from ...sim.describe import megatron_words
+from ...sim.symmetric import ReplicaMap, asymmetry
 from ...transform.batch import declared_batch
 from ...transform.derivation import attach
 from ...transform.microbatch import once_nodes
 from ...transform.passes import node_passes
 from ...transform.split_cost import batch_profile
-from ...transform.tensor_parallel import TP_MAX, find_patterns, tensor_parallel_graph, tensor_parallel_step
+from ...transform.tensor_parallel import (
+    GROUP_PREFIX,
+    TP_MAX,
+    find_patterns,
+    rename_rank,
+    tensor_parallel_graph,
+    tensor_parallel_step,
+)
 
-__all__ = ["megatron", "device_of_rank", "layer_checkpoints", "selective_nodes"]
+__all__ = ["megatron", "device_of_rank", "layer_checkpoints", "selective_nodes", "tensor_map"]
 
 RECOMPUTE_GRANULARITY = ("none", "full", "selective")
 
@@ -378,7 +394,9 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
         raise InvalidInput(f"megatron: pp={pp}, virtual_stages={v}, {m} micro-batches: {why}")
     S = pp * v
     stage_of = balanced_stages(graph, cluster, [0] * S, costs=costs).stage_of
-    tg = tensor_parallel_graph(graph, tp, sequence_parallel=sequence_parallel) if tp > 1 else graph
+    by_rank = tensor_map(cluster, tp, dp, pp) if tp > 1 else None  # tensor ranks judged as kinds: rank 0 built
+    tg = tensor_parallel_graph(graph, tp, sequence_parallel=sequence_parallel,
+                               represent=[0] if by_rank is not None else None) if tp > 1 else graph
     if tg is graph:
         t_stage = list(stage_of)
     else:
@@ -399,9 +417,12 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
                and not tg.op[x].startswith("collective.")]
     d = derive_pipeline(tg, t_stage, [dp] * S, m, sched, v, recompute=ids, assume_batch=assume,
                         recompute_segments=True, zero=1 if use_distributed_optimizer else 0)
+    if by_rank is not None:  # the recipe recomputes every rank's nodes (the ranks left out do what rank 0 does)
+        d.steps = [{**st, "nodes": [rename_rank(x, t) for t in range(tp) for x in st["nodes"]]}
+                   if st["transform"] == "recompute" else st for st in d.steps]
     devs = [[r * pp + s % pp for r in range(dp)] for s in range(S)]  # virtual: one device per (stage, replica)
     vdev, vorder = layout(d, t_stage, devs, sched, pp * dp)
-    rank = _rank_of(d) if tp > 1 else [0] * d.graph.n
+    rank = _rank_of(d) if tp > 1 and by_rank is None else [0] * d.graph.n  # rank 0 alone: all 0
     device_of = [device_of_rank(rank[x], vd // pp, vd % pp, tp, dp) for x, vd in enumerate(vdev)]
     order = None
     if vorder is not None:
@@ -426,12 +447,33 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
               "virtual_stages": v, "sequence_parallel": bool(sequence_parallel), "recompute": recompute,
               "use_distributed_optimizer": bool(use_distributed_optimizer)}
     return _placement(graph, d, cluster, device_of, order, tp, dp, pp,
-                      [tensor_parallel_step(tp, sequence_parallel)] if tp > 1 else [], params, est, seed)
+                      [tensor_parallel_step(tp, sequence_parallel)] if tp > 1 else [], params, est, seed,
+                      by_rank is not None)
+
+
+def tensor_map(cluster: Cluster, tp: int, dp: int, pp: int) -> list[list[int]] | None:
+    """``rows[t]``: the GPUs of tensor rank ``t`` of replica 0, one per
+    pipeline rank, when the tensor ranks can be judged as kinds (rank 0
+    built and simulated for all, :mod:`~celeritas_cli.sim.symmetric`):
+    every rank of every replica on devices and links like its rank 0's, on
+    a cluster without ``hosts``; else None (every rank built).
+
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> tensor_map(uniform(8), 2, 2, 2)  # rank t of pipeline rank p on GPU t + 4 p
+    [[0, 4], [1, 5]]
+    >>> tensor_map(uniform(4, speeds=[1.0, 0.5, 1.0, 1.0]), 2, 2, 1) is None  # rank 1 of replica 0 is slower
+    True
+    """
+    rows = [[device_of_rank(t, r, p, tp, dp) for p in range(pp) for t in range(tp)] for r in range(dp)]
+    tensor = [[device_of_rank(t, 0, p, tp, dp) for p in range(pp)] for t in range(tp)]
+    rmap = ReplicaMap(tuple(tuple(r) for r in rows), tuple(tuple(r) for r in tensor))
+    return tensor if asymmetry(cluster, rmap, list(range(dp))) is None else None
 
 
 def _groups(g: Graph, device_of: Sequence[int], tp: int, dp: int, pp: int) -> dict[str, list[int]]:
     """Every collective group's devices: a tensor-parallel group (``tp:``)
-    inside its replica, its members' GPUs; a gradient all-reduce over the
+    inside its replica, the ``tp`` consecutive GPUs of its members' (all of
+    them, also when only rank 0 is built); a gradient all-reduce over the
     ``dp`` replicas of its GPU's tensor and pipeline rank."""
     out: dict[str, list[int]] = {}
     for x in range(g.n):
@@ -439,30 +481,43 @@ def _groups(g: Graph, device_of: Sequence[int], tp: int, dp: int, pp: int) -> di
         if not isinstance(c, dict):
             continue
         name = c["group"]
+        if name in out:
+            continue
         dev = device_of[x]
-        if name.startswith("tp:"):
-            out.setdefault(name, []).append(dev)
-        elif name not in out:
+        if name.startswith(GROUP_PREFIX):
+            out[name] = [dev - dev % tp + t for t in range(tp)]
+        else:
             t, p = dev % tp, dev // (tp * dp)
             out[name] = [device_of_rank(t, q, p, tp, dp) for q in range(dp)]
-    return {name: sorted(devs) for name, devs in out.items()}
+    return out
 
 
 def _placement(graph: Graph, d: Derived, cluster: Cluster, device_of: list[int], order, tp: int, dp: int, pp: int,
-               tp_steps: list[dict], params: dict, est: dict, seed: int) -> Placement:
+               tp_steps: list[dict], params: dict, est: dict, seed: int, by_rank: bool = False) -> Placement:
     """The placement over *d*'s graph with the recipe from *graph*; with
-    ``dp > 1`` in the symmetric form (replica 0's nodes, ``replicas``)."""
+    ``dp > 1`` in the symmetric form (replica 0's nodes, ``replicas``);
+    with *by_rank* (only tensor rank 0 built) tensor rank 0's nodes of
+    replica 0 and ``replicas.tensor``, the GPUs of every tensor rank of
+    replica 0 (:mod:`~celeritas_cli.sim.symmetric`)."""
     out = Placement.from_indices(d.graph, cluster, device_of, algorithm="megatron", order=order, params=params,
                                  seed=seed, estimate=est)
     attach(out, graph, d.graph, tp_steps + d.steps)
-    if "represented" in d.graph.meta.get("data_parallel", {}):
+    replicated = "represented" in d.graph.meta.get("data_parallel", {})
+    if replicated or by_rank:
         ex = d.graph.node_extra
         rep0 = {d.graph.ids[x] for x in range(d.graph.n) if (ex[x] or {}).get("replica", 0) == 0}
         out.assignment = {nid: did for nid, did in out.assignment.items() if nid in rep0}
         rows = [[cluster.ids[device_of_rank(t, r, p, tp, dp)] for p in range(pp) for t in range(tp)]
                 for r in range(dp)]
-        if out.order is not None:
-            out.order = {did: [nid for nid in seq if nid in rep0] for did, seq in out.order.items() if did in rows[0]}
+        if not replicated:
+            rows = rows[:1]
         out.replicas = {"devices": rows}
+        home = set(rows[0])
+        if by_rank:
+            out.replicas["tensor"] = [[cluster.ids[device_of_rank(t, 0, p, tp, dp)] for p in range(pp)]
+                                      for t in range(tp)]
+            home = set(out.replicas["tensor"][0])
+        if out.order is not None:
+            out.order = {did: [nid for nid in seq if nid in rep0] for did, seq in out.order.items() if did in home}
         out.derived = None
     return out
