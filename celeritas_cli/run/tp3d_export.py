@@ -150,11 +150,13 @@ def pipe_plan(placement, cluster, graph, sm, recipe: list, *, tp: int, dp: int, 
     InvalidInput
         What the module docstring lists as refused.
     """
-    from ..sim.symmetric import replica_map
+    from ..sim.symmetric import expand, replica_map
     from ..transform.passes import node_passes
     from .pipe_export import _replica_rows, _split_point, recorded_schedule
     from .plan import batch_layout
 
+    if isinstance(getattr(placement, "replicas", None), dict) and "tensor" in placement.replicas:
+        placement = expand(None, cluster, placement, label, ranks_only=True)  # tensor rank 0 stands for every rank
     if sp:
         raise InvalidInput(f"{label}: sequence parallelism with a pipeline is not exported (pipeline()'s stages are "
                            f"traced at whole-sequence shapes); place it with -p sequence_parallel=false")

@@ -360,6 +360,10 @@ def prepare_tp(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
     from .step import capture_real
 
     say = progress or (lambda msg: None)
+    if isinstance(getattr(placement, "replicas", None), dict) and "tensor" in placement.replicas:
+        from ..sim.symmetric import expand  # tensor rank 0 stands for every rank: list them all
+
+        placement = expand(None, cluster, placement, label, ranks_only=True)
     tstep = recipe[0]
     tp, sp = int(tstep["tp"]), bool(tstep.get("sequence_parallel", False))
     rest = recipe[1:]

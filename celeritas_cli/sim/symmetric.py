@@ -392,13 +392,17 @@ def _rank_devices(rmap: ReplicaMap) -> dict[int, list[int]] | None:
     return {col[d]: [col[row[i]] for row in rmap.tensor] for i, d in enumerate(rmap.tensor[0])}
 
 
-def expand(graph: Graph | None, cluster: Cluster, placement: Placement, label: str = "placement") -> Placement:
+def expand(graph: Graph | None, cluster: Cluster, placement: Placement, label: str = "placement",
+           ranks_only: bool = False) -> Placement:
     """The same plan with every replica's nodes listed (what the full event
     simulation, ``--full-sim``, and asymmetric plans get); *graph* is not
     needed (the replica map is the placement's).  With ``tensor``, tensor
     rank 0's nodes are first listed for every rank (``/tp0`` renamed
     ``/tp<t>``, :func:`~celeritas_cli.transform.tensor_parallel.rename_rank`)
-    on the rank's devices, then for every replica."""
+    on the rank's devices, then for every replica.  *ranks_only*: every
+    tensor rank of replica 0 listed, the replicas left in the symmetric form
+    (``replicas.devices`` without ``tensor``; what ``placer run`` and
+    ``placer export`` of tensor-parallel plans read)."""
     steps = (placement.derivation or {}).get("steps") or [{}]
     steps = [st if isinstance(st, dict) else {} for st in steps]
     last = steps[-1]
@@ -423,9 +427,11 @@ def expand(graph: Graph | None, cluster: Cluster, placement: Placement, label: s
     home = "tensor rank 0" if tensor else "replica 0"
     ids = cluster.ids
 
+    reps = 1 if ranks_only else rmap.k
+
     def copies(nid: str, t: int) -> list[str]:  # the ids of rank t's node in every replica
         name = nid if rmap.tensor is None else _rank_renamed(nid, t, label)
-        return [_rename(name, r, label) for r in range(rmap.k)] if replicated else [name]
+        return [_rename(name, r, label) for r in range(reps)] if replicated and not ranks_only else [name]
 
     assignment: dict[str, str] = {}
     for nid, did in placement.assignment.items():
@@ -444,10 +450,12 @@ def expand(graph: Graph | None, cluster: Cluster, placement: Placement, label: s
                 raise InvalidInput(f"{label}: order names device '{did}', which is not one of {home}'s devices")
             for t, j in enumerate(cols):
                 named = [copies(nid, t) for nid in seq]
-                for r in range(rmap.k):
+                for r in range(reps):
                     order[ids[rmap.devices[r][j]]] = [names[r] for names in named]
     out = copy.copy(placement)
     out.assignment, out.order, out.replicas = assignment, order, None
+    if ranks_only and replicated:
+        out.replicas = {key: val for key, val in placement.replicas.items() if key != "tensor"}
     out.derived = None
     return out
 

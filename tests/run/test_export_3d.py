@@ -158,10 +158,11 @@ def test_pipe_plan_refuses_stages_out_of_turn_and_a_recipe_without_a_schedule(tm
     placement.assignment["native_layer_norm_4/tp0/mb0"] = "gpu0"
     with pytest.raises(InvalidInput, match=r"^p.json: 2 stages per pipeline rank but the recipe's schedule is 1F1B"):
         pipe_plan(placement, cluster, base, step.sm, recipe, **kw)
-    # to a third device: gpu0, gpu2, gpu3, gpu2 - not 3 pipeline ranks taking stages in turn
+    # to a device of tensor rank 1 (the placement lists rank 0, which stands for every rank): refused as it
+    # is expanded to every rank
     placement.assignment["native_layer_norm_4/tp0/mb0"] = "gpu3"
-    with pytest.raises(InvalidInput, match=r"^p.json: the forward nodes of tensor rank 0 run on gpu0 -> gpu2 -> "
-                                           r"gpu3 -> gpu2: not 3 pipeline ranks taking stages in turn"):
+    with pytest.raises(InvalidInput, match=r"^p.json: node 'native_layer_norm_4/tp0/mb0' is on gpu3, which is not "
+                                           r"one of tensor rank 0's devices"):
         pipe_plan(placement, cluster, base, step.sm, recipe, **kw)
     placement.assignment["native_layer_norm_4/tp0/mb0"] = "gpu2"
     unnamed = [dict(s) for s in recipe]
