@@ -413,9 +413,24 @@ def validate(doc: Any, schema_tag: str, label: str) -> dict:
     return doc
 
 
+#: a document larger than this, indented, is written without indentation (a placement of a derived graph: a
+#: tensor-parallel plan's 12,000 nodes of GPT 6.7B over 1,024 GPUs are 1.07 MiB indented, 0.83 MiB compact)
+COMPACT_OVER_BYTES = 512 * 1024
+
+
 def dumps(doc: Any) -> bytes:
-    """Serialise *doc* deterministically (sorted keys only where dicts say so)."""
-    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+    """Serialise *doc* deterministically (sorted keys only where dicts say so),
+    indented by two spaces, or compact (one line) when that would be over
+    :data:`COMPACT_OVER_BYTES` - what a person reads is small, what a
+    machine reads stays small.
+
+    >>> dumps({"a": [1]}).count(b"\\n"), len(dumps({"a": "x" * COMPACT_OVER_BYTES}).splitlines())
+    (5, 1)
+    """
+    out = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+    if len(out) > COMPACT_OVER_BYTES:
+        out = orjson.dumps(doc, option=orjson.OPT_APPEND_NEWLINE)
+    return out
 
 
 def _detach_stdout() -> None:

@@ -71,6 +71,7 @@ from typing import Callable
 
 from ...errors import InvalidInput, PlacerError
 from ...log import warn
+from ...model.clock import keep_best
 from ...model.cluster import Cluster
 from ...model.costs import CostModel, cost_model
 from ...model.graph import Graph
@@ -100,6 +101,8 @@ RECOMPUTE = ("none", "selective", "full")
 BEAT_MARGIN = 0.05
 #: building a derived graph costs about this many simulations of it (optimize/planners.py's BUILD_COST)
 BUILD_COST = 3.0
+#: the next judgement starts only when this many times its predicted seconds are left before the deadline
+TIME_SLACK = 1.5
 #: the estimate's memory must leave this share of a GPU free to be judged first (the judge decides a near fit)
 FIT_SLACK = 0.98
 
@@ -446,16 +449,33 @@ def three_d(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
                            f"{beat_s:.4g} s ({best}); nothing was built")
     size = max(1, graph.n + graph.m)
     judged: list[dict] = []
-    best_p: Placement | None = None
+    best: list[Placement] = []  # the best judged plan so far (a list: the registry's cap may ask for it)
     fits_n = 0
-    per_weight = 0.0  # seconds per unit of derived-graph weight, measured on the first judgement
+    per_weight = 0.0  # the most seconds per unit of derived-graph weight a judgement took so far
+
+    def finish(clock_cut: bool = False) -> Placement | None:
+        if not best:
+            return None
+        p = best[0]
+        p.algorithm = "3d"
+        p.params = {"tp": tp, "pp": pp, "micro_batch_size": micro_batch_size, "virtual_stages": virtual_stages,
+                    "recompute": recompute, "sequence_parallel": sequence_parallel,
+                    "use_distributed_optimizer": use_distributed_optimizer, "width": width,
+                    "evaluations": evaluations, "assume_batch": assume_batch}
+        p.estimate.details.update({"configurations": len(configs), "configurations_fitting": len(fitting),
+                                   "judged": list(judged), "evaluations": budget.used,
+                                   "evaluation_budget": budget.limit, "evaluations_spent": round(budget.spent, 3),
+                                   "clock_cut": budget.clock_cut or clock_cut})
+        return p
+
+    keep_best(lambda: finish(clock_cut=True))  # the registry's answer if its cap stops the search
     for q in guesses:
         c = q.config
-        weight = (1 + BUILD_COST) * c.microbatches * (1 if c.tp == 1 else c.tp) * (1 + c.pp) / 2 / max(1, c.pp)
+        weight = _weight(c)
         if judged:
             if fits_n >= width or budget.spent + weight > budget.limit:
                 break
-            if end is not None and time.perf_counter() + per_weight * weight > end:
+            if end is not None and time.perf_counter() + TIME_SLACK * per_weight * weight > end:
                 budget.clock_cut = True
                 break
             if fits_n and not q.fits:
@@ -467,29 +487,25 @@ def three_d(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
             judged.append({"plan": c.words(), "estimate_s": q.time_s, "refused": str(exc)})
             budget.charged += 1.0
             continue
-        spent = (1 + BUILD_COST) * (p.estimate["graph_nodes"] * 2) / size
-        budget.charged += spent
-        per_weight = (time.perf_counter() - t0) / max(weight, 1e-9)
+        budget.charged += (1 + BUILD_COST) * (p.estimate["graph_nodes"] * 2) / size
+        per_weight = max(per_weight, (time.perf_counter() - t0) / weight)
         e = p.estimate
         judged.append({"plan": c.words(), "estimate_s": q.time_s, "estimate_bytes": round(q.memory_bytes),
                        "makespan_s": e["makespan_s"], "status": e["status"]})
         log(f"3d: {c.words()}: estimated {q.time_s:.4g} s, simulated {e['makespan_s']:.4g} s {e['status']}")
         if e["status"] == "FEASIBLE":
             fits_n += 1
-        if best_p is None or _better(p, best_p):
-            best_p = p
-    if best_p is None:
+        if not best or _better(p, best[0]):
+            best[:] = [p]
+    if not best:
         raise InvalidInput(f"3d: every configuration judged was refused ({judged[0]['refused']})")
-    best_p.algorithm = "3d"
-    best_p.params = {"tp": tp, "pp": pp, "micro_batch_size": micro_batch_size, "virtual_stages": virtual_stages,
-                     "recompute": recompute, "sequence_parallel": sequence_parallel,
-                     "use_distributed_optimizer": use_distributed_optimizer, "width": width,
-                     "evaluations": evaluations, "assume_batch": assume_batch}
-    best_p.estimate.details.update({"configurations": len(configs), "configurations_fitting": len(fitting),
-                                    "judged": judged, "evaluations": budget.used,
-                                    "evaluation_budget": budget.limit,
-                                    "evaluations_spent": round(budget.spent, 3), "clock_cut": budget.clock_cut})
-    return best_p
+    return finish()
+
+
+def _weight(c: Config) -> float:
+    """The work of judging *c*, in units of building and simulating the input graph: one copy per micro-batch,
+    tensor rank 0's share of it (its split work and the parts every rank repeats), more with recomputation."""
+    return (1 + BUILD_COST) * c.microbatches * (0.5 + 0.5 / c.tp) * (1.0 if c.recompute == "none" else 1.3)
 
 
 def _key(c: Config) -> tuple:
