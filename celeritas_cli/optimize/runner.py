@@ -194,7 +194,8 @@ def run_portfolio(runner: Runner, specs: list[tuple[Spec, float]], judge: Callab
                   wanted: Callable[[Spec], bool] | None = None,
                   on_skip: Callable[[Spec, str], None] | None = None,
                   resize: Callable[[Spec, float], tuple[float, str | None]] | None = None,
-                  free: Callable[[Spec], bool] | None = None) -> list[Candidate]:
+                  free: Callable[[Spec], bool] | None = None,
+                  sure: Callable[[Spec], bool] | None = None) -> list[Candidate]:
     """Run *specs* in order, charging each its estimated cost to *budget*
     (:class:`~celeritas_cli.optimize.evaluator.Budget`) before it starts;
     *judge* scores each candidate (False when the budget is spent).  A
@@ -206,7 +207,10 @@ def run_portfolio(runner: Runner, specs: list[tuple[Spec, float]], judge: Callab
     of the count.  *on_skip* hears every member skipped for time or budget,
     with the reason.  A member *free* answers True for runs outside the
     count (``auto``'s contenders on a count too small for them), stopped
-    only by the deadline."""
+    only by the deadline.  A member *sure* answers True for starts whatever
+    its estimated time (``auto``'s contending planners: they judge their
+    first plan and stop at the deadline on their own, and the input graph's
+    simulations that time them say nothing of their derived graphs')."""
     out: list[Candidate] = []
     skip = on_skip or (lambda spec, why: None)
     for i, (spec, charge) in enumerate(specs):
@@ -229,7 +233,7 @@ def run_portfolio(runner: Runner, specs: list[tuple[Spec, float]], judge: Callab
                 if refused is not None:
                     skip(spec, refused)
                     continue
-            if not budget.affordable(charge):
+            if not budget.affordable(charge) and not (sure is not None and sure(spec)):
                 skip(spec, f"needs about {budget.seconds_for(charge):.2g} s and "
                            f"{max(0.0, budget.remaining_time()):.2g} s are left before the deadline")
                 continue

@@ -276,7 +276,8 @@ class Search:
         self._charges = {spec: charge for spec, charge in specs if spec.algo in PLANNERS}
         run_portfolio(runner, specs, self._judge, self.budget, self._params, on_error=failed, wanted=self._wanted,
                       on_skip=lambda s, why: self._skip(s.name, why), resize=self._resize,
-                      free=(lambda s: s in self.near) if self._free else None)
+                      free=(lambda s: s in self.near) if self._free else None,
+                      sure=lambda s: s in self.near and s.algo in PLANNERS)
         self._timed(runner, failed)
 
     def _hold_for_refinement(self, specs: list[tuple[Spec, float]]) -> None:
@@ -320,6 +321,8 @@ class Search:
             if per > 0:
                 left = min(left, self.budget.remaining_time() / per - 1)
         charge = self._charges[spec] = max(0.0, min(charge, left))
+        if spec in self.near:  # a contender judges its first plan whatever its count says (metis already answered)
+            charge = self._charges[spec] = max(charge, planner_need(self.cluster.k))
         if charge < planner_need(self.cluster.k) and not (self.algos is not None and spec.algo in self.algos):
             return charge, (f"the portfolio's part of the budget has {max(0.0, left):.0f} evaluations left, too few "
                             f"for its model and one plan; the rest ({REFINE_SHARE:g} of the budget) is the "
