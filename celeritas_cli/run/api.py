@@ -79,7 +79,7 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
     InvalidInput
         Placement or graph made for another graph, an invalid placement, a bad device map.
     """
-    from .plan import executable, plan_of, simulated
+    from .plan import executable, plan_of, simulated, without_zero
     from .program import Program
     from .step import capture_real
 
@@ -91,6 +91,8 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
         return prepare_tp(spec, batch, placement, cluster, tp_steps, label=label, config=config, graph=graph,
                           graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
                           progress=progress, step=step)
+    zero_plan = placement
+    placement, zero = without_zero(placement)     # a pipeline with ZeRO: its replicated-Adam twin, and the stage
     placement = executable(placement, cluster, label)
     kind, recipe = plan_of(placement, label)
     if kind != "plain":
@@ -99,7 +101,12 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
         if kind == "derived":       # micro-batches, pipelines, recomputation (+ data parallelism)
             from .plan import prepare_derived
 
-            return prepare_derived(spec, batch, placement, cluster, recipe, **kw)
+            pre = prepare_derived(spec, batch, placement, cluster, recipe, **kw)
+            if zero:                # the exported program shards Adam (pipe_export); the simulated step is the plan's
+                pre.zero = zero
+                pre.sim, pre.sim_graph, _ = simulated(pre.steps_by_size[batch], zero_plan, cluster, label=label,
+                                                      graph=graph, graph_label=graph_label, congestion=congestion)
+            return pre
         if kind == "fsdp":          # sharded data parallelism
             from .fsdp_run import prepare_fsdp
 

@@ -48,7 +48,12 @@ step (one bucket after the last micro-batch, where the plan's ring runs and
 where Megatron-LM reduces; torch's ``DistributedDataParallel`` would need
 ``no_sync`` for every micro-batch but the last, and its buckets are its own,
 not the plan's, so the program does not use it: the plan's ``bucket_mb``
-is not reproduced).  A micro-batch's loss is weighted by its share of the
+is not reproduced); a plan whose data-parallel step has ``zero`` 1 or 2
+(``--algo pipeline -p zero=1|2``: Megatron-LM's distributed optimizer) runs
+instead the sharded optimizer of :mod:`.tp_export` (``ZeroAdam``: every
+gradient reduce-scattered over ``dp``, Adam on this rank's shard, the
+shards all-gathered; its docstring says why not FSDP2), stages 1 and 2 the
+same program.  A micro-batch's loss is weighted by its share of the
 global batch (``scale_grads=False``), so the sum over micro-batches and
 replicas is the whole batch's gradient (GPipe 2.2, a mean loss), also with
 unequal replicas.  (A plain data-parallel plan is exported by
@@ -306,7 +311,7 @@ after the step the gradients of each stage are summed over the dp dimension by o
 all_reduce of their flattened concatenation on the mesh's "dp" group (one DDP bucket, once, after
 the last micro-batch's backward, as the plan's recipe and Megatron-LM's PTD-P do; DDP itself would
 all-reduce at every micro-batch's backward unless wrapped in no_sync).  Then Adam, on each rank for
-its stages' parameters.  BatchNorm statistics are per micro-batch; dropout masks are torch's.
+its stages' parameters.{zero_words}  BatchNorm statistics are per micro-batch; dropout masks are torch's.
 
 It runs 1 + --warmup + --steps steps (default 1 + 1 + 5); rank 0 prints the loss of the first
 (`--save PREFIX` writes each rank's parameters after it, and the loss, to PREFIX.RANK) and the
@@ -345,7 +350,7 @@ PARAMETERS = {params}
 SIMULATED_STEP_S = {simulated!r}
 LR, BETAS, EPS = {lr!r}, {betas!r}, {eps!r}
 TORCHRUN = {torchrun!r}
-
+{zero_table}
 
 def stages_of(pp_rank):
     """The stage indices pipeline rank *pp_rank* runs (stage j on rank j mod PP)."""
@@ -421,7 +426,7 @@ def train_step(schedule, modules, opt, pp_rank, inputs, target, dp_group, loss_f
         schedule.step(*(inputs if first else ()), target=target if last else None, losses=losses)
         if last:
             total += sum(float(x.detach()) for x in losses)
-    if DP > 1:
+    if DP > 1 and not ZERO:     # under ZeRO the optimizer reduce-scatters them (ZeroAdam.step)
         grads = [q.grad for mod in modules for q in mod.parameters() if q.grad is not None]
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -485,8 +490,11 @@ def main():
     else:
         schedule, modules = None, [model.to(device)]
     params = [q for mod in modules for q in mod.parameters()]
-    opt = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, foreach=False)
     dp_group = mesh.get_group("dp") if DP > 1 else None
+    if ZERO and DP > 1:     # the distributed optimizer: Adam on this rank's 1/DP shard of every parameter
+        opt = ZeroAdam(params, dp_group, LR, BETAS, EPS)
+    else:
+        opt = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, foreach=False)
     times, loss = [], None
     for s in range(1 + args.warmup + args.steps):
         dist.barrier()
@@ -541,8 +549,10 @@ def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: 
     of :func:`~.export.launch_check_source` (*fingerprint*: the graph file, cluster and model file it
     was exported for; the process count and the parameter shapes always)."""
     from .executor import ADAM
+    from .tp_export import ZERO_SOURCE, zero_table
 
     pre = prog.pre
+    zero = int(getattr(pre, "zero", 0) or 0) if plan.dp > 1 else 0
     whole = getattr(pre, "whole", None) or pre.step
     sm = whole.sm
     params = [[sm.state_names[s], list(whole.state[s].shape)] for s in range(sm.n_params)]
@@ -563,14 +573,35 @@ def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: 
                           imports=imports, config=config, seed=whole.seed, m=plan.m, rows=plan.rows, splits=splits,
                           stage_devices=[cluster_ids[d] for d in plan.stage_devices],
                           rank_devices=[cluster_ids[d] for d in plan.rank_devices], params=_wrap(params),
-                         simulated=float(pre.sim["makespan_s"]), lr=ADAM["lr"], betas=ADAM["betas"], eps=ADAM["eps"])
+                         simulated=float(pre.sim["makespan_s"]), lr=ADAM["lr"], betas=ADAM["betas"], eps=ADAM["eps"],
+                         zero_table=zero_table(zero), zero_words=_zero_doc(zero, plan.dp))
     checks = launch_check_source(processes=plan.nproc, launch=line, fingerprint=fingerprint,
                                  parameters=[(n, tuple(shape)) for n, shape in params])
-    src = src.replace("\ndef main():\n", "\n" + checks + "\n\ndef main():\n", 1)
+    src = src.replace("\ndef main():\n", "\n" + checks + "\n\n" + ZERO_SOURCE.lstrip("\n") + "\ndef main():\n", 1)
     # the shared checks (graph file, --cluster, model file) after the program's own process-count check
     src = src.replace('    local = int(os.environ.get("LOCAL_RANK", 0))\n',
                       '    launch_check()\n    local = int(os.environ.get("LOCAL_RANK", 0))\n', 1)
     return src.replace("    check_model(model)\n", "    check_model(model)\n    model_check(model)\n", 1)
+
+
+def _zero_doc(zero: int, dp: int) -> str:
+    """The program docstring's words on ZeRO (wrapped at 100 columns), or "".
+
+    >>> _zero_doc(0, 2)
+    ''
+    >>> _zero_doc(1, 2).split()[:3]
+    ['ZeRO', 'stage', '1']
+    """
+    import textwrap
+
+    if not zero or dp < 2:
+        return ""
+    words = (f"ZeRO stage {zero} (Megatron-LM's distributed optimizer): no all_reduce; instead every gradient, "
+             f"flattened and padded to a multiple of {dp}, is reduce-scattered over \"dp\", Adam updates this "
+             f"rank's 1/{dp} shard and its moments, and the shards are all-gathered back into the parameter "
+             f"(ZeroAdam).  Stages 1 and 2 run this same program: what stage 2 saves (only the reduced gradient "
+             f"shard kept) is memory, not observable on the CPU.")
+    return "\n" + textwrap.fill(words, 100, break_on_hyphens=False)
 
 
 def _wrap(items: list) -> str:
