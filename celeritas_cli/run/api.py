@@ -197,6 +197,21 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
         if launcher is not None:
             raise InvalidInput(f"{label}: under torchrun placer run executes plain and data-parallel placements; "
                                f"run a micro-batched or pipelined plan with --backend gloo")
+        if pre.zero:                # ZeRO over the pipeline's replicas: the exported program's ranks
+            from .derived_run import run_zero_pipeline
+            from .report import load_average
+
+            if backend != "gloo":
+                raise InvalidInput(f"{label}: a pipeline whose replicas shard the optimizer (zero={pre.zero}) runs "
+                                   f"with --backend gloo (one process per rank)")
+            n = len(pre.devices)
+            report = run_zero_pipeline(pre, placement, cluster, label=label, steps=steps, warmup=warmup,
+                                       threads=default_threads("gloo", n, threads, pre.sim_graph, cluster),
+                                       timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
+                                       load=load_average(), progress=progress)
+            if node_times:
+                _keep_plan(report, placement, "pipelines with ZeRO")
+            return report
         n_threads = default_threads(backend, len(pre.devices), threads, pre.sim_graph, cluster)
         report = run_derived(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
                         threads=n_threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,

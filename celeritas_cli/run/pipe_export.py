@@ -439,6 +439,52 @@ def train_step(schedule, modules, opt, pp_rank, inputs, target, dp_group, loss_f
     return total
 
 
+def train(model, device, n_steps, keep=False):
+    """*n_steps* steps of *model* (built under SEED and checked) on this rank, the process group
+    joined: the mesh, this replica's rows, the stages and the schedule, Adam (ZeroAdam under ZeRO).
+    Returns ``(the first step's loss, this rank's parameters after it when *keep*, else None, the
+    wall seconds of every step)``."""
+    mesh = init_device_mesh(device.type, (DP, PP), mesh_dim_names=("dp", "pp"))
+    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
+    torch.manual_seed(SEED + 1)
+    with torch.no_grad():
+        whole = list(model.example_inputs(BATCH))
+        whole_target = model.example_target(BATCH) if hasattr(model, "example_target") else None
+    mine = ROWS[dp_rank]
+    rows = torch.cat([torch.arange(a, a + n) for a, n in mine])
+    inputs = [x.index_select(0, rows).to(device) for x in whole]
+    target = whole_target.index_select(0, rows).to(device) if whole_target is not None else None
+    loss_fn = loss_of(model, mine[0][1] / BATCH, whole_target is not None)
+    if PP > 1 and target is None:       # torch's schedule hands its loss_fn a chunk of some target
+        target = torch.zeros(len(rows), device=device)
+    if PP > 1:
+        schedule, modules = build_schedule(model, pp_rank, [torch.tensor_split(x, N_MICROBATCHES)[0] for x in inputs],
+                                           device, loss_fn, mesh.get_group("pp"))
+    else:
+        schedule, modules = None, [model.to(device)]
+    params = [q for mod in modules for q in mod.parameters()]
+    dp_group = mesh.get_group("dp") if DP > 1 else None
+    if ZERO and DP > 1:     # the distributed optimizer: Adam on this rank's 1/DP shard of every parameter
+        opt = ZeroAdam(params, dp_group, LR, BETAS, EPS)
+    else:
+        opt = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, foreach=False)
+    times, loss, first = [], None, None
+    for s in range(n_steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        share = train_step(schedule, modules, opt, pp_rank, inputs, target, dp_group, loss_fn)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+        if s == 0:
+            dist.all_reduce(share)          # the shares of every replica's last stage: the batch's loss
+            loss = float(share)
+            if keep:
+                first = {{n: q.detach().cpu().clone() for mod in modules for n, q in mod.named_parameters()}}
+    return loss, first, times
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5, help="timed steps after the first and the warm-up ones")
@@ -466,50 +512,14 @@ def main():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", DP * PP))))
     device = torch.device(f"cuda:{{local}}" if cuda else "cpu")
     dist.init_process_group("nccl" if cuda else "gloo")
-    mesh = init_device_mesh(device.type, (DP, PP), mesh_dim_names=("dp", "pp"))
-    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
     rank = dist.get_rank()
     torch.manual_seed(SEED)
     model = build_model()
     model.train(True)
     check_model(model)
-    torch.manual_seed(SEED + 1)
-    with torch.no_grad():
-        whole = list(model.example_inputs(BATCH))
-        whole_target = model.example_target(BATCH) if hasattr(model, "example_target") else None
-    mine = ROWS[dp_rank]
-    rows = torch.cat([torch.arange(a, a + n) for a, n in mine])
-    inputs = [x.index_select(0, rows).to(device) for x in whole]
-    target = whole_target.index_select(0, rows).to(device) if whole_target is not None else None
-    loss_fn = loss_of(model, mine[0][1] / BATCH, whole_target is not None)
-    if PP > 1 and target is None:       # torch's schedule hands its loss_fn a chunk of some target
-        target = torch.zeros(len(rows), device=device)
-    if PP > 1:
-        schedule, modules = build_schedule(model, pp_rank, [torch.tensor_split(x, N_MICROBATCHES)[0] for x in inputs],
-                                           device, loss_fn, mesh.get_group("pp"))
-    else:
-        schedule, modules = None, [model.to(device)]
-    params = [q for mod in modules for q in mod.parameters()]
-    dp_group = mesh.get_group("dp") if DP > 1 else None
-    if ZERO and DP > 1:     # the distributed optimizer: Adam on this rank's 1/DP shard of every parameter
-        opt = ZeroAdam(params, dp_group, LR, BETAS, EPS)
-    else:
-        opt = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, foreach=False)
-    times, loss = [], None
-    for s in range(1 + args.warmup + args.steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        share = train_step(schedule, modules, opt, pp_rank, inputs, target, dp_group, loss_fn)
-        if cuda:
-            torch.cuda.synchronize()
-        dist.barrier()
-        times.append(time.perf_counter() - t0)
-        if s == 0:
-            dist.all_reduce(share)          # the shares of every replica's last stage: the batch's loss
-            loss = float(share)
-            if args.save:
-                torch.save({{n: q.detach().cpu() for mod in modules for n, q in mod.named_parameters()}}
-                           | {{"loss": torch.tensor(loss)}}, f"{{args.save}}.{{rank}}")
+    loss, first, times = train(model, device, 1 + args.warmup + args.steps, keep=bool(args.save))
+    if args.save:
+        torch.save(first | {{"loss": torch.tensor(loss)}}, f"{{args.save}}.{{rank}}")
     timed = times[1 + args.warmup:] or times
     measured = statistics.median(timed)
     if rank == 0:
@@ -531,10 +541,12 @@ if __name__ == "__main__":
 '''
 
 
-def describe(plan: PipeliningPlan, program: str) -> str:
-    """One line saying what :func:`pipelining_source` wrote for *plan* and how to launch it."""
+def describe(plan: PipeliningPlan, program: str, zero: int = 0) -> str:
+    """One line saying what :func:`pipelining_source` wrote for *plan* and how to launch it (*zero*:
+    the ZeRO stage of its replicas)."""
     what = (f"a torch.distributed.pipelining program ({plan.schedule}, {len(plan.stage_devices)} stages split at "
-            f"{', '.join(plan.split_points)}, {plan.m} micro-batches" + (f", x {plan.dp} replicas" if plan.dp > 1 else ""))
+            f"{', '.join(plan.split_points)}, {plan.m} micro-batches" + (f", x {plan.dp} replicas" if plan.dp > 1 else "")
+            + (f", ZeRO-{zero} over them (Adam sharded)" if zero and plan.dp > 1 else ""))
     return f"{what} on a {plan.dp} x {plan.p} (dp, pp) DeviceMesh; {torchrun_line(plan.nproc, program)})"
 
 
