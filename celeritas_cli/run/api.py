@@ -72,7 +72,9 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
     (and *graph*) were made for that graph, simulate it, and build the
     :class:`~celeritas_cli.run.program.Program` in the simulated start order.
     A data-parallel placement gives a :class:`~celeritas_cli.run.data_parallel.DPPrepared`
-    instead of a :class:`Prepared`.
+    instead of a :class:`Prepared`.  A pipeline whose replicas shard the optimizer (``zero``) is
+    prepared through its replicated-Adam twin (:func:`~.plan.without_zero`), its ``zero`` and
+    simulation the plan's own.
 
     Raises
     ------

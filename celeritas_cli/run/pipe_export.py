@@ -311,8 +311,8 @@ after the step the gradients of each stage are summed over the dp dimension by o
 all_reduce of their flattened concatenation on the mesh's "dp" group (one DDP bucket, once, after
 the last micro-batch's backward, as the plan's recipe and Megatron-LM's PTD-P do; DDP itself would
 all-reduce at every micro-batch's backward unless wrapped in no_sync).  Then Adam, on each rank for
-its stages' parameters.{zero_words}  BatchNorm statistics are per micro-batch; dropout masks are torch's.
-
+its stages' parameters.  BatchNorm statistics are per micro-batch; dropout masks are torch's.
+{zero_words}
 It runs 1 + --warmup + --steps steps (default 1 + 1 + 5); rank 0 prints the loss of the first
 (`--save PREFIX` writes each rank's parameters after it, and the loss, to PREFIX.RANK) and the
 measured step (median of the timed steps, barrier to barrier) next to the simulated one, as
@@ -611,9 +611,11 @@ def _zero_doc(zero: int, dp: int) -> str:
     words = (f"ZeRO stage {zero} (Megatron-LM's distributed optimizer): no all_reduce; instead every gradient, "
              f"flattened and padded to a multiple of {dp}, is reduce-scattered over \"dp\", Adam updates this "
              f"rank's 1/{dp} shard and its moments, and the shards are all-gathered back into the parameter "
-             f"(ZeroAdam).  Stages 1 and 2 run this same program: what stage 2 saves (only the reduced gradient "
+             f"(ZeroAdam; not FSDP2's fully_shard, which would gather the parameters before the forward and "
+             f"reduce-scatter at every micro-batch: not the plan's collectives).  Stages 1 and 2 run this same "
+             f"program: what stage 2 saves (only the reduced gradient "
              f"shard kept) is memory, not observable on the CPU.")
-    return "\n" + textwrap.fill(words, 100, break_on_hyphens=False)
+    return textwrap.fill(words, 100, break_on_hyphens=False) + "\n"
 
 
 def _wrap(items: list) -> str:

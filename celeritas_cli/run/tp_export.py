@@ -327,8 +327,11 @@ class ZeroAdam:
     over the replica group, torch.optim.Adam (the same hyper-parameters, foreach=False: the
     per-element update of the unsharded Adam) updates this rank's 1/DP shard and its moments, and
     the updated shards are all-gathered back into the parameter.  Padding gets a zero gradient, so
-    it stays zero.  Rajbhandari et al., "ZeRO", SC'20, 5.1-5.2; Megatron-LM
-    --use-distributed-optimizer (docs: distrib_optimizer.md)."""
+    it stays zero.  Not FSDP2's fully_shard(module, mesh=mesh["dp"]): that keeps the parameters
+    sharded, all-gathers them before the forward and reduce-scatters at every micro-batch's
+    backward, collectives the plan does not have; this keeps whole parameters, as the plan.
+    Rajbhandari et al., "ZeRO", SC'20, 5.1-5.2; Megatron-LM --use-distributed-optimizer (docs:
+    distrib_optimizer.md)."""
 
     def __init__(self, params, group, lr, betas, eps):
         self.group = group
@@ -570,7 +573,9 @@ def zero_words(zero: int, dp: int) -> str:
     return (f"  ZeRO stage {zero} (Megatron-LM's distributed optimizer): instead of the all-reduce, each gradient "
             f"is reduce-scattered over \"dp\" (flattened, padded to a multiple of {dp}), Adam updates this "
             f"rank's 1/{dp} shard and its moments, and the shards are all-gathered back into the parameter "
-            f"(ZeroAdam; a DTensor's local tensor is what is sharded).  Stages 1 and 2 run this same program: "
+            f"(ZeroAdam, not FSDP2's fully_shard, which would gather the parameters before the forward and "
+            f"reduce-scatter at every micro-batch: not the plan's collectives; a DTensor's local tensor is what is "
+            f"sharded).  Stages 1 and 2 run this same program: "
             f"stage 2's memory saving (only the reduced gradient shard kept) is not observable on the CPU.")
 
 
