@@ -207,6 +207,21 @@ def test_a_pipeline_with_zero_exports_the_pipelining_program_with_the_sharded_op
     assert plain.zero == 0 and mod0.ZERO == 0 and (mod0.ROWS, mod0.SPLIT_SPEC) == (mod.ROWS, mod.SPLIT_SPEC)
 
 
+def test_the_megatron_row_without_tensor_parallelism_exports_its_distributed_optimizer(tmp_path):
+    """megatron tp=1 pp=2 dp=2 with use_distributed_optimizer: a pipeline x DP recipe (no tensor-parallel
+    step), exported as the pipelining program with ZERO = 1."""
+    from celeritas_cli import registry
+
+    g = Graph.from_dict(pipe_step_of(8, DEEP).doc)
+    c = uniform(4, dtype="cpu", name="4cpu")
+    p = registry.place(g, c, "megatron", params={"tp": 1, "pp": 2, "dp": 2, "use_distributed_optimizer": True})
+    assert [s["transform"] for s in p.derivation["steps"]] == ["microbatch", "data-parallel"]
+    pre = api.prepare(DEEP, 8, p, c, label="p.json", step=pipe_step_of(8, DEEP))
+    src, what = export_derived(pre, c, label="p.json", algorithm="megatron", program="pp.py")
+    assert pre.zero == 1 and "x 2 replicas, ZeRO-1 over them (Adam sharded) on a 2 x 2 (dp, pp)" in what
+    assert load(src, tmp_path, "meg_zero").ZERO == 1
+
+
 def test_the_twin_of_a_zero_pipeline_has_its_all_reduces_where_the_reduce_scatters_were():
     p, _ = zero_pipeline(2)
     twin, zero = without_zero(p)
