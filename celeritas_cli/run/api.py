@@ -72,14 +72,16 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
     (and *graph*) were made for that graph, simulate it, and build the
     :class:`~celeritas_cli.run.program.Program` in the simulated start order.
     A data-parallel placement gives a :class:`~celeritas_cli.run.data_parallel.DPPrepared`
-    instead of a :class:`Prepared`.
+    instead of a :class:`Prepared`.  A pipeline whose replicas shard the optimizer (``zero``) is
+    prepared through its replicated-Adam twin (:func:`~.plan.without_zero`), its ``zero`` and
+    simulation the plan's own.
 
     Raises
     ------
     InvalidInput
         Placement or graph made for another graph, an invalid placement, a bad device map.
     """
-    from .plan import executable, plan_of, simulated
+    from .plan import executable, plan_of, simulated, without_zero
     from .program import Program
     from .step import capture_real
 
@@ -91,6 +93,8 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
         return prepare_tp(spec, batch, placement, cluster, tp_steps, label=label, config=config, graph=graph,
                           graph_label=graph_label, device_map=device_map, seed=seed, congestion=congestion,
                           progress=progress, step=step)
+    zero_plan = placement
+    placement, zero = without_zero(placement)     # a pipeline with ZeRO: its replicated-Adam twin, and the stage
     placement = executable(placement, cluster, label)
     kind, recipe = plan_of(placement, label)
     if kind != "plain":
@@ -99,7 +103,12 @@ def prepare(spec: str, batch: int, placement: Placement, cluster: Cluster, *, la
         if kind == "derived":       # micro-batches, pipelines, recomputation (+ data parallelism)
             from .plan import prepare_derived
 
-            return prepare_derived(spec, batch, placement, cluster, recipe, **kw)
+            pre = prepare_derived(spec, batch, placement, cluster, recipe, **kw)
+            if zero:                # the exported program shards Adam (pipe_export); the simulated step is the plan's
+                pre.zero = zero
+                pre.sim, pre.sim_graph, _ = simulated(pre.steps_by_size[batch], zero_plan, cluster, label=label,
+                                                      graph=graph, graph_label=graph_label, congestion=congestion)
+            return pre
         if kind == "fsdp":          # sharded data parallelism
             from .fsdp_run import prepare_fsdp
 
@@ -190,6 +199,21 @@ def run_placement(spec: str, batch: int, placement: Placement, cluster: Cluster,
         if launcher is not None:
             raise InvalidInput(f"{label}: under torchrun placer run executes plain and data-parallel placements; "
                                f"run a micro-batched or pipelined plan with --backend gloo")
+        if pre.zero:                # ZeRO over the pipeline's replicas: the exported program's ranks
+            from .derived_run import run_zero_pipeline
+            from .report import load_average
+
+            if backend != "gloo":
+                raise InvalidInput(f"{label}: a pipeline whose replicas shard the optimizer (zero={pre.zero}) runs "
+                                   f"with --backend gloo (one process per rank)")
+            n = len(pre.devices)
+            report = run_zero_pipeline(pre, placement, cluster, label=label, steps=steps, warmup=warmup,
+                                       threads=default_threads("gloo", n, threads, pre.sim_graph, cluster),
+                                       timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,
+                                       load=load_average(), progress=progress)
+            if node_times:
+                _keep_plan(report, placement, "pipelines with ZeRO")
+            return report
         n_threads = default_threads(backend, len(pre.devices), threads, pre.sim_graph, cluster)
         report = run_derived(pre, placement, cluster, label=label, backend=backend, steps=steps, warmup=warmup,
                         threads=n_threads, timeout=timeout, rtol=rtol, atol=atol, congestion=congestion,

@@ -250,7 +250,14 @@ def export_derived(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
     line saying what it is: a torchrun program on a ``(dp, pp)`` DeviceMesh
     running ``torch.distributed.pipelining`` where :func:`~.pipe_export.why_not`
     finds no reason against it (*program*: its file name in the torchrun line),
-    else placer's own code (:func:`derived_source`) and why."""
+    else placer's own code (:func:`derived_source`) and why.  A plan with ZeRO over its replicas
+    (``pre.zero``, :func:`~.plan.without_zero`) is written as the pipelining program with the
+    sharded optimizer, or refused in one line: placer's own code keeps Adam replicated.
+
+    Raises
+    ------
+    InvalidInput
+        A plan with ZeRO that ``torch.distributed.pipelining`` cannot run."""
     from .derived_program import DerivedProgram
     from .pipe_export import describe, module_kinds, pipelining_source, why_not
 
@@ -261,7 +268,12 @@ def export_derived(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
     if plan is not None:
         src = pipelining_source(plan, prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
                                 algorithm=algorithm, program=program, fingerprint=fingerprint)
-        return src, describe(plan, program)
+        return src, describe(plan, program, getattr(pre, "zero", 0))
+    if getattr(pre, "zero", 0):     # placer's own code runs the ring all-reduce and replicated Adam
+        from ..errors import InvalidInput
+
+        raise InvalidInput(f"{label}: its replicas shard the optimizer (zero={pre.zero}), which placer exports as "
+                           f"a torch.distributed.pipelining program only, and that cannot express this plan: {why}")
     src = derived_source(prog, cluster.ids, pre.tdev, graph=name, cluster=cluster.name, label=label,
                          algorithm=algorithm, why=why, fingerprint=fingerprint)
     return src, (f"placer's own code (torch.fx, one process: {prog.graph.n} derived nodes on {len(prog.devices)} "

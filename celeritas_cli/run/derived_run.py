@@ -125,3 +125,123 @@ def _notes(pre, prog, bn: bool, spread: float) -> list[str]:
                      f"(the simulator chunks bytes: ring links may differ by a few bytes); replicas' parameters "
                      f"differ by at most {spread:.3g}")
     return notes
+
+
+# ------------------------------------------------------------------ ZeRO over a pipeline's replicas
+def pipe_rank_main(rank: int, job: dict) -> dict:
+    """One rank of ``placer run`` of a pipeline whose replicas shard the optimizer: the exported
+    ``torch.distributed.pipelining`` program (``job["source"]``, :mod:`.pipe_export`) run as a
+    module, its ``train`` (the checked step, then the warm-up and timed ones) on this rank's device
+    in the process group :func:`~celeritas_cli.profile.launch.worker_main` joined."""
+    import time
+
+    import torch
+
+    ns: dict = {"__name__": "placer_pipe_program", "__file__": "placed_pipe.py"}
+    exec(compile(job["source"], "placed_pipe.py", "exec"), ns)     # noqa: S102 - placer's own generated program
+    device = torch.device(job["rank_devices"][rank])
+    torch.manual_seed(ns["SEED"])
+    model = ns["build_model"]()
+    model.train(True)
+    ns["check_model"](model)
+    n = job["warmup"] + job["steps"]
+    c0 = time.process_time()
+    loss, params, walls = ns["train"](model, device, n, keep=True)
+    return {"rank": rank, "device": job["ranks"][rank], "loss": loss, "params": params,
+            "walls": walls[job["warmup"]:], "cpu": (time.process_time() - c0) / n}
+
+
+def run_zero_pipeline(pre: DerivedPrepared, placement, cluster, *, label: str, steps: int, warmup: int,
+                      threads: int, timeout: float, rtol: float, atol: float, congestion: str, load,
+                      progress: Callable[[str], None] | None = None) -> dict:
+    """``placer run`` of a pipeline whose data-parallel step has ``zero`` 1 or 2 (*pre* prepared
+    through its replicated-Adam twin, :func:`~.plan.without_zero`): one process per mesh rank, each
+    running the program ``placer export`` writes for it (:func:`~.pipe_export.pipelining_source`,
+    its ``ZeroAdam``: gradients reduce-scattered over the replicas, Adam on each rank's shard, the
+    shards all-gathered), as ``placer run`` runs tensor-parallel plans (:mod:`.tp_run`); the
+    yardstick is the unplaced step on the whole batch.  placer's own executor (:func:`run_derived`)
+    runs the derived graph's ring all-reduce and replicated Adam, not the plan's sharded optimizer,
+    so it is not used.
+
+    Raises
+    ------
+    InvalidInput
+        ``torch.distributed.pipelining`` cannot run the plan (:func:`~.pipe_export.why_not`), a
+        failed rank.
+    """
+    import statistics
+
+    import torch
+
+    from ..errors import InvalidInput
+    from ..profile.launch import launch
+    from .checks import job_core
+    from .derived_program import DerivedProgram
+    from .executor import ADAM, torch_threads
+    from .pipe_export import module_kinds, pipelining_source, why_not
+    from .reference import Reference, adam_reference, has_batchnorm, reference_grads
+    from .report import build_report, compare
+
+    say = progress or (lambda msg: None)
+    whole = pre.whole
+    prog = DerivedProgram(pre)
+    plan, why = why_not(prog, module_kinds(whole.spec, whole.config))
+    if plan is None:
+        raise InvalidInput(f"{label}: its replicas shard the optimizer (zero={pre.zero}), which placer runs in the "
+                           f"torch.distributed.pipelining program only, and that cannot run this plan: {why}")
+    src = pipelining_source(plan, prog, cluster.ids, graph=pre.sim_graph.name, cluster=cluster.name, label=label,
+                            algorithm=placement.algorithm)
+    with torch_threads(threads):
+        say(f"running the unplaced step on the CPU ({threads} thread(s))")
+        loss, grads, _ = reference_grads(whole, "cpu", seed=whole.seed)
+        ref = Reference(loss=loss.cpu(), params=adam_reference(whole, grads, ADAM), device="cpu")
+    job = job_core(whole, plan.rank_devices, pre.tdev, None, steps=steps, warmup=warmup, threads=threads,
+                   timeout=timeout)
+    job["source"] = src
+    say(f"starting {plan.nproc} processes: {plan.dp} replica(s) x {plan.p} pipeline rank(s) ({job['dist_backend']}, "
+        f"{threads} thread(s) each): 1 checked step, {warmup - 1} more warm-up, {steps} timed")
+    results = launch("celeritas_cli.run.derived_run", job, plan.nproc, timeout=timeout, what="placer run")
+    names = whole.sm.state_names
+    index = {names[s]: s for s in range(whole.sm.n_params)}
+    merged: dict = {}               # each rank holds its stages' parameters: their union, replica 0's first
+    for r in results:
+        for n, t in r["params"].items():
+            merged.setdefault(n, t)
+    got = {index[n]: t for n, t in merged.items() if index.get(n) in ref.params}
+    numerics = compare(torch.tensor(results[0]["loss"]), got, ref, rtol=rtol, atol=atol)
+    spread = max((float((t - merged[n]).abs().max()) for r in results for n, t in r["params"].items()), default=0.0)
+    if spread > atol:
+        numerics["match"] = False
+    worst_rel = max((float(((got[p] - ref.params[p]).abs() / ref.params[p].abs().clamp_min(atol)).max())
+                     for p in got), default=0.0)
+    walls = [max(ws) for ws in zip(*(r["walls"] for r in results))]
+    med = statistics.median(walls)
+    measured = {"walls": walls, "busy": {r["device"]: med for r in results},
+                "cpu": {r["device"]: r["cpu"] for r in results}, "link": {}, "link_bytes_unknown": True}
+    notes = [(f"ZeRO stage {pre.zero} over {plan.dp} replicas of a {plan.p}-rank pipeline ({plan.schedule}, "
+              f"{plan.m} micro-batches): the processes run the torch.distributed.pipelining program placer export "
+              f"writes, its ZeroAdam reduce-scattering every gradient over the replicas, updating each rank's "
+              f"1/{plan.dp} shard and all-gathering it; the yardstick is the unplaced step on the batch of "
+              f"{plan.batch}; the ranks' copies of a parameter differ by at most {spread:.3g}; the largest "
+              f"difference relative to max(|value|, atol) is {worst_rel:.3g}"),
+             ("per-device busy time is the step's wall time (the program times steps, not nodes); the collectives "
+              "are torch.distributed's, bytes per link are the simulated plan's only")]
+    if has_batchnorm(whole):
+        notes.append("the model has BatchNorm: its statistics are per micro-batch in the pipeline, so the whole "
+                     "batch's step differs")
+    counts = {d: len(whole.sm.ids) for d in plan.rank_devices}
+    report = build_report(step=whole, counts=counts, placement=placement, label=label, cluster=cluster, sim=pre.sim,
+                          sim_graph=pre.sim_graph, graph_from_file=pre.graph_from_file, tdev=pre.tdev,
+                          backend="gloo", dist_backend=job["dist_backend"], threads=threads, steps=steps,
+                          warmup=warmup, numerics=numerics, measured=measured, congestion=congestion, load=load,
+                          extra_notes=notes)
+    report["plan"] = "micro-batched"
+    report["pipelining"] = {"dp": plan.dp, "pp": plan.p, "stages": len(plan.stage_devices), "schedule": plan.schedule,
+                            "micro_batches": plan.m, "zero": pre.zero, "params_max_rel_diff": worst_rel}
+    return report
+
+
+if __name__ == "__main__":
+    from ..profile.launch import worker_main
+
+    worker_main(pipe_rank_main)

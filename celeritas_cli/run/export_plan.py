@@ -46,14 +46,15 @@ def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
         src = tp3d_source(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint, path=path)
         return src, (f"a TP x PP program (torch.distributed.pipelining stages, each split with parallelize_module, "
                      f"on a DeviceMesh of {pre.dp} replica(s) x {pre.pp} pipeline x {pre.tp} tensor ranks, "
-                     f"{pre.pipe.torch_class}, {pre.pipe.m} micro-batches)"), torchrun_line(pre.k, path)
+                     f"{pre.pipe.torch_class}, {pre.pipe.m} micro-batches{_zero(pre)})"), torchrun_line(pre.k, path)
     if isinstance(pre, TPPrepared):
         from .tp_export import tp_source
 
         src = tp_source(pre, cluster, label=label, algorithm=algorithm, fingerprint=fingerprint, path=path)
         sp = ", sequence parallel" if pre.sp else ""
         return src, (f"a tensor-parallel program (parallelize_module on a DeviceMesh of {pre.dp} replica(s) x "
-                     f"{pre.tp} tensor ranks{sp}, {len(pre.module_plan)} modules split)"), torchrun_line(pre.k, path)
+                     f"{pre.tp} tensor ranks{sp}, {len(pre.module_plan)} modules split{_zero(pre)})"), \
+            torchrun_line(pre.k, path)
     if isinstance(pre, FSDPPrepared):
         from .fsdp_export import fsdp_source
 
@@ -80,6 +81,11 @@ def export_program(pre, cluster, *, label: str, algorithm: str, fingerprint: dic
                         algorithm=algorithm, fingerprint=fingerprint)
     return src, (f"{len(pre.prog.sequence)} nodes on {len(pre.prog.devices)} device(s), {len(pre.prog.transfers)} "
                  f"copies"), None
+
+
+def _zero(pre) -> str:
+    """The description's words on a sharded optimizer over the replicas (ZeRO-1/2), or ""."""
+    return f", ZeRO-{pre.zero} over the replicas (Adam sharded)" if getattr(pre, "zero", 0) else ""
 
 
 def check_exportable(pre, label: str) -> None:

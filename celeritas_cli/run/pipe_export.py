@@ -48,7 +48,12 @@ step (one bucket after the last micro-batch, where the plan's ring runs and
 where Megatron-LM reduces; torch's ``DistributedDataParallel`` would need
 ``no_sync`` for every micro-batch but the last, and its buckets are its own,
 not the plan's, so the program does not use it: the plan's ``bucket_mb``
-is not reproduced).  A micro-batch's loss is weighted by its share of the
+is not reproduced); a plan whose data-parallel step has ``zero`` 1 or 2
+(``--algo pipeline -p zero=1|2``: Megatron-LM's distributed optimizer) runs
+instead the sharded optimizer of :mod:`.tp_export` (``ZeroAdam``: every
+gradient reduce-scattered over ``dp``, Adam on this rank's shard, the
+shards all-gathered; its docstring says why not FSDP2), stages 1 and 2 the
+same program.  A micro-batch's loss is weighted by its share of the
 global batch (``scale_grads=False``), so the sum over micro-batches and
 replicas is the whole batch's gradient (GPipe 2.2, a mean loss), also with
 unequal replicas.  (A plain data-parallel plan is exported by
@@ -307,7 +312,7 @@ all_reduce of their flattened concatenation on the mesh's "dp" group (one DDP bu
 the last micro-batch's backward, as the plan's recipe and Megatron-LM's PTD-P do; DDP itself would
 all-reduce at every micro-batch's backward unless wrapped in no_sync).  Then Adam, on each rank for
 its stages' parameters.  BatchNorm statistics are per micro-batch; dropout masks are torch's.
-
+{zero_words}
 It runs 1 + --warmup + --steps steps (default 1 + 1 + 5); rank 0 prints the loss of the first
 (`--save PREFIX` writes each rank's parameters after it, and the loss, to PREFIX.RANK) and the
 measured step (median of the timed steps, barrier to barrier) next to the simulated one, as
@@ -345,7 +350,7 @@ PARAMETERS = {params}
 SIMULATED_STEP_S = {simulated!r}
 LR, BETAS, EPS = {lr!r}, {betas!r}, {eps!r}
 TORCHRUN = {torchrun!r}
-
+{zero_table}
 
 def stages_of(pp_rank):
     """The stage indices pipeline rank *pp_rank* runs (stage j on rank j mod PP)."""
@@ -421,7 +426,7 @@ def train_step(schedule, modules, opt, pp_rank, inputs, target, dp_group, loss_f
         schedule.step(*(inputs if first else ()), target=target if last else None, losses=losses)
         if last:
             total += sum(float(x.detach()) for x in losses)
-    if DP > 1:
+    if DP > 1 and not ZERO:     # under ZeRO the optimizer reduce-scatters them (ZeroAdam.step)
         grads = [q.grad for mod in modules for q in mod.parameters() if q.grad is not None]
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -432,6 +437,52 @@ def train_step(schedule, modules, opt, pp_rank, inputs, target, dp_group, loss_f
                 at += g.numel()
     opt.step()
     return total
+
+
+def train(model, device, n_steps, keep=False):
+    """*n_steps* steps of *model* (built under SEED and checked) on this rank, the process group
+    joined: the mesh, this replica's rows, the stages and the schedule, Adam (ZeroAdam under ZeRO).
+    Returns ``(the first step's loss, this rank's parameters after it when *keep*, else None, the
+    wall seconds of every step)``."""
+    mesh = init_device_mesh(device.type, (DP, PP), mesh_dim_names=("dp", "pp"))
+    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
+    torch.manual_seed(SEED + 1)
+    with torch.no_grad():
+        whole = list(model.example_inputs(BATCH))
+        whole_target = model.example_target(BATCH) if hasattr(model, "example_target") else None
+    mine = ROWS[dp_rank]
+    rows = torch.cat([torch.arange(a, a + n) for a, n in mine])
+    inputs = [x.index_select(0, rows).to(device) for x in whole]
+    target = whole_target.index_select(0, rows).to(device) if whole_target is not None else None
+    loss_fn = loss_of(model, mine[0][1] / BATCH, whole_target is not None)
+    if PP > 1 and target is None:       # torch's schedule hands its loss_fn a chunk of some target
+        target = torch.zeros(len(rows), device=device)
+    if PP > 1:
+        schedule, modules = build_schedule(model, pp_rank, [torch.tensor_split(x, N_MICROBATCHES)[0] for x in inputs],
+                                           device, loss_fn, mesh.get_group("pp"))
+    else:
+        schedule, modules = None, [model.to(device)]
+    params = [q for mod in modules for q in mod.parameters()]
+    dp_group = mesh.get_group("dp") if DP > 1 else None
+    if ZERO and DP > 1:     # the distributed optimizer: Adam on this rank's 1/DP shard of every parameter
+        opt = ZeroAdam(params, dp_group, LR, BETAS, EPS)
+    else:
+        opt = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, foreach=False)
+    times, loss, first = [], None, None
+    for s in range(n_steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        share = train_step(schedule, modules, opt, pp_rank, inputs, target, dp_group, loss_fn)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+        if s == 0:
+            dist.all_reduce(share)          # the shares of every replica's last stage: the batch's loss
+            loss = float(share)
+            if keep:
+                first = {{n: q.detach().cpu().clone() for mod in modules for n, q in mod.named_parameters()}}
+    return loss, first, times
 
 
 def main():
@@ -461,47 +512,14 @@ def main():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", DP * PP))))
     device = torch.device(f"cuda:{{local}}" if cuda else "cpu")
     dist.init_process_group("nccl" if cuda else "gloo")
-    mesh = init_device_mesh(device.type, (DP, PP), mesh_dim_names=("dp", "pp"))
-    dp_rank, pp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("pp")
     rank = dist.get_rank()
     torch.manual_seed(SEED)
     model = build_model()
     model.train(True)
     check_model(model)
-    torch.manual_seed(SEED + 1)
-    with torch.no_grad():
-        whole = list(model.example_inputs(BATCH))
-        whole_target = model.example_target(BATCH) if hasattr(model, "example_target") else None
-    mine = ROWS[dp_rank]
-    rows = torch.cat([torch.arange(a, a + n) for a, n in mine])
-    inputs = [x.index_select(0, rows).to(device) for x in whole]
-    target = whole_target.index_select(0, rows).to(device) if whole_target is not None else None
-    loss_fn = loss_of(model, mine[0][1] / BATCH, whole_target is not None)
-    if PP > 1 and target is None:       # torch's schedule hands its loss_fn a chunk of some target
-        target = torch.zeros(len(rows), device=device)
-    if PP > 1:
-        schedule, modules = build_schedule(model, pp_rank, [torch.tensor_split(x, N_MICROBATCHES)[0] for x in inputs],
-                                           device, loss_fn, mesh.get_group("pp"))
-    else:
-        schedule, modules = None, [model.to(device)]
-    params = [q for mod in modules for q in mod.parameters()]
-    opt = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, foreach=False)
-    dp_group = mesh.get_group("dp") if DP > 1 else None
-    times, loss = [], None
-    for s in range(1 + args.warmup + args.steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        share = train_step(schedule, modules, opt, pp_rank, inputs, target, dp_group, loss_fn)
-        if cuda:
-            torch.cuda.synchronize()
-        dist.barrier()
-        times.append(time.perf_counter() - t0)
-        if s == 0:
-            dist.all_reduce(share)          # the shares of every replica's last stage: the batch's loss
-            loss = float(share)
-            if args.save:
-                torch.save({{n: q.detach().cpu() for mod in modules for n, q in mod.named_parameters()}}
-                           | {{"loss": torch.tensor(loss)}}, f"{{args.save}}.{{rank}}")
+    loss, first, times = train(model, device, 1 + args.warmup + args.steps, keep=bool(args.save))
+    if args.save:
+        torch.save(first | {{"loss": torch.tensor(loss)}}, f"{{args.save}}.{{rank}}")
     timed = times[1 + args.warmup:] or times
     measured = statistics.median(timed)
     if rank == 0:
@@ -523,10 +541,12 @@ if __name__ == "__main__":
 '''
 
 
-def describe(plan: PipeliningPlan, program: str) -> str:
-    """One line saying what :func:`pipelining_source` wrote for *plan* and how to launch it."""
+def describe(plan: PipeliningPlan, program: str, zero: int = 0) -> str:
+    """One line saying what :func:`pipelining_source` wrote for *plan* and how to launch it (*zero*:
+    the ZeRO stage of its replicas)."""
     what = (f"a torch.distributed.pipelining program ({plan.schedule}, {len(plan.stage_devices)} stages split at "
-            f"{', '.join(plan.split_points)}, {plan.m} micro-batches" + (f", x {plan.dp} replicas" if plan.dp > 1 else ""))
+            f"{', '.join(plan.split_points)}, {plan.m} micro-batches" + (f", x {plan.dp} replicas" if plan.dp > 1 else "")
+            + (f", ZeRO-{zero} over them (Adam sharded)" if zero and plan.dp > 1 else ""))
     return f"{what} on a {plan.dp} x {plan.p} (dp, pp) DeviceMesh; {torchrun_line(plan.nproc, program)})"
 
 
@@ -541,8 +561,10 @@ def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: 
     of :func:`~.export.launch_check_source` (*fingerprint*: the graph file, cluster and model file it
     was exported for; the process count and the parameter shapes always)."""
     from .executor import ADAM
+    from .tp_export import ZERO_SOURCE, zero_table
 
     pre = prog.pre
+    zero = int(getattr(pre, "zero", 0) or 0) if plan.dp > 1 else 0
     whole = getattr(pre, "whole", None) or pre.step
     sm = whole.sm
     params = [[sm.state_names[s], list(whole.state[s].shape)] for s in range(sm.n_params)]
@@ -563,14 +585,37 @@ def pipelining_source(plan: PipeliningPlan, prog, cluster_ids: list[str], tdev: 
                           imports=imports, config=config, seed=whole.seed, m=plan.m, rows=plan.rows, splits=splits,
                           stage_devices=[cluster_ids[d] for d in plan.stage_devices],
                           rank_devices=[cluster_ids[d] for d in plan.rank_devices], params=_wrap(params),
-                         simulated=float(pre.sim["makespan_s"]), lr=ADAM["lr"], betas=ADAM["betas"], eps=ADAM["eps"])
+                         simulated=float(pre.sim["makespan_s"]), lr=ADAM["lr"], betas=ADAM["betas"], eps=ADAM["eps"],
+                         zero_table=zero_table(zero), zero_words=_zero_doc(zero, plan.dp))
     checks = launch_check_source(processes=plan.nproc, launch=line, fingerprint=fingerprint,
                                  parameters=[(n, tuple(shape)) for n, shape in params])
-    src = src.replace("\ndef main():\n", "\n" + checks + "\n\ndef main():\n", 1)
+    src = src.replace("\ndef main():\n", "\n" + checks + "\n\n" + ZERO_SOURCE.lstrip("\n") + "\ndef main():\n", 1)
     # the shared checks (graph file, --cluster, model file) after the program's own process-count check
     src = src.replace('    local = int(os.environ.get("LOCAL_RANK", 0))\n',
                       '    launch_check()\n    local = int(os.environ.get("LOCAL_RANK", 0))\n', 1)
     return src.replace("    check_model(model)\n", "    check_model(model)\n    model_check(model)\n", 1)
+
+
+def _zero_doc(zero: int, dp: int) -> str:
+    """The program docstring's words on ZeRO (wrapped at 100 columns), or "".
+
+    >>> _zero_doc(0, 2)
+    ''
+    >>> _zero_doc(1, 2).split()[:3]
+    ['ZeRO', 'stage', '1']
+    """
+    import textwrap
+
+    if not zero or dp < 2:
+        return ""
+    words = (f"ZeRO stage {zero} (Megatron-LM's distributed optimizer): no all_reduce; instead every gradient, "
+             f"flattened and padded to a multiple of {dp}, is reduce-scattered over \"dp\", Adam updates this "
+             f"rank's 1/{dp} shard and its moments, and the shards are all-gathered back into the parameter "
+             f"(ZeroAdam; not FSDP2's fully_shard, which would gather the parameters before the forward and "
+             f"reduce-scatter at every micro-batch: not the plan's collectives).  Stages 1 and 2 run this same "
+             f"program: what stage 2 saves (only the reduced gradient "
+             f"shard kept) is memory, not observable on the CPU.")
+    return textwrap.fill(words, 100, break_on_hyphens=False) + "\n"
 
 
 def _wrap(items: list) -> str:

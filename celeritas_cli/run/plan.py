@@ -168,6 +168,57 @@ def executable(placement, cluster, label: str):
     return out
 
 
+#: a ZeRO collective of the nccl form: the bucket's reduce-scatter or its all-gather after the updates
+_ZERO_ID = re.compile(r"^(.*/allreduce\d*~*)/(rs|ag)/rep(\d+)(~*)$")
+
+
+def without_zero(placement) -> tuple[Any, int]:
+    """``(twin, zero)``: a pipeline placement (a recipe with a ``microbatch`` step) whose
+    data-parallel step shards the optimizer (``zero`` 1 or 2: Megatron-LM's distributed optimizer,
+    modelled in the nccl collectives form only, so :func:`executable` cannot make ring steps of
+    it) as the same plan with replicated Adam - each bucket's reduce-scatter ``P/rs/rep<q>`` becomes
+    its all-reduce ``P/rep<q>`` on the same device, where it stood in the order, its all-gather
+    after the updates is dropped - and the stage; any other placement as it is, with 0.  The
+    stages, micro-batches and devices are the same, so the twin's program is the zero plan's but
+    for the optimizer, which :mod:`.pipe_export` writes as the sharded one (``ZeroAdam``) from the
+    stage (module docstring there).
+
+    >>> from types import SimpleNamespace as NS
+    >>> steps = [{"transform": "microbatch", "n": 2}, {"transform": "data-parallel", "replicas": 2, "zero": 1}]
+    >>> p = NS(derivation={"steps": steps}, assignment={"a/rep0": "g0", "x/allreduce0/rs/rep0": "g0",
+    ...        "x/allreduce0/ag/rep0": "g0"}, order={"g0": ["a/rep0", "x/allreduce0/rs/rep0", "x/allreduce0/ag/rep0"]})
+    >>> twin, zero = without_zero(p)
+    >>> zero, twin.assignment, twin.order, twin.derivation["steps"][1]
+    (1, {'a/rep0': 'g0', 'x/allreduce0/rep0': 'g0'}, {'g0': ['a/rep0', 'x/allreduce0/rep0']}, {'transform': 'data-parallel', 'replicas': 2})
+    >>> without_zero(NS(derivation={"steps": steps[1:]}))[1]
+    0
+    """
+    import copy
+
+    steps = (placement.derivation or {}).get("steps") or []
+    kinds = [st.get("transform") if isinstance(st, dict) else None for st in steps]
+    dp = [i for i, k in enumerate(kinds) if k == "data-parallel"]
+    if "microbatch" not in kinds or not dp or not steps[dp[-1]].get("zero"):
+        return placement, 0
+    zero = int(steps[dp[-1]]["zero"])
+
+    def rename(nid: str) -> str | None:
+        m = _ZERO_ID.match(nid)
+        if m is None:
+            return nid
+        return f"{m.group(1)}/rep{m.group(3)}{m.group(4)}" if m.group(2) == "rs" else None
+
+    out = copy.copy(placement)
+    out.derivation = {**placement.derivation, "steps": [dict(st) for st in steps]}
+    out.derivation["steps"][dp[-1]].pop("zero")
+    out.assignment = {rename(nid): did for nid, did in placement.assignment.items() if rename(nid) is not None}
+    if getattr(placement, "order", None) is not None:
+        out.order = {did: [rename(x) for x in seq if rename(x) is not None] for did, seq in placement.order.items()}
+    if hasattr(placement, "derived"):
+        out.derived = None
+    return out, zero
+
+
 def plan_of(placement, label: str) -> tuple[str, Any]:
     """What *placement* asks ``placer run`` to execute: ``("derived", steps)``
     (:func:`executed_recipe`), ``("fsdp", step)`` (:func:`fsdp_recipe`),
@@ -441,6 +492,7 @@ class DerivedPrepared:
     tdev: dict[int, str]
     graph_from_file: bool
     notes: list[str] = field(default_factory=list)
+    zero: int = 0                          # ZeRO stage of the plan's data-parallel step (:func:`without_zero`)
 
     @property
     def devices(self) -> list[int]:

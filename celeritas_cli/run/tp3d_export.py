@@ -47,7 +47,12 @@ pipeline sub-mesh):
   (Megatron-LM's ``f`` all-reduce of the first column-parallel layer);
 * dp: after the schedule every gradient (its local shard) is all-reduced
   (summed) over ``mesh["dp"]`` - one all-reduce per gradient, as the plan -
-  and Adam (``foreach=False``) updates each rank's shards;
+  and Adam (``foreach=False``) updates each rank's shards; with ZeRO stage
+  1 or 2 on the data-parallel step (``-p use_distributed_optimizer=true``,
+  Megatron-LM's distributed optimizer) the gradient's local tensor is
+  instead reduce-scattered over ``mesh["dp"]``, Adam updates this rank's
+  1/D shard of it and the shards are all-gathered back (``ZeroAdam``, the
+  same class as :mod:`.tp_export`'s: why not FSDP2 there);
 * a parameter two stages read (a head tied to the word embedding: the
   tracer gives the last stage its own copy) is kept on both pipeline ranks
   and its gradient summed between them (a group of the first and the last
@@ -414,14 +419,19 @@ def setup(model, device):
                 scale_grads=False)
     modules = [st.submod for st in stages]
     params = [p for mod in modules for p in mod.parameters()]
-    opt = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, foreach=False)
+    if ZERO and DP > 1:     # the distributed optimizer: Adam on this rank's 1/DP shard of every parameter
+        opt = ZeroAdam(params, mesh["dp"].get_group(), LR, BETAS, EPS)
+    else:
+        opt = torch.optim.Adam(params, lr=LR, betas=BETAS, eps=EPS, foreach=False)
     return {"mesh": mesh, "sched": sched, "modules": modules, "opt": opt, "shared": shared,
             "inputs": [x.to(device) for x in inputs], "target": target.to(device), "pp_rank": pp_rank}
 
 
 def train_step(job, device):
     """One step: the schedule over this replica's micro-batches, every gradient summed over the
-    replicas (and a shared parameter's over its pipeline ranks), Adam.  Returns this rank's share
+    replicas (and a shared parameter's over its pipeline ranks), Adam (under ZeRO: the shared
+    parameter's sum first, then ZeroAdam's reduce-scatter over the replicas, Adam on the shard,
+    all-gather).  Returns this rank's share
     of the batch's loss (its weighted micro-batch losses on the last stage's tensor rank 0, else 0)."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.experimental import implicit_replication
@@ -445,7 +455,7 @@ def train_step(job, device):
         if isinstance(g, DTensor) and tuple(g.placements) != tuple(p.placements):
             p.grad = g.redistribute(g.device_mesh, p.placements)
     local = lambda g: g.to_local() if isinstance(g, DTensor) else g          # noqa: E731
-    if DP > 1:
+    if DP > 1 and not ZERO:     # under ZeRO the optimizer reduce-scatters them (ZeroAdam.step)
         works = [dist.all_reduce(local(p.grad), group=mesh["dp"].get_group(), async_op=True) for _, p in named]
         for w in works:
             w.wait()
@@ -538,7 +548,7 @@ def tp3d_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict |
     *path*, the plan's tables, the launch checks and the step.  The same inputs give the same bytes."""
     from ..pipelining.schedules import SCHEDULES
     from .executor import ADAM
-    from .tp_export import _BODY
+    from .tp_export import _BODY, ZERO_SOURCE, zero_table, zero_words
 
     step, pipe = pre.step, pre.pipe
     n = pre.k
@@ -556,7 +566,7 @@ def tp3d_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict |
                               sched=f"{pipe.torch_class} ({sched.words(pipe.v)})", m=pipe.m,
                               mbs="/".join(map(str, sizes)),
                               tied=" (a parameter held by two pipeline ranks, the tied LM head's, also over them)"
-                              if pre.tied else "", recompute=recompute)
+                              if pre.tied else "", recompute=recompute + zero_words(pre.zero, pre.dp))
     doc = (_DOC.format(graph=pre.sim_graph.name, cluster=cluster.name, label=label, algorithm=algorithm,
                        summary=textwrap.fill(summary, 100, break_on_hyphens=False))
            + _LAUNCH.format(n=n, launch=launch))
@@ -570,6 +580,7 @@ def tp3d_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict |
               f"DP, PP, TP = {pre.dp!r}, {pipe.pp!r}, {pre.tp!r}\n"
               f"RANK_DEVICES = {[cluster.ids[d] for d in pre.devices]!r}\n"
               f"SEQUENCE_PARALLEL = False\n"
+              f"{zero_table(pre.zero)}"
               f"#: the stages: pipeline() splits the model where each of SPLIT_POINTS begins; stage s on pipeline\n"
               f"#: rank s mod PP; torch's schedule class and its micro-batches per replica\n"
               f"SPLIT_POINTS = {pipe.split_points!r}\n"
@@ -586,4 +597,4 @@ def tp3d_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict |
               f"LR, BETAS, EPS = {ADAM['lr']!r}, {ADAM['betas']!r}, {ADAM['eps']!r}\n"
               f"LAST = None       # the last stage's module (setup)\n\n")
     checks = launch_check_source(processes=n, launch=launch, fingerprint=fingerprint, parameters=param_shapes(step))
-    return doc + tables + checks + _BODY.lstrip("\n") + _PIPE_REST.lstrip("\n")
+    return doc + tables + checks + _BODY.lstrip("\n") + ZERO_SOURCE.lstrip("\n") + _PIPE_REST.lstrip("\n")

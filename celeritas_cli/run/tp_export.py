@@ -73,6 +73,33 @@ data-parallel step, started as soon as autograd has accumulated it on the
 last micro-batch (``register_post_accumulate_grad_hook``; DDP's buckets are
 not used: torch's ``DistributedDataParallel`` takes no DTensor
 parameters) - and Adam (``foreach=False``) updates each rank's shards.
+ZeRO over ``mesh["dp"]`` (the data-parallel step's ``zero`` 1 or 2: ``-p
+use_distributed_optimizer=true``, Megatron-LM's distributed optimizer; the 3d
+planner may pick it): no gradient all-reduce; after the last micro-batch
+``ZeroAdam`` (:data:`ZERO_SOURCE`, written into the program) flattens every
+gradient's local tensor (each tensor rank shards its own part of a DTensor
+over the replicas), pads it with zeros to a multiple of ``D``,
+reduce-scatters it over ``mesh["dp"]``, runs ``torch.optim.Adam`` (the same
+``lr``, ``betas``, ``eps``, ``foreach=False``) on this rank's shard - Adam is
+element-wise, so the shard's new values are the unsharded Adam's bit for bit
+given the same gradient sums, which differ only in the reduction order - and
+all-gathers the updated shards back into the parameter (Rajbhandari et al.,
+"ZeRO", SC'20, 5.1 P_os and 5.2 P_os+g; Megatron-LM
+``--use-distributed-optimizer``).  ZeRO-1 and ZeRO-2 run the same program:
+what stage 2 saves (each rank keeps only its reduced gradient shard) is
+memory, not observable on the CPU.  Why not FSDP2's ``fully_shard(module,
+mesh=mesh["dp"])``: it shards the parameters between steps and all-gathers
+them before every forward (ZeRO-3; ``reshard_after_forward=False`` still
+gathers once per step before the forward) and reduce-scatters at each
+micro-batch's backward unless gradient sync is turned off for all but the
+last, so its collectives are not the plan's (reduce-scatter of the
+accumulated gradients, all-gather after the update, whole parameters kept);
+and one small class serves the three programs alike (DTensor parameters,
+``torch.distributed.pipelining`` stages, plain modules: :mod:`.pipe_export`)
+where ``fully_shard`` on traced pipeline stages over gloo is untested here.
+Deviation: the reduce-scatters start after the last micro-batch's backward,
+not bucket by bucket during it (Megatron-LM overlaps them).
+
 Recomputation (``-p recompute=full``): every transformer layer (the
 module holding an attention and the MLP after it) runs under
 ``torch.utils.checkpoint`` (Megatron-LM's ``--recompute-granularity full
@@ -289,11 +316,82 @@ def checkpoint_layers(model, layers=None):
 
 '''
 
+#: the sharded optimizer of a plan with ZeRO stage 1 or 2 over the replicas (every program that has
+#: a "dp" dimension: TP, TP x PP, pipeline x DP); its own source, so the pipeline program takes it too
+ZERO_SOURCE = '''
+class ZeroAdam:
+    """Megatron-LM's distributed optimizer (ZeRO stage 1; stage 2 runs the same code, its memory
+    saving - each rank keeps only its reduced gradient shard - is not observable on the CPU):
+    for every parameter (a DTensor's local tensor: each tensor rank shards its own part), flattened
+    and padded with zeros to a multiple of the replicas, the gradient is reduce-scattered (summed)
+    over the replica group, torch.optim.Adam (the same hyper-parameters, foreach=False: the
+    per-element update of the unsharded Adam) updates this rank's 1/DP shard and its moments, and
+    the updated shards are all-gathered back into the parameter.  Padding gets a zero gradient, so
+    it stays zero.  Not FSDP2's fully_shard(module, mesh=mesh["dp"]): that keeps the parameters
+    sharded, all-gathers them before the forward and reduce-scatters at every micro-batch's
+    backward, collectives the plan does not have; this keeps whole parameters, as the plan.
+    Rajbhandari et al., "ZeRO", SC'20, 5.1-5.2; Megatron-LM --use-distributed-optimizer (docs:
+    distrib_optimizer.md)."""
+
+    def __init__(self, params, group, lr, betas, eps):
+        self.group = group
+        self.n, self.me = dist.get_world_size(group), dist.get_rank(group)
+        self.params = [p for p in params if p.requires_grad]
+        self.sizes, self.shards = [], []
+        for p in self.params:
+            local = self.local(p)
+            per = -(-local.numel() // self.n)
+            flat = self.padded(local.detach(), per)
+            self.sizes.append(per)
+            self.shards.append(torch.nn.Parameter(flat[self.me * per:(self.me + 1) * per].clone()))
+        self.opt = torch.optim.Adam(self.shards, lr=lr, betas=betas, eps=eps, foreach=False)
+
+    @staticmethod
+    def local(t):
+        """A DTensor's local tensor (its storage), else *t*."""
+        return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+    def padded(self, t, per):
+        flat = torch.zeros(per * self.n, dtype=t.dtype, device=t.device)
+        flat[:t.numel()] = t.reshape(-1)
+        return flat
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        works = []
+        for p, shard, per in zip(self.params, self.shards, self.sizes):
+            if p.grad is None:
+                shard.grad = None
+                continue
+            shard.grad = torch.empty_like(shard)
+            works.append(rs(shard.grad, self.padded(self.local(p.grad), per), group=self.group, async_op=True))
+        for w in works:
+            w.wait()
+        self.opt.step()
+        gathered = []
+        for p, shard, per in zip(self.params, self.shards, self.sizes):
+            out = torch.empty(per * self.n, dtype=shard.dtype, device=shard.device)
+            gathered.append((p, out, ag(out, shard.detach(), group=self.group, async_op=True)))
+        for p, out, w in gathered:
+            w.wait()
+            local = self.local(p)
+            local.copy_(out[:local.numel()].view_as(local))
+
+
+'''
+
 #: the rest of the TP program (the 3D program, :mod:`.tp3d_export`, has its own)
 _TP_REST = '''
 def parallelize(model, mesh, device):
     """Apply the plan to *model* on *mesh* ("dp", "tp"): the TP styles over mesh["tp"], the layers
-    to recompute; returns the gradient all-reduce of the replicas (or None with one replica)."""
+    to recompute; returns the gradient all-reduce of the replicas (or None with one replica, or
+    under ZeRO, whose optimizer reduce-scatters the gradients itself: ZeroAdam)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     register_attention_rules()
@@ -304,7 +402,7 @@ def parallelize(model, mesh, device):
         parallelize_module(model, mesh["tp"], second)
     replicate_rest(model, mesh["tp"])
     checkpoint_layers(model)
-    return GradAllReduce(model, mesh["dp"]) if DP > 1 else None
+    return GradAllReduce(model, mesh["dp"]) if DP > 1 and not ZERO else None
 
 
 class GradAllReduce:
@@ -373,7 +471,8 @@ def full_parameters(model):
 
 
 def setup(model, device):
-    """The mesh, the plan applied to *model* (built and checked), Adam and this rank's micro-batches."""
+    """The mesh, the plan applied to *model* (built and checked), Adam (ZeroAdam under ZeRO) and this
+    rank's micro-batches."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device.type, (DP, TP), mesh_dim_names=("dp", "tp"))
@@ -383,7 +482,10 @@ def setup(model, device):
         batches.append((tuple(x[row:row + n].to(device) for x in inputs),
                         None if target is None else target[row:row + n].to(device), n / GLOBAL_BATCH))
     allreduce = parallelize(model, mesh, device)
-    opt = torch.optim.Adam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, foreach=False)
+    if ZERO and DP > 1:         # the distributed optimizer: Adam on this rank's 1/DP shard of every parameter
+        opt = ZeroAdam(model.parameters(), mesh["dp"].get_group(), LR, BETAS, EPS)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=LR, betas=BETAS, eps=EPS, foreach=False)
     return model, opt, allreduce, batches, mesh
 
 
@@ -449,6 +551,34 @@ if __name__ == "__main__":
 '''
 
 
+def zero_table(zero: int) -> str:
+    """The program's ``ZERO`` line: the ZeRO stage of its data-parallel step (0: Adam replicated).
+
+    >>> zero_table(1).splitlines()[-1]
+    'ZERO = 1'
+    """
+    return (f"#: ZeRO stage over mesh['dp'] (1, 2: Megatron-LM's distributed optimizer, ZeroAdam; 0: Adam on every\n"
+            f"#: replica); stages 1 and 2 run the same program\n"
+            f"ZERO = {int(zero)!r}\n")
+
+
+def zero_words(zero: int, dp: int) -> str:
+    """The docstring's sentence on a sharded optimizer, or "".
+
+    >>> zero_words(0, 2), zero_words(2, 1)
+    ('', '')
+    """
+    if not zero or dp < 2:
+        return ""
+    return (f"  ZeRO stage {zero} (Megatron-LM's distributed optimizer): instead of the all-reduce, each gradient "
+            f"is reduce-scattered over \"dp\" (flattened, padded to a multiple of {dp}), Adam updates this "
+            f"rank's 1/{dp} shard and its moments, and the shards are all-gathered back into the parameter "
+            f"(ZeroAdam, not FSDP2's fully_shard, which would gather the parameters before the forward and "
+            f"reduce-scatter at every micro-batch: not the plan's collectives; a DTensor's local tensor is what is "
+            f"sharded).  Stages 1 and 2 run this same program: "
+            f"stage 2's memory saving (only the reduced gradient shard kept) is not observable on the CPU.")
+
+
 def tp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | None = None,
               path: str = "-") -> str:
     """The program of the tensor-parallel plan *pre* (:class:`~.tp_run.TPPrepared`) on *cluster*
@@ -471,7 +601,8 @@ def tp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | N
                   if pre.recompute else ""))
     summary = _SUMMARY.format(spec=step.spec, config=config, n=n, dp=pre.dp, tp=pre.tp,
                               devices=", ".join(cluster.ids[d] for d in pre.devices), total=pre.global_batch,
-                              mbs=mbs, sp_word=", SequenceParallel" if pre.sp else "", recompute=recompute)
+                              mbs=mbs, sp_word=", SequenceParallel" if pre.sp else "",
+                              recompute=recompute + zero_words(pre.zero, pre.dp))
     doc = (_DOC.format(graph=pre.sim_graph.name, cluster=cluster.name, label=label, algorithm=algorithm,
                        summary=textwrap.fill(summary, 100, break_on_hyphens=False))
            + _LAUNCH.format(n=n, launch=launch))
@@ -485,6 +616,7 @@ def tp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | N
               f"DP, TP = {pre.dp!r}, {pre.tp!r}\n"
               f"RANK_DEVICES = {[cluster.ids[d] for d in pre.devices]!r}\n"
               f"SEQUENCE_PARALLEL = {pre.sp!r}\n"
+              f"{zero_table(pre.zero)}"
               f"#: (module path, style, options) over mesh['tp'], in the model's module order\n"
               f"TP_PLAN = [\n{plan_lines}]\n"
               f"#: (replica, first row, samples) of every micro-batch, in the order each replica runs them\n"
@@ -495,4 +627,4 @@ def tp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | N
               f"SIMULATED_STEP_S = {float(pre.sim['makespan_s'])!r}\n"
               f"LR, BETAS, EPS = {ADAM['lr']!r}, {ADAM['betas']!r}, {ADAM['eps']!r}\n\n")
     checks = launch_check_source(processes=n, launch=launch, fingerprint=fingerprint, parameters=param_shapes(step))
-    return doc + tables + checks + _BODY.lstrip("\n") + _TP_REST.lstrip("\n")
+    return doc + tables + checks + _BODY.lstrip("\n") + ZERO_SOURCE.lstrip("\n") + _TP_REST.lstrip("\n")

@@ -12,7 +12,9 @@ trusted that the capture can give):
   megatron row writes).  A pipeline (a tensor rank's nodes on more than
   one device: ``pp > 1``) is read by :func:`~.tp3d_export.pipe_plan` and run
   as the TP x PP program (:mod:`.tp3d_export`: ``torch.distributed.pipelining``
-  stages, each tensor-parallel); an ``fsdp`` step (a ZeRO dimension), weak
+  stages, each tensor-parallel); a ``zero`` of 1 or 2 on the data-parallel
+  step (Megatron-LM's distributed optimizer) runs the programs' sharded
+  optimizer (``ZeroAdam``, :mod:`.tp_export`); an ``fsdp`` step, weak
   scaling and uneven batch shares are refused in one line;
 * the modules and their styles (:func:`module_plan`): the derivation's
   patterns (:func:`~celeritas_cli.transform.tensor_parallel.plan_tensor_parallel`
@@ -79,6 +81,7 @@ class TPPrepared:
     notes: list = field(default_factory=list)
     tied: bool = False              # the LM head reads the vocabulary-parallel embedding's table
     pipe: Any = None                # the pipeline of a TP x PP plan (:class:`~.tp3d_export.PipePlan`), or None
+    zero: int = 0                   # ZeRO stage of the data-parallel step (1, 2: the sharded optimizer, ZeroAdam)
 
     @property
     def pp(self) -> int:
@@ -373,10 +376,10 @@ def prepare_tp(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
                            f"scaling (the replicas share the graph's batch)")
     if dpst is not None and (dpst.get("shares") is not None or dpst.get("samples") is not None):
         raise InvalidInput(f"{label}: its replicas run uneven batch shares; placer runs equal shares only")
-    if dpst is not None and dpst.get("zero"):
-        raise InvalidInput(f"{label}: its replicas shard the optimizer state (zero={dpst['zero']}, Megatron-LM's "
-                           f"distributed optimizer), which placer runs without tensor parallelism only; place it "
-                           f"with -p use_distributed_optimizer=off")
+    zero = int(dpst.get("zero") or 0) if dpst is not None else 0
+    if zero not in (0, 1, 2):
+        raise InvalidInput(f"{label}: its data-parallel step has zero={dpst.get('zero')!r}; the programs run ZeRO "
+                           f"stage 1 or 2 (Megatron-LM's distributed optimizer) or none")
     dp = int(dpst["replicas"]) if dpst is not None else 1
     if step is None:
         say(f"capturing {spec} at batch {batch} (the graph's) with real parameters (seed {seed})")
@@ -415,7 +418,7 @@ def prepare_tp(spec: str, batch: int, placement, cluster, recipe: list[dict], *,
                       global_batch=layout.total, precision=str(step.doc.get("meta", {}).get("precision", "fp32")),
                       devices=devices, sim=sim, sim_graph=sim_graph, tdev=tdev, graph_from_file=graph is not None,
                       recompute=recompute, recompute_layers=layers if recompute == "full" else [], notes=notes,
-                      tied=tied, pipe=pipe)
+                      tied=tied, pipe=pipe, zero=zero if dp > 1 else 0)
 
 
 # ------------------------------------------------------------------ run
@@ -463,6 +466,8 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
                    timeout=timeout)
     job["source"] = src
     pipe_words = f" x {pre.pp} pipeline" if pre.pipe is not None else ""
+    zero_words = (f"; ZeRO stage {pre.zero} over the replicas (gradients reduce-scattered, Adam on each rank's "
+                  f"1/{pre.dp} shard, the shards all-gathered: ZeroAdam)" if pre.zero else "")
     say(f"starting {pre.k} processes: {pre.dp} replica(s){pipe_words} x {pre.tp} tensor ranks ({job['dist_backend']}, "
         f"{threads} thread(s) each): 1 checked step, {warmup - 1} more warm-up, {steps} timed")
     results = launch("celeritas_cli.run.tp_run", job, pre.k, timeout=timeout, what="placer run")
@@ -489,6 +494,7 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
         (f"tensor parallelism: a mesh of {pre.dp} replica(s){pipe_words} x {pre.tp} tensor ranks running the "
          f"program placer export writes (parallelize_module over mesh['tp']{', sequence parallel' if pre.sp else ''}"
          f"{', torch.distributed.pipelining ' + pre.pipe.torch_class + ' over mesh[' + repr('pp') + ']' if pre.pipe else ''}); the "
+         f"{zero_words}; the "
          f"yardstick is the unplaced step on the global batch of {pre.global_batch}; the ranks' gathered "
          f"parameters differ by at most {spread:.3g}"),
         ("per-device busy time is the step's wall time (the program times steps, not nodes); collectives are "
@@ -508,6 +514,7 @@ def run_tp(pre: TPPrepared, placement, cluster, *, label: str, steps: int, warmu
     report["plan"] = "tensor-parallel"
     report["tensor_parallel"] = {"tp": pre.tp, "dp": pre.dp, "pp": pre.pp, "sequence_parallel": pre.sp,
                                  "micro_batches": len(pre.instances) // pre.dp, "recompute": pre.recompute,
+                                 "zero": pre.zero,
                                  "modules": [[p, s, o] for p, s, o in pre.module_plan],
                                  "params_max_rel_diff": worst_rel}
     return report

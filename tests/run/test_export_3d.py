@@ -125,22 +125,6 @@ def test_sequence_parallelism_with_a_pipeline_is_refused_in_one_line(tmp_path, g
     assert not (tmp_path / "out.py").exists()
 
 
-def test_a_distributed_optimizer_over_the_replicas_is_refused_in_one_line(tmp_path, gpt):
-    """A data-parallel step with zero (Megatron-LM's distributed optimizer: the Adam state sharded over
-    the replicas) is not what the program runs (every replica keeps the whole state): refused."""
-    from celeritas_cli.run import api
-
-    from .test_export_tp import step_of
-
-    _, graph, cluster, placement = megatron_plan(tmp_path, gpt, 8, tp=2, pp=2, dp=2, micro_batch_size=1)
-    dpst = next(s for s in placement.derivation["steps"] if s["transform"] == "data-parallel")
-    dpst["zero"] = 1
-    with pytest.raises(InvalidInput, match=r"^p.json: its replicas shard the optimizer state \(zero=1, "
-                                           r"Megatron-LM's distributed optimizer\)") as e:
-        api.prepare(gpt, 4, placement, cluster, label="p.json", graph=graph, step=step_of(gpt))
-    assert "\n" not in str(e.value) and "use_distributed_optimizer=off" in str(e.value)
-
-
 def test_pipe_plan_refuses_stages_out_of_turn_and_a_recipe_without_a_schedule(tmp_path, gpt):
     from celeritas_cli.model.graph import Graph
 
