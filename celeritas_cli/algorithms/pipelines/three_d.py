@@ -368,7 +368,8 @@ class Space:
                   "best judged by the simulator as the megatron row judges a configuration.",
           params={"tp": Param(int, 0, "tensor-parallel size; 0 = search", min=0, max=1024),
                   "pp": Param(int, 0, "pipeline stages; 0 = search", min=0, max=1024),
-                  "micro_batch_size": Param(int, 0, "samples per micro-batch; 0 = search", min=0, max=1 << 20),
+                  "micro_batch_size": Param(int, 0, "samples each replica takes in at a time (Megatron-LM's "
+                                                               "micro_batch_size); 0 = search", min=0, max=1 << 20),
                   "virtual_stages": Param(int, 0, "model chunks per pipeline GPU; 0 = search", min=0, max=64),
                   "recompute": Param(str, "auto", "activation recomputation; auto = search",
                                      choices=("auto",) + RECOMPUTE),
@@ -452,6 +453,7 @@ def three_d(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
     best: list[Placement] = []  # the best judged plan so far (a list: the registry's cap may ask for it)
     fits_n = 0
     per_weight = 0.0  # the most seconds per unit of derived-graph weight a judgement took so far
+    best_weight = 0.0  # the weight of the best plan's judgement
 
     def finish(clock_cut: bool = False) -> Placement | None:
         if not best:
@@ -475,7 +477,8 @@ def three_d(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
         if judged:
             if fits_n >= width or budget.spent + weight > budget.limit:
                 break
-            if end is not None and time.perf_counter() + TIME_SLACK * per_weight * weight > end:
+            # room for the next judgement, and for the caller to judge the answer again (auto does)
+            if end is not None and time.perf_counter() + per_weight * (TIME_SLACK * weight + best_weight) > end:
                 budget.clock_cut = True
                 break
             if fits_n and not q.fits:
@@ -497,6 +500,7 @@ def three_d(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel |
             fits_n += 1
         if not best or _better(p, best[0]):
             best[:] = [p]
+            best_weight = weight
     if not best:
         raise InvalidInput(f"3d: every configuration judged was refused ({judged[0]['refused']})")
     return finish()
