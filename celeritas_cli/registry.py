@@ -488,8 +488,8 @@ def entries() -> list[Entry]:
     """Every registered placement algorithm's :class:`Entry`, sorted by name
     (all algorithm modules imported; ``placer place --list``, the tests).
 
-    >>> [e.name for e in entries()][:3]
-    ['adjusting', 'alpa-stages', 'auto']
+    >>> [e.name for e in entries()][:4]
+    ['3d', 'adjusting', 'alpa-stages', 'auto']
     """
     _load(_ALGORITHMS_PKG)
     return [_ALGORITHMS[n] for n in sorted(_ALGORITHMS)]

@@ -53,7 +53,7 @@ def default_algorithms() -> list[str]:
 
 #: the parallelism planners: they derive a graph (replicas, micro-batches, stages, shards) and place it;
 #: names not registered (yet) are left out when a group is expanded
-PARALLELISM_PLANNERS = ("data-parallel", "pipeline", "gpipe", "pipedream", "alpa-stages", "fsdp", "megatron")
+PARALLELISM_PLANNERS = ("data-parallel", "pipeline", "gpipe", "pipedream", "alpa-stages", "fsdp", "megatron", "3d")
 
 #: ``--algos`` group name -> what it holds (the help text); :func:`algorithm_group` expands it
 ALGORITHM_GROUPS = {
@@ -77,8 +77,8 @@ def algorithm_group(name: str) -> list[str]:
     -------
     >>> "heft" in algorithm_group("placement"), "data-parallel" in algorithm_group("placement")
     (True, False)
-    >>> algorithm_group("pipelines")[:3]
-    ['alpa-stages', 'auto', 'data-parallel']
+    >>> algorithm_group("pipelines")[:4]
+    ['3d', 'alpa-stages', 'auto', 'data-parallel']
     """
     if name not in ALGORITHM_GROUPS:
         raise InvalidInput(f"unknown algorithm group '{name}' (groups: {', '.join(ALGORITHM_GROUPS)})")

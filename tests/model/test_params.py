@@ -80,7 +80,7 @@ def test_every_algorithm_takes_the_shared_declarations():
                     dataclasses.replace(make(e.params[key]), help=""), (e.name, key)
     assert sum("assume_batch" in e.params for e in entries) >= 8  # once declared, read by every batch splitter
     assert {e.name for e in entries if e.params["time_limit"].default == params.DEFAULT_TIME_LIMIT} == \
-        {"auto", "pipeline"}
+        {"auto", "pipeline", "3d"}
     assert {e.name for e in entries if e.params["time_limit"].default == params.SOLVER_TIME_LIMIT} == \
         {"milp", "hierarchical"}
 
