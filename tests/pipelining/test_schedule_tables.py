@@ -144,7 +144,7 @@ def _string_literals(path: Path):
 #: ``gpipe`` is also an algorithm's name (the registry's), spelled where the algorithm is named
 ALGORITHM_NAMES = {("algorithms/pipelines/gpipe.py", 'ALGORITHM = "gpipe"'),
                    ("compare/inputs.py", 'PARALLELISM_PLANNERS = ("data-parallel", "pipeline", "gpipe", "pipedream", '
-                                         '"alpa-stages", "fsdp", "megatron")')}
+                                         '"alpa-stages", "fsdp", "megatron", "3d")')}
 
 
 def test_no_schedule_name_literal_outside_the_schedule_definitions():
