@@ -152,9 +152,9 @@ def test_the_answer_is_the_best_judged_plan(g, cl):
     fits = [j["makespan_s"] for j in judged if j.get("status") == "FEASIBLE"]
     assert p.estimate["makespan_s"] == min(fits)
     assert p.estimate["status"] == "FEASIBLE"
-    # judged in the estimate's order
+    # judged in the estimate's order, after the cheapest to judge of those within 3 % of the best estimate
     est = [j["estimate_s"] for j in judged]
-    assert est == sorted(est)
+    assert est[1:] == sorted(est[1:]) and est[0] <= 1.03 * min(est)
     # and the simulator confirms the file
     from celeritas_cli.sim.simulator import simulate
     assert simulate(g, cl, p)["makespan_s"] == pytest.approx(p.estimate["makespan_s"], rel=REL)
