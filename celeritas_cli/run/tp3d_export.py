@@ -504,40 +504,8 @@ def run(model, device, steps, out=None):
     return loss, params, walls
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    launch_check(argv)
-    steps = os.environ.get("PLACER_STEPS") or _option(argv, "--steps") or "3"
-    if not steps.isdigit():
-        _wrong(f"--steps {steps}: expected the number of timed steps after the first (0 or more)")
-    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    model = build_model()
-    model_check(model)          # before the process group: a wrong model file stops every rank alike
-    # one GPU per process of this host, else every process on the CPU (one backend for all ranks)
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    device = torch.device(f"cuda:{local}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    dist.init_process_group("nccl" if cuda else "gloo")
-    out = os.environ.get("PLACER_EXPORT_OUT")
-    loss, params, walls = run(model, device, steps, out)
-    if out:
-        torch.save({"loss": loss, "params": params}, f"{out}.{rank}")
-    if rank == 0:
-        print(f"loss {loss:.6f} (first step, over {DP} replica(s) of {PP} pipeline x {TP} tensor ranks)")
-        if walls:
-            med = statistics.median(walls)
-            ratio = f", measured/simulated {med / SIMULATED_STEP_S:.2f}" if SIMULATED_STEP_S > 0 else ""
-            print(f"step: measured {med:.6g} s (median of {len(walls)}), simulated {SIMULATED_STEP_S:.6g} s{ratio}")
-        sys.stdout.flush()
-    dist.barrier()              # every rank done before any tears its connections down (gloo aborts otherwise)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+#: the ranks in words, for the first step's line
+RANKS = f"{DP} replica(s) of {PP} pipeline x {TP} tensor ranks"
 '''
 
 
@@ -548,7 +516,7 @@ def tp3d_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict |
     *path*, the plan's tables, the launch checks and the step.  The same inputs give the same bytes."""
     from ..pipelining.schedules import SCHEDULES
     from .executor import ADAM
-    from .tp_export import _BODY, ZERO_SOURCE, zero_table, zero_words
+    from .tp_export import _BODY, _MAIN, ZERO_SOURCE, zero_table, zero_words
 
     step, pipe = pre.step, pre.pipe
     n = pre.k
@@ -597,4 +565,4 @@ def tp3d_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict |
               f"LR, BETAS, EPS = {ADAM['lr']!r}, {ADAM['betas']!r}, {ADAM['eps']!r}\n"
               f"LAST = None       # the last stage's module (setup)\n\n")
     checks = launch_check_source(processes=n, launch=launch, fingerprint=fingerprint, parameters=param_shapes(step))
-    return doc + tables + checks + _BODY.lstrip("\n") + ZERO_SOURCE.lstrip("\n") + _PIPE_REST.lstrip("\n")
+    return doc + tables + checks + _BODY.lstrip("\n") + ZERO_SOURCE.lstrip("\n") + _PIPE_REST.lstrip("\n") + _MAIN

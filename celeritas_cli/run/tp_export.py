@@ -516,6 +516,14 @@ def run(model, device, steps, out=None):
     return loss, params, walls
 
 
+#: the ranks in words, for the first step's line
+RANKS = f"{DP} replica(s) of {TP} tensor ranks"
+'''
+
+
+#: every TP program's main(): the launch, the process group, the step, the report line placer calibrate reads
+_MAIN = '''
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     launch_check(argv)
@@ -530,13 +538,15 @@ def main(argv=None):
     device = torch.device(f"cuda:{local}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     dist.init_process_group("nccl" if cuda else "gloo")
     out = os.environ.get("PLACER_EXPORT_OUT")
     loss, params, walls = run(model, device, steps, out)
     if out:
         torch.save({"loss": loss, "params": params}, f"{out}.{rank}")
     if rank == 0:
-        print(f"loss {loss:.6f} (first step, over {DP} replica(s) of {TP} tensor ranks)")
+        print(f"loss {loss:.6f} (first step, over {RANKS})")
         if walls:
             med = statistics.median(walls)
             ratio = f", measured/simulated {med / SIMULATED_STEP_S:.2f}" if SIMULATED_STEP_S > 0 else ""
@@ -627,4 +637,4 @@ def tp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | N
               f"SIMULATED_STEP_S = {float(pre.sim['makespan_s'])!r}\n"
               f"LR, BETAS, EPS = {ADAM['lr']!r}, {ADAM['betas']!r}, {ADAM['eps']!r}\n\n")
     checks = launch_check_source(processes=n, launch=launch, fingerprint=fingerprint, parameters=param_shapes(step))
-    return doc + tables + checks + _BODY.lstrip("\n") + ZERO_SOURCE.lstrip("\n") + _TP_REST.lstrip("\n")
+    return doc + tables + checks + _BODY.lstrip("\n") + ZERO_SOURCE.lstrip("\n") + _TP_REST.lstrip("\n") + _MAIN
