@@ -185,3 +185,17 @@ def test_auto_runs_it_and_says_the_plan(g, cl):
     assert p.estimate["winner"] == "3d"
     assert p.estimate["plan"].startswith("TP ")
     assert math.isfinite(p.estimate["makespan_s"])
+
+
+def test_the_distributed_optimizer_only_on_alike_gpus(g):
+    """On GPUs of other speeds the plan fixes no order for the sharded updates, so the replicas would issue the
+    parameters' all-gathers in other orders (the simulator, like NCCL, hangs): the row refuses it in one line,
+    the planner leaves it out of its space."""
+    from celeritas_cli.model.cluster import uniform
+
+    mixed = uniform(4, speeds=[1.0, 0.5, 1.0, 1.0])
+    with pytest.raises(InvalidInput, match="use_distributed_optimizer on cluster .* not all alike"):
+        registry.place(g, mixed, "megatron", params={"use_distributed_optimizer": True})
+    space = Space(g, mixed, cost_model(g, mixed), 8)
+    assert not any(c.zero for c in space.configs({}))
+    assert any(c.zero for c in Space(g, uniform(4), cost_model(g, uniform(4)), 8).configs({}))

@@ -272,6 +272,16 @@ def _tp_stages(tg: Graph, graph: Graph, stage_of: Sequence[int]) -> list[int]:
     return out
 
 
+def alike_devices(cluster: Cluster) -> bool:
+    """Every GPU of *cluster* of one type, speed and memory.
+
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> alike_devices(uniform(4)), alike_devices(uniform(4, speeds=[1.0, 0.5, 1.0, 1.0]))
+    (True, False)
+    """
+    return len({(d.type, d.speed, d.memory) for d in cluster.devices}) == 1
+
+
 def _servers_check(cluster: Cluster, tp: int) -> None:
     srv = cluster.servers
     if srv is None:
@@ -370,6 +380,11 @@ def megatron(graph: Graph, cluster: Cluster, *, seed: int = 0, costs: CostModel 
         raise InvalidInput(f"megatron: dp x tp x pp = {dp} x {tp} x {pp} = {dp * tp * pp} GPUs, cluster "
                            f"'{cluster.name}' has {k}")
     _servers_check(cluster, tp)
+    if use_distributed_optimizer and dp > 1 and not alike_devices(cluster):
+        raise InvalidInput(f"megatron: use_distributed_optimizer on cluster '{cluster.name}', whose GPUs are not all "
+                           f"alike: the plan fixes no order for the sharded updates, so replicas on GPUs of other "
+                           f"speeds would issue the parameters' all-gathers in other orders (NCCL would hang); "
+                           f"use it on alike GPUs")
     if sequence_parallel and tp < 2:
         raise InvalidInput("megatron: sequence_parallel shards along the sequence over the tensor-parallel ranks; "
                            "it needs tp > 1")

@@ -22,7 +22,8 @@ planner searches the space those rules span instead of applying them:
   selective, full) and, with ``dp > 1``, Megatron-LM's distributed
   optimizer (ZeRO-1 over the data-parallel replicas: gradients
   reduce-scattered, each replica's updates and optimizer state on ``1/dp``,
-  the updated parameters all-gathered; Rajbhandari et al. SC'20 5.1).
+  the updated parameters all-gathered; Rajbhandari et al. SC'20 5.1) on a
+  cluster of alike GPUs (the ``megatron`` row refuses it elsewhere).
 
 Every configuration is first **estimated** (:class:`Space`, below) without
 building anything - the compute of one micro-batch from the graph's own
@@ -88,7 +89,7 @@ from ...transform.microbatch import once_nodes
 from ...transform.passes import node_passes
 from ...transform.split_cost import batch_profile, part_times
 from ...transform.tensor_parallel import find_patterns, plan_tensor_parallel, tp_refusal
-from .megatron import device_of_rank, layer_checkpoints, megatron, selective_nodes
+from .megatron import alike_devices, device_of_rank, layer_checkpoints, megatron, selective_nodes
 from .search import default_budget
 
 __all__ = ["Config", "Guess", "Space", "three_d"]
@@ -237,7 +238,8 @@ class Space:
                     vs = [fixed["virtual_stages"]] if fixed.get("virtual_stages") else \
                         [v for v in VIRTUAL if v == 1 or (pp > 1 and m % pp == 0 and pp * v <= pp_max)]
                     sps = [fixed["sequence_parallel"]] if fixed.get("sequence_parallel") is not None else [tp > 1]
-                    zs = [fixed["zero"]] if fixed.get("zero") is not None else [False, True]
+                    zs = [fixed["zero"]] if fixed.get("zero") is not None else \
+                        [False, True] if alike_devices(self.cluster) else [False]
                     for v in vs:
                         for rc in ([fixed["recompute"]] if fixed.get("recompute") else RECOMPUTE):
                             if rc == "selective" and not self.core:
