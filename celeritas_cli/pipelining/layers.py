@@ -144,6 +144,22 @@ def order_of(graph: Graph, name: str, costs: CostModel) -> list[int]:
     raise InvalidInput(f"pipeline: unknown node order '{name}' (known: {', '.join(ORDERS)})")
 
 
+def times_at(graph: Graph, costs: CostModel, cluster: Cluster, v: int, f: float, devices: Sequence[int],
+             once: bool = False) -> list[float]:
+    """Time of node *v* of *graph* on each of *devices* at batch fraction
+    *f*: the cost model's at the whole batch and for a node that runs once
+    per step (*once*), else :func:`~celeritas_cli.transform.split_cost.part_times`,
+    as the micro-batch transform times a copy."""
+    if f >= 1.0 or once:
+        return [costs.node_time(v, d) for d in devices]
+    t, by = part_times(graph, v, f)
+    out = []
+    for d in devices:
+        dev = cluster.devices[d]
+        out.append(by[dev.type] if by and dev.type in by else t / dev.speed)
+    return out
+
+
 @dataclass
 class Times:
     """Prefix sums over positions, per device class, of the forward time
@@ -306,18 +322,9 @@ class LayerSequence:
 
     # ------------------------------------------------------------------ times
     def node_times(self, v: int, f: float) -> list[float]:
-        """Time of node *v* on each device class at batch fraction *f* (the
-        cost model's at the whole batch and for once nodes, else
-        :func:`~celeritas_cli.transform.split_cost.part_times`, as the
-        micro-batch transform times a copy)."""
-        if f >= 1.0 or self.once[v]:
-            return [self.costs.node_time(v, d) for d in self.class_device]
-        t, by = part_times(self.graph, v, f)
-        out = []
-        for d in self.class_device:
-            dev = self.cluster.devices[d]
-            out.append(by[dev.type] if by and dev.type in by else t / dev.speed)
-        return out
+        """Time of node *v* on each device class at batch fraction *f*
+        (:func:`times_at`)."""
+        return times_at(self.graph, self.costs, self.cluster, v, f, self.class_device, self.once[v])
 
     def times(self, f: float) -> Times:
         """The :class:`Times` of micro-batches of batch fraction *f* (cached)."""

@@ -282,12 +282,23 @@ def alike_devices(cluster: Cluster) -> bool:
     return len({(d.type, d.speed, d.memory) for d in cluster.devices}) == 1
 
 
+def server_gpus(cluster: Cluster) -> int:
+    """The GPUs of *cluster*'s smallest server (all of them on a cluster without servers).
+
+    >>> from celeritas_cli.model.cluster import uniform
+    >>> server_gpus(uniform(4))
+    4
+    """
+    srv = cluster.servers
+    return cluster.k if srv is None else min(Counter(srv.server_of).values())
+
+
 def _servers_check(cluster: Cluster, tp: int) -> None:
     srv = cluster.servers
     if srv is None:
         return
     per = Counter(srv.server_of)
-    least = min(per.values())
+    least = server_gpus(cluster)
     if tp > least:
         raise InvalidInput(f"megatron: tp={tp} is more than the {least} GPUs of a server of cluster '{cluster.name}'; "
                            f"Megatron-LM keeps tensor parallelism inside a server (use tp <= {least})")

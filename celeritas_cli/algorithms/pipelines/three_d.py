@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -82,14 +81,16 @@ from ...model.graph import Graph
 from ...model.params import DEFAULT_TIME_LIMIT
 from ...model.placement import Placement
 from ...optimize.evaluator import Budget
+from ...optimize.planners import BUILD_COST
 from ...pipelining.builder import check_pipelinable
+from ...pipelining.layers import times_at
 from ...registry import ASSUME_BATCH, Param, evaluations_param, register, time_limit_param
 from ...transform.batch import declared_batch
 from ...transform.microbatch import once_nodes
 from ...transform.passes import node_passes
-from ...transform.split_cost import batch_profile, part_times
-from ...transform.tensor_parallel import find_patterns, plan_tensor_parallel, tp_refusal
-from .megatron import alike_devices, device_of_rank, layer_checkpoints, megatron, selective_nodes
+from ...transform.split_cost import batch_profile
+from ...transform.tensor_parallel import SEQ, SPLIT, find_patterns, plan_tensor_parallel, tp_refusal
+from .megatron import alike_devices, device_of_rank, layer_checkpoints, megatron, selective_nodes, server_gpus
 from .search import default_budget
 
 __all__ = ["Config", "Guess", "Space", "three_d"]
@@ -103,8 +104,6 @@ VIRTUAL = (1, 2, 4)
 RECOMPUTE = ("none", "selective", "full")
 #: give up (nothing built) when the best fitting estimate is this much slower than ``beat_s``
 BEAT_MARGIN = 0.05
-#: building a derived graph costs about this many simulations of it (optimize/planners.py's BUILD_COST)
-BUILD_COST = 3.0
 #: the first configuration judged is the cheapest to judge of those estimated within this share of the best
 #: estimate (the estimates of the best dozen are often within 3 % of each other, their derived graphs 1-12 times
 #: apart: Megatron-LM's 18.4B over 256 GPUs, 6.32-6.51 s; a first judgement that fits the time limit matters more)
@@ -188,8 +187,7 @@ class Space:
         self.layers = len(self.pats.attention)
         self.core = {graph.index[x] for x in selective_nodes(graph)} if self.layers else set()
         self.ckpt = {graph.index[x] for x in layer_checkpoints(graph)} if self.layers else set()
-        slow = min(range(cluster.k), key=lambda d: (cluster.devices[d].speed, d))
-        self.device = cluster.devices[slow]
+        self.device = min(range(cluster.k), key=lambda d: (cluster.devices[d].speed, d))  # the slowest GPU
         self.capacity = min(d.memory for d in cluster.devices)
         self._splits: dict[tuple[int, bool], _Split] = {}
         self._times: dict[float, list[float]] = {}
@@ -197,14 +195,8 @@ class Space:
         self._coll: dict[tuple, float] = {}
 
     # ------------------------------------------------------------ the space
-    def server_gpus(self) -> int:
-        srv = self.cluster.servers
-        if srv is None:
-            return self.cluster.k
-        return min(Counter(srv.server_of).values())
-
     def tp_choices(self) -> list[int]:
-        g = self.server_gpus()
+        g = server_gpus(self.cluster)
         out = []
         tp = 1
         while tp <= min(g, TP_SEARCH_MAX, self.cluster.k):
@@ -257,15 +249,8 @@ class Space:
     def _node_times(self, f: float) -> list[float]:
         key = round(f, 12)
         if key not in self._times:
-            g, dev = self.graph, self.device
-            out = []
-            for v in range(g.n):
-                if self.once[v] or f >= 1.0:
-                    t, by = g.compute[v], g.compute_by_type[v]
-                else:
-                    t, by = part_times(g, v, f)
-                out.append(by[dev.type] if by and dev.type in by else t / dev.speed)
-            self._times[key] = out
+            g, dev = self.graph, [self.device]
+            self._times[key] = [times_at(g, self.costs, self.cluster, v, f, dev, self.once[v])[0] for v in range(g.n)]
         return self._times[key]
 
     def split(self, tp: int, sp: bool) -> _Split:
@@ -276,7 +261,7 @@ class Space:
                 plan = plan_tensor_parallel(g, tp, sp)
                 work = [1.0 / tp if plan.work_split[v] else 1.0 for v in range(g.n)]
                 sstate = [1.0 / tp if plan.state_split[v] else 1.0 for v in range(g.n)]
-                sact = [1.0 / tp if plan.layout[v] != "full" else 1.0 for v in range(g.n)]
+                sact = [1.0 / tp if plan.layout[v] in (SPLIT, SEQ) else 1.0 for v in range(g.n)]
                 coll = [(c.kind, c.nbytes, bool(c.consumers) and self.passes[c.consumers[0]] == "forward")
                         for c in plan.collectives]
             else:
