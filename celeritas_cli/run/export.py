@@ -525,3 +525,45 @@ def _wrap(items: list) -> str:
         return text
     return "[\n" + textwrap.indent(",\n".join(repr(x) for x in items), "    ") + ",\n]"
 
+
+#: the exported torchrun programs' common opening (fsdp_export, tp_export): the launch check before torch
+#: loads, the model as ``placer profile`` built it, the profiled global batch
+MODEL_SOURCE = '''
+
+if __name__ == "__main__":      # a wrong process count or file stops here, before torch loads
+    launch_check()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def build_model():
+    """The model as `placer profile` built it: MODEL with CONFIG, its parameters drawn under SEED."""
+    from celeritas_cli.profile.models import resolve_model
+
+    factory, _ = resolve_model(MODEL, CONFIG)
+    torch.manual_seed(SEED)
+    model = factory()
+    model.train(True)
+    return model
+
+
+def example_batch(model):
+    """The global batch the profiled step used, ``(inputs, target)``, drawn under SEED + 1."""
+    torch.manual_seed(SEED + 1)
+    with torch.no_grad():
+        inputs = tuple(model.example_inputs(GLOBAL_BATCH))
+        target = model.example_target(GLOBAL_BATCH) if hasattr(model, "example_target") else None
+    return inputs, target
+
+
+'''
+#: their loss: the model's own, else the output's mean
+LOSS_SOURCE = '''def step_loss(model, out, target):
+    """The loss the profiled step took: ``model.loss(out, target)``, else the output's mean."""
+    if hasattr(model, "loss"):
+        return model.loss(out, target)
+    return (out if torch.is_tensor(out) else out[0]).float().mean()
+
+
+'''

@@ -68,7 +68,7 @@ Transformer and GPT, dropout replaced by the identity in both, match to
 from __future__ import annotations
 
 from ..errors import InvalidInput
-from .export import launch_check_source, param_shapes, torchrun_line
+from .export import LOSS_SOURCE, MODEL_SOURCE, launch_check_source, param_shapes, torchrun_line
 
 _DOC = '''"""{title} plan of {graph} on cluster {cluster}: placement {label} ({algorithm}).
 
@@ -117,36 +117,7 @@ _HOW = {
        "apply (whole parameters are partitioned by size).",
 }
 
-_BODY = '''
-
-if __name__ == "__main__":      # a wrong process count or file stops here, before torch loads
-    launch_check()
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-
-def build_model():
-    """The model as `placer profile` built it: MODEL with CONFIG, its parameters drawn under SEED."""
-    from celeritas_cli.profile.models import resolve_model
-
-    factory, _ = resolve_model(MODEL, CONFIG)
-    torch.manual_seed(SEED)
-    model = factory()
-    model.train(True)
-    return model
-
-
-def example_batch(model):
-    """The global batch the profiled step used, ``(inputs, target)``, drawn under SEED + 1."""
-    torch.manual_seed(SEED + 1)
-    with torch.no_grad():
-        inputs = tuple(model.example_inputs(GLOBAL_BATCH))
-        target = model.example_target(GLOBAL_BATCH) if hasattr(model, "example_target") else None
-    return inputs, target
-
-
-def shard_batch(inputs, target, rank, device):
+_BODY = MODEL_SOURCE + '''def shard_batch(inputs, target, rank, device):
     """Replica *rank*'s rows of the global batch (the first dimension), on *device*."""
     b = GLOBAL_BATCH // PROCESSES
 
@@ -156,14 +127,7 @@ def shard_batch(inputs, target, rank, device):
     return tuple(rows(x) for x in inputs), (None if target is None else rows(target))
 
 
-def step_loss(model, out, target):
-    """The loss the profiled step took: ``model.loss(out, target)``, else the output's mean."""
-    if hasattr(model, "loss"):
-        return model.loss(out, target)
-    return (out if torch.is_tensor(out) else out[0]).float().mean()
-
-
-def shard_model(model, mesh, device):
+''' + LOSS_SOURCE + '''def shard_model(model, mesh, device):
     """Apply the plan to *model*: ``(network to call, optimizer)`` (module docstring, STAGE)."""
     if STAGE <= 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -124,7 +124,7 @@ from __future__ import annotations
 
 import textwrap
 
-from .export import launch_check_source, param_shapes, torchrun_line
+from .export import LOSS_SOURCE, MODEL_SOURCE, launch_check_source, param_shapes, torchrun_line
 
 _DOC = '''"""Tensor-parallel plan of {graph} on cluster {cluster}: placement {label} ({algorithm}).
 
@@ -154,7 +154,7 @@ it is wrong.  Rank 0 then prints the first step's loss and the measured step tim
     step: measured 0.0123 s (median of 3), simulated 0.0100 s, measured/simulated 1.23
 
 With PLACER_EXPORT_OUT=PREFIX each rank saves the first step's loss and the whole updated
-parameters to PREFIX.<rank> (torch.save).
+parameters{saved} to PREFIX.<rank> (torch.save).
 """
 
 import os
@@ -165,43 +165,7 @@ import time
 '''
 
 #: the program's head and helpers, shared with the TP x PP program (:mod:`.tp3d_export`)
-_BODY = '''
-
-if __name__ == "__main__":      # a wrong process count or file stops here, before torch loads
-    launch_check()
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-
-def build_model():
-    """The model as `placer profile` built it: MODEL with CONFIG, its parameters drawn under SEED."""
-    from celeritas_cli.profile.models import resolve_model
-
-    factory, _ = resolve_model(MODEL, CONFIG)
-    torch.manual_seed(SEED)
-    model = factory()
-    model.train(True)
-    return model
-
-
-def example_batch(model):
-    """The global batch the profiled step used, ``(inputs, target)``, drawn under SEED + 1."""
-    torch.manual_seed(SEED + 1)
-    with torch.no_grad():
-        inputs = tuple(model.example_inputs(GLOBAL_BATCH))
-        target = model.example_target(GLOBAL_BATCH) if hasattr(model, "example_target") else None
-    return inputs, target
-
-
-def step_loss(model, out, target):
-    """The loss the profiled step took: ``model.loss(out, target)``, else the output's mean."""
-    if hasattr(model, "loss"):
-        return model.loss(out, target)
-    return (out if torch.is_tensor(out) else out[0]).float().mean()
-
-
-def register_attention_rules():
+_BODY = MODEL_SOURCE + LOSS_SOURCE + '''def register_attention_rules():
     """DTensor rules for the CPU flash-attention kernels (torch has them for CUDA's): batch or
     heads sharded, the same on every input and output, or all replicated."""
     from torch.distributed.tensor import Replicate, Shard
@@ -615,7 +579,7 @@ def tp_source(pre, cluster, *, label: str, algorithm: str, fingerprint: dict | N
                               recompute=recompute + zero_words(pre.zero, pre.dp))
     doc = (_DOC.format(graph=pre.sim_graph.name, cluster=cluster.name, label=label, algorithm=algorithm,
                        summary=textwrap.fill(summary, 100, break_on_hyphens=False))
-           + _LAUNCH.format(n=n, launch=launch))
+           + _LAUNCH.format(n=n, launch=launch, saved=""))
     plan_lines = "".join(f"    ({p!r}, {s!r}, {o!r}),\n" for p, s, o in pre.module_plan)
     inst_lines = "".join(f"    {x!r},\n" for x in pre.instances)
     tables = (f"MODEL, CONFIG, GLOBAL_BATCH, SEED = {step.spec!r}, {dict(step.config or {})!r}, "
