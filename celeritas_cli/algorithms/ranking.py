@@ -236,7 +236,7 @@ class Ranking:
     def three_d_time(self) -> float:
         """The 3D planner's best estimate that fits (:class:`~.pipelines.three_d.Space`: tensor x pipeline x
         data parallelism, its own model, the one the planner orders its judgements by); ``inf`` if none."""
-        space = Space(self.graph, self.cluster, cost_model(self.graph, self.cluster, self.costs), self.batch)
+        space = Space.of(self.graph, self.cluster, cost_model(self.graph, self.cluster, self.costs), self.batch)
         guesses = [space.estimate(c) for c in space.configs({})]
         return min((q.time_s for q in guesses if q.fits), default=math.inf)
 
